@@ -1,0 +1,11 @@
+"""Knob declarations, one module per area; each module exposes ``KNOBS``."""
+
+AREAS = (
+    "base", "model", "tokenizer", "fusion", "mla", "recompute",
+    "moe", "turbo", "precision", "quant",
+    "parallel", "distributed", "comm", "pipeline",
+    "training", "optim", "schedule", "memory",
+    "sft", "preprocess", "dpo", "distill",
+    "data", "checkpoint",
+    "logging", "profiling", "rl", "families", "inference", "resilience",
+)

@@ -1,0 +1,40 @@
+"""Module plumbing, config-file mechanics and Primus experiment metadata."""
+from jaxtrain.config.knob import HONORED, K, REJECTED
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_BOTH = ("megatron", "maxtext")
+
+KNOBS = [
+    K("trainable", "bool", True, "Whether this run trains; false evaluates only, like skip_train.",
+      _BOTH, issue=4),
+    K("sink_level", "str", None, "Level of the root jaxtrain logger; null leaves it at DEBUG so "
+      "each sink filters on its own.", _BOTH, HONORED, choices=_LEVELS,
+      value_aliases={l.lower(): l for l in _LEVELS}),
+    K("file_sink_level", "str", "DEBUG", "Lowest level written to the run directory's log file.",
+      _BOTH, HONORED, choices=_LEVELS, value_aliases={l.lower(): l for l in _LEVELS}),
+    K("stderr_sink_level", "str", "INFO", "Lowest level printed on stderr.", _BOTH, HONORED,
+      choices=_LEVELS, value_aliases={l.lower(): l for l in _LEVELS}),
+    K("base_config", "str", None, "YAML file this one extends (relative to it, then to configs/); "
+      "base.yml means the built-in defaults.", "maxtext", HONORED, doc_defaults={"maxtext": None}),
+    K("hardware", "str", "gpu", "Accelerator to run on: gpu, gpu_multiprocess or cpu; sets the JAX "
+      "platform before any device is touched.", "maxtext", HONORED,
+      choices=("gpu", "gpu_multiprocess", "cpu")),
+    K("model_name", "str", "default", "Model preset from configs/models/ to load under the file's "
+      "own keys; 'default' loads none.", "maxtext", HONORED),
+    K("override_model_config", "bool", True, "Let the file and command line override keys the model "
+      "preset sets; false makes such a clash an error.", "maxtext", HONORED),
+    K("yaml_cfg", "str", None, "Megatron's YAML-config argument.", "megatron", REJECTED,
+      "the config file is the positional argument of python -m jaxtrain.train; pass it there"),
+    K("spec", "str", None, "Megatron's PyTorch module-spec hook.", "megatron", REJECTED,
+      "names a PyTorch module spec; jaxtrain models are JAX functions chosen by the model knobs"),
+    K("framework", "str", "megatron", "Primus backend whose key names and defaults the file uses.",
+      "primus", HONORED, choices=("megatron", "maxtext")),
+    K("workspace", "str", "./output", "Primus output root; the run directory is "
+      "workspace/work_group/user_name/exp_name.", "primus", HONORED),
+    K("work_group", "str", "", "Primus team name, one level of the run directory.", "primus",
+      HONORED),
+    K("user_name", "str", "", "Primus user name, one level of the run directory.", "primus",
+      HONORED),
+    K("exp_name", "str", "", "Experiment name, the last level of the run directory.", "primus",
+      HONORED),
+]

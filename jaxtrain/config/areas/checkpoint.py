@@ -1,0 +1,149 @@
+"""Checkpoints: where and how often to save, what to resume from, and checkpoint formats."""
+from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+
+_PGS = ("pgs-train", "pgs-distill")
+
+# Formats Megatron accepts (Primus's pinned copy still has zarr; HEAD adds torch_dcp and
+# fsdp_dtensor). jaxtrain stores Orbax checkpoints whatever the value; issue 7 decides which
+# values map to that and which (the torch formats) stop the run with the conversion path.
+_CKPT_FORMATS = ("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor")
+_CONVERT_FORMATS = ("torch", "torch_dist", "zarr")
+_STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected",
+               "raise_all", "return_unexpected", "return_all", "ignore_all")
+_WRITES_ORBAX = "jaxtrain writes only Orbax checkpoints"
+
+
+def _off_if_zero(value):
+    """pgs's save_steps: 0 means no periodic checkpoints, which is null here."""
+    return None if value in (0, "0") else value
+
+
+KNOBS = [
+    # Where and how often to save
+    K("save", "str", None, "Directory checkpoints are written to; null saves none.", "megatron",
+      issue=7, aliases=(Alias("train.output_dir", _PGS),),
+      doc_defaults={"pgs-train": "./checkpoints", "pgs-distill": "./runs/opd"}),
+    K("save_interval", "int", 1000, "Iterations between saved checkpoints; null saves only at the "
+      "end.", "megatron", issue=7,
+      aliases=(Alias("train.save_steps", _PGS, to_canonical=_off_if_zero,
+                     note="0 means no periodic saves"),),
+      doc_defaults={"pgs-train": 500, "pgs-distill": None}),
+    K("save_retain_interval", "int", None, "Keep every checkpoint whose iteration is a multiple "
+      "of this; others but the newest are deleted.", "megatron", issue=7),
+    K("train.keep_checkpoints", "int", 0, "How many newest step checkpoints to keep; older ones "
+      "are deleted (0 keeps all; the final export is exempt).", "pgs-distill", issue=7,
+      doc_defaults={"pgs-train": 5, "pgs-distill": 3}),
+    K("disable_last_saving", "bool", False, "Skip the checkpoint normally written when training "
+      "ends.", "megatron", issue=7),
+    K("train.save_final", "bool", True, "At the end, export the final model in Hugging Face format "
+      "to <output_dir>/final.", "pgs-train", issue=7),
+    K("enable_checkpointing", "bool", False, "MaxText switch for writing checkpoints and resuming "
+      "from the run's own latest one.", "maxtext", issue=7),
+    K("async_save", "bool", None, "Write checkpoints in the background while training continues; "
+      "null means synchronous.", "megatron", issue=7,
+      aliases=(Alias("async_checkpointing", "maxtext"),), doc_defaults={"maxtext": False}),
+
+    # What a checkpoint holds
+    K("no_save_optim", "bool", None, "Leave the optimizer state out of saved checkpoints.",
+      "megatron", issue=7),
+    K("no_save_rng", "bool", None, "Leave the random-number state out of saved checkpoints.",
+      "megatron", issue=7),
+
+    # What to load and resume from
+    K("load", "str", None, "Checkpoint directory to start from; null starts from fresh "
+      "initialisation.", "megatron", issue=7),
+    K("pretrained_checkpoint", "str", None, "Checkpoint to finetune from when `load` holds none "
+      "(forces finetune).", "megatron", issue=7),
+    K("ckpt_step", "int", None, "Iteration to load from the load directory instead of its "
+      "latest.", "megatron", issue=7),
+    K("auto_continue_train", "bool", False, "Resume from the newest checkpoint in the save "
+      "directory when one exists.", "megatron", issue=7),
+    K("train.resume_from", "str", None, "Checkpoint directory to resume from, or 'auto' for the "
+      "newest in output_dir (fresh if none); null/'' = fresh.", ("pgs-train", "pgs-distill"),
+      issue=7),
+    K("exit_on_missing_checkpoint", "bool", True, "Stop when `load` is set but holds no "
+      "checkpoint, instead of initialising at random.", "megatron", issue=7),
+    K("finetune", "bool", True, "Load only the weights: skip optimizer and RNG state and restart "
+      "the iteration count at 0.", "megatron", issue=7),
+    K("no_load_optim", "bool", None, "Do not restore the optimizer state from the checkpoint.",
+      "megatron", issue=7),
+    K("no_load_rng", "bool", None, "Do not restore the random-number state from the checkpoint.",
+      "megatron", issue=7),
+    K("load_main_params_from_ckpt", "bool", False, "Also set the fp32 master weights from the "
+      "loaded weights when the optimizer state is not loaded.", "megatron", issue=7),
+    K("use_checkpoint_args", "bool", False, "Take the model-shape settings stored in the checkpoint "
+      "over those in the config.", "megatron", issue=7),
+    K("use_mp_args_from_checkpoint_args", "bool", False, "Take the tensor/pipeline parallel sizes "
+      "stored in the checkpoint.", "megatron", issue=7),
+    K("use_tokenizer_model_from_checkpoint_args", "bool", True, "With use_checkpoint_args, also "
+      "take the tokenizer path stored in the checkpoint.", "megatron", issue=7),
+    K("dist_ckpt_strictness", "str", "assume_ok_unexpected", "What to do when checkpoint and model "
+      "keys differ on load: assume fine, log, raise, return or ignore.", "megatron", issue=7,
+      choices=_STRICTNESS),
+    K("ckpt_fully_parallel_load", "bool", False, "Read each checkpoint shard on one data-parallel "
+      "replica and broadcast it to the others.", "megatron", issue=7),
+
+    # Checkpoint format
+    K("ckpt_format", "str", "torch_dist", "Megatron checkpoint format; jaxtrain stores Orbax, and "
+      "torch formats cannot be read (convert them first).", "megatron", issue=7,
+      choices=_CKPT_FORMATS),
+    K("auto_detect_ckpt_format", "bool", False, "Megatron: detect legacy or distributed format "
+      "from the files when loading.", "megatron", INERT,
+      "jaxtrain always inspects the files it loads: it reads Orbax and reports any torch "
+      "checkpoint with the conversion path, so there is nothing to switch on"),
+    K("use_dist_ckpt_deprecated", "bool", False, "Megatron's retired --use-dist-ckpt switch.",
+      "megatron", INERT, "deprecated and without effect in Megatron too; the format follows "
+      "ckpt_format"),
+    K("dist_ckpt_format_deprecated", "str", None, "Megatron's retired --dist-ckpt-format setting.",
+      "megatron", INERT, "deprecated and without effect in Megatron too; the format follows "
+      "ckpt_format"),
+    K("ckpt_convert_format", "str", None, "Megatron: load, re-save in this torch format, then "
+      "exit.", "megatron", REJECTED,
+      f"{_WRITES_ORBAX}; to move weights to PyTorch, export a Hugging Face checkpoint "
+      "(train.save_final) and convert that with Megatron's Hugging Face importers", choices=_CONVERT_FORMATS),
+    K("ckpt_convert_save", "str", None, "Megatron: output directory of a checkpoint conversion.",
+      "megatron", REJECTED,
+      f"{_WRITES_ORBAX}; there is no torch-format conversion to write (see ckpt_convert_format)"),
+    K("ckpt_convert_update_legacy_dist_opt_format", "bool", False, "Megatron: upgrade a pre-2024 "
+      "distributed-optimizer layout while converting.", "megatron", REJECTED,
+      "rewrites a legacy Megatron torch optimizer layout, which jaxtrain can neither read nor "
+      "write; convert with Megatron itself"),
+    K("dist_ckpt_save_pre_mcore_014", "bool", None, "Megatron: save in the layout read by "
+      "Megatron-Core before 0.14.", "megatron", REJECTED,
+      f"{_WRITES_ORBAX}, never a Megatron-Core torch_dist layout"),
+
+    # Save/load mechanics with no Orbax counterpart
+    K("ckpt_fully_parallel_save", "bool", True, "Megatron: spread the writing of replicated "
+      "shards over data-parallel ranks.", "megatron", INERT,
+      "Orbax already writes each array shard once, from one replica; there is no torch_dist "
+      "save strategy to pick and files hold the same values either way"),
+    K("ckpt_fully_parallel_save_deprecated", "bool", False, "Megatron's retired "
+      "--ckpt-fully-parallel-save switch.", "megatron", INERT,
+      "deprecated and without effect in Megatron too"),
+    K("ckpt_assume_constant_structure", "bool", False, "Megatron: reuse cached torch save plans "
+      "between saves.", "megatron", INERT,
+      "caches torch.distributed.checkpoint save plans; Orbax has no plan to cache, and saved "
+      "values are the same either way"),
+    K("dist_ckpt_optim_fully_reshardable", "bool", None, "Megatron: store optimizer state so it "
+      "reshards across TP/PP/EP/DP changes.", "megatron", INERT,
+      "Orbax stores every array by its global shape, so optimizer state always restores onto "
+      "any mesh"),
+    K("use_persistent_ckpt_worker", "bool", False, "Megatron: keep one background process for "
+      "async saves instead of one per save.", "megatron", INERT,
+      "a PyTorch process-pool detail; Orbax's async save runs in background threads of the "
+      "training process"),
+
+    # Non-persistent (ephemeral) checkpoints
+    K("non_persistent_save_interval", "int", None, "Iterations between extra short-lived "
+      "checkpoints kept only for crash recovery.", "megatron", issue=7),
+    K("non_persistent_ckpt_type", "str", None, "Where short-lived checkpoints go: global (shared "
+      "storage) or local (per-host disk).", "megatron", issue=7, choices=("global", "local")),
+    K("non_persistent_global_ckpt_dir", "str", None, "Shared directory for global short-lived "
+      "checkpoints.", "megatron", issue=7),
+    K("non_persistent_local_ckpt_dir", "str", None, "Per-host directory for local short-lived "
+      "checkpoints.", "megatron", issue=7),
+    K("non_persistent_local_ckpt_algo", "str", "fully_parallel", "Megatron: nvidia-resiliency-ext "
+      "strategy for writing local checkpoints.", "megatron", INERT,
+      "selects between nvidia-resiliency-ext's local-save strategies, which jaxtrain never uses; "
+      "saved values are the same either way", choices=("fully_parallel", "atomic")),
+]

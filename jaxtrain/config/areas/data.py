@@ -1,0 +1,160 @@
+"""Training data: sources, splits, sequence length, packing, loader workers and masks."""
+from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+
+_BERT = ("BERT/ICT-style data generation (another model family); jaxtrain trains decoder-only "
+         "language models on contiguous token sequences")
+_MSFT = ("palingenesis documents MSFT as not wired into training: it logs a warning and keeps "
+         "source weights fixed; jaxtrain does the same")
+
+_DATALOADER_TYPES = ("single", "cyclic", "external")
+_DATASET_TYPES = ("synthetic", "hf", "grain", "tfds", "c4_mlperf", "olmo_grain")
+_MIX_EPOCH = ("total", "first_exhausted")
+_TURN_SCALING = ("uniform", "progressive", "last_heavy")
+
+KNOBS = [
+    # Megatron: where the token data comes from and how it is split
+    K("data_path", "list[str]|str", None, "Megatron indexed-dataset prefixes to train on, optionally "
+      "interleaved with blend weights; split by `split`.", "megatron", issue=6),
+    K("split", "str", None, "Comma-separated train/valid/test proportions applied to data_path "
+      "(e.g. '969,30,1').", "megatron", issue=6),
+    K("train_data_path", "list[str]|str", None, "Dataset prefixes (with optional weights) used only "
+      "for training, instead of data_path plus split.", "megatron", issue=6),
+    K("valid_data_path", "list[str]|str", None, "Dataset prefixes (with optional weights) used only "
+      "for validation.", "megatron", issue=6),
+    K("test_data_path", "list[str]|str", None, "Dataset prefixes (with optional weights) used only "
+      "for the test pass.", "megatron", issue=6),
+    K("data_args_path", "str", None, "File holding the data_path blend, for blends too long to "
+      "write inline.", "megatron", issue=6),
+    K("per_split_data_args_path", "str", None, "JSON file with train/valid/test keys giving each "
+      "split's blend, in place of the *_data_path knobs.", "megatron", issue=6),
+    K("data_cache_path", "str", None, "Directory where the built sample/shuffle index files are "
+      "cached and reused across runs.", "megatron", issue=6),
+    K("mock_data", "bool", False, "Train on generated random tokens instead of reading any "
+      "dataset files.", "megatron", issue=6),
+    K("merge_file", "str", None, "BPE merges file of a GPT-2 style tokenizer, used with vocab_file "
+      "(the doc's 'blended datasets' wording is wrong).", "megatron", issue=6),
+    K("sample_rate", "float", 1.0, "Fraction of the training data to sample; declared by Megatron "
+      "but read by no training code.", "megatron", INERT,
+      "Megatron parses it but nothing in its training or dataset code reads it, so no value "
+      "changes a run; use split or blend weights to subsample"),
+
+    # Sequence length
+    K("seq_length", "int", 1024, "Tokens per training sequence.", "megatron", issue=6,
+      aliases=(Alias("data.max_seq_length", "pgs-train",
+                     note="pgs packs up to, or truncates at, this many tokens"),),
+      doc_defaults={"pgs-train": 8192}),
+    K("encoder_seq_length", "int", None, "Encoder length of an encoder-decoder model (Megatron "
+      "copies seq_length into it for GPT).", "megatron", REJECTED,
+      "encoder-decoder (T5/BERT) length; jaxtrain models are decoder-only: set seq_length"),
+    K("decoder_seq_length", "int", None, "Decoder length of an encoder-decoder model.", "megatron",
+      REJECTED, "encoder-decoder (T5) length; jaxtrain models are decoder-only: set seq_length"),
+    K("retriever_seq_length", "int", 256, "Sequence length of a retriever (ICT/biencoder) model.",
+      "megatron", REJECTED, "retriever/biencoder models are another family, not trained here"),
+
+    # BERT-style sample generation
+    K("mask_prob", "float", 0.15, "Share of tokens replaced by the mask token in masked-LM data.",
+      "megatron", REJECTED, _BERT),
+    K("short_seq_prob", "float", 0.1, "Chance of emitting a shortened sample in BERT-style data.",
+      "megatron", REJECTED, _BERT),
+
+    # Loader mechanics
+    K("dataloader_type", "str", "cyclic", "Sampler: single (one pass in order), cyclic (reshuffled "
+      "each epoch) or external (user-supplied iterator).", "megatron", issue=6,
+      choices=_DATALOADER_TYPES),
+    K("data_sharding", "bool", True, "Cyclic sampler: each data-parallel rank shuffles its own "
+      "contiguous bucket; false shuffles globally.", "megatron", issue=6),
+    K("num_workers", "int", 8, "Background worker processes feeding batches on each host.",
+      "megatron", issue=6, aliases=(Alias("data.num_workers", "pgs-train"),),
+      doc_defaults={"pgs-train": 4}),
+    K("mmap_bin_files", "bool", True, "Memory-map the .bin token files instead of reading them "
+      "into host memory.", "megatron", issue=6),
+    K("num_dataset_builder_threads", "int", 1, "Threads per host used to build the dataset "
+      "sample and shuffle indices.", "megatron", issue=6),
+    K("create_attention_mask_in_dataloader", "bool", True, "Megatron: ship a dense causal mask "
+      "tensor with each batch.", "megatron", INERT,
+      "jaxtrain derives causal and document masks inside attention from positions and segment "
+      "ids; no mask tensor travels with the batch, so the value changes nothing"),
+
+    # Document boundaries inside a sequence
+    K("reset_position_ids", "bool", False, "Restart position ids at each end-of-document token "
+      "inside a sequence.", "megatron", issue=6),
+    K("reset_attention_mask", "bool", False, "Stop tokens attending across end-of-document tokens "
+      "inside a sequence.", "megatron", issue=6),
+    K("eod_mask_loss", "bool", False, "Exclude end-of-document tokens from the loss.", "megatron",
+      issue=6),
+
+    # MaxText input pipeline
+    K("dataset_type", "str", "hf", "Input pipeline: synthetic, hf (Hugging Face datasets), grain, "
+      "tfds, c4_mlperf or olmo_grain.", "maxtext", issue=6, choices=_DATASET_TYPES),
+    K("hf_path", "str", "allenai/c4", "Hugging Face dataset id (or loader name) read when "
+      "dataset_type is hf.", "maxtext", issue=6),
+    K("hf_data_dir", "str", "en", "Sub-directory/configuration of the Hugging Face dataset to "
+      "read.", "maxtext", issue=6),
+    K("hf_train_files", "str", "", "Explicit data files (path or glob) for the Hugging Face "
+      "loader; empty uses the dataset's own files.", "maxtext", issue=6),
+    K("packing", "bool", True, "Concatenate several documents into each sequence, masking "
+      "attention between them, instead of padding.", "maxtext", issue=6,
+      aliases=(Alias("data.packing", "pgs-train"),), doc_defaults={"pgs-train": False}),
+
+    # pgs: dataset files and validation set
+    K("data.dataset", "str", "HuggingFaceH4/ultrachat_200k", "Chat dataset: a Hugging Face id, a "
+      "local .jsonl/.json/.parquet file, or a prepared-output directory.", "pgs-train", issue=6),
+    K("data.dataset_split", "str", "train_sft", "Split of data.dataset to train on.", "pgs-train",
+      issue=6),
+    K("data.streaming", "bool", True, "Read the dataset lazily as a stream of shards instead of "
+      "materialising it first.", "pgs-train", issue=6),
+    K("data.seed", "int", 42, "Seed of the training-data shuffle, separate from the model seed.",
+      "pgs-train", issue=6),
+    K("data.eval_dataset", "str", "", "Single validation dataset (same forms as data.dataset); "
+      "empty means no validation.", "pgs-train", issue=6),
+    K("data.eval_split", "str", "test", "Split of data.eval_dataset used for validation.",
+      "pgs-train", issue=6),
+    K("data.eval_samples", "int", 200, "Size of the fixed validation subset drawn from the eval "
+      "dataset.", "pgs-train", issue=6),
+
+    # pgs: chat-SFT shaping (later SFT issue)
+    K("data.messages_field", "str", "messages", "Row field holding the chat turns (conversations, "
+      "chat, dialogue, turns are tried too).", "pgs-train"),
+    K("data.tools_field", "str", "tools", "Row field with tool definitions handed to the chat "
+      "template.", "pgs-train"),
+    K("data.include_observations", "bool", False, "Also train on tool/observation turns, so the "
+      "model learns to predict tool output.", "pgs-train"),
+    K("data.train_on_reasoning", "bool", True, "Keep <think>/reasoning tokens in the loss; false "
+      "trains only on the final answer.", "pgs-train"),
+    K("data.turn_scaling", "str", "uniform", "Per-assistant-turn loss weights (mean 1): uniform, "
+      "progressive (later heavier) or last_heavy.", "pgs-train", choices=_TURN_SCALING),
+    K("data.last_turn_only", "bool", False, "Mask every assistant turn but the last, in training "
+      "and in eval scoring.", "pgs-train"),
+    K("data.length_group_buffer", "int", 512, "Without packing: sort this many samples by length "
+      "into batch groups to cut padding; 0 disables.", "pgs-train"),
+
+    # pgs: multi-source mixing, replay and evaluation sources (later SFT issue)
+    K("data.sources", "list", [], "Several training datasets, each a mapping with dataset, split, "
+      "weight, mode, messages_field.", "pgs-train"),
+    K("data.mix_epoch", "str", "total", "What one epoch over data.sources means: total rows drawn "
+      "by weight, or until the first source runs out.", "pgs-train", choices=_MIX_EPOCH),
+    K("data.eval_sources", "list", [], "Validation sets scored separately and combined into a "
+      "weighted composite for best-model tracking.", "pgs-train"),
+    K("data.pretrain_replay_dataset", "str", "", "Raw-text dataset mixed into SFT with loss on "
+      "every token; empty disables replay.", "pgs-train"),
+    K("data.pretrain_replay_weight", "float", 0.1, "Per-example probability of drawing a replay "
+      "document instead of an SFT example.", "pgs-train"),
+
+    # pgs: MSFT adaptive source weights (not wired in palingenesis itself)
+    K("data.msft_tracking", "bool", False, "Adaptive per-source weight scheduling (MSFT), "
+      "documented by pgs as not yet acting on training.", "pgs-train", INERT, _MSFT),
+    K("data.msft_eval_every", "int", 50, "MSFT: steps between per-source validation checks.",
+      "pgs-train", INERT, _MSFT),
+    K("data.msft_decay_factor", "float", 0.7, "MSFT: weight multiplier for a source that "
+      "overfits.", "pgs-train", INERT, _MSFT),
+    K("data.msft_recovery_factor", "float", 1.15, "MSFT: weight multiplier for a source that "
+      "improves.", "pgs-train", INERT, _MSFT),
+    K("data.msft_floor_ratio", "float", 0.1, "MSFT: lowest weight a source may reach, as a "
+      "fraction of its original weight.", "pgs-train", INERT, _MSFT),
+
+    # pgs: pre-tokenised cache (later SFT issue)
+    K("data.pretokenize", "bool", False, "Write the fully tokenised, masked, mixed and packed "
+      "stream to disk once and train from that cache.", "pgs-train"),
+    K("data.pretokenize_path", "str", "./pretokenized", "Directory of the pre-tokenised cache.",
+      "pgs-train"),
+]

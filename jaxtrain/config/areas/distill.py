@@ -1,0 +1,155 @@
+"""pgs on-policy distillation (pgs distill): teachers, prompt sources, rollouts, losses, scoring."""
+from jaxtrain.config.knob import INERT, REJECTED, K
+
+_OPD = "pgs-distill"
+_TEACHER_BACKENDS = ("hf", "vllm")
+_TEACHER_LOSSES = ("", "full_rkl", "topk_kl", "sampled_rkl", "xtok", "rs_kd")
+_SOURCE_FORMATS = ("messages", "mcqa", "agent_traces")
+_ROLLOUT_BACKENDS = ("hf", "vllm", "vllm_server")
+_XTOK_SPREADS = ("chunk", "proportional")
+# "none" (pgs's default spelling) reads as null: coerce() treats the string none as null.
+_TOKEN_WEIGHTINGS = ("none", "sure", "entropy")
+
+_NO_VLLM_ROLLOUT = ("rollouts come from jaxtrain's own JAX sampler (the default, hf); an "
+                    "in-process vLLM engine or a vLLM server fed the student's weights over "
+                    "CUDA IPC needs PyTorch tensors of the trained weights, which a JAX trainer "
+                    "does not have")
+_VLLM_ROLLOUT_ONLY = ("configures only the vLLM rollout engines, which jaxtrain never runs "
+                      "(rollout.backend must stay hf); pgs ignores it with hf as well")
+
+KNOBS = [
+    # Teachers (one block per named teacher)
+    K("teachers.<name>.model", "str", None, "Teacher model (HF id or path); required.", _OPD),
+    K("teachers.<name>.tokenizer", "str", "", "Tokenizer the teacher renders and scores with; "
+      "empty uses the teacher model's.", _OPD),
+    K("teachers.<name>.backend", "str", "hf", "How the teacher scores: hf (in-process frozen "
+      "model, full distribution) or vllm (server, top-k log-probs).", _OPD,
+      choices=_TEACHER_BACKENDS),
+    K("teachers.<name>.loss", "str", "", "Distillation loss for this teacher; empty picks by "
+      "backend and vocabulary (full_rkl, topk_kl or xtok).", _OPD, choices=_TEACHER_LOSSES),
+    K("teachers.<name>.device", "str", "", "hf backend: device holding the teacher; empty shares "
+      "the student's.", _OPD),
+    K("teachers.<name>.offload", "bool", False, "hf backend: keep the teacher in host memory "
+      "between scoring calls (output head stays on device).", _OPD),
+    K("teachers.<name>.url", "str", "", "vllm backend: address of an already running scoring "
+      "server; empty launches one.", _OPD),
+    K("teachers.<name>.gpu_memory_utilization", "float", 0.15, "vllm backend: fraction of GPU "
+      "memory given to a server the trainer launches.", _OPD),
+    K("teachers.<name>.eos_map", "dict", {}, "Shared vocabulary: student end-of-turn token -> "
+      "teacher's; empty maps eos automatically.", _OPD),
+    K("teachers.<name>.probe_texts", "list[str]", [], "Extra texts that must tokenize the same for "
+      "student and teacher to count as a shared vocabulary.", _OPD),
+
+    # Prompt sources (one block per named source): common fields
+    K("sources.<name>.format", "str", "messages", "Prompt file kind: messages (chat JSONL), mcqa "
+      "(multiple choice) or agent_traces (recorded agent runs).", _OPD, choices=_SOURCE_FORMATS),
+    K("sources.<name>.path", "str", None, "Prompt file of this source; required.", _OPD),
+    K("sources.<name>.weight", "float", 1.0, "Relative sampling weight of this source among all "
+      "sources.", _OPD),
+    K("sources.<name>.teacher", "str", "", "Teacher that scores this source's prompts; empty means "
+      "the first teacher.", _OPD),
+    K("sources.<name>.topic_field", "str", "", "Row field holding a topic, used to route rows via "
+      "topic_teachers.", _OPD),
+    K("sources.<name>.topic_teachers", "dict", {}, "Map teacher -> topics: rows with a listed "
+      "topic go to that teacher, others to the source's teacher.", _OPD),
+    K("sources.<name>.max_new_tokens", "int", 512, "Completion length budget in tokens for this "
+      "source's rollouts.", _OPD),
+    K("sources.<name>.dev_size", "int", 200, "Rows held out of path for dev evaluation "
+      "(deterministic hash ranking).", _OPD),
+    K("sources.<name>.dev_path", "str", "", "Separate dev file instead of rows held out of path; "
+      "empty for none.", _OPD),
+
+    # Prompt sources: agent_traces
+    K("sources.<name>.messages_field", "str", "messages", "agent_traces: column holding the "
+      "conversation.", _OPD),
+    K("sources.<name>.tools_field", "str", "tools", "agent_traces: column holding the tool "
+      "schemas.", _OPD),
+    K("sources.<name>.branches_per_trace", "int", 8, "agent_traces: assistant turns regenerated "
+      "per sampled trace; 0 regenerates all.", _OPD),
+    K("sources.<name>.max_context", "int", 32768, "agent_traces: longest context in tokens a "
+      "regenerated turn may have; later turns are skipped.", _OPD),
+
+    # Prompt sources: mcqa
+    K("sources.<name>.system_message", "str", "", "mcqa: system message; empty uses the built-in "
+      "one.", _OPD),
+    K("sources.<name>.fast_template", "str", "", "mcqa: direct-answer prompt template with "
+      "{question}/{options} placeholders.", _OPD),
+    K("sources.<name>.cot_template", "str", "", "mcqa: chain-of-thought prompt template with "
+      "{question}/{options} placeholders.", _OPD),
+    K("sources.<name>.shots_path", "str", "", "mcqa: file of the benchmark's official few-shot "
+      "examples.", _OPD),
+    K("sources.<name>.p_reference_shots", "float", 0.5, "mcqa: probability a prompt gets the "
+      "official few-shot examples.", _OPD),
+    K("sources.<name>.p_pool_shots", "float", 0.25, "mcqa: probability a prompt gets 1..k random "
+      "pool shots; the rest are zero-shot.", _OPD),
+    K("sources.<name>.pool_shots_max_k", "int", 5, "mcqa: most random pool shots in one prompt.",
+      _OPD),
+    K("sources.<name>.cot_fraction", "float", 0.0, "mcqa: fraction of prompts rendered with the "
+      "chain-of-thought template.", _OPD),
+    K("sources.<name>.cot_max_new_tokens", "int", 300, "mcqa: completion budget in tokens for "
+      "chain-of-thought prompts.", _OPD),
+
+    # Rollouts (student generation)
+    K("rollout.backend", "str", "hf", "Student generation engine; only the trainer's own "
+      "generate (hf) exists in jaxtrain.", _OPD, REJECTED, _NO_VLLM_ROLLOUT,
+      choices=_ROLLOUT_BACKENDS),
+    K("rollout.batch_prompts", "int", 32, "Prompts sampled per optimizer step.", _OPD),
+    K("rollout.group_size", "int", 1, "Completions generated per prompt.", _OPD),
+    K("rollout.temperature", "float", 1.0, "Sampling temperature; the losses compare the teacher "
+      "with the temperature-scaled student.", _OPD),
+    K("rollout.max_staleness", "int", 0, "Policy versions a batch may lag the trained weights; 0 "
+      "is strictly on-policy.", _OPD),
+    K("rollout.micro_seqs", "int", 64, "Sequences per generation call of the trainer's own "
+      "sampler.", _OPD),
+    K("rollout.gpu_memory_utilization", "float", 0.3, "vLLM rollout engine: GPU memory fraction "
+      "for its weights and KV cache.", _OPD, INERT, _VLLM_ROLLOUT_ONLY),
+    K("rollout.max_model_len", "int", 4096, "vLLM rollout engine: prompt plus completion token "
+      "limit.", _OPD, INERT, _VLLM_ROLLOUT_ONLY),
+    K("rollout.prefix_caching", "bool", False, "vLLM rollout engine: automatic prefix caching.",
+      _OPD, INERT, _VLLM_ROLLOUT_ONLY),
+    K("rollout.enforce_eager", "bool", False, "vLLM rollout engine: run without CUDA graphs.",
+      _OPD, INERT, _VLLM_ROLLOUT_ONLY),
+    K("rollout.sleep", "bool", True, "vLLM rollout engine: free its weights and KV cache while the "
+      "trainer trains.", _OPD, INERT, _VLLM_ROLLOUT_ONLY),
+    K("rollout.url", "str", "", "vllm_server rollouts: address of the running server.", _OPD,
+      INERT, _VLLM_ROLLOUT_ONLY),
+
+    # Losses
+    K("loss.top_k", "int", 8, "Teacher top-k used by topk_kl and the xtok dense term.", _OPD),
+    K("loss.beta", "float", 1.0, "topk_kl / dense term: weight of reverse KL; 1 - beta goes to "
+      "forward KL.", _OPD),
+    K("loss.is_low", "float", 0.5, "sampled_rkl/xtok: tokens with importance ratio below this get "
+      "no gradient.", _OPD),
+    K("loss.is_high", "float", 2.0, "sampled_rkl/xtok: tokens with importance ratio above this get "
+      "no gradient.", _OPD),
+    K("loss.length_norm", "bool", False, "Average per sequence, then over sequences, instead of "
+      "over all tokens of the batch.", _OPD),
+    K("loss.xtok_spread", "str", "chunk", "xtok: give each token its chunk's advantage, or a share "
+      "proportional to its log-prob.", _OPD, choices=_XTOK_SPREADS),
+    K("loss.xtok_dense_weight", "float", 0.0, "xtok: weight of a top-k KL at chunks that are one "
+      "token on both sides.", _OPD),
+    K("loss.mask_whitespace", "bool", True, "xtok: no loss on chunks made only of whitespace.",
+      _OPD),
+    K("loss.trace_kd_weight", "float", 0.0, "agent_traces: weight of off-policy distillation on "
+      "the recorded assistant turns.", _OPD),
+    K("loss.rs_rounds", "int", 50, "rs_kd: teacher samples drawn per position.", _OPD),
+    K("loss.rs_temperature", "float", 1.0, "rs_kd: power applied to the teacher distribution for "
+      "proposals, corrected by importance weights.", _OPD),
+    K("loss.token_weighting", "str", "none", "Per-token loss weights: none (uniform), sure (by "
+      "student uncertainty) or entropy (keep high-entropy tokens).", _OPD,
+      choices=_TOKEN_WEIGHTINGS),
+    K("loss.sure_alpha", "float", 1.0, "sure weighting strength: w = 1 + alpha*(1 - p).", _OPD),
+    K("loss.entropy_keep", "float", 0.2, "entropy weighting: fraction of highest-entropy tokens "
+      "kept per scoring micro-batch.", _OPD),
+
+    # Scoring, evaluation and agent-trace batching (train section)
+    K("train.score_micro_seqs", "int", 16, "Sequences per scoring forward (student and teacher); "
+      "accumulation keeps the math unchanged.", _OPD),
+    K("train.eval_samples", "int", 200, "Dev prompts per source at each evaluation.", _OPD),
+    K("train.tree_chunk_size", "int", 8192, "agent_traces: tokens per chunk of a trace's shared "
+      "context (bounds activation memory).", _OPD),
+    K("train.tree_branch_tokens", "int", 8192, "agent_traces: padded tokens per batched forward of "
+      "regenerated turns; 0 does one at a time.", _OPD),
+    K("train.tree_min_gap", "int", 1024, "agent_traces: least tokens between context cuts; turns "
+      "in between re-read the gap.", _OPD),
+]

@@ -1,0 +1,130 @@
+"""Distributed runtime: process setup, data-parallel gradient/parameter sync, FSDP and ZeRO."""
+from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+
+_DP_SHARDING = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+_BACKENDS = ("nccl", "gloo")
+_SHARP_GROUPS = ("dp", "dp_replica")
+
+_RUNTIME = "JAX's runtime: jax.distributed.initialize"
+_NCCL_ENV = ("XLA creates and tunes its own NCCL/RCCL communicators; set NCCL_* environment "
+             "variables for the job instead")
+
+KNOBS = [
+    # Process setup (torch.distributed specifics)
+    K("distributed_backend", "str", "nccl", "torch.distributed backend for the process groups.",
+      "megatron", REJECTED,
+      f"{_RUNTIME} sets up the processes and XLA always uses NCCL/RCCL on GPU; there is no "
+      "backend to choose", choices=_BACKENDS),
+    K("distributed_timeout_minutes", "int", 60, "How long processes wait for each other at "
+      "start-up and in collectives, in minutes.", "megatron", issue=5),
+    K("local_rank", "int", None, "This process's index on its node, normally given by the "
+      "launcher.", "megatron", REJECTED,
+      f"{_RUNTIME} assigns each process its local devices (from the launcher's environment or "
+      "local_device_ids); a rank in the config file would be the same for every process"),
+    K("lazy_mpu_init", "bool", None, "Let an outside manager finish process-group setup instead "
+      "of Megatron's initialize.", "megatron", INERT,
+      "a hook for embedding Megatron in another launcher; jaxtrain is its own program and always "
+      "initializes jax.distributed and its mesh itself"),
+    K("nccl_communicator_config_path", "str", None, "YAML of per-communicator NCCL settings "
+      "(CTA counts, cluster size).", "megatron", REJECTED, f"{_RUNTIME}; {_NCCL_ENV}"),
+    K("use_sharp", "bool", False, "Use InfiniBand SHARP in-network reduction for data-parallel "
+      "collectives.", "megatron", REJECTED,
+      f"{_RUNTIME}; SHARP is a torch process-group option here, {_NCCL_ENV} "
+      "(e.g. NCCL_COLLNET_ENABLE)"),
+    K("sharp_enabled_group", "str", None, "Which data-parallel group SHARP is enabled on (dp or "
+      "dp_replica).", "megatron", REJECTED,
+      f"{_RUNTIME}; SHARP is a torch process-group option here, {_NCCL_ENV}",
+      choices=_SHARP_GROUPS),
+    K("use_tp_pp_dp_mapping", "bool", False, "Order ranks tp-cp-ep-pp-dp instead of "
+      "tp-cp-ep-dp-pp when assigning devices to groups.", "megatron", issue=5),
+    K("empty_unused_memory_level", "int", 0, "How often to release cached allocator memory "
+      "(0 never, 1 after each step, 2 also after eval).", "megatron", INERT,
+      "calls torch.cuda.empty_cache; XLA manages its own preallocated device memory pool and has "
+      "no cache to release between steps", choices=(0, 1, 2)),
+    K("deterministic_mode", "bool", False, "Use only deterministic kernels and reductions "
+      "(slower, bitwise reproducible).", "megatron", issue=5),
+
+    # Data-parallel gradient reduction (DDP buckets and overlap)
+    K("overlap_grad_reduce", "bool", False, "Overlap the data-parallel gradient reduction with "
+      "the backward pass.", "megatron", issue=5),
+    K("align_grad_reduce", "bool", True, "Launch the gradient reductions of all pipeline stages "
+      "together rather than each stage on its own.", "megatron", issue=5),
+    K("ddp_num_buckets", "int", None, "Number of buckets the gradients are grouped into for "
+      "reduction.", "megatron", issue=5),
+    K("ddp_bucket_size", "int", None, "Size of each gradient-reduction bucket, in elements.",
+      "megatron", issue=5),
+    K("ddp_pad_buckets_for_high_nccl_busbw", "bool", False, "Pad buckets to a multiple of 2^16 "
+      "elements for better NCCL bandwidth.", "megatron", issue=5),
+    K("ddp_average_in_collective", "bool", False, "Average gradients inside the collective "
+      "instead of dividing by the DP size first.", "megatron", issue=5),
+    K("gradient_reduce_div_fusion", "bool", True, "Fuse the divide-by-DP-size into the gradient "
+      "reduction.", "megatron", issue=5),
+
+    # Distributed optimizer / parameter gather (ZeRO)
+    K("use_distributed_optimizer", "bool", True, "Shard optimizer state and master weights over "
+      "the data-parallel devices (ZeRO-1).", "megatron", issue=5),
+    K("num_distributed_optimizer_instances", "int", 1, "Split the data-parallel group into this "
+      "many replicas, each sharding the optimizer state.", "megatron", issue=5),
+    K("overlap_param_gather", "bool", False, "Overlap the parameter all-gather of the sharded "
+      "optimizer with the next forward pass.", "megatron", issue=5),
+    K("overlap_param_gather_with_optimizer_step", "bool", False, "Overlap the first bucket's "
+      "parameter all-gather with the optimizer step.", "megatron", issue=5),
+    K("align_param_gather", "bool", True, "Launch the parameter all-gathers of all pipeline "
+      "stages together rather than each stage on its own.", "megatron", issue=5),
+    K("check_weight_hash_across_dp_replicas_interval", "int", None, "Every this many steps, check "
+      "that weight hashes agree on all data-parallel replicas.", "megatron", issue=5),
+
+    # FSDP
+    K("use_megatron_fsdp", "bool", False, "Fully shard parameters, gradients and optimizer state "
+      "over data parallel (Megatron-FSDP).", "megatron", issue=5,
+      aliases=(Alias("use_custom_fsdp", "megatron",
+                     note="deprecated Megatron name of the Megatron-FSDP switch"),)),
+    K("use_torch_fsdp2", "bool", False, "Fully shard parameters over data parallel the way "
+      "PyTorch FSDP2 does.", "megatron", issue=5),
+    K("data_parallel_sharding_strategy", "str", "no_shard", "What FSDP shards over data parallel: "
+      "nothing, optimizer state, + gradients, + parameters.", "megatron", issue=5,
+      choices=_DP_SHARDING),
+    K("init_model_with_meta_device", "bool", False, "Build the model shapes first and create each "
+      "parameter directly in its shard.", "megatron", issue=5),
+    K("suggested_communication_unit_size", "int", 400000000, "FSDP elements communicated per "
+      "collective; also sets how far parameter gathers prefetch.", "megatron", issue=5,
+      nullable=True),
+    K("keep_fp8_transpose_cache_when_using_custom_fsdp", "bool", False, "Keep Transformer "
+      "Engine's fp8 transposed-weight cache under FSDP.", "megatron", INERT,
+      "a Transformer Engine cache of fp8 weight transposes; XLA forms transposes inside the "
+      "compiled step, so there is no cache to keep"),
+
+    # Local-checkpoint replication
+    K("replication", "bool", False, "Replicate local (non-persistent) checkpoints onto other "
+      "nodes.", "megatron", issue=7),
+    K("replication_jump", "int", None, "Rank distance between a rank and the ranks holding its "
+      "checkpoint replicas.", "megatron", issue=7),
+    K("replication_factor", "int", None, "Number of nodes holding a copy of each rank's local "
+      "checkpoint.", "megatron", issue=7),
+
+    # MoE expert-parallel overlap
+    K("overlap_moe_expert_parallel_comm", "bool", False, "Overlap MoE expert-parallel all-to-all "
+      "with compute of another microbatch.", "megatron", issue=5),
+    K("patch_moe_overlap", "bool", False, "Primus variant of the MoE all-to-all overlap schedule, "
+      "with its own weight-gradient handling.", "megatron", issue=5),
+
+    # Pipeline-specific; no issue builds pipeline parallelism yet
+    K("overlap_p2p_comm", "bool", True, "Overlap pipeline send/recv with forward and backward "
+      "compute.", "megatron"),
+    K("scatter_gather_tensors_in_pipeline", "bool", True, "Send pipeline activations as TP "
+      "shards and all-gather them on arrival.", "megatron"),
+    K("use_ring_exchange_p2p", "bool", False, "Use a custom ring-exchange kernel for pipeline "
+      "send/recv.", "megatron"),
+    K("defer_embedding_wgrad_compute", "bool", False, "Postpone the output-layer weight-gradient "
+      "GEMMs to the pipeline flush.", "megatron"),
+    K("wgrad_deferral_limit", "int", 0, "Microbatches whose output-layer weight gradients are "
+      "deferred; 0 means all.", "megatron"),
+    K("account_for_embedding_in_pipeline_split", "bool", False, "Count the input embedding as one "
+      "layer when splitting layers over pipeline stages.", "megatron"),
+    K("account_for_loss_in_pipeline_split", "bool", False, "Count the loss as one layer when "
+      "splitting layers over pipeline stages.", "megatron"),
+    K("standalone_embedding_stage", "bool", False, "Put the input embedding alone on the first "
+      "pipeline stage.", "megatron"),
+    K("decoder_pipeline_manual_split_list", "list[int]", None, "Layers per pipeline stage, "
+      "given explicitly (Primus).", "megatron"),
+]

@@ -1,0 +1,124 @@
+"""Console log cadence, training metrics, TensorBoard/W&B/MLflow/trackio writers, telemetry."""
+from jaxtrain.config.knob import INERT, Alias, K
+
+_M = "megatron"
+_PGS = ("pgs-train", "pgs-distill")
+_TIMING_OPTIONS = ("max", "minmax", "all")
+_ONE_LOGGER = ("NVIDIA OneLogger telemetry: jaxtrain sends no telemetry to it, so the value cannot "
+               "change training or its logs")
+_APP_TAG = ("application tag for NVIDIA's OneLogger telemetry, which jaxtrain does not send; it "
+            "cannot change training or its logs")
+
+
+def _empty_to_none(value):
+    """pgs-distill writes an empty run name for 'choose one automatically', pgs-train null."""
+    return None if value == "" else value
+
+
+KNOBS = [
+    # Console cadence and training metrics (built with the train loop)
+    K("log_interval", "int", 1, "Steps between console lines of loss, learning rate and timing.",
+      _M, issue=4, doc_defaults={"maxtext": 100},
+      aliases=(Alias("log_period", "maxtext"),
+               Alias("train.logging_steps", "pgs-train"),
+               Alias("logging.log_every", "pgs-distill"))),
+    K("log_throughput", "bool", True, "Report tokens per second and TFLOP/s per device with each "
+      "log line.", _M, issue=4),
+    K("log_avg_skip_iterations", "int", 2, "Number of first steps (compilation, warm-up) left out "
+      "of the running throughput average.", _M, issue=4),
+    K("log_avg_reset_interval", "int", 10, "Steps after which the running throughput average "
+      "starts again.", _M, issue=4),
+    K("log_params_norm", "bool", False, "Compute and log the global L2 norm of the parameters.", _M,
+      issue=4),
+    K("log_num_zeros_in_grad", "bool", False, "Count and log how many gradient entries are exactly "
+      "zero.", _M, issue=4),
+    K("logging.log_grad_norm", "bool", True, "Put the global gradient norm in the logged metrics.",
+      "pgs-train", issue=4),
+    K("log_progress", "bool", False, "Append consumed tokens and FLOPs per step to progress.txt in "
+      "the checkpoint directory.", _M, issue=10),
+    K("timing_log_level", "int", 0, "Detail of step timers: 0 step time only, 1 adds once-per-step "
+      "phases, 2 adds fine-grained ones.", _M, issue=10, choices=(0, 1, 2)),
+    K("timing_log_option", "str", "minmax", "How timers are combined across processes: the max, "
+      "min and max, or every process.", _M, issue=10, choices=_TIMING_OPTIONS),
+    K("logging_level", "int|str", None, "Python logging level for the root logger (a number "
+      "such as 20 or a name such as INFO); null keeps it.", _M, issue=10),
+    K("config_logger_dir", "str", "", "Directory where the resolved model and optimizer "
+      "configs are dumped as JSON; empty dumps nothing.", _M, issue=10),
+
+    # Device memory reporting
+    K("use_rocm_mem_info", "bool", False, "Report device memory use every step (Primus reads "
+      "rocm-smi; jaxtrain will read the devices' memory stats).", _M, issue=10),
+    K("use_rocm_mem_info_iters", "list[int]", [1, 2], "Steps at which device memory use is "
+      "reported when use_rocm_mem_info is off.", _M, issue=10, nullable=True),
+
+    # TensorBoard
+    K("disable_tensorboard", "bool", True, "Turn the TensorBoard writer off (Primus switch).", _M,
+      issue=10),
+    K("tensorboard_dir", "str", None, "Directory for TensorBoard event files; null puts them in "
+      "the run directory.", _M, issue=10),
+    K("tensorboard_log_interval", "int", 1, "Steps between scalar writes to TensorBoard.", _M,
+      issue=10),
+    K("tensorboard_queue_size", "int", 1000, "Pending TensorBoard events held before the writer "
+      "flushes to disk.", _M, issue=10),
+    K("log_timers_to_tensorboard", "bool", True, "Write step timers to TensorBoard.", _M, issue=10),
+    K("log_batch_size_to_tensorboard", "bool", True, "Write the global batch size to TensorBoard.",
+      _M, issue=10),
+    K("log_learning_rate_to_tensorboard", "bool", True, "Write the learning rate to TensorBoard.",
+      _M, issue=10),
+    K("log_validation_ppl_to_tensorboard", "bool", False, "Write validation perplexity next to "
+      "validation loss in TensorBoard.", _M, issue=10),
+    K("log_memory_to_tensorboard", "bool", False, "Write device memory statistics to TensorBoard.",
+      _M, issue=10),
+    K("log_world_size_to_tensorboard", "bool", False, "Write the number of devices to TensorBoard.",
+      _M, issue=10),
+    K("log_loss_scale_to_tensorboard", "bool", True, "Write the fp16 loss scale to TensorBoard.",
+      _M, issue=10),
+
+    # Weights & Biases
+    K("disable_wandb", "bool", True, "Turn the Weights & Biases writer off (Primus switch).", _M,
+      issue=10),
+    K("logging.use_wandb", "bool", True, "Mirror the logged metrics to Weights & Biases; a tracker "
+      "failure only warns.", _PGS, issue=10, doc_defaults={"pgs-distill": False}),
+    K("wandb_project", "str", None, "Weights & Biases project the run is logged under.", _M,
+      issue=10, doc_defaults={"pgs-train": "palingenesis", "pgs-distill": "palingenesis-opd"},
+      aliases=(Alias("logging.project", _PGS, note="also names the trackio project"),)),
+    K("wandb_exp_name", "str", None, "Weights & Biases run name; null lets the trainer derive one.",
+      _M, issue=10,
+      aliases=(Alias("logging.run_name", _PGS, to_canonical=_empty_to_none,
+                     note="an empty name means automatic"),)),
+    K("wandb_save_dir", "str", None, "Local directory for Weights & Biases files; null uses "
+      "the run directory.", _M, issue=10),
+    K("wandb_entity", "str", None, "Weights & Biases team or user that owns the project.", _M,
+      issue=10),
+
+    # MLflow and trackio
+    K("disable_mlflow", "bool", True, "Turn the MLflow writer off (Primus switch).", _M, issue=10),
+    K("mlflow_run_name", "str", None, "MLflow run name.", _M, issue=10),
+    K("mlflow_experiment_name", "str", None, "MLflow experiment the run is logged under.", _M,
+      issue=10),
+    K("logging.use_trackio", "bool", True, "Mirror the logged metrics to trackio; a tracker "
+      "failure only warns.", "pgs-train", issue=10),
+
+    # pgs training-health monitors
+    K("logging.health_tier2_every", "int", 10, "Steps between mid-cost health metrics: gradient "
+      "cosine similarity, noise scale, device memory.", "pgs-train", issue=10),
+    K("logging.health_tier3_every", "int", 100, "Steps between costly health metrics: weight "
+      "norms, stable rank, drift from the initial weights.", "pgs-train", issue=10),
+    K("logging.rl_readiness", "bool", False, "Track the entropy of the model's output distribution "
+      "and warn when it collapses (SFT before RL).", "pgs-train", issue=10),
+    K("logging.rl_entropy_floor", "float", 1.0, "Mean output entropy (nats) below which "
+      "logging.rl_readiness warns.", "pgs-train", issue=10),
+
+    # NVIDIA OneLogger / application tags
+    K("enable_one_logger", "bool", True, "Send run telemetry to NVIDIA OneLogger.", _M, INERT,
+      _ONE_LOGGER),
+    K("one_logger_project", "str", "megatron-lm", "OneLogger project name.", _M, INERT,
+      _ONE_LOGGER),
+    K("one_logger_run_name", "str", None, "OneLogger run name.", _M, INERT, _ONE_LOGGER),
+    K("one_logger_async", "bool", False, "Flush OneLogger records asynchronously.", _M, INERT,
+      _ONE_LOGGER),
+    K("app_tag_run_name", "str", None, "Name shared by the jobs of one training run, for "
+      "telemetry.", _M, INERT, _APP_TAG),
+    K("app_tag_run_version", "str", "0.0.0", "Version tag of the training application, for "
+      "telemetry.", _M, INERT, _APP_TAG),
+]

@@ -1,0 +1,28 @@
+"""pgs memory savers: chunked loss, gradient release, selective differentiation and SeCO/SpaCO."""
+from jaxtrain.config.knob import K
+
+_PGS = "pgs-train"
+
+KNOBS = [
+    # --- chunked cross-entropy ---
+    K("memory.chunked_loss", "bool", True, "Compute output-layer logits and cross-entropy chunk by "
+      "chunk along the sequence so the full logits never exist at once.", _PGS, issue=4),
+    K("memory.loss_num_chunks", "int", 8, "Number of sequence chunks memory.chunked_loss splits "
+      "the loss into.", _PGS, issue=4),
+
+    # --- gradient memory ---
+    K("memory.gradient_release", "bool", False, "Update each parameter as soon as its gradient "
+      "exists, keeping no gradient buffer; no accumulation, no Muon.",
+      _PGS),
+    K("memory.selective_diff", "bool", True, "Keep no activations for frozen layers' weight "
+      "gradients (used with train.freeze_non_attention).", _PGS),
+
+    # --- SeCO / SpaCO chunked long-sequence training ---
+    K("memory.seco", "bool", False, "Train long sequences chunk by chunk (KV-cache prefill, then "
+      "reverse backward): activations scale with chunk size; exact.", _PGS),
+    K("memory.seco_chunk_size", "int", 4096, "Tokens per SeCO chunk.", _PGS),
+    K("memory.seco_kv_offload", "bool", False, "Keep SeCO's full-attention K/V in pinned host "
+      "memory and stream it to the device block by block.", _PGS),
+    K("memory.spaco_budget", "int", 0, "SpaCO: backpropagate only this many random chunks per "
+      "sequence (unbiased estimate); 0 keeps exact SeCO.", _PGS),
+]

@@ -1,0 +1,199 @@
+"""Model architecture: shape, attention, positions, norms, init, dtypes and the HF model source."""
+from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+
+_DTYPES = ("bfloat16", "float32", "float16")
+_DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+_MEGATRON_ATTENTION = ("flash", "fused", "unfused", "local", "auto")
+_MAXTEXT_ATTENTION = ("autoselected", "dot_product", "flash", "cudnn_flash_te", "cudnn_flash_jax",
+                      "paged", "vllm_rpa", "vllm_batched_rpa")
+_HF_ATTENTION = ("sdpa", "flash_attention_2", "eager")
+_POSITION_EMBEDDINGS = ("learned_absolute", "rope", "mrope", "relative", "none")
+_PGS = ("pgs-train", "pgs-distill")
+
+KNOBS = [
+    # Model family and code path
+    K("use_legacy_models", "bool", False, "Build Megatron's pre-Core (legacy) model classes.",
+      "megatron", REJECTED, "selects Megatron's legacy PyTorch model code; jaxtrain has a single "
+      "JAX model implementation, so leave it false"),
+    K("deprecated_use_mcore_models", "bool", False, "Old switch that opted into Megatron-Core "
+      "models, which are now the only kind.", "megatron", INERT,
+      "Megatron-Core models are the default and this flag no longer selects anything; jaxtrain "
+      "has a single model implementation"),
+    K("model_type", "str", "gpt", "Model family to build; gpt is the decoder-only transformer "
+      "(dense, MoE or MLA).", "megatron", REJECTED,
+      "jaxtrain builds decoder-only GPT-style transformers only; Mamba/hybrid and the Primus "
+      "deepseek_v4/kimi_k3 model builders are other families",
+      choices=("gpt", "mamba", "deepseek_v4", "kimi_k3")),
+    K("transformer_impl", "str", "transformer_engine", "Layer library Megatron builds from: "
+      "TransformerEngine or its own local PyTorch modules.", "megatron", INERT,
+      "chooses between TransformerEngine and Megatron's PyTorch layers; jaxtrain has one JAX "
+      "implementation of each layer and picks the attention kernel with attention_backend",
+      choices=("transformer_engine", "local", "inference_optimized")),
+    K("encoder_num_layers", "int", None, "Encoder depth of an encoder-decoder model.", "megatron",
+      REJECTED, "encoder-decoder (T5-style) models are not supported; set the depth of the "
+      "decoder-only stack with num_layers"),
+    K("decoder_num_layers", "int", None, "Decoder depth of an encoder-decoder model.", "megatron",
+      INERT, "only encoder-decoder models read it; decoder-only models take their depth from "
+      "num_layers, in Megatron as in jaxtrain"),
+
+    # Transformer shape
+    K("num_layers", "int", 24, "Number of transformer layers.", "megatron", issue=3),
+    K("hidden_size", "int", 1024, "Model width: size of the residual stream.", "megatron", issue=3),
+    K("ffn_hidden_size", "int", None, "Inner width of the MLP; null means 4 x hidden_size "
+      "(8/3 x rounded down to 64 with SwiGLU).", "megatron", issue=3),
+    K("num_attention_heads", "int", 16, "Number of query heads per attention layer.", "megatron",
+      issue=3),
+    K("kv_channels", "int", None, "Width of each attention head; null means hidden_size / "
+      "num_attention_heads.", "megatron", issue=3),
+    K("group_query_attention", "bool", False, "Share each key/value head among a group of query "
+      "heads (GQA).", "megatron", issue=3),
+    K("num_query_groups", "int", None, "Number of key/value heads under GQA; null means one per "
+      "query head.", "megatron", issue=3),
+
+    # Attention details
+    K("qk_layernorm", "bool", False, "Normalise queries and keys per head before the dot product.",
+      "megatron", issue=3),
+    K("qk_l2_norm", "bool", False, "Scale queries and keys to unit L2 norm per head before the dot "
+      "product.", "megatron", issue=3),
+    K("add_qkv_bias", "bool", False, "Give the query/key/value projections a bias term.",
+      "megatron", issue=3),
+    K("attention_dropout", "float", 0.1, "Dropout probability on the attention weights.",
+      "megatron", issue=3),
+    K("attention_softmax_in_fp32", "bool", False, "Compute the attention mask and softmax in "
+      "float32 whatever the compute dtype.", "megatron", issue=3),
+    K("apply_query_key_layer_scaling", "bool", False, "Divide attention scores by the layer index "
+      "before the softmax and undo it in fp32 (an fp16 guard).", "megatron", issue=3),
+
+    # Attention kernel choice
+    K("attention_backend", "str", "auto", "Attention kernel: flash, fused, unfused (plain XLA), "
+      "local, or auto to pick per shape.", "megatron", choices=_MEGATRON_ATTENTION, issue=8),
+    K("attention", "str", "cudnn_flash_te", "Attention kernel by MaxText name: autoselected, "
+      "dot_product (plain XLA), flash, cudnn_flash_te, ...", "maxtext",
+      choices=_MAXTEXT_ATTENTION, issue=8),
+    K("model.attn_implementation", "str", "sdpa", "Attention kernel by Hugging Face name: eager "
+      "(plain), sdpa (fused, picked per shape) or flash_attention_2.", "pgs-train",
+      choices=_HF_ATTENTION, issue=8),
+
+    # Position embeddings
+    K("add_position_embedding", "bool", False, "Add a learned absolute position embedding to the "
+      "token embeddings.", "megatron", issue=3),
+    K("position_embedding_type", "str", "learned_absolute", "How positions enter the model: "
+      "learned table, RoPE, multimodal RoPE, relative bias or none.", "megatron",
+      choices=_POSITION_EMBEDDINGS, issue=3),
+    K("max_position_embeddings", "int", None, "Longest sequence the position encoding is built "
+      "for, in tokens.", "megatron", issue=3),
+    K("original_max_position_embeddings", "int", None, "Context length the model was pretrained "
+      "with, the base for RoPE scaling, in tokens.", "megatron", issue=3),
+    K("use_rotary_position_embeddings", "bool", None, "Legacy switch: true forces "
+      "position_embedding_type to rope.", "megatron", issue=3),
+    K("rotary_base", "int", 10000, "RoPE base period theta.", "megatron", issue=3),
+    K("rotary_percent", "float", 1.0, "Fraction of each head's channels that RoPE rotates.",
+      "megatron", issue=3),
+    K("rotary_interleaved", "bool", False, "Rotate interleaved channel pairs (GPT-J layout) "
+      "instead of the two halves.", "megatron", issue=3),
+    K("rotary_seq_len_interpolation_factor", "int", None, "Divide positions by this factor before "
+      "RoPE (linear position interpolation).", "megatron", issue=3),
+    K("use_rope_scaling", "bool", False, "Apply Llama-3.1-style frequency-dependent RoPE scaling.",
+      "megatron", issue=3),
+    K("rope_scaling_factor", "float", 8.0, "Stretch factor of the Llama-3.1 RoPE scaling.",
+      "megatron", issue=3),
+    K("rope_type", "str", None, "RoPE variant: plain rope or YaRN; null lets the attention type "
+      "choose.", "megatron", choices=("rope", "yarn"), issue=3),
+
+    # MLP and activations
+    K("swiglu", "bool", True, "Gated SiLU MLP (SwiGLU) instead of a plain GELU MLP.", "megatron",
+      issue=3),
+    K("quick_geglu", "bool", False, "Gated MLP with the quick GELU x*sigmoid(1.702x) as gate.",
+      "megatron", issue=3),
+    K("openai_gelu", "bool", False, "Use the tanh approximation of GELU in the MLP.", "megatron",
+      issue=3),
+    K("squared_relu", "bool", False, "Use relu(x)^2 as the MLP activation.", "megatron", issue=3),
+    K("add_bias_linear", "bool", False, "Give every linear layer a bias term (implies "
+      "add_qkv_bias).", "megatron", issue=3),
+
+    # Norms, residuals and dropout
+    K("normalization", "str", "LayerNorm", "Norm layer used throughout the model.", "megatron",
+      choices=("LayerNorm", "RMSNorm"), issue=3),
+    K("norm_epsilon", "float", 1e-5, "Epsilon added to the variance inside every norm.",
+      "megatron", issue=3),
+    K("apply_layernorm_1p", "bool", False, "Store norm scales as offsets from 1 (zero-centred "
+      "gamma).", "megatron", issue=3),
+    K("apply_residual_connection_post_layernorm", "bool", False, "Take the residual from the "
+      "normalised input rather than the raw input.", "megatron", issue=3),
+    K("fp32_residual_connection", "bool", False, "Keep the residual stream in float32.",
+      "megatron", issue=3),
+    K("hidden_dropout", "float", 0.1, "Dropout probability on each block's output before the "
+      "residual add.", "megatron", issue=3),
+
+    # Embeddings and output head
+    K("untie_embeddings_and_output_weights", "bool", True, "Give the output head its own weights "
+      "instead of reusing the embedding table.", "megatron", issue=3),
+    K("use_iota_embed", "bool", True, "Look up embeddings as a one-hot matmul built with iota "
+      "instead of a gather.", "maxtext", issue=3),
+    K("logits_dot_in_fp32", "bool", False, "Compute the output-head matmul in float32.",
+      "maxtext", issue=3),
+    K("final_logit_softcapping", "float", None, "Soft-cap the output logits to c*tanh(x/c); null "
+      "disables.", "megatron", issue=3),
+    K("clone_scatter_output_in_embedding", "bool", True, "Copy the embedding output after the "
+      "sequence-parallel scatter (a PyTorch autograd workaround).", "megatron", INERT,
+      "guards PyTorch autograd against an in-place view; JAX arrays are immutable"),
+
+    # Softcapping inside attention and routing
+    K("attn_logit_softcapping", "float", None, "Soft-cap attention scores to c*tanh(x/c) before "
+      "the softmax; null disables.", "megatron", issue=8),
+    K("router_logit_softcapping", "float", None, "Soft-cap MoE router logits to c*tanh(x/c); null "
+      "disables.", "megatron", issue=9),
+
+    # Initialisation
+    K("init_method_std", "float", 0.02, "Standard deviation of the normal weight initialiser.",
+      "megatron", issue=3),
+    K("perform_initialization", "bool", True, "Randomly initialise the weights; false leaves them "
+      "to a checkpoint load.", "megatron", issue=3),
+    K("use_cpu_initialization", "bool", None, "Initialise weights on the host and copy them to "
+      "the accelerators.", "megatron", INERT,
+      "JAX's counter-based PRNG gives the same weights on any device; jaxtrain initialises "
+      "directly into the sharded layout"),
+
+    # Dtypes
+    K("dtype", "str", "bfloat16", "Dtype of activations and matmul inputs.", "maxtext",
+      choices=_DTYPES, value_aliases=_DTYPE_SPELLINGS, issue=3),
+    K("weight_dtype", "str", "bfloat16", "Storage dtype of the model parameters.", "maxtext",
+      choices=_DTYPES, value_aliases=_DTYPE_SPELLINGS, issue=3,
+      aliases=(Alias("model.torch_dtype", "pgs-train",
+                     note="the dtype the HF weights are loaded and trained in"),)),
+
+    # Kernel and scheduling selectors of section 10.1
+    K("use_te_activation_func", "bool", False, "Run MLP activations with TransformerEngine "
+      "kernels.", "megatron", INERT,
+      "a CUDA kernel choice for the same function; XLA fuses the activation into neighbouring ops"),
+    K("gradient_accumulation_fusion", "bool", True, "Accumulate weight gradients straight into "
+      "float32 buffers inside the backward matmul.", "megatron", issue=4),
+    K("delay_wgrad_compute", "bool", False, "Postpone weight-gradient matmuls so they overlap "
+      "expert-parallel communication.", "megatron", INERT,
+      "reorders PyTorch kernel launches without changing results; XLA's scheduler orders the "
+      "backward pass itself"),
+
+    # Hugging Face model source (pgs)
+    K("model.name_or_path", "str", "meta-llama/Llama-3.1-8B-Instruct", "Hugging Face model id or "
+      "local directory whose config and weights start the model.", "pgs-train", issue=3,
+      doc_defaults={"pgs-distill": None},
+      aliases=(Alias("model.student", "pgs-distill", note="the student model of distillation"),)),
+    K("model.use_liger_kernel", "bool", True, "Swap in Liger's fused Triton kernels for norms, "
+      "SwiGLU and RoPE.", _PGS, INERT,
+      "Liger replaces PyTorch ops with fused CUDA kernels of the same math; XLA fuses these "
+      "elementwise ops in every jitted step"),
+    K("model.compile", "bool", True, "torch.compile each transformer layer.", "pgs-train", INERT,
+      "jaxtrain always compiles the whole train step with jax.jit; there is no eager mode to "
+      "switch to"),
+    K("model.compile_backend", "str", "inductor", "torch.compile backend (inductor, aot_eager, "
+      "...).", "pgs-train", INERT, "XLA is the only compiler behind jax.jit"),
+    K("model.compile_mode", "str", "default", "torch.compile optimisation mode (default, "
+      "reduce-overhead, max-autotune).", "pgs-train", INERT,
+      "XLA has no such modes; its GPU autotuning and command buffers are configured by XLA flags"),
+
+    # Distillation student extras (pgs-distill)
+    K("model.stop_tokens", "list[str]", [], "Extra student tokens that end a sampled completion.",
+      "pgs-distill"),
+    K("model.chat_template_kwargs", "dict", {}, "Extra keyword arguments for every "
+      "apply_chat_template call, e.g. enable_thinking.", "pgs-distill"),
+]

@@ -1,0 +1,86 @@
+"""Model-parallel layout: tensor, sequence, expert, pipeline and context parallel degrees."""
+from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+
+_CP_COMM_TYPES = ("p2p", "allgather", "a2a", "a2a+p2p")
+_CP_ROTATE_METHODS = ("allgather", "alltoall")
+_PP_COMM_BACKENDS = ("nccl", "ucc")
+
+_ENCODER = ("encoder-decoder models are another model family; jaxtrain trains decoder-only "
+            "language models")
+
+KNOBS = [
+    # Tensor, sequence and expert parallelism (Megatron)
+    K("tensor_model_parallel_size", "int", 1, "Tensor-parallel degree: how many devices split each "
+      "layer's weight matrices.", "megatron", issue=5,
+      aliases=(Alias("model_parallel_size", "megatron",
+                     note="deprecated Megatron spelling; Megatron now refuses it, jaxtrain reads "
+                          "it as the tensor-parallel degree"),)),
+    K("sequence_parallel", "bool", True, "With TP > 1, also shard norms/dropout activations along "
+      "the sequence over the tensor axis; off when TP = 1.", "megatron", issue=5),
+    K("expert_model_parallel_size", "int", 1, "Expert-parallel degree: how many devices the MoE "
+      "experts are spread over.", "megatron", issue=5),
+    K("expert_tensor_parallel_size", "int", None, "Tensor-parallel degree inside each expert; null "
+      "means the same as tensor_model_parallel_size.", "megatron", issue=5),
+    K("high_priority_stream_groups", "list[str]", [], "Communicator groups (e.g. ep, tp) whose "
+      "collectives get high-priority CUDA streams.", "megatron", INERT,
+      "CUDA stream priority of torch process groups; XLA issues its async collectives on its own "
+      "streams (high priority by default), there are no per-group streams to rank"),
+
+    # Encoder-decoder splits (Megatron)
+    K("encoder_tensor_model_parallel_size", "int", 0, "Tensor-parallel degree of the encoder of an "
+      "encoder-decoder model.", "megatron", REJECTED, _ENCODER),
+    K("encoder_pipeline_model_parallel_size", "int", 0, "Pipeline stages given to the encoder of "
+      "an encoder-decoder model.", "megatron", REJECTED, _ENCODER),
+    K("pipeline_model_parallel_split_rank", "int", None, "Pipeline rank where the encoder ends and "
+      "the decoder starts (deprecated in Megatron).", "megatron", REJECTED, _ENCODER),
+
+    # Pipeline parallelism (Megatron); no issue builds it yet
+    K("pipeline_model_parallel_size", "int", 1, "Pipeline-parallel degree: number of stages the "
+      "layer stack is cut into.", "megatron"),
+    K("pipeline_model_parallel_layout", "str", None, "Explicit layer-to-stage layout string (e.g. "
+      "'Et*3|(tt|)*29,m|L'); overrides the even split.", "megatron"),
+    K("pipeline_model_parallel_comm_backend", "str", None, "Library for pipeline send/recv "
+      "(nccl or ucc); null uses the default backend.", "megatron", REJECTED,
+      "JAX's runtime (jax.distributed.initialize) owns communication; XLA moves pipeline "
+      "activations with its own NCCL/RCCL collectives and cannot use UCC",
+      choices=_PP_COMM_BACKENDS),
+    K("decoder_first_pipeline_num_layers", "int", None, "Layers on the first pipeline stage for an "
+      "uneven split; null splits evenly.", "megatron"),
+    K("decoder_last_pipeline_num_layers", "int", None, "Layers on the last pipeline stage for an "
+      "uneven split; null splits evenly.", "megatron"),
+    K("virtual_pipeline_model_parallel_size", "int", None, "Interleaved pipeline: model chunks "
+      "(virtual stages) held by each pipeline rank.", "megatron"),
+    K("num_layers_per_virtual_pipeline_stage", "int", None, "Interleaved pipeline: layers in each "
+      "virtual stage (another way to set the chunk count).", "megatron"),
+    K("num_virtual_stages_per_pipeline_rank", "int", None, "Interleaved pipeline: virtual stages "
+      "per pipeline rank (another way to set the chunk count).", "megatron"),
+    K("microbatch_group_size_per_vp_stage", "int", None, "Interleaved pipeline: consecutive "
+      "microbatches run per virtual stage; null means the PP degree.", "megatron"),
+
+    # Context parallelism (Megatron); no issue builds it yet
+    K("context_parallel_size", "int", 1, "Context-parallel degree: devices the sequence of each "
+      "sample is split across inside attention.", "megatron"),
+    K("cp_comm_type", "str|list[str]", "p2p", "How context-parallel attention exchanges K/V (ring "
+      "p2p, all-gather, all-to-all, both); may be a per-layer list.", "megatron",
+      choices=_CP_COMM_TYPES, value_aliases={"all_gather": "allgather"}),
+    K("hierarchical_context_parallel_sizes", "list[int]", None, "Group sizes of the levels of "
+      "hierarchical CP (a2a+p2p); their product is the CP degree.", "megatron"),
+
+    # pgs-train parallel section
+    K("parallel.fsdp", "bool", True, "Shard parameters, gradients and optimizer state over the "
+      "data-parallel devices (FSDP); off on one device.", "pgs-train", issue=5),
+    K("parallel.cpu_offload", "bool", False, "Keep the sharded parameters in host memory between "
+      "uses (large memory saving, much slower).", "pgs-train", issue=5),
+    K("parallel.reshard_after_forward", "bool", True, "Free gathered parameters after the forward "
+      "pass and gather again for backward; false keeps them.", "pgs-train", issue=5),
+    K("parallel.context_parallel", "bool", False, "Ring attention: split each sequence over the "
+      "devices for very long contexts.", "pgs-train"),
+    K("parallel.cp_rotate_method", "str", "allgather", "How ring attention passes K/V between "
+      "devices: allgather (simpler) or alltoall (less memory).", "pgs-train",
+      choices=_CP_ROTATE_METHODS, value_aliases={"all_gather": "allgather",
+                                                 "all_to_all": "alltoall"}),
+
+    # MaxText
+    K("shardy", "bool", False, "Partition the program with the Shardy partitioner "
+      "(jax_use_shardy_partitioner) instead of GSPMD.", "maxtext", issue=5),
+]

@@ -1,0 +1,49 @@
+"""Profiler traces over a step window, device memory profiles, and knobs Primus files with them."""
+from jaxtrain.config.knob import INERT, K
+
+_M = "megatron"
+_PROFILERS = ("", "xplane", "nsys")
+
+KNOBS = [
+    # Megatron step-window profiling (torch/nsys names; jax.profiler traces in jaxtrain)
+    K("profile", "bool", False, "Profile the steps from profile_step_start to profile_step_end "
+      "(Megatron: an nsys capture range).", _M, issue=10),
+    K("use_pytorch_profiler", "bool", False, "Record a profiler trace of the step window that "
+      "TensorBoard can show (a jax.profiler trace here).", _M, issue=10),
+    K("profile_ranks", "list[int]", [0], "Global process ranks that record the profile.", _M,
+      issue=10),
+    K("profile_step_start", "int", 10, "Step at which profiling starts.", _M, issue=10),
+    K("profile_step_end", "int", 12, "Step at which profiling stops.", _M, issue=10),
+    K("disable_profiler_activity_cpu", "bool", False, "Leave host (CPU) activity out of the trace "
+      "and keep only device activity.", _M, issue=10),
+    K("torch_profiler_record_shapes", "bool", True, "Record operand shapes in the trace.", _M,
+      issue=10),
+    K("torch_profiler_with_stack", "bool", True, "Record Python call stacks in the trace.", _M,
+      issue=10),
+    K("torch_profiler_use_gzip", "bool", False, "Write the trace files gzip-compressed.", _M,
+      issue=10),
+
+    # MaxText profiler
+    K("profiler", "str", "xplane", "Profiler to run: xplane (jax.profiler trace), nsys (CUDA "
+      "profiler range) or empty for none.", "maxtext", issue=10, choices=_PROFILERS),
+    K("skip_first_n_steps_for_profiler", "int", 3, "Steps run before profiling starts, to keep "
+      "compilation and warm-up out of the trace.", "maxtext", issue=10),
+    K("profiler_steps", "int", 1, "Number of steps profiled once profiling has started.", "maxtext",
+      issue=10),
+
+    # Device memory history
+    K("record_memory_history", "bool", False, "Record device memory allocations and dump a memory "
+      "profile (pprof in jaxtrain) for debugging.", _M, issue=10),
+    K("memory_snapshot_path", "str", "snapshot.pickle", "File the device memory profile is written "
+      "to.", _M, issue=10),
+
+    # Training-loop and runtime knobs that Primus lists in this section
+    K("iterations_to_skip", "list[int]", None, "Steps whose batch is read and dropped without an "
+      "update (to step over bad data).", _M, issue=4),
+    K("result_rejected_tracker_filename", "str", None, "File that records rerun 'result rejected' "
+      "events; its steps are added to iterations_to_skip.", _M, issue=None),
+    K("enable_gloo_process_groups", "bool", True, "Create Gloo (CPU) process groups beside the "
+      "NCCL ones for host-side collectives.", _M, INERT,
+      "jaxtrain creates no torch process groups; host-side coordination goes through "
+      "jax.distributed, so neither value changes a run"),
+]

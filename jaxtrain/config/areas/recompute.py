@@ -1,0 +1,61 @@
+"""Activation recomputation (remat) and the scan over layers."""
+from jaxtrain.config.knob import REJECTED, Alias, K
+
+# MaxText's policies (layers/decoders.py get_remat_policy); "none" keeps every activation.
+_REMAT_POLICIES = (
+    "none", "full", "minimal", "minimal_with_context", "minimal_with_quantization",
+    "minimal_with_context_and_quantization", "save_dot_with_context_except_mlp",
+    "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj",
+    "qkv_proj_offloaded", "minimal_offloaded", "custom",
+)
+
+
+def _full_if_true(value):
+    """pgs-distill's boolean: true recomputes each student layer whole, false keeps everything."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"
+    if isinstance(value, bool) or value in (0, 1):
+        return "full" if value else "none"
+    return value
+
+
+KNOBS = [
+    # Megatron recompute scheme
+    K("recompute_granularity", "str", None, "What to recompute in the backward pass: whole layers "
+      "(full) or only attention internals (selective).", "megatron",
+      choices=("full", "selective"), issue=3),
+    K("recompute_method", "str", None, "With full granularity: checkpoint every group of "
+      "recompute_num_layers (uniform) or only the first ones (block).", "megatron",
+      choices=("uniform", "block"), issue=3),
+    K("recompute_num_layers", "int", None, "Layers per checkpointed group (uniform) or number of "
+      "checkpointed layers per stage (block).", "megatron", issue=3),
+    K("recompute_layer_ids", "list[int]", None, "Global indices of the layers to recompute whole "
+      "(Primus; needs full granularity and no method).", "megatron", issue=3),
+    K("recompute_activations", "bool", False, "Legacy switch: true means recompute_granularity "
+      "selective.", "megatron", issue=3),
+    K("checkpoint_activations", "bool", False, "Megatron's removed name for activation "
+      "checkpointing.", "megatron", REJECTED,
+      "Megatron no longer accepts it and exits; use recompute_granularity (with "
+      "recompute_method and recompute_num_layers) instead"),
+    K("distribute_saved_activations", "bool", False, "Split the saved checkpoint inputs across "
+      "tensor-parallel ranks instead of replicating them.", "megatron", issue=5),
+    K("moe_layer_recompute", "bool", False, "Recompute the MoE block of each layer in the "
+      "backward pass.", "megatron", issue=9),
+
+    # MaxText remat and scan
+    K("remat_policy", "str", "full", "Which named activations each layer keeps for the backward "
+      "pass; full keeps none, none keeps all.", "maxtext", choices=_REMAT_POLICIES,
+      value_aliases={"minimal_flash": "minimal_with_context"}, nullable=True, issue=3),
+    K("scan_layers", "bool", True, "Stack identical layers and run them with one scan, so the "
+      "layer is compiled once.", "maxtext", issue=3),
+    K("param_scan_axis", "int", 1, "Position of the stacked-layer axis inside each scanned "
+      "parameter.", "maxtext", choices=(0, 1), issue=3),
+
+    # pgs gradient checkpointing
+    K("train.gradient_checkpointing", "str", "selective", "Per-layer checkpointing: full "
+      "recomputes the layer, selective keeps attention and half the matmuls, none keeps all.",
+      "pgs-train", choices=("full", "selective", "none"), issue=3,
+      doc_defaults={"pgs-distill": "none"},
+      aliases=(Alias("model.gradient_checkpointing", "pgs-distill", to_canonical=_full_if_true,
+                     note="a boolean: true is full, false is none"),)),
+]

@@ -1,0 +1,74 @@
+"""pgs SFT extras: stability and fine-tuning options of train.* and the token-weighting plugins."""
+from jaxtrain.config.knob import K
+
+_PGS = "pgs-train"
+_MERGE_METHODS = ("lerp", "slerp")
+
+KNOBS = [
+    # AdaGC: per-tensor adaptive gradient clipping (replaces global clipping)
+    K("train.adagc", "bool", False, "Clip each gradient tensor against an EMA of its own norm "
+      "instead of clipping the global norm.", _PGS),
+    K("train.adagc_lambda", "float", 1.5, "AdaGC threshold: a tensor is clipped when its norm "
+      "exceeds this multiple of its norm EMA.", _PGS),
+    K("train.adagc_beta", "float", 0.95, "AdaGC decay of the per-tensor norm EMA.", _PGS),
+
+    # EMA of the weights (an fp32 shadow copy kept in host memory)
+    K("train.ema", "bool", False, "Keep an exponential moving average of the weights in host "
+      "memory.", _PGS),
+    K("train.ema_decay", "float", 0.999, "EMA decay cap; the effective decay ramps as "
+      "min(decay, 1 - 1/(t+1)).", _PGS),
+    K("train.ema_every", "int", 10, "Optimizer steps between EMA updates.", _PGS),
+
+    # Periodic merge back toward the pretrained weights (anti-forgetting)
+    K("train.base_merge", "bool", False, "Every few steps pull the weights part of the way back "
+      "toward the pretrained ones.", _PGS),
+    K("train.base_merge_ratio", "float", 0.1, "Merge ratio r: weights become (1-r)*current + "
+      "r*base.", _PGS),
+    K("train.base_merge_every", "int", 500, "Optimizer steps between merges toward the base "
+      "weights.", _PGS),
+    K("train.base_merge_method", "str", "lerp", "Merge interpolation: lerp (linear) or slerp "
+      "(spherical on matrices, keeps norms).", _PGS, choices=_MERGE_METHODS),
+
+    # Optimizer-side extras
+    K("train.adamc", "bool", False, "AdamC: scale weight decay with the LR schedule for layers "
+      "followed by normalisation.", _PGS),
+    K("train.llrd_decay", "float", 1.0, "Layer-wise LR decay d: layer i gets lr*d^(L-i), "
+      "embeddings lr*d^(L+1); 1.0 is off.", _PGS),
+    K("train.freeze_non_attention", "bool", False, "Hybrid models: freeze linear-attention / "
+      "recurrent layers except their norms; a warned no-op elsewhere.", _PGS),
+    K("train.hyperball", "bool", False, "Keep attention/MLP matrices at their initial Frobenius "
+      "norm, moving them by an angular step.", _PGS),
+    K("train.hyperball_lr", "float", 0.0, "Hyperball angular step per update (fraction of the "
+      "matrix norm); 0 derives it per matrix.", _PGS),
+    K("train.mona", "bool", False, "MONA: add an EMA of gradient differences to the gradient "
+      "(curvature-aware acceleration).", _PGS),
+    K("train.mona_beta_a", "float", 0.975, "MONA decay of the gradient-difference EMA.", _PGS),
+    K("train.mona_lite", "bool", True, "Keep MONA's buffers in bf16 to cut its memory and time "
+      "cost.", _PGS),
+
+    # Token-weighting objectives (mutually exclusive)
+    K("plugins.deft", "bool", False, "DEFT: weight each token's CE by p_t^alpha, alpha the "
+      "squared-probability mass (detached).", _PGS),
+    K("plugins.dft", "bool", False, "DFT: weight each token's CE by its detached target "
+      "probability.", _PGS),
+    K("plugins.cadft", "bool", False, "CADFT: DFT times a per-sample factor that down-weights "
+      "samples with high NLL z-scores.", _PGS),
+    K("plugins.cadft_beta", "float", 1.0, "CADFT sensitivity beta in exp(-beta*max(0, z)).", _PGS),
+    K("plugins.info_sft", "bool", False, "InfoSFT: information-aware token weights, renormalised "
+      "to mean 1.", _PGS),
+    K("plugins.info_sft_pbar", "float", 0.93, "InfoSFT reference probability; tokens above it "
+      "get no weight.", _PGS),
+
+    # Embedding noise
+    K("plugins.sym_noise", "bool", False, "Add symmetric +-1 noise to the input embeddings "
+      "during training (regulariser).", _PGS),
+    K("plugins.sym_noise_alpha", "float", 5.0, "Embedding noise scale alpha; magnitude is "
+      "alpha/sqrt(seq_len*hidden).", _PGS),
+
+    # Pre-RL objective
+    K("plugins.pre_rl", "bool", False, "Pre-RL: mask high-entropy/high-KL tokens from CE and add "
+      "an entropy bonus and KL anchor.", _PGS),
+    K("plugins.pre_rl_entropy_coeff", "float", 0.1, "Pre-RL weight of the entropy bonus.", _PGS),
+    K("plugins.pre_rl_kl_coeff", "float", 0.5, "Pre-RL weight of the KL penalty to the base "
+      "model.", _PGS),
+]

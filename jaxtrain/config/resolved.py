@@ -1,0 +1,65 @@
+"""The resolved configuration: an immutable mapping of canonical keys to typed values."""
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+
+import yaml
+
+DEFAULT_ORIGIN = "default"
+
+
+class Config(Mapping):
+    """Every knob's value under its canonical key, where each value came from, and the values
+    derived from them once (``derived``). Subsystems read it and build their own small configs.
+    """
+
+    def __init__(self, values: dict, origins: dict, derived: dict, dialect: str | None,
+                 warnings: list[str]):
+        self._values = types.MappingProxyType(dict(values))
+        self._origins = types.MappingProxyType(dict(origins))
+        self.derived = types.MappingProxyType(dict(derived))
+        self.dialect = dialect
+        self.warnings = tuple(warnings)
+
+    def __getitem__(self, key):
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self):
+        return len(self._values)
+
+    def __repr__(self):
+        changed = {k: v for k, v in self._values.items() if self.is_set(k)}
+        return f"Config({changed!r})"
+
+    def origin(self, key: str) -> str:
+        """Where the value came from: a file, the command line, a preset, 'derived' or 'default'."""
+        return self._origins.get(key, DEFAULT_ORIGIN)
+
+    def is_set(self, key: str) -> bool:
+        """True when something other than the registry default chose this value."""
+        return self.origin(key) != DEFAULT_ORIGIN
+
+    def to_yaml(self, areas: dict[str, list[str]]) -> str:
+        """Flat YAML of every value, grouped by registry area, noting non-default origins."""
+        lines = [f"# resolved by jaxtrain; dialect: {self.dialect or 'megatron'}"]
+        for area, keys in areas.items():
+            keys = [k for k in keys if k in self._values]
+            if not keys:
+                continue
+            lines.append(f"\n# --- {area}")
+            for key in keys:
+                text = yaml.safe_dump({key: self._values[key]}, default_flow_style=True,
+                                      width=10_000, sort_keys=False).strip()
+                if text.startswith("{") and text.endswith("}"):
+                    text = text[1:-1]
+                if self.is_set(key):
+                    text += f"  # {self.origin(key)}"
+                lines.append(text)
+        if self.derived:
+            lines.append("\n# --- derived (computed from the values above; not settable)")
+            lines += [f"# {k}: {v}" for k, v in self.derived.items()]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,308 @@
+"""Cross-key rules and derived values, checked once before anything compiles.
+
+The rules follow Megatron-LM's argument validation and pgs's ``validate()`` (see
+shared/notes/knob-semantics.md). Where Megatron quietly adjusts a value (sequence parallel
+off at TP = 1), so do we, recording the new value's origin as ``derived``. Where a default
+stands in the way of a value the user chose (Primus's ``lr_warmup_iters: 40`` against an
+explicit ``lr_warmup_fraction``), the default yields; two explicit choices that contradict
+each other are an error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jaxtrain.config.resolved import DEFAULT_ORIGIN
+
+DERIVED = "derived"
+
+
+@dataclasses.dataclass
+class Context:
+    values: dict
+    origins: dict
+    derived: dict
+    problems: list
+    warnings: list
+    world_size: int | None
+
+    def get(self, key, default=None):
+        value = self.values.get(key, default)
+        return default if value is None else value
+
+    def explicit(self, key) -> bool:
+        """Chosen by a preset, file or command line (not a default, not derived)."""
+        return self.origins.get(key, DEFAULT_ORIGIN) not in (DEFAULT_ORIGIN, DERIVED)
+
+    def set(self, key, value):
+        self.values[key], self.origins[key] = value, DERIVED
+
+    def error(self, message):
+        self.problems.append(message)
+
+    def where(self, key):
+        return f"{key} = {self.values.get(key)!r} ({self.origins.get(key, DEFAULT_ORIGIN)})"
+
+
+def _yield_default(c: Context, chosen: str, other: str, cleared, message: str):
+    """``chosen`` is set and excludes ``other``: a defaulted ``other`` is cleared, an explicit
+    one is an error."""
+    if c.explicit(other):
+        c.error(f"{message}: {c.where(chosen)} and {c.where(other)}; keep one")
+    else:
+        c.set(other, cleared)
+
+
+def precision(c: Context):
+    if c.get("fp16") and c.get("bf16"):
+        _yield_default(c, "fp16", "bf16", False, "fp16 and bf16 are exclusive")
+    if c.get("fp8") and c.get("fp4"):
+        c.error(f"fp8 and fp4 are exclusive: {c.where('fp8')} and {c.where('fp4')}")
+
+
+def tensor_parallel(c: Context):
+    tp = c.get("tensor_model_parallel_size", 1)
+    heads = c.get("num_attention_heads")
+    if heads and heads % tp:
+        c.error(f"num_attention_heads ({heads}) must be divisible by tensor_model_parallel_size "
+                f"({tp})")
+    groups = c.get("num_query_groups")
+    if c.get("group_query_attention") and groups and groups % tp and tp % groups:
+        c.error(f"num_query_groups ({groups}) must be a multiple or a divisor of "
+                f"tensor_model_parallel_size ({tp})")
+    if tp == 1 and c.get("sequence_parallel"):
+        if c.explicit("sequence_parallel"):
+            c.warnings.append("sequence_parallel is turned off: it needs "
+                              "tensor_model_parallel_size > 1 (as Megatron does)")
+        c.set("sequence_parallel", False)
+    if c.get("tp_comm_overlap") and not c.get("sequence_parallel"):
+        c.error("tp_comm_overlap needs sequence_parallel (and tensor_model_parallel_size > 1)")
+    if c.get("overlap_param_gather") and not (
+            c.get("use_distributed_optimizer") and c.get("overlap_grad_reduce")):
+        c.error("overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce")
+
+
+def context_and_experts(c: Context):
+    cp = c.get("context_parallel_size", 1)
+    seq = c.get("seq_length")
+    if cp > 1 and seq and seq % (2 * cp):
+        c.error(f"seq_length ({seq}) must be divisible by 2 x context_parallel_size ({2 * cp})")
+    experts, ep = c.get("num_experts"), c.get("expert_model_parallel_size", 1)
+    if experts and experts % ep:
+        c.error(f"num_experts ({experts}) must be divisible by expert_model_parallel_size ({ep})")
+    if c.values.get("expert_tensor_parallel_size") is None:
+        c.derived["expert_tensor_parallel_size"] = c.get("tensor_model_parallel_size", 1)
+
+
+def model_shape(c: Context):
+    hidden, heads = c.get("hidden_size"), c.get("num_attention_heads")
+    if hidden and heads:
+        if c.values.get("kv_channels") is None:
+            if hidden % heads:
+                c.error(f"hidden_size ({hidden}) must be divisible by num_attention_heads "
+                        f"({heads}) unless kv_channels is set")
+            else:
+                c.set("kv_channels", hidden // heads)
+        if c.values.get("ffn_hidden_size") is None:
+            ffn = int(4 * hidden * 2 / 3 / 64) * 64 if c.get("swiglu") else 4 * hidden
+            c.set("ffn_hidden_size", ffn)
+        if not c.get("group_query_attention") and not c.get("multi_latent_attention"):
+            if c.values.get("num_query_groups") not in (None, heads) and c.explicit(
+                    "num_query_groups"):
+                c.error(f"num_query_groups is set ({c.get('num_query_groups')}) but "
+                        f"group_query_attention is false; set group_query_attention: true")
+            c.derived["num_query_groups"] = heads
+        elif c.get("group_query_attention"):
+            groups = c.get("num_query_groups")
+            if not groups:
+                c.error("group_query_attention needs num_query_groups")
+            elif heads % groups:
+                c.error(f"num_attention_heads ({heads}) must be divisible by num_query_groups "
+                        f"({groups})")
+    vocab = c.get("vocab_size")
+    if vocab:
+        multiple = c.get("make_vocab_size_divisible_by", 1) * c.get(
+            "tensor_model_parallel_size", 1)
+        c.derived["padded_vocab_size"] = int(math.ceil(vocab / multiple) * multiple)
+    if c.get("multi_latent_attention"):
+        if c.get("group_query_attention"):
+            c.error("multi_latent_attention excludes group_query_attention")
+        if c.get("rotary_interleaved"):
+            c.error("multi_latent_attention does not support rotary_interleaved")
+
+
+def learning_rate(c: Context):
+    lr, min_lr, init = c.get("lr"), c.get("min_lr"), c.get("lr_warmup_init")
+    if lr is not None and min_lr is not None and min_lr > lr:
+        c.error(f"min_lr ({min_lr}) must not exceed lr ({lr})")
+    if lr is not None and init is not None and init > lr:
+        c.error(f"lr_warmup_init ({init}) must not exceed lr ({lr})")
+    if c.get("lr_warmup_fraction") is not None:
+        for other in ("lr_warmup_iters", "lr_warmup_samples"):
+            if c.get(other):
+                _yield_default(c, "lr_warmup_fraction", other, 0,
+                               "lr_warmup_fraction excludes lr_warmup_iters/lr_warmup_samples")
+    if c.get("lr_warmup_iters") and c.get("lr_warmup_samples"):
+        c.error("lr_warmup_iters and lr_warmup_samples are exclusive: "
+                f"{c.where('lr_warmup_iters')}, {c.where('lr_warmup_samples')}")
+    if c.get("lr_decay_iters") and c.get("lr_decay_samples"):
+        c.error("lr_decay_iters and lr_decay_samples are exclusive")
+    decay = c.get("lr_decay_iters") or c.get("train_iters")
+    warmup = c.get("lr_warmup_iters")
+    if decay and warmup and warmup >= decay:
+        given = "" if c.explicit("lr_warmup_iters") else ", Primus's default"
+        c.error(f"lr_warmup_iters ({warmup}{given}) must be smaller than the decay horizon "
+                f"(lr_decay_iters or train_iters: {decay}); set lr_warmup_iters lower")
+    if c.get("lr_decay_style") == "WSD" and not (
+            c.get("lr_wsd_decay_iters") or c.get("lr_wsd_decay_samples")):
+        c.error("lr_decay_style WSD needs lr_wsd_decay_iters or lr_wsd_decay_samples")
+    style = c.get("weight_decay_incr_style")
+    start, end = c.values.get("start_weight_decay"), c.values.get("end_weight_decay")
+    if style == "constant" and (start is not None or end is not None):
+        c.error("start_weight_decay/end_weight_decay need weight_decay_incr_style linear or "
+                "cosine (constant uses weight_decay)")
+    if style not in (None, "constant") and (start is None or end is None):
+        c.error(f"weight_decay_incr_style {style} needs start_weight_decay and end_weight_decay")
+
+
+def iterations(c: Context):
+    if c.get("train_samples") is not None and c.get("train_iters") is not None:
+        _yield_default(c, "train_samples", "train_iters", None,
+                       "train_iters and train_samples are exclusive")
+    ramp = c.get("rampup_batch_size")
+    if ramp:
+        parts = ramp.split() if isinstance(ramp, str) else list(ramp)
+        try:
+            start, incr, samples = (int(p) for p in parts)
+        except (TypeError, ValueError):
+            c.error(f"rampup_batch_size must be three integers 'start increment samples', "
+                    f"got {ramp!r}")
+            return
+        gbs = c.get("global_batch_size")
+        if incr <= 0 or start > gbs or (gbs - start) % incr:
+            c.error(f"rampup_batch_size {ramp!r}: need 0 < increment and (global_batch_size "
+                    f"{gbs} - start {start}) divisible by the increment")
+        if c.get("train_iters") is not None:
+            _yield_default(c, "rampup_batch_size", "train_iters", None,
+                           "rampup_batch_size needs sample-based training (train_samples)")
+
+
+def batch(c: Context):
+    mbs = c.get("micro_batch_size", 1)
+    accum = c.get("train.gradient_accumulation_steps")
+    if c.world_size is None:
+        if accum:
+            c.derived["num_microbatches"] = accum
+        return
+    model_parallel = (c.get("tensor_model_parallel_size", 1)
+                      * c.get("pipeline_model_parallel_size", 1)
+                      * c.get("context_parallel_size", 1))
+    if c.world_size % model_parallel:
+        c.error(f"world size {c.world_size} is not divisible by tensor x pipeline x context "
+                f"parallel sizes ({model_parallel})")
+        return
+    dp = c.world_size // model_parallel
+    c.derived["data_parallel_size"] = dp
+    gbs = c.get("global_batch_size")
+    if gbs is None and not accum:
+        c.error("set global_batch_size or train.gradient_accumulation_steps")
+        return
+    if accum:
+        implied = mbs * accum * dp
+        if c.explicit("global_batch_size") and gbs is not None and gbs != implied:
+            c.error(f"global_batch_size ({gbs}) disagrees with micro_batch_size x "
+                    f"train.gradient_accumulation_steps x data-parallel size "
+                    f"({mbs} x {accum} x {dp} = {implied}); set one of them")
+            return
+        c.set("global_batch_size", implied)
+        gbs = implied
+    if gbs % (mbs * dp):
+        if c.get("decrease_batch_size_if_needed") and gbs >= mbs * dp:
+            gbs = gbs // (mbs * dp) * (mbs * dp)
+            c.set("global_batch_size", gbs)
+        else:
+            c.error(f"global_batch_size ({gbs}) must be divisible by micro_batch_size x "
+                    f"data-parallel size ({mbs} x {dp}); change it or set "
+                    f"decrease_batch_size_if_needed: true")
+            return
+    c.derived["num_microbatches"] = gbs // (mbs * dp)
+
+
+def recompute(c: Context):
+    granularity = c.get("recompute_granularity")
+    method, layers = c.get("recompute_method"), c.get("recompute_num_layers")
+    if granularity == "full" and not c.get("recompute_layer_ids") and (
+            method is None or layers is None):
+        c.error("recompute_granularity full needs recompute_method and recompute_num_layers "
+                "(or recompute_layer_ids)")
+    if granularity == "selective" and (method is not None or layers is not None):
+        c.error("recompute_granularity selective takes no recompute_method/recompute_num_layers")
+
+
+def moe_router(c: Context):
+    score = c.get("moe_router_score_function", "softmax")
+    if c.get("moe_router_enable_expert_bias") and score not in ("sigmoid", "sqrtsoftplus"):
+        c.error(f"moe_router_enable_expert_bias needs moe_router_score_function sigmoid or "
+                f"sqrtsoftplus, not {score}")
+    balancing = c.get("moe_router_load_balancing_type")
+    if (c.get("num_experts") and c.get("moe_router_topk") == 1 and score == "softmax"
+            and not c.get("moe_router_pre_softmax") and balancing != "sinkhorn"):
+        c.error("moe_router_topk 1 with softmax scores needs moe_router_pre_softmax: true")
+    groups, group_topk = c.get("moe_router_num_groups"), c.get("moe_router_group_topk")
+    if group_topk and not groups:
+        c.error("moe_router_group_topk needs moe_router_num_groups")
+    if groups:
+        experts = c.get("num_experts")
+        if experts and experts % groups:
+            c.error(f"num_experts ({experts}) must be divisible by moe_router_num_groups "
+                    f"({groups})")
+        if group_topk and group_topk > groups:
+            c.error(f"moe_router_group_topk ({group_topk}) must not exceed "
+                    f"moe_router_num_groups ({groups})")
+
+
+_TOKEN_WEIGHTING = ("plugins.deft", "plugins.dft", "plugins.cadft", "plugins.info_sft",
+                    "plugins.pre_rl")
+
+
+def pgs(c: Context):
+    """pgs's own validate(): combinations its trainer refuses."""
+    if c.get("packing") and c.get("parallel.context_parallel"):
+        c.error("packing and parallel.context_parallel are exclusive (pgs)")
+    weighting = [k for k in _TOKEN_WEIGHTING if c.get(k)]
+    if len(weighting) > 1:
+        c.error(f"choose one token-weighting objective, not {' and '.join(weighting)}")
+    if c.get("plugins.schedule_free"):
+        for k in ("train.mona", "train.hyperball"):
+            if c.get(k):
+                c.error(f"{k} cannot be combined with plugins.schedule_free")
+    if c.get("memory.gradient_release"):
+        if (c.get("train.gradient_accumulation_steps") or 1) > 1:
+            c.error("memory.gradient_release needs train.gradient_accumulation_steps 1")
+        if c.get("train.optimizer") == "muon" or c.get("optimizer") == "muon":
+            c.error("memory.gradient_release does not work with the muon optimizer")
+    if c.get("dpo.enabled"):
+        if c.get("data.turn_scaling", "uniform") != "uniform":
+            c.error("data.turn_scaling applies to SFT losses; DPO (dpo.enabled) rejects it")
+        if c.get("packing") and c.explicit("packing"):
+            c.error("dpo.enabled trains on preference pairs; packing is not supported with it")
+    smoothing = c.get("dpo.label_smoothing", 0.0)
+    if smoothing >= 0.5:
+        c.error(f"dpo.label_smoothing ({smoothing}) must be below 0.5")
+    if smoothing and c.get("dpo.loss_type") != "robust":
+        c.error("dpo.label_smoothing applies to dpo.loss_type robust only")
+
+
+def runtime(c: Context):
+    if c.get("hardware") == "gpu_multiprocess":
+        c.error("not implemented yet: hardware = 'gpu_multiprocess' (one process per GPU joined by "
+                "jax.distributed) is planned for issue #5 (parallelism); use hardware: gpu")
+
+
+RULES = (runtime, precision, tensor_parallel, context_and_experts, model_shape, learning_rate,
+         iterations, batch, recompute, moe_router, pgs)
+
+
+def apply(c: Context):
+    for rule in RULES:
+        rule(c)

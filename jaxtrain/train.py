@@ -1,0 +1,99 @@
+"""Command line: ``python -m jaxtrain.train CONFIG [key=value | --section.key value ...]``.
+
+Options: ``--dry-run`` prints the resolved config as YAML and exits without touching a
+device; ``--world-size N`` checks batch arithmetic for N devices in a dry run; ``--help``.
+A configuration problem prints one message on stderr and exits with status 2.
+"""
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import sys
+
+USAGE = """usage: python -m jaxtrain.train CONFIG [OVERRIDE ...] [--dry-run] [--world-size N]
+
+CONFIG     a YAML file: flat keys (MaxText style, base_config chains), a Primus experiment
+           (framework/modules/models), or pgs-style sections (train: {learning_rate: ...})
+OVERRIDE   key=value, --key value, --key=value or --section.key value (pgs style);
+           values are read as YAML scalars; the command line wins over the file
+--dry-run  print the fully resolved config (canonical keys) and exit without touching devices
+--world-size N
+           with --dry-run: check batch sizes and derive data-parallel values for N devices
+--help     this text; the knobs themselves: python -m jaxtrain.knobs
+"""
+EXIT_CONFIG = 2
+
+
+def _split_args(argv):
+    flags = {"dry_run": False, "world_size": None, "help": False}
+    rest, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            flags["help"] = True
+        elif arg == "--dry-run":
+            flags["dry_run"] = True
+        elif arg == "--world-size" or arg.startswith("--world-size="):
+            text = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv)
+                                                              else "")
+            i += 0 if "=" in arg else 1
+            if not text.isdigit() or int(text) < 1:
+                raise SystemExit(_fail(f"--world-size needs a positive integer, got {text!r}"))
+            flags["world_size"] = int(text)
+        else:
+            rest.append(arg)
+        i += 1
+    return flags, rest
+
+
+def _fail(message: str) -> int:
+    print(f"jaxtrain: {message}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def main(argv=None) -> int:
+    from jaxtrain.config import ConfigError, load_config, registry
+    from jaxtrain.logs import run_dir, setup_logging
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    flags, rest = _split_args(argv)
+    if flags["help"]:
+        print(USAGE, end="")
+        return 0
+    if not rest or rest[0].startswith("-") or "=" in rest[0]:
+        return _fail("give the config file first: python -m jaxtrain.train CONFIG [key=value ...]"
+                     " (see --help)")
+    buffer = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
+    config_log = logging.getLogger("jaxtrain.config")
+    config_log.addHandler(buffer)
+    try:
+        cfg = load_config(rest[0], rest[1:], world_size=flags["world_size"])
+    except ConfigError as e:
+        return _fail(f"config error: {e}")
+    finally:
+        config_log.removeHandler(buffer)
+    logger = setup_logging(cfg, None if flags["dry_run"] else run_dir(cfg))
+    for record in buffer.buffer:
+        logger.handle(record)
+    if flags["dry_run"]:
+        areas = {}
+        for knob in registry():
+            areas.setdefault(knob.area, []).append(knob.key)
+        extra = [k for k in cfg if registry().knobs.get(k) is None]
+        for key in extra:
+            areas.setdefault(registry().lookup(key).knob.area, []).append(key)
+        sys.stdout.write(cfg.to_yaml(areas))
+        return 0
+    from jaxtrain.runtime import select_platform
+
+    try:
+        backend = select_platform(cfg)
+    except ConfigError as e:
+        return _fail(f"config error: {e}")
+    logger.info("run directory %s; JAX backend %s", run_dir(cfg), backend)
+    return _fail("the training loop is not built yet (issue #4, training); check configs with "
+                 "--dry-run meanwhile")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The registry covers every documented key, and its statuses and docs are consistent."""
+import json
+import pathlib
+from collections import Counter
+
+import pytest
+
+from conftest import ROOT, run_module
+from jaxtrain import knobs as knobs_cli
+from jaxtrain.config import ConfigError, load_config, registry
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, PLANNED, REJECTED
+
+SEED_KEYS = json.loads((ROOT / "tests" / "data" / "seed_keys.json").read_text())
+
+
+def test_seed_list_is_complete():
+    assert len(SEED_KEYS) == 846
+    shared = ROOT.parent / "shared" / "knobs" / "seed_knobs.json"
+    if shared.exists():
+        assert [r["key"] for r in json.loads(shared.read_text())] == [r["key"] for r in SEED_KEYS]
+
+
+def test_every_documented_key_resolves():
+    missing = [f"{r['doc']}:{r['key']}" for r in SEED_KEYS if registry().lookup(r["key"]) is None]
+    assert not missing, missing
+
+
+def test_every_documented_key_lists_its_document():
+    for r in SEED_KEYS:
+        match = registry().lookup(r["key"])
+        docs = set(match.alias.docs) if match.alias else set(match.knob.sources)
+        assert r["doc"] in docs, (r["key"], r["doc"], docs)
+
+
+def test_statuses_carry_reasons():
+    for knob in registry():
+        if knob.status in (MAPPED, INERT, REJECTED):
+            assert len(knob.reason) > 15, knob.key
+
+
+def test_templated_keys_resolve_to_instances():
+    match = registry().lookup("teachers.big.model")
+    assert match.knob.key == "teachers.<name>.model" and match.key == "teachers.big.model"
+    assert registry().lookup("teachers.a.b.model") is None
+
+
+def test_docs_page_is_current():
+    page = (ROOT / "docs" / "knobs.md").read_text()
+    assert page == knobs_cli.markdown(registry()) + "\n", (
+        "docs/knobs.md is stale: python -m jaxtrain.knobs --markdown > docs/knobs.md")
+
+
+def test_knobs_cli_json_rows():
+    result = run_module("jaxtrain.knobs", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert len(rows) == len(registry())
+    for field in ("key", "status", "sources", "default", "type", "meaning", "aliases"):
+        assert all(field in r for r in rows), field
+    filtered = json.loads(run_module("jaxtrain.knobs", "--json", "--doc", "maxtext",
+                                     "--status", HONORED).stdout)
+    assert filtered and all(r["status"] == HONORED for r in filtered)
+    assert all("maxtext" in r["sources"] for r in filtered)
+
+
+def _non_default(knob):
+    """A valid value different from the knob's default."""
+    if knob.choices:
+        return next(c for c in knob.choices if c != knob.default and c is not None)
+    first = next((t for t in knob.type.split("|") if type(knob.default).__name__ in (t, "NoneType")),
+                 knob.type.split("|")[0])
+    base = first.split("[")[0]
+    if base == "bool":
+        return not knob.default
+    if base == "int":
+        return (knob.default or 0) + 3
+    if base == "float":
+        return (knob.default or 0.0) + 0.25
+    if base == "list":
+        return [2] if first == "list[int]" else ["x"] if first == "list[str]" else [1]
+    if base == "dict":
+        return {"a": 1}
+    return "something-else"
+
+
+def _set(key, value):
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return load_config(None, [f"{key}={text}"])
+
+
+@pytest.mark.parametrize("status", [PLANNED, REJECTED])
+def test_non_default_values_stop_planned_and_rejected_knobs(status):
+    checked = 0
+    for knob in registry():
+        if knob.status != status or knob.templated:
+            continue
+        with pytest.raises(ConfigError) as err:
+            _set(knob.key, _non_default(knob))
+        message = str(err.value)
+        expected = f"not implemented yet: {knob.key}" if status == PLANNED else (
+            f"{knob.key} is not supported by jaxtrain: {knob.reason}")
+        assert expected in message, (knob.key, message)
+        checked += 1
+    assert checked > 20
+
+
+def test_templated_planned_knob_stops():
+    with pytest.raises(ConfigError, match=r"not implemented yet: teachers\.big\.model"):
+        load_config(None, ["--teachers.big.model", "Qwen/Qwen3-8B"])
+
+
+def test_inert_knobs_warn_and_run():
+    inert = [k for k in registry() if k.status == INERT and not k.templated]
+    assert inert
+    for knob in inert:
+        cfg = _set(knob.key, _non_default(knob))
+        assert any(knob.key in w and "no effect" in w for w in cfg.warnings), knob.key
+
+
+def test_default_values_of_planned_knobs_pass():
+    cfg = load_config(None, ["lr=2.0e-5", "train_iters=1000", "bf16=true"])
+    assert cfg["lr"] == 2e-5 and not cfg.warnings
+
+
+def test_status_counts_are_reported():
+    counts = Counter(k.status for k in registry())
+    assert sum(counts.values()) == len(registry()) >= 800
+    assert counts[HONORED] >= 10

@@ -1,0 +1,47 @@
+"""Shared test setup: JAX on the CPU, and helpers to write configs and run the CLIs."""
+import contextlib
+import io
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def write(tmp_path):
+    """write("name.yml", "yaml text") -> path, with the text dedented."""
+
+    def _write(name, text):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return _write
+
+
+@pytest.fixture
+def cli():
+    """Run ``jaxtrain.train.main`` in-process: returns (exit code, stdout, stderr)."""
+    from jaxtrain import train
+
+    def _run(*args):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = train.main([str(a) for a in args])
+        return code, out.getvalue(), err.getvalue()
+
+    return _run
+
+
+def run_module(module, *args, env=None, cwd=None):
+    """Run ``python -m module args`` in a subprocess: the real exit code and streams."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
+                          text=True, env=full_env, cwd=cwd or ROOT, timeout=300)
