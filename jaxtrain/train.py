@@ -38,7 +38,7 @@ def _split_args(argv):
                                                               else "")
             i += 0 if "=" in arg else 1
             if not text.isdigit() or int(text) < 1:
-                raise SystemExit(_fail(f"--world-size needs a positive integer, got {text!r}"))
+                raise ValueError(f"--world-size needs a positive integer, got {text!r}")
             flags["world_size"] = int(text)
         else:
             rest.append(arg)
@@ -56,7 +56,10 @@ def main(argv=None) -> int:
     from jaxtrain.logs import run_dir, setup_logging
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    flags, rest = _split_args(argv)
+    try:
+        flags, rest = _split_args(argv)
+    except ValueError as e:
+        return _fail(str(e))
     if flags["help"]:
         print(USAGE, end="")
         return 0

@@ -124,13 +124,13 @@ def resolve(sources: Sources, world_size: int | None = None, enforce_status: boo
         default = knob.default_for(dialect)
         _status_problems(key, knob, values[key], default, origins[key], problems, warnings)
     derived = {}
-    if not problems:
-        rules.apply(rules.Context(values, origins, derived, problems, warnings, world_size))
+    context = rules.Context(values, origins, derived, problems, warnings, world_size)
+    rules.apply(context)
     if problems:
         raise ConfigError(problems)
     for w in warnings:
         log.warning(w)
-    return Config(values, origins, derived, dialect, warnings)
+    return Config(values, origins, derived, dialect, warnings, context.adjusted)
 
 
 def load_config(path=None, overrides=(), world_size: int | None = None,

@@ -9,14 +9,22 @@ import yaml
 DEFAULT_ORIGIN = "default"
 
 
+def _flow(key, value) -> str:
+    """``key: value`` on one line of YAML."""
+    text = yaml.safe_dump({key: value}, default_flow_style=True, width=10_000,
+                          sort_keys=False).strip()
+    return text[1:-1] if text.startswith("{") and text.endswith("}") else text
+
+
 class Config(Mapping):
     """Every knob's value under its canonical key, where each value came from, and the values
     derived from them once (``derived``). Subsystems read it and build their own small configs.
     """
 
     def __init__(self, values: dict, origins: dict, derived: dict, dialect: str | None,
-                 warnings: list[str]):
+                 warnings: list[str], adjusted: dict | None = None):
         self._values = types.MappingProxyType(dict(values))
+        self._adjusted = dict(adjusted or {})
         self._origins = types.MappingProxyType(dict(origins))
         self.derived = types.MappingProxyType(dict(derived))
         self.dialect = dialect
@@ -52,10 +60,11 @@ class Config(Mapping):
                 continue
             lines.append(f"\n# --- {area}")
             for key in keys:
-                text = yaml.safe_dump({key: self._values[key]}, default_flow_style=True,
-                                      width=10_000, sort_keys=False).strip()
-                if text.startswith("{") and text.endswith("}"):
-                    text = text[1:-1]
+                if key in self._adjusted:  # print what was given; the rule re-derives the rest
+                    lines.append(f"{_flow(key, self._adjusted[key])}  # derived: "
+                                 f"{_flow(key, self._values[key]).split(': ', 1)[1]}")
+                    continue
+                text = _flow(key, self._values[key])
                 if self.is_set(key):
                     text += f"  # {self.origin(key)}"
                 lines.append(text)

@@ -25,6 +25,7 @@ class Context:
     problems: list
     warnings: list
     world_size: int | None
+    adjusted: dict = dataclasses.field(default_factory=dict)  # key -> value before a rule set it
 
     def get(self, key, default=None):
         value = self.values.get(key, default)
@@ -35,6 +36,7 @@ class Context:
         return self.origins.get(key, DEFAULT_ORIGIN) not in (DEFAULT_ORIGIN, DERIVED)
 
     def set(self, key, value):
+        self.adjusted.setdefault(key, self.values.get(key))
         self.values[key], self.origins[key] = value, DERIVED
 
     def error(self, message):
