@@ -20,7 +20,9 @@ def row(knob) -> dict:
             "default": knob.default, "type": knob.type, "meaning": knob.meaning,
             "aliases": [a.key for a in knob.aliases], "reason": knob.reason,
             "choices": list(knob.choices) if knob.choices else None, "area": knob.area,
-            "issue": knob.issue, "doc_defaults": dict(knob.doc_defaults)}
+            "issue": knob.issue, "doc_defaults": dict(knob.doc_defaults),
+            "planned_values": {str(v): i for v, i in knob.planned_values.items()},
+            "rejected_values": {str(v): r for v, r in knob.rejected_values.items()}}
 
 
 def select(doc=None, status=None, area=None, key=None):
@@ -63,6 +65,12 @@ def markdown(knobs) -> str:
             meaning = k.meaning + (f" *{k.status}: {k.reason}*" if k.reason else "")
             if k.choices:
                 meaning += " Choices: " + ", ".join(f"`{c}`" for c in k.choices) + "."
+            if k.planned_values:
+                meaning += " Not yet: " + ", ".join(
+                    f"`{v}`" + (f" (#{i})" if i else "") for v, i in k.planned_values.items()) + "."
+            if k.rejected_values:
+                meaning += " Refused: " + "; ".join(
+                    f"`{v}`: {why}" for v, why in k.rejected_values.items()) + "."
             aliases = ", ".join(f"`{a.key}`" + (f" ({a.note})" if a.note else "")
                                 for a in k.aliases)
             out.append(f"| `{k.key}` | {k.type} | `{_cell(k.default)}` | {status} | "

@@ -59,6 +59,8 @@ class Knob:
     aliases: tuple[Alias, ...] = ()
     doc_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     value_aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    planned_values: Mapping[Any, int | None] = dataclasses.field(default_factory=dict)
+    rejected_values: Mapping[Any, str] = dataclasses.field(default_factory=dict)
     nullable: bool = False
     issue: int | None = None
     area: str = ""
@@ -78,8 +80,11 @@ class Knob:
         for doc in self.sources + sum((a.docs for a in self.aliases), ()) + tuple(self.doc_defaults):
             if doc not in DOCS:
                 raise ValueError(f"{where}: unknown document {doc!r}")
-        if self.issue is not None and self.issue not in ISSUES:
-            raise ValueError(f"{where}: unknown issue {self.issue}")
+        for issue in (self.issue, *self.planned_values.values()):
+            if issue is not None and issue not in ISSUES:
+                raise ValueError(f"{where}: unknown issue {issue}")
+        if (self.planned_values or self.rejected_values) and self.status == PLANNED:
+            raise ValueError(f"{where}: per-value statuses need the knob itself built")
         for value in (self.default, *self.doc_defaults.values()):
             if value is not None:
                 coerce(self, value)
@@ -99,14 +104,21 @@ class Knob:
 
 def K(key: str, type: str, default: Any, meaning: str, sources: str | tuple[str, ...],
       status: str = PLANNED, reason: str = "", *, choices=None, aliases=(), doc_defaults=None,
-      value_aliases=None, nullable: bool = False, issue: int | None = None) -> Knob:
-    """Declare a knob. ``sources`` is one document name or a tuple of them."""
+      value_aliases=None, planned_values=None, rejected_values=None, nullable: bool = False,
+      issue: int | None = None) -> Knob:
+    """Declare a knob. ``sources`` is one document name or a tuple of them.
+
+    For a knob that is built but not for every value, ``planned_values`` maps the values still
+    to come to their issue (or None) and ``rejected_values`` maps values refused for good to the
+    reason; either stops a run that sets them, like a planned or rejected knob.
+    """
     if isinstance(sources, str):
         sources = (sources,)
     return Knob(key=key, type=type, default=default, meaning=meaning, sources=tuple(sources),
                 status=status, reason=reason, choices=tuple(choices) if choices else None,
                 aliases=tuple(aliases), doc_defaults=dict(doc_defaults or {}),
-                value_aliases=dict(value_aliases or {}), nullable=nullable, issue=issue)
+                value_aliases=dict(value_aliases or {}), planned_values=dict(planned_values or {}),
+                rejected_values=dict(rejected_values or {}), nullable=nullable, issue=issue)
 
 
 class CoerceError(ValueError):

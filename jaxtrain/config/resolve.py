@@ -80,7 +80,16 @@ def _status_problems(key, knob, value, default, origin, problems, warnings):
     if value == default or (knob.type == "bool" and default is None and value is False):
         return  # a null-defaulted switch written as false means the same as unset
     shown = f"{key} = {value!r} (from {origin})"
-    if knob.status == PLANNED:
+    hashable = value if isinstance(value, (str, int, float, bool)) else None
+    if hashable in knob.planned_values:
+        issue = knob.planned_values[hashable]
+        where = f"issue #{issue} ({ISSUES[issue]})" if issue else "a later issue"
+        problems.append(f"not implemented yet: {key} = {value!r} (from {origin}); this value is "
+                        f"planned for {where}. Other values of {key} work.")
+    elif hashable in knob.rejected_values:
+        problems.append(f"{key} = {value!r} is not supported by jaxtrain: "
+                        f"{knob.rejected_values[hashable]} (from {origin}).")
+    elif knob.status == PLANNED:
         where = (f"issue #{knob.issue} ({ISSUES[knob.issue]})" if knob.issue
                  else "a later issue")
         problems.append(f"not implemented yet: {key}; {shown} is planned for {where}. "

@@ -295,13 +295,7 @@ def pgs(c: Context):
         c.error("dpo.label_smoothing applies to dpo.loss_type robust only")
 
 
-def runtime(c: Context):
-    if c.get("hardware") == "gpu_multiprocess":
-        c.error("not implemented yet: hardware = 'gpu_multiprocess' (one process per GPU joined by "
-                "jax.distributed) is planned for issue #5 (parallelism); use hardware: gpu")
-
-
-RULES = (runtime, precision, tensor_parallel, context_and_experts, model_shape, learning_rate,
+RULES = (precision, tensor_parallel, context_and_experts, model_shape, learning_rate,
          iterations, batch, recompute, moe_router, pgs)
 
 

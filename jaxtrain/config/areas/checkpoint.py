@@ -56,8 +56,8 @@ KNOBS = [
       "(forces finetune).", "megatron", issue=7),
     K("ckpt_step", "int", None, "Iteration to load from the load directory instead of its "
       "latest.", "megatron", issue=7),
-    K("auto_continue_train", "bool", False, "Resume from the newest checkpoint in the save "
-      "directory when one exists.", "megatron", issue=7),
+    K("auto_continue_train", "bool", False, "If the save directory already has checkpoints, "
+      "training picks up from the most recent one.", "megatron", issue=7),
     K("train.resume_from", "str", None, "Checkpoint directory to resume from, or 'auto' for the "
       "newest in output_dir (fresh if none); null/'' = fresh.", ("pgs-train", "pgs-distill"),
       issue=7),
@@ -104,8 +104,9 @@ KNOBS = [
     K("ckpt_convert_save", "str", None, "Megatron: output directory of a checkpoint conversion.",
       "megatron", REJECTED,
       f"{_WRITES_ORBAX}; there is no torch-format conversion to write (see ckpt_convert_format)"),
-    K("ckpt_convert_update_legacy_dist_opt_format", "bool", False, "Megatron: upgrade a pre-2024 "
-      "distributed-optimizer layout while converting.", "megatron", REJECTED,
+    K("ckpt_convert_update_legacy_dist_opt_format", "bool", False, "Megatron: during conversion, "
+      "rewrite a pre-2024 distributed-optimizer checkpoint into the current layout.",
+      "megatron", REJECTED,
       "rewrites a legacy Megatron torch optimizer layout, which jaxtrain can neither read nor "
       "write; convert with Megatron itself"),
     K("dist_ckpt_save_pre_mcore_014", "bool", None, "Megatron: save in the layout read by "

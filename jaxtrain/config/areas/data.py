@@ -48,7 +48,8 @@ KNOBS = [
       "encoder-decoder (T5/BERT) length; jaxtrain models are decoder-only: set seq_length"),
     K("decoder_seq_length", "int", None, "Decoder length of an encoder-decoder model.", "megatron",
       REJECTED, "encoder-decoder (T5) length; jaxtrain models are decoder-only: set seq_length"),
-    K("retriever_seq_length", "int", 256, "Sequence length of a retriever (ICT/biencoder) model.",
+    K("retriever_seq_length", "int", 256, "Token length of inputs to an ICT/biencoder retriever "
+      "model.",
       "megatron", REJECTED, "retriever/biencoder models are another family, not trained here"),
 
     # BERT-style sample generation
@@ -97,8 +98,9 @@ KNOBS = [
       aliases=(Alias("data.packing", "pgs-train"),), doc_defaults={"pgs-train": False}),
 
     # pgs: dataset files and validation set
-    K("data.dataset", "str", "HuggingFaceH4/ultrachat_200k", "Chat dataset: a Hugging Face id, a "
-      "local .jsonl/.json/.parquet file, or a prepared-output directory.", "pgs-train", issue=6),
+    K("data.dataset", "str", "HuggingFaceH4/ultrachat_200k", "Source of chat data; accepts a "
+      "Hugging Face dataset id, a .jsonl/.json/.parquet path, or a folder pgs prepare wrote.",
+      "pgs-train", issue=6),
     K("data.dataset_split", "str", "train_sft", "Split of data.dataset to train on.", "pgs-train",
       issue=6),
     K("data.streaming", "bool", True, "Read the dataset lazily as a stream of shards instead of "
@@ -115,8 +117,8 @@ KNOBS = [
     # pgs: chat-SFT shaping (later SFT issue)
     K("data.messages_field", "str", "messages", "Row field holding the chat turns (conversations, "
       "chat, dialogue, turns are tried too).", "pgs-train"),
-    K("data.tools_field", "str", "tools", "Row field with tool definitions handed to the chat "
-      "template.", "pgs-train"),
+    K("data.tools_field", "str", "tools", "Name of the column whose tool list is given to the "
+      "chat template.", "pgs-train"),
     K("data.include_observations", "bool", False, "Also train on tool/observation turns, so the "
       "model learns to predict tool output.", "pgs-train"),
     K("data.train_on_reasoning", "bool", True, "Keep <think>/reasoning tokens in the loss; false "
@@ -145,10 +147,10 @@ KNOBS = [
       "documented by pgs as not yet acting on training.", "pgs-train", INERT, _MSFT),
     K("data.msft_eval_every", "int", 50, "MSFT: steps between per-source validation checks.",
       "pgs-train", INERT, _MSFT),
-    K("data.msft_decay_factor", "float", 0.7, "MSFT: weight multiplier for a source that "
-      "overfits.", "pgs-train", INERT, _MSFT),
-    K("data.msft_recovery_factor", "float", 1.15, "MSFT: weight multiplier for a source that "
-      "improves.", "pgs-train", INERT, _MSFT),
+    K("data.msft_decay_factor", "float", 0.7, "MSFT: factor that shrinks an overfitting source's "
+      "weight.", "pgs-train", INERT, _MSFT),
+    K("data.msft_recovery_factor", "float", 1.15, "MSFT: factor that grows the weight of a source "
+      "still improving.", "pgs-train", INERT, _MSFT),
     K("data.msft_floor_ratio", "float", 0.1, "MSFT: lowest weight a source may reach, as a "
       "fraction of its original weight.", "pgs-train", INERT, _MSFT),
 

@@ -20,8 +20,8 @@ _VLLM_ROLLOUT_ONLY = ("configures only the vLLM rollout engines, which jaxtrain 
 KNOBS = [
     # Teachers (one block per named teacher)
     K("teachers.<name>.model", "str", None, "Teacher model (HF id or path); required.", _OPD),
-    K("teachers.<name>.tokenizer", "str", "", "Tokenizer the teacher renders and scores with; "
-      "empty uses the teacher model's.", _OPD),
+    K("teachers.<name>.tokenizer", "str", "", "Override for the teacher's tokenizer used to "
+      "render and score; empty keeps its own.", _OPD),
     K("teachers.<name>.backend", "str", "hf", "How the teacher scores: hf (in-process frozen "
       "model, full distribution) or vllm (server, top-k log-probs).", _OPD,
       choices=_TEACHER_BACKENDS),
@@ -29,16 +29,16 @@ KNOBS = [
       "backend and vocabulary (full_rkl, topk_kl or xtok).", _OPD, choices=_TEACHER_LOSSES),
     K("teachers.<name>.device", "str", "", "hf backend: device holding the teacher; empty shares "
       "the student's.", _OPD),
-    K("teachers.<name>.offload", "bool", False, "hf backend: keep the teacher in host memory "
-      "between scoring calls (output head stays on device).", _OPD),
+    K("teachers.<name>.offload", "bool", False, "hf backend: between scoring calls the teacher "
+      "sits in host memory; its output head is not moved off the device.", _OPD),
     K("teachers.<name>.url", "str", "", "vllm backend: address of an already running scoring "
       "server; empty launches one.", _OPD),
     K("teachers.<name>.gpu_memory_utilization", "float", 0.15, "vllm backend: fraction of GPU "
       "memory given to a server the trainer launches.", _OPD),
     K("teachers.<name>.eos_map", "dict", {}, "Shared vocabulary: student end-of-turn token -> "
       "teacher's; empty maps eos automatically.", _OPD),
-    K("teachers.<name>.probe_texts", "list[str]", [], "Extra texts that must tokenize the same for "
-      "student and teacher to count as a shared vocabulary.", _OPD),
+    K("teachers.<name>.probe_texts", "list[str]", [], "Additional strings student and teacher "
+      "must split into identical tokens before the vocabulary counts as shared.", _OPD),
 
     # Prompt sources (one block per named source): common fields
     K("sources.<name>.format", "str", "messages", "Prompt file kind: messages (chat JSONL), mcqa "
@@ -46,10 +46,10 @@ KNOBS = [
     K("sources.<name>.path", "str", None, "Prompt file of this source; required.", _OPD),
     K("sources.<name>.weight", "float", 1.0, "Relative sampling weight of this source among all "
       "sources.", _OPD),
-    K("sources.<name>.teacher", "str", "", "Teacher that scores this source's prompts; empty means "
-      "the first teacher.", _OPD),
-    K("sources.<name>.topic_field", "str", "", "Row field holding a topic, used to route rows via "
-      "topic_teachers.", _OPD),
+    K("sources.<name>.teacher", "str", "", "Which teacher scores prompts from this source; "
+      "defaults to the first one listed.", _OPD),
+    K("sources.<name>.topic_field", "str", "", "Column holding each row's topic, which "
+      "topic_teachers uses to pick a teacher.", _OPD),
     K("sources.<name>.topic_teachers", "dict", {}, "Map teacher -> topics: rows with a listed "
       "topic go to that teacher, others to the source's teacher.", _OPD),
     K("sources.<name>.max_new_tokens", "int", 512, "Completion length budget in tokens for this "
@@ -64,10 +64,10 @@ KNOBS = [
       "conversation.", _OPD),
     K("sources.<name>.tools_field", "str", "tools", "agent_traces: column holding the tool "
       "schemas.", _OPD),
-    K("sources.<name>.branches_per_trace", "int", 8, "agent_traces: assistant turns regenerated "
-      "per sampled trace; 0 regenerates all.", _OPD),
-    K("sources.<name>.max_context", "int", 32768, "agent_traces: longest context in tokens a "
-      "regenerated turn may have; later turns are skipped.", _OPD),
+    K("sources.<name>.branches_per_trace", "int", 8, "agent_traces: for each trace drawn, this "
+      "many of its assistant turns are resampled; 0 resamples every one.", _OPD),
+    K("sources.<name>.max_context", "int", 32768, "agent_traces: turns whose preceding context "
+      "exceeds this many tokens are not regenerated.", _OPD),
 
     # Prompt sources: mcqa
     K("sources.<name>.system_message", "str", "", "mcqa: system message; empty uses the built-in "
@@ -76,33 +76,34 @@ KNOBS = [
       "{question}/{options} placeholders.", _OPD),
     K("sources.<name>.cot_template", "str", "", "mcqa: chain-of-thought prompt template with "
       "{question}/{options} placeholders.", _OPD),
-    K("sources.<name>.shots_path", "str", "", "mcqa: file of the benchmark's official few-shot "
-      "examples.", _OPD),
+    K("sources.<name>.shots_path", "str", "", "mcqa: path to the official few-shot examples "
+      "published with the benchmark.", _OPD),
     K("sources.<name>.p_reference_shots", "float", 0.5, "mcqa: probability a prompt gets the "
       "official few-shot examples.", _OPD),
-    K("sources.<name>.p_pool_shots", "float", 0.25, "mcqa: probability a prompt gets 1..k random "
-      "pool shots; the rest are zero-shot.", _OPD),
+    K("sources.<name>.p_pool_shots", "float", 0.25, "mcqa: share of prompts given 1..k shots "
+      "drawn at random from the pool; leftover prompts get no shots.", _OPD),
     K("sources.<name>.pool_shots_max_k", "int", 5, "mcqa: most random pool shots in one prompt.",
       _OPD),
-    K("sources.<name>.cot_fraction", "float", 0.0, "mcqa: fraction of prompts rendered with the "
-      "chain-of-thought template.", _OPD),
-    K("sources.<name>.cot_max_new_tokens", "int", 300, "mcqa: completion budget in tokens for "
-      "chain-of-thought prompts.", _OPD),
+    K("sources.<name>.cot_fraction", "float", 0.0, "mcqa: probability that a prompt asks for "
+      "step-by-step reasoning (CoT template).", _OPD),
+    K("sources.<name>.cot_max_new_tokens", "int", 300, "mcqa: most tokens a chain-of-thought "
+      "prompt may generate.", _OPD),
 
     # Rollouts (student generation)
     K("rollout.backend", "str", "hf", "Student generation engine; only the trainer's own "
       "generate (hf) exists in jaxtrain.", _OPD, REJECTED, _NO_VLLM_ROLLOUT,
       choices=_ROLLOUT_BACKENDS),
-    K("rollout.batch_prompts", "int", 32, "Prompts sampled per optimizer step.", _OPD),
+    K("rollout.batch_prompts", "int", 32, "Number of prompts drawn to build each optimizer step's "
+      "batch.", _OPD),
     K("rollout.group_size", "int", 1, "Completions generated per prompt.", _OPD),
-    K("rollout.temperature", "float", 1.0, "Sampling temperature; the losses compare the teacher "
-      "with the temperature-scaled student.", _OPD),
+    K("rollout.temperature", "float", 1.0, "Temperature for rollout sampling; losses score the "
+      "teacher against the student scaled by it.", _OPD),
     K("rollout.max_staleness", "int", 0, "Policy versions a batch may lag the trained weights; 0 "
       "is strictly on-policy.", _OPD),
     K("rollout.micro_seqs", "int", 64, "Sequences per generation call of the trainer's own "
       "sampler.", _OPD),
-    K("rollout.gpu_memory_utilization", "float", 0.3, "vLLM rollout engine: GPU memory fraction "
-      "for its weights and KV cache.", _OPD, INERT, _VLLM_ROLLOUT_ONLY),
+    K("rollout.gpu_memory_utilization", "float", 0.3, "vLLM rollout engine: share of GPU memory "
+      "it may take for weights plus KV cache.", _OPD, INERT, _VLLM_ROLLOUT_ONLY),
     K("rollout.max_model_len", "int", 4096, "vLLM rollout engine: prompt plus completion token "
       "limit.", _OPD, INERT, _VLLM_ROLLOUT_ONLY),
     K("rollout.prefix_caching", "bool", False, "vLLM rollout engine: automatic prefix caching.",
@@ -115,19 +116,20 @@ KNOBS = [
       INERT, _VLLM_ROLLOUT_ONLY),
 
     # Losses
-    K("loss.top_k", "int", 8, "Teacher top-k used by topk_kl and the xtok dense term.", _OPD),
-    K("loss.beta", "float", 1.0, "topk_kl / dense term: weight of reverse KL; 1 - beta goes to "
-      "forward KL.", _OPD),
-    K("loss.is_low", "float", 0.5, "sampled_rkl/xtok: tokens with importance ratio below this get "
-      "no gradient.", _OPD),
-    K("loss.is_high", "float", 2.0, "sampled_rkl/xtok: tokens with importance ratio above this get "
-      "no gradient.", _OPD),
-    K("loss.length_norm", "bool", False, "Average per sequence, then over sequences, instead of "
-      "over all tokens of the batch.", _OPD),
+    K("loss.top_k", "int", 8, "k of the teacher's highest-probability tokens, as read by topk_kl "
+      "and xtok's dense term.", _OPD),
+    K("loss.beta", "float", 1.0, "topk_kl and xtok dense term: reverse-KL share of the mix, "
+      "forward KL getting 1 - beta.", _OPD),
+    K("loss.is_low", "float", 0.5, "sampled_rkl/xtok: lower importance-ratio bound; tokens under "
+      "it are excluded from the gradient.", _OPD),
+    K("loss.is_high", "float", 2.0, "sampled_rkl/xtok: upper importance-ratio bound; tokens over "
+      "it are excluded from the gradient.", _OPD),
+    K("loss.length_norm", "bool", False, "Give each sequence equal weight (token mean inside "
+      "each, then mean of those) rather than each batch token.", _OPD),
     K("loss.xtok_spread", "str", "chunk", "xtok: give each token its chunk's advantage, or a share "
       "proportional to its log-prob.", _OPD, choices=_XTOK_SPREADS),
-    K("loss.xtok_dense_weight", "float", 0.0, "xtok: weight of a top-k KL at chunks that are one "
-      "token on both sides.", _OPD),
+    K("loss.xtok_dense_weight", "float", 0.0, "xtok: weight of the top-k KL applied where both "
+      "student and teacher chunks are single tokens.", _OPD),
     K("loss.mask_whitespace", "bool", True, "xtok: no loss on chunks made only of whitespace.",
       _OPD),
     K("loss.trace_kd_weight", "float", 0.0, "agent_traces: weight of off-policy distillation on "
@@ -138,18 +140,20 @@ KNOBS = [
     K("loss.token_weighting", "str", "none", "Per-token loss weights: none (uniform), sure (by "
       "student uncertainty) or entropy (keep high-entropy tokens).", _OPD,
       choices=_TOKEN_WEIGHTINGS),
-    K("loss.sure_alpha", "float", 1.0, "sure weighting strength: w = 1 + alpha*(1 - p).", _OPD),
+    K("loss.sure_alpha", "float", 1.0, "Strength of sure weighting, w = 1 + alpha*(1 - p); 0 "
+      "disables it.", _OPD),
     K("loss.entropy_keep", "float", 0.2, "entropy weighting: fraction of highest-entropy tokens "
       "kept per scoring micro-batch.", _OPD),
 
     # Scoring, evaluation and agent-trace batching (train section)
-    K("train.score_micro_seqs", "int", 16, "Sequences per scoring forward (student and teacher); "
-      "accumulation keeps the math unchanged.", _OPD),
-    K("train.eval_samples", "int", 200, "Dev prompts per source at each evaluation.", _OPD),
-    K("train.tree_chunk_size", "int", 8192, "agent_traces: tokens per chunk of a trace's shared "
-      "context (bounds activation memory).", _OPD),
-    K("train.tree_branch_tokens", "int", 8192, "agent_traces: padded tokens per batched forward of "
-      "regenerated turns; 0 does one at a time.", _OPD),
+    K("train.score_micro_seqs", "int", 16, "Scoring forward batch size in sequences, for both "
+      "student and teacher; accumulation makes results independent of it.", _OPD),
+    K("train.eval_samples", "int", 200, "Each evaluation draws this many dev prompts from every "
+      "source.", _OPD),
+    K("train.tree_chunk_size", "int", 8192, "agent_traces: a trace's common prefix is processed "
+      "this many tokens at a time, which caps activation memory.", _OPD),
+    K("train.tree_branch_tokens", "int", 8192, "agent_traces: regenerated turns are batched into "
+      "forwards of up to this many padded tokens; 0 runs them singly.", _OPD),
     K("train.tree_min_gap", "int", 1024, "agent_traces: least tokens between context cuts; turns "
       "in between re-read the gap.", _OPD),
 ]

@@ -67,8 +67,8 @@ KNOBS = [
       "many replicas, each sharding the optimizer state.", "megatron", issue=5),
     K("overlap_param_gather", "bool", False, "Overlap the parameter all-gather of the sharded "
       "optimizer with the next forward pass.", "megatron", issue=5),
-    K("overlap_param_gather_with_optimizer_step", "bool", False, "Overlap the first bucket's "
-      "parameter all-gather with the optimizer step.", "megatron", issue=5),
+    K("overlap_param_gather_with_optimizer_step", "bool", False, "Start the first bucket's "
+      "parameter all-gather while the optimizer step is still running.", "megatron", issue=5),
     K("align_param_gather", "bool", True, "Launch the parameter all-gathers of all pipeline "
       "stages together rather than each stage on its own.", "megatron", issue=5),
     K("check_weight_hash_across_dp_replicas_interval", "int", None, "Every this many steps, check "

@@ -33,7 +33,7 @@ KNOBS = [
             "model."),
     _vision("vision_pretraining_type", "str", "classify", "Vision objective: classification, "
             "inpainting or DINO.", choices=("classify", "inpaint", "dino")),
-    _vision("vision_backbone_type", "str", "vit", "Vision backbone architecture.",
+    _vision("vision_backbone_type", "str", "vit", "Which vision network to use: vit, mit or swin.",
             choices=("vit", "mit", "swin")),
     _vision("swin_backbone_type", "str", "tiny", "Size variant of the Swin backbone.",
             choices=("tiny", "base", "h3")),
@@ -75,8 +75,8 @@ KNOBS = [
     _dino("dino_warmup_teacher_temp", "float", 0.04, "Teacher softmax temperature at the start of "
           "warm-up."),
     _dino("dino_teacher_temp", "float", 0.07, "Teacher softmax temperature after warm-up."),
-    _dino("dino_warmup_teacher_temp_epochs", "int", 30, "Epochs over which the teacher temperature "
-          "warms up."),
+    _dino("dino_warmup_teacher_temp_epochs", "int", 30, "How long, in epochs, the DINO teacher "
+          "temperature ramps to its final value."),
 
     # ICT / biencoder / retriever utilities
     _ict("ict_head_size", "int", None, "Width of the ICT block-embedding head."),
@@ -90,13 +90,15 @@ KNOBS = [
     _ict("query_in_block_prob", "float", 0.1, "Probability that the ICT query sentence stays in "
          "its block."),
     _ict("use_one_sent_docs", "bool", False, "Keep documents of a single sentence in ICT data."),
-    _ict("evidence_data_path", "str", None, "Evidence passages for open-domain QA retrieval."),
+    _ict("evidence_data_path", "str", None, "Passage collection that open-domain QA retrieves "
+         "from."),
     _ict("retriever_report_topk_accuracies", "list[int]", [], "Values of k whose top-k retrieval "
          "accuracy is reported."),
     _ict("retriever_score_scaling", "bool", False, "Scale retrieval scores by the inverse square "
          "root of the hidden size."),
     _ict("block_data_path", "str", None, "Block metadata file for retrieval indexing."),
-    _ict("embedding_path", "str", None, "File of precomputed block embeddings."),
+    _ict("embedding_path", "str", None, "Where block embeddings computed ahead of time are "
+         "stored."),
     _ict("indexer_batch_size", "int", 128, "Batch size while embedding blocks for the index."),
     _ict("indexer_log_interval", "int", 1000, "Batches between progress lines of the indexer."),
 ]

@@ -17,7 +17,8 @@ KNOBS = [
       "megatron", issue=3),
 
     # Pure kernel choices with the same math
-    K("bias_swiglu_fusion", "bool", True, "Fused bias + SwiGLU kernel.", "megatron", INERT,
+    K("bias_swiglu_fusion", "bool", True, "Fold the bias add into the SwiGLU activation as a "
+      "single kernel.", "megatron", INERT,
       _XLA_FUSES),
     K("bias_dropout_fusion", "bool", True, "Fused bias + dropout + residual-add kernel.",
       "megatron", INERT, _XLA_FUSES),

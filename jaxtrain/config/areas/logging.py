@@ -60,7 +60,8 @@ KNOBS = [
       issue=10),
     K("tensorboard_queue_size", "int", 1000, "Pending TensorBoard events held before the writer "
       "flushes to disk.", _M, issue=10),
-    K("log_timers_to_tensorboard", "bool", True, "Write step timers to TensorBoard.", _M, issue=10),
+    K("log_timers_to_tensorboard", "bool", True, "Log the timing breakdown of each step in "
+      "TensorBoard.", _M, issue=10),
     K("log_batch_size_to_tensorboard", "bool", True, "Write the global batch size to TensorBoard.",
       _M, issue=10),
     K("log_learning_rate_to_tensorboard", "bool", True, "Write the learning rate to TensorBoard.",
@@ -93,7 +94,7 @@ KNOBS = [
 
     # MLflow and trackio
     K("disable_mlflow", "bool", True, "Turn the MLflow writer off (Primus switch).", _M, issue=10),
-    K("mlflow_run_name", "str", None, "MLflow run name.", _M, issue=10),
+    K("mlflow_run_name", "str", None, "Label given to the run in MLflow.", _M, issue=10),
     K("mlflow_experiment_name", "str", None, "MLflow experiment the run is logged under.", _M,
       issue=10),
     K("logging.use_trackio", "bool", True, "Mirror the logged metrics to trackio; a tracker "
@@ -112,9 +113,9 @@ KNOBS = [
     # NVIDIA OneLogger / application tags
     K("enable_one_logger", "bool", True, "Send run telemetry to NVIDIA OneLogger.", _M, INERT,
       _ONE_LOGGER),
-    K("one_logger_project", "str", "megatron-lm", "OneLogger project name.", _M, INERT,
-      _ONE_LOGGER),
-    K("one_logger_run_name", "str", None, "OneLogger run name.", _M, INERT, _ONE_LOGGER),
+    K("one_logger_project", "str", "megatron-lm", "Project that OneLogger files runs under.", _M,
+      INERT, _ONE_LOGGER),
+    K("one_logger_run_name", "str", None, "Run label shown in OneLogger.", _M, INERT, _ONE_LOGGER),
     K("one_logger_async", "bool", False, "Flush OneLogger records asynchronously.", _M, INERT,
       _ONE_LOGGER),
     K("app_tag_run_name", "str", None, "Name shared by the jobs of one training run, for "

@@ -29,7 +29,8 @@ KNOBS = [
       "chooses between TransformerEngine and Megatron's PyTorch layers; jaxtrain has one JAX "
       "implementation of each layer and picks the attention kernel with attention_backend",
       choices=("transformer_engine", "local", "inference_optimized")),
-    K("encoder_num_layers", "int", None, "Encoder depth of an encoder-decoder model.", "megatron",
+    K("encoder_num_layers", "int", None, "Layer count of the encoder stack in an encoder-decoder "
+      "model.", "megatron",
       REJECTED, "encoder-decoder (T5-style) models are not supported; set the depth of the "
       "decoder-only stack with num_layers"),
     K("decoder_num_layers", "int", None, "Decoder depth of an encoder-decoder model.", "megatron",
@@ -145,7 +146,8 @@ KNOBS = [
       "disables.", "megatron", issue=9),
 
     # Initialisation
-    K("init_method_std", "float", 0.02, "Standard deviation of the normal weight initialiser.",
+    K("init_method_std", "float", 0.02, "Sigma of the normal distribution that initial weights "
+      "are drawn from.",
       "megatron", issue=3),
     K("perform_initialization", "bool", True, "Randomly initialise the weights; false leaves them "
       "to a checkpoint load.", "megatron", issue=3),

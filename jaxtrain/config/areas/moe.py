@@ -14,7 +14,8 @@ _FORCE_BALANCING = ("even", "uniform")
 
 KNOBS = [
     # Expert layout
-    K("num_experts", "int", None, "Routed experts in each MoE layer; null builds a dense model.",
+    K("num_experts", "int", None, "Size of each MoE layer's routed-expert pool; null means no MoE "
+      "(dense).",
       _M, issue=9),
     K("moe_layer_freq", "int|list[int]|str", 1, "Which layers are MoE: every Nth for an int, or a "
       "0/1 per-layer list, as a list or an expression like \"[1]*3+[0]\".", _M, issue=9),

@@ -34,7 +34,8 @@ KNOBS = [
       _MEGATRON, issue=4, doc_defaults={"pgs-train": 0.95}),
     K("adam_eps", "float", 1e-8, "Adam term added to the root of the second moment for "
       "stability.", _MEGATRON, issue=4),
-    K("sgd_momentum", "float", 0.9, "Momentum coefficient when optimizer is sgd.", _MEGATRON,
+    K("sgd_momentum", "float", 0.9, "Velocity coefficient of plain SGD; other optimizers ignore "
+      "it.", _MEGATRON,
       issue=4),
 
     # --- weight decay and clipping ---
@@ -56,7 +57,8 @@ KNOBS = [
     # --- Muon ---
     K("muon_momentum", "float", 0.95, "Muon momentum coefficient before orthogonalization.",
       _MEGATRON, issue=4),
-    K("muon_use_nesterov", "bool", False, "Use Nesterov momentum inside Muon.", _MEGATRON,
+    K("muon_use_nesterov", "bool", False, "Whether Muon's momentum takes the Nesterov look-ahead "
+      "form.", _MEGATRON,
       issue=4, aliases=(Alias("muon_nesterov", _MEGATRON, note="Megatron HEAD spelling"),),
       doc_defaults={"pgs-train": True}),
     K("muon_num_ns_steps", "int", 5, "Newton-Schulz iterations used to orthogonalize each Muon "
@@ -77,7 +79,8 @@ KNOBS = [
     K("muon_weight_decay", "float", 0.01, "Primus: Muon-only weight decay.", _MEGATRON, INERT,
       "Megatron never reads it (Primus has since dropped the key): Muon matrices decay by "
       "weight_decay"),
-    K("muon_weight_decay_method", "str", "decoupled", "Primus: how Muon applies weight decay.",
+    K("muon_weight_decay_method", "str", "decoupled", "Primus: decay variant Muon uses "
+      "(decoupled, independent or l2).",
       _MEGATRON, INERT,
       "Megatron never reads it (Primus has since dropped the key): Muon's decay is always "
       "decoupled", choices=_WD_METHODS),

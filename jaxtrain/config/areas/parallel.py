@@ -75,8 +75,8 @@ KNOBS = [
       "pass and gather again for backward; false keeps them.", "pgs-train", issue=5),
     K("parallel.context_parallel", "bool", False, "Ring attention: split each sequence over the "
       "devices for very long contexts.", "pgs-train"),
-    K("parallel.cp_rotate_method", "str", "allgather", "How ring attention passes K/V between "
-      "devices: allgather (simpler) or alltoall (less memory).", "pgs-train",
+    K("parallel.cp_rotate_method", "str", "allgather", "Collective that ring attention rotates "
+      "K/V with; alltoall saves memory, allgather is the simpler one.", "pgs-train",
       choices=_CP_ROTATE_METHODS, value_aliases={"all_gather": "allgather",
                                                  "all_to_all": "alltoall"}),
 

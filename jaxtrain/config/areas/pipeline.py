@@ -8,7 +8,8 @@ _PP_COMM_METHODS = ("async_p2p", "batch_p2p")
 
 KNOBS = [
     # Zero-bubble runtime: switches
-    K("patch_zero_bubble", "bool", False, "Install Primus's zero-bubble pipeline runtime.",
+    K("patch_zero_bubble", "bool", False, "Swap in the zero-bubble pipeline runtime that Primus "
+      "provides.",
       "megatron"),
     K("enable_zb_runtime", "bool", True, "Run pipeline schedules through the unified zero-bubble "
       "runtime.", "megatron"),
@@ -71,14 +72,14 @@ KNOBS = [
       "megatron"),
     K("offload_ops", "str|list[str]", "", "Comma-separated ops whose activations are offloaded "
       "(attn today).", "megatron"),
-    K("pp_max_mem", "float|list[float]", None, "zero-bubble-heuristic: activation memory budget "
-      "per stage (one value or one per stage); null unlimited.", "megatron"),
-    K("pp_cost_f", "float|list[float]", None, "zero-bubble-heuristic: forward cost per stage (one "
-      "value or one per stage); null means 1000.", "megatron"),
+    K("pp_max_mem", "float|list[float]", None, "Per-stage cap on activation memory for the "
+      "zero-bubble-heuristic schedule; scalar or list, null for no cap.", "megatron"),
+    K("pp_cost_f", "float|list[float]", None, "Assumed forward-pass cost of each stage under "
+      "zero-bubble-heuristic; scalar or list, 1000 when null.", "megatron"),
     K("pp_cost_b", "float|list[float]", None, "zero-bubble-heuristic: input-gradient cost per "
       "stage (one value or one per stage); null means 1000.", "megatron"),
-    K("pp_cost_w", "float|list[float]", None, "zero-bubble-heuristic: weight-gradient cost per "
-      "stage (one value or one per stage); null means 1000.", "megatron"),
+    K("pp_cost_w", "float|list[float]", None, "Assumed weight-gradient cost of each stage under "
+      "zero-bubble-heuristic; scalar or list, 1000 when null.", "megatron"),
     K("pp_warmup", "bool", False, "Run one pipeline pass before training so the first step is "
       "not slowed by start-up.", "megatron"),
     K("dump_pp_data", "bool", False, "Write a JSON timeline of pipeline events for the Primus "

@@ -31,8 +31,8 @@ KNOBS = [
       "to halve the traffic.", _M, issue=4),
     K("accumulate_allreduce_grads_in_fp32", "bool", False, "Accumulate and reduce gradients in "
       "fp32; bf16 training turns this on itself unless grad_reduce_in_bf16 is set.", _M, issue=4),
-    K("fp16_lm_cross_entropy", "bool", False, "Compute the LM-head cross-entropy in fp16 rather "
-      "than fp32.", _M, issue=4),
+    K("fp16_lm_cross_entropy", "bool", False, "Run the output-layer loss in half precision (fp16) "
+      "instead of fp32.", _M, issue=4),
     K("calculate_per_token_loss", "bool", False, "Average the loss over all non-padding tokens of "
       "the global batch instead of per micro-batch.", _M, issue=4),
 

@@ -19,8 +19,8 @@ KNOBS = [
     # Selection
     K("preprocess.max_samples", "int", 0, "Read at most this many raw samples before scoring; "
       "0 reads all.", _PGS),
-    K("preprocess.budget", "int", 0, "Number of samples to keep after scoring and filtering; 0 "
-      "keeps all.", _PGS),
+    K("preprocess.budget", "int", 0, "Cap on how many samples survive scoring and filtering; 0 "
+      "means no cap.", _PGS),
     K("preprocess.strategy", "str", "random", "How the budget is picked from the scored samples "
       "(random, curriculum order, difficulty mixes, ...).", _PGS, choices=_STRATEGIES),
     K("preprocess.group_field", "str", "", "Sample column whose groups get per-group statistics "
@@ -29,20 +29,20 @@ KNOBS = [
       "when no eval dataset is given; 0 for none.", _PGS),
 
     # Perplexity filters
-    K("preprocess.min_ppl", "float", 1.5, "Drop samples whose perplexity is below this (already "
-      "learned).", _PGS),
+    K("preprocess.min_ppl", "float", 1.5, "Samples scoring under this perplexity are removed as "
+      "already learned.", _PGS),
     K("preprocess.max_ppl", "float", 500.0, "Drop samples whose perplexity is above this (noise); "
       "<= 0 turns the filter off.", _PGS),
-    K("preprocess.filter_score", "str", "response", "Which perplexity the filters use: response "
-      "tokens only, or the full conversation.", _PGS, choices=_FILTER_SCORES),
+    K("preprocess.filter_score", "str", "response", "Whether filtering looks at perplexity over "
+      "just the response tokens or over the entire conversation.", _PGS, choices=_FILTER_SCORES),
 
     # Scoring pass
     K("preprocess.batch_size", "int", 4, "Most samples per scoring forward pass (length-sorted, "
       "padded).", _PGS),
     K("preprocess.max_batch_tokens", "int", 16384, "Most padded tokens per scoring forward pass; "
       "bounds the logits' memory.", _PGS),
-    K("preprocess.hes", "bool", False, "Also compute High-Entropy-Sum reasoning-quality scores "
-      "(an extra forward pass).", _PGS),
-    K("preprocess.hes_top_k_pct", "float", 0.5, "Percentage of highest-entropy tokens summed into "
-      "the HES score.", _PGS),
+    K("preprocess.hes", "bool", False, "Additionally score reasoning quality by High-Entropy-Sum, "
+      "at the cost of another forward pass.", _PGS),
+    K("preprocess.hes_top_k_pct", "float", 0.5, "HES adds up the entropies of this percentage of "
+      "tokens, the most uncertain ones.", _PGS),
 ]

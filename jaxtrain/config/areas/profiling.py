@@ -28,7 +28,7 @@ KNOBS = [
       "profiler range) or empty for none.", "maxtext", issue=10, choices=_PROFILERS),
     K("skip_first_n_steps_for_profiler", "int", 3, "Steps run before profiling starts, to keep "
       "compilation and warm-up out of the trace.", "maxtext", issue=10),
-    K("profiler_steps", "int", 1, "Number of steps profiled once profiling has started.", "maxtext",
+    K("profiler_steps", "int", 1, "How many steps a profile covers after it begins.", "maxtext",
       issue=10),
 
     # Device memory history

@@ -33,8 +33,8 @@ KNOBS = [
       "(Primus; needs full granularity and no method).", "megatron", issue=3),
     K("recompute_activations", "bool", False, "Legacy switch: true means recompute_granularity "
       "selective.", "megatron", issue=3),
-    K("checkpoint_activations", "bool", False, "Megatron's removed name for activation "
-      "checkpointing.", "megatron", REJECTED,
+    K("checkpoint_activations", "bool", False, "Legacy Megatron switch, no longer accepted, that "
+      "enabled activation recomputation.", "megatron", REJECTED,
       "Megatron no longer accepts it and exits; use recompute_granularity (with "
       "recompute_method and recompute_num_layers) instead"),
     K("distribute_saved_activations", "bool", False, "Split the saved checkpoint inputs across "

@@ -8,12 +8,14 @@ KNOBS = [
     # RL step and evaluation
     K("perform_rl_step", "bool", False, "Train with the RL (GRPO) step instead of next-token loss.",
       _M),
-    K("rl_prompts_per_eval", "int", 32, "Prompts per task in each RL evaluation pass.", _M),
+    K("rl_prompts_per_eval", "int", 32, "Each RL evaluation samples this many prompts per task.",
+      _M),
     K("langrl_env_config", "str", None, "YAML file describing the RL environments (tasks, "
       "rewards).", _M),
 
     # GRPO sampling and loss
-    K("grpo_prompts_per_step", "int", 32, "Prompts (groups) sampled per RL step.", _M),
+    K("grpo_prompts_per_step", "int", 32, "Number of prompt groups drawn for each RL training "
+      "step.", _M),
     K("grpo_group_size", "int", 2, "Completions sampled per prompt; rewards are normalised within "
       "the group.", _M),
     K("grpo_iterations", "int", 2, "Optimizer passes over each batch of rollouts.", _M),
@@ -21,7 +23,8 @@ KNOBS = [
       _M),
     K("grpo_clamp_eps_upper", "float", 0.01, "Upper clip margin of the policy ratio (1 + eps); "
       "equal to the lower one in plain GRPO.", _M),
-    K("grpo_kl_beta", "float", 0.001, "Weight of the KL penalty toward the reference policy.", _M),
+    K("grpo_kl_beta", "float", 0.001, "Coefficient on the KL term that keeps the policy near the "
+      "reference.", _M),
     K("grpo_entropy_term_weight", "float", 0.0, "Weight of the entropy bonus in the GRPO loss.",
       _M),
     K("grpo_filter_groups_with_same_reward", "bool", False, "Drop groups whose completions all got "
@@ -34,7 +37,8 @@ KNOBS = [
       "within a group are.", _M),
 
     # Rollout generation
-    K("grpo_default_temperature", "float", 1.0, "Sampling temperature of rollouts.", _M),
+    K("grpo_default_temperature", "float", 1.0, "Temperature applied when the policy generates "
+      "rollout samples.", _M),
     K("grpo_default_top_p", "float", 0.0, "Nucleus-sampling threshold of rollouts; 0 turns top-p "
       "off.", _M),
     K("langrl_inference_server_type", "str", "inplace_megatron", "How rollouts are served: by the "

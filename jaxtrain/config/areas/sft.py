@@ -10,7 +10,8 @@ KNOBS = [
       "instead of clipping the global norm.", _PGS),
     K("train.adagc_lambda", "float", 1.5, "AdaGC threshold: a tensor is clipped when its norm "
       "exceeds this multiple of its norm EMA.", _PGS),
-    K("train.adagc_beta", "float", 0.95, "AdaGC decay of the per-tensor norm EMA.", _PGS),
+    K("train.adagc_beta", "float", 0.95, "AdaGC: smoothing factor of the running per-tensor "
+      "gradient-norm average.", _PGS),
 
     # EMA of the weights (an fp32 shadow copy kept in host memory)
     K("train.ema", "bool", False, "Keep an exponential moving average of the weights in host "
@@ -26,8 +27,8 @@ KNOBS = [
       "r*base.", _PGS),
     K("train.base_merge_every", "int", 500, "Optimizer steps between merges toward the base "
       "weights.", _PGS),
-    K("train.base_merge_method", "str", "lerp", "Merge interpolation: lerp (linear) or slerp "
-      "(spherical on matrices, keeps norms).", _PGS, choices=_MERGE_METHODS),
+    K("train.base_merge_method", "str", "lerp", "How weights are blended: lerp along a straight "
+      "line, or slerp, spherical on matrices so norms hold.", _PGS, choices=_MERGE_METHODS),
 
     # Optimizer-side extras
     K("train.adamc", "bool", False, "AdamC: scale weight decay with the LR schedule for layers "
@@ -54,8 +55,8 @@ KNOBS = [
     K("plugins.cadft", "bool", False, "CADFT: DFT times a per-sample factor that down-weights "
       "samples with high NLL z-scores.", _PGS),
     K("plugins.cadft_beta", "float", 1.0, "CADFT sensitivity beta in exp(-beta*max(0, z)).", _PGS),
-    K("plugins.info_sft", "bool", False, "InfoSFT: information-aware token weights, renormalised "
-      "to mean 1.", _PGS),
+    K("plugins.info_sft", "bool", False, "Weight tokens by their information content (InfoSFT), "
+      "rescaled to average 1.", _PGS),
     K("plugins.info_sft_pbar", "float", 0.93, "InfoSFT reference probability; tokens above it "
       "get no weight.", _PGS),
 

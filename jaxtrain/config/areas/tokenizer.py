@@ -18,15 +18,15 @@ def _none_if_empty(value):
 
 KNOBS = [
     # Which tokenizer, and where it comes from
-    K("tokenizer_type", "str", None, "Tokenizer class to build (GPT2BPETokenizer, "
-      "HuggingFaceTokenizer, TikTokenizer, NullTokenizer, ...).", "megatron",
+    K("tokenizer_type", "str", None, "Which tokenizer implementation to build, e.g. "
+      "GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer or NullTokenizer.", "megatron",
       choices=_TOKENIZER_TYPES, issue=6),
     K("tokenizer_model", "str", None, "Tokenizer file or Hugging Face id/directory to load the "
       "tokenizer from.", "megatron", issue=6,
       aliases=(Alias("tokenizer_path", "maxtext", to_canonical=_none_if_empty,
                      note="an empty string means unset"),)),
-    K("vocab_file", "str", None, "Vocabulary file of a BPE or WordPiece tokenizer.", "megatron",
-      issue=6),
+    K("vocab_file", "str", None, "Path to the vocabulary that BPE and WordPiece tokenizers load.",
+      "megatron", issue=6),
     K("trust_remote_code", "bool", False, "Allow a Hugging Face tokenizer or model config to run "
       "the Python code shipped with it.", "megatron", issue=6,
       doc_defaults={"pgs-train": True},

@@ -44,8 +44,8 @@ KNOBS = [
       "data pipeline before training instead of estimating them.", _PGS, issue=4),
 
     # --- batching ---
-    K("micro_batch_size", "int", 2, "Sequences per data-parallel replica in one forward/backward "
-      "pass, before gradient accumulation.", _MEGATRON, issue=4,
+    K("micro_batch_size", "int", 2, "Batch each data-parallel replica runs through a single "
+      "forward/backward; accumulation stacks several.", _MEGATRON, issue=4,
       aliases=(Alias("batch_size", _MEGATRON, note="deprecated Megatron spelling"),
                Alias("train.per_device_batch_size", _PGS)),
       doc_defaults={"pgs-train": 1}),

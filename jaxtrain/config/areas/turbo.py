@@ -41,7 +41,8 @@ KNOBS = [
     K("use_turbo_fused_act_with_probs", "bool", False, "Fuse the expert activation with the "
       "multiplication by routing weights in one Turbo kernel.", _M, INERT,
       "XLA fuses the activation and the routing-weight product itself; the math is unchanged"),
-    K("use_turbo_rms_norm", "bool", False, "Use Turbo's RMSNorm kernels.", _M, INERT,
+    K("use_turbo_rms_norm", "bool", False, "Take RMSNorm from the Turbo kernel library instead of "
+      "the default.", _M, INERT,
       "XLA fuses RMSNorm into neighbouring ops itself; there is no separate kernel to select"),
     K("turbo_sync_free_moe_stage", "int", 0, "Primus preset 0-3 bundling Turbo MoE kernels "
       "(fused router, DeepEP, grouped GEMM) to avoid GPU-to-host syncs.", _M, INERT,
