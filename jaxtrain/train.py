@@ -6,8 +6,6 @@ A configuration problem prints one message on stderr and exits with status 2.
 """
 from __future__ import annotations
 
-import logging
-import logging.handlers
 import sys
 
 USAGE = """usage: python -m jaxtrain.train CONFIG [OVERRIDE ...] [--dry-run] [--world-size N]
@@ -66,18 +64,13 @@ def main(argv=None) -> int:
     if not rest or rest[0].startswith("-") or "=" in rest[0]:
         return _fail("give the config file first: python -m jaxtrain.train CONFIG [key=value ...]"
                      " (see --help)")
-    buffer = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
-    config_log = logging.getLogger("jaxtrain.config")
-    config_log.addHandler(buffer)
     try:
         cfg = load_config(rest[0], rest[1:], world_size=flags["world_size"])
     except ConfigError as e:
         return _fail(f"config error: {e}")
-    finally:
-        config_log.removeHandler(buffer)
     logger = setup_logging(cfg, None if flags["dry_run"] else run_dir(cfg))
-    for record in buffer.buffer:
-        logger.handle(record)
+    for warning in cfg.warnings:
+        logger.warning("%s", warning)
     if flags["dry_run"]:
         areas = {}
         for knob in registry():
@@ -87,15 +80,31 @@ def main(argv=None) -> int:
             areas.setdefault(registry().lookup(key).knob.area, []).append(key)
         sys.stdout.write(cfg.to_yaml(areas))
         return 0
+    return _train(cfg, rest, logger)
+
+
+def _train(cfg, args, logger) -> int:
+    """Pick the platform, re-resolve for its device count, and run the loop."""
+    import jax
+
+    from jaxtrain.checks import TrainingError
+    from jaxtrain.config import ConfigError, load_config
+    from jaxtrain.logs import run_dir
     from jaxtrain.runtime import select_platform
 
     try:
         backend = select_platform(cfg)
+        logger.info("run directory %s; JAX backend %s", run_dir(cfg), backend)
+        cfg = load_config(args[0], args[1:], world_size=jax.device_count())
+        from jaxtrain.loop import train
+
+        train(cfg, logger)
     except ConfigError as e:
         return _fail(f"config error: {e}")
-    logger.info("run directory %s; JAX backend %s", run_dir(cfg), backend)
-    return _fail("the training loop is not built yet (issue #4, training); check configs with "
-                 "--dry-run meanwhile")
+    except TrainingError as e:
+        logger.error("%s", e)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

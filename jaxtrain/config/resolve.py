@@ -6,7 +6,6 @@ ConfigError, so a user fixes a file in one pass.
 """
 from __future__ import annotations
 
-import logging
 import pathlib
 
 from jaxtrain.config import rules
@@ -15,8 +14,6 @@ from jaxtrain.config.knob import INERT, ISSUES, PLANNED, REJECTED, CoerceError, 
 from jaxtrain.config.layers import FLAG, Layer, Sources, cli_layer, file_sources, preset_layers
 from jaxtrain.config.registry import registry
 from jaxtrain.config.resolved import Config
-
-log = logging.getLogger("jaxtrain.config")
 
 
 def _typed(match, entry):
@@ -48,7 +45,7 @@ def _layer_values(layer: Layer, problems: list[str]) -> dict:
             problems.append(f"{entry.key} (in {entry.origin}): {e}")
             continue
         previous = written.get(match.key)
-        if previous is not None and out[match.key][0] != value:
+        if previous not in (None, entry.key) and out[match.key][0] != value:
             problems.append(
                 f"{previous} and {entry.key} both set in {entry.origin} to different values "
                 f"({out[match.key][0]!r} vs {value!r}); they name the same setting "
@@ -137,8 +134,6 @@ def resolve(sources: Sources, world_size: int | None = None, enforce_status: boo
     rules.apply(context)
     if problems:
         raise ConfigError(problems)
-    for w in warnings:
-        log.warning(w)
     return Config(values, origins, derived, dialect, warnings, context.adjusted)
 
 

@@ -55,9 +55,17 @@ def _yield_default(c: Context, chosen: str, other: str, cleared, message: str):
         c.set(other, cleared)
 
 
+
 def precision(c: Context):
     if c.get("fp16") and c.get("bf16"):
         _yield_default(c, "fp16", "bf16", False, "fp16 and bf16 are exclusive")
+    wanted = "float16" if c.get("fp16") else "bfloat16" if c.get("bf16") else "float32"
+    if c.get("dtype") != wanted:
+        if not c.explicit("dtype"):
+            c.set("dtype", wanted)  # Megatron's switches choose the compute dtype
+        elif any(c.explicit(k) for k in ("fp16", "bf16")):
+            c.error(f"dtype {c.get('dtype')} contradicts {c.where('bf16')} / {c.where('fp16')}; "
+                    f"these choose the compute dtype: keep one")
     if c.get("fp8") and c.get("fp4"):
         c.error(f"fp8 and fp4 are exclusive: {c.where('fp8')} and {c.where('fp4')}")
 

@@ -7,7 +7,7 @@ from conftest import run_module
 from jaxtrain.config import load_config
 from jaxtrain.logs import LOG_FILE, run_dir
 
-LOOP_MISSING = "the training loop is not built yet"
+NO_DATA = "no training data configured"
 
 
 def _run(tmp_path, *overrides, env=None):
@@ -32,7 +32,7 @@ def test_run_directory_follows_primus_fields(tmp_path):
 @pytest.mark.parametrize("level, shown", [("INFO", True), ("WARNING", False)])
 def test_stderr_sink_level(config_file, level, shown):
     result = _run(config_file, f"stderr_sink_level={level}")
-    assert result.returncode == 2 and LOOP_MISSING in result.stderr
+    assert result.returncode == 2 and NO_DATA in result.stderr
     assert ("JAX backend cpu" in result.stderr) is shown
 
 

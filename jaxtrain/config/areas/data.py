@@ -1,5 +1,5 @@
 """Training data: sources, splits, sequence length, packing, loader workers and masks."""
-from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+from jaxtrain.config.knob import HONORED, INERT, REJECTED, Alias, K
 
 _BERT = ("BERT/ICT-style data generation (another model family); jaxtrain trains decoder-only "
          "language models on contiguous token sequences")
@@ -30,7 +30,7 @@ KNOBS = [
     K("data_cache_path", "str", None, "Directory where the built sample/shuffle index files are "
       "cached and reused across runs.", "megatron", issue=6),
     K("mock_data", "bool", False, "Train on generated random tokens instead of reading any "
-      "dataset files.", "megatron", issue=6),
+      "dataset files.", "megatron", HONORED),
     K("merge_file", "str", None, "BPE merges file of a GPT-2 style tokenizer, used with vocab_file "
       "(the doc's 'blended datasets' wording is wrong).", "megatron", issue=6),
     K("sample_rate", "float", 1.0, "Fraction of the training data to sample; declared by Megatron "
@@ -39,10 +39,10 @@ KNOBS = [
       "changes a run; use split or blend weights to subsample"),
 
     # Sequence length
-    K("seq_length", "int", 1024, "Tokens per training sequence.", "megatron", issue=6,
+    K("seq_length", "int", 1024, "Tokens per training sequence.", "megatron",
       aliases=(Alias("data.max_seq_length", "pgs-train",
                      note="pgs packs up to, or truncates at, this many tokens"),),
-      doc_defaults={"pgs-train": 8192}),
+      doc_defaults={"pgs-train": 8192}, status=HONORED),
     K("encoder_seq_length", "int", None, "Encoder length of an encoder-decoder model (Megatron "
       "copies seq_length into it for GPT).", "megatron", REJECTED,
       "encoder-decoder (T5/BERT) length; jaxtrain models are decoder-only: set seq_length"),
@@ -86,7 +86,9 @@ KNOBS = [
 
     # MaxText input pipeline
     K("dataset_type", "str", "hf", "Input pipeline: synthetic, hf (Hugging Face datasets), grain, "
-      "tfds, c4_mlperf or olmo_grain.", "maxtext", issue=6, choices=_DATASET_TYPES),
+      "tfds, c4_mlperf, olmo_grain, or jaxtrain's bundled text corpus.", "maxtext", HONORED,
+      choices=_DATASET_TYPES + ("corpus",),
+      planned_values={t: 6 for t in _DATASET_TYPES if t != "synthetic"}),
     K("hf_path", "str", "allenai/c4", "Hugging Face dataset id (or loader name) read when "
       "dataset_type is hf.", "maxtext", issue=6),
     K("hf_data_dir", "str", "en", "Sub-directory/configuration of the Hugging Face dataset to "

@@ -1,5 +1,5 @@
 """Console log cadence, training metrics, TensorBoard/W&B/MLflow/trackio writers, telemetry."""
-from jaxtrain.config.knob import INERT, Alias, K
+from jaxtrain.config.knob import Alias, HONORED, INERT, K
 
 _M = "megatron"
 _PGS = ("pgs-train", "pgs-distill")
@@ -18,22 +18,21 @@ def _empty_to_none(value):
 KNOBS = [
     # Console cadence and training metrics (built with the train loop)
     K("log_interval", "int", 1, "Steps between console lines of loss, learning rate and timing.",
-      _M, issue=4, doc_defaults={"maxtext": 100},
+      _M, doc_defaults={"maxtext": 100},
       aliases=(Alias("log_period", "maxtext"),
                Alias("train.logging_steps", "pgs-train"),
-               Alias("logging.log_every", "pgs-distill"))),
+               Alias("logging.log_every", "pgs-distill")), status=HONORED),
     K("log_throughput", "bool", True, "Report tokens per second and TFLOP/s per device with each "
-      "log line.", _M, issue=4),
+      "log line.", _M, status=HONORED),
     K("log_avg_skip_iterations", "int", 2, "Number of first steps (compilation, warm-up) left out "
-      "of the running throughput average.", _M, issue=4),
+      "of the running throughput average.", _M, issue=10),
     K("log_avg_reset_interval", "int", 10, "Steps after which the running throughput average "
-      "starts again.", _M, issue=4),
-    K("log_params_norm", "bool", False, "Compute and log the global L2 norm of the parameters.", _M,
-      issue=4),
+      "starts again.", _M, issue=10),
+    K("log_params_norm", "bool", False, "Compute and log the global L2 norm of the parameters.", _M, status=HONORED),
     K("log_num_zeros_in_grad", "bool", False, "Count and log how many gradient entries are exactly "
-      "zero.", _M, issue=4),
+      "zero.", _M, status=HONORED),
     K("logging.log_grad_norm", "bool", True, "Put the global gradient norm in the logged metrics.",
-      "pgs-train", issue=4),
+      "pgs-train", issue=10),
     K("log_progress", "bool", False, "Append consumed tokens and FLOPs per step to progress.txt in "
       "the checkpoint directory.", _M, issue=10),
     K("timing_log_level", "int", 0, "Detail of step timers: 0 step time only, 1 adds once-per-step "

@@ -1,14 +1,14 @@
 """pgs memory savers: chunked loss, gradient release, selective differentiation and SeCO/SpaCO."""
-from jaxtrain.config.knob import K
+from jaxtrain.config.knob import HONORED, K
 
 _PGS = "pgs-train"
 
 KNOBS = [
     # --- chunked cross-entropy ---
     K("memory.chunked_loss", "bool", True, "Compute output-layer logits and cross-entropy chunk by "
-      "chunk along the sequence so the full logits never exist at once.", _PGS, issue=4),
+      "chunk along the sequence so the full logits never exist at once.", _PGS, status=HONORED),
     K("memory.loss_num_chunks", "int", 8, "Number of sequence chunks memory.chunked_loss splits "
-      "the loss into.", _PGS, issue=4),
+      "the loss into.", _PGS, status=HONORED),
 
     # --- gradient memory ---
     K("memory.gradient_release", "bool", False, "Update each parameter as soon as its gradient "

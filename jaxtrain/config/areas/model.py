@@ -1,5 +1,5 @@
 """Model architecture: shape, attention, positions, norms, init, dtypes and the HF model source."""
-from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+from jaxtrain.config.knob import Alias, HONORED, INERT, K, REJECTED
 
 _DTYPES = ("bfloat16", "float32", "float16")
 _DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
@@ -38,32 +38,31 @@ KNOBS = [
       "num_layers, in Megatron as in jaxtrain"),
 
     # Transformer shape
-    K("num_layers", "int", 24, "Number of transformer layers.", "megatron", issue=3),
-    K("hidden_size", "int", 1024, "Model width: size of the residual stream.", "megatron", issue=3),
+    K("num_layers", "int", 24, "Number of transformer layers.", "megatron", status=HONORED),
+    K("hidden_size", "int", 1024, "Model width: size of the residual stream.", "megatron", status=HONORED),
     K("ffn_hidden_size", "int", None, "Inner width of the MLP; null means 4 x hidden_size "
-      "(8/3 x rounded down to 64 with SwiGLU).", "megatron", issue=3),
-    K("num_attention_heads", "int", 16, "Number of query heads per attention layer.", "megatron",
-      issue=3),
+      "(8/3 x rounded down to 64 with SwiGLU).", "megatron", status=HONORED),
+    K("num_attention_heads", "int", 16, "Number of query heads per attention layer.", "megatron", status=HONORED),
     K("kv_channels", "int", None, "Width of each attention head; null means hidden_size / "
-      "num_attention_heads.", "megatron", issue=3),
+      "num_attention_heads.", "megatron", status=HONORED),
     K("group_query_attention", "bool", False, "Share each key/value head among a group of query "
-      "heads (GQA).", "megatron", issue=3),
+      "heads (GQA).", "megatron", status=HONORED),
     K("num_query_groups", "int", None, "Number of key/value heads under GQA; null means one per "
-      "query head.", "megatron", issue=3),
+      "query head.", "megatron", status=HONORED),
 
     # Attention details
     K("qk_layernorm", "bool", False, "Normalise queries and keys per head before the dot product.",
-      "megatron", issue=3),
+      "megatron", status=HONORED),
     K("qk_l2_norm", "bool", False, "Scale queries and keys to unit L2 norm per head before the dot "
-      "product.", "megatron", issue=3),
+      "product.", "megatron", status=HONORED),
     K("add_qkv_bias", "bool", False, "Give the query/key/value projections a bias term.",
-      "megatron", issue=3),
+      "megatron", status=HONORED),
     K("attention_dropout", "float", 0.1, "Dropout probability on the attention weights.",
-      "megatron", issue=3),
+      "megatron", status=HONORED),
     K("attention_softmax_in_fp32", "bool", False, "Compute the attention mask and softmax in "
-      "float32 whatever the compute dtype.", "megatron", issue=3),
+      "float32 whatever the compute dtype.", "megatron", status=HONORED),
     K("apply_query_key_layer_scaling", "bool", False, "Divide attention scores by the layer index "
-      "before the softmax and undo it in fp32 (an fp16 guard).", "megatron", issue=3),
+      "before the softmax and undo it in fp32 (an fp16 guard).", "megatron", status=HONORED),
 
     # Attention kernel choice
     K("attention_backend", "str", "auto", "Attention kernel: flash, fused, unfused (plain XLA), "
@@ -80,75 +79,76 @@ KNOBS = [
       "token embeddings.", "megatron", issue=3),
     K("position_embedding_type", "str", "learned_absolute", "How positions enter the model: "
       "learned table, RoPE, multimodal RoPE, relative bias or none.", "megatron",
-      choices=_POSITION_EMBEDDINGS, issue=3),
+      choices=_POSITION_EMBEDDINGS, status=HONORED, planned_values={"mrope": None, "relative": None}),
     K("max_position_embeddings", "int", None, "Longest sequence the position encoding is built "
-      "for, in tokens.", "megatron", issue=3),
+      "for, in tokens.", "megatron", status=HONORED),
     K("original_max_position_embeddings", "int", None, "Context length the model was pretrained "
-      "with, the base for RoPE scaling, in tokens.", "megatron", issue=3),
+      "with, the base for RoPE scaling, in tokens.", "megatron", status=HONORED),
     K("use_rotary_position_embeddings", "bool", None, "Legacy switch: true forces "
-      "position_embedding_type to rope.", "megatron", issue=3),
-    K("rotary_base", "int", 10000, "RoPE base period theta.", "megatron", issue=3),
+      "position_embedding_type to rope.", "megatron", status=HONORED),
+    K("rotary_base", "int", 10000, "RoPE base period theta.", "megatron", status=HONORED),
     K("rotary_percent", "float", 1.0, "Fraction of each head's channels that RoPE rotates.",
-      "megatron", issue=3),
+      "megatron", status=HONORED),
     K("rotary_interleaved", "bool", False, "Rotate interleaved channel pairs (GPT-J layout) "
-      "instead of the two halves.", "megatron", issue=3),
+      "instead of the two halves.", "megatron", status=HONORED),
     K("rotary_seq_len_interpolation_factor", "int", None, "Divide positions by this factor before "
-      "RoPE (linear position interpolation).", "megatron", issue=3),
+      "RoPE (linear position interpolation).", "megatron", status=HONORED),
     K("use_rope_scaling", "bool", False, "Apply Llama-3.1-style frequency-dependent RoPE scaling.",
-      "megatron", issue=3),
+      "megatron", status=HONORED),
     K("rope_scaling_factor", "float", 8.0, "Stretch factor of the Llama-3.1 RoPE scaling.",
-      "megatron", issue=3),
+      "megatron", status=HONORED),
     K("rope_type", "str", None, "RoPE variant: plain rope or YaRN; null lets the attention type "
-      "choose.", "megatron", choices=("rope", "yarn"), issue=3),
+      "choose.", "megatron", choices=("rope", "yarn"), status=HONORED),
 
     # MLP and activations
-    K("swiglu", "bool", True, "Gated SiLU MLP (SwiGLU) instead of a plain GELU MLP.", "megatron",
-      issue=3),
+    K("swiglu", "bool", True, "Gated SiLU MLP (SwiGLU) instead of a plain GELU MLP.", "megatron", status=HONORED),
     K("quick_geglu", "bool", False, "Gated MLP with the quick GELU x*sigmoid(1.702x) as gate.",
-      "megatron", issue=3),
-    K("openai_gelu", "bool", False, "Use the tanh approximation of GELU in the MLP.", "megatron",
-      issue=3),
-    K("squared_relu", "bool", False, "Use relu(x)^2 as the MLP activation.", "megatron", issue=3),
+      "megatron", status=HONORED),
+    K("openai_gelu", "bool", False, "Use the tanh approximation of GELU in the MLP.", "megatron", status=HONORED),
+    K("squared_relu", "bool", False, "Use relu(x)^2 as the MLP activation.", "megatron", status=HONORED),
     K("add_bias_linear", "bool", False, "Give every linear layer a bias term (implies "
-      "add_qkv_bias).", "megatron", issue=3),
+      "add_qkv_bias).", "megatron", status=HONORED),
 
     # Norms, residuals and dropout
     K("normalization", "str", "LayerNorm", "Norm layer used throughout the model.", "megatron",
-      choices=("LayerNorm", "RMSNorm"), issue=3),
+      choices=("LayerNorm", "RMSNorm"), status=HONORED),
     K("norm_epsilon", "float", 1e-5, "Epsilon added to the variance inside every norm.",
-      "megatron", issue=3),
+      "megatron", status=HONORED),
     K("apply_layernorm_1p", "bool", False, "Store norm scales as offsets from 1 (zero-centred "
-      "gamma).", "megatron", issue=3),
+      "gamma).", "megatron", status=HONORED),
     K("apply_residual_connection_post_layernorm", "bool", False, "Take the residual from the "
-      "normalised input rather than the raw input.", "megatron", issue=3),
+      "normalised input rather than the raw input.", "megatron", status=HONORED),
     K("fp32_residual_connection", "bool", False, "Keep the residual stream in float32.",
-      "megatron", issue=3),
+      "megatron", status=HONORED),
     K("hidden_dropout", "float", 0.1, "Dropout probability on each block's output before the "
-      "residual add.", "megatron", issue=3),
+      "residual add.", "megatron", status=HONORED),
 
     # Embeddings and output head
     K("untie_embeddings_and_output_weights", "bool", True, "Give the output head its own weights "
-      "instead of reusing the embedding table.", "megatron", issue=3),
+      "instead of reusing the embedding table.", "megatron", status=HONORED),
     K("use_iota_embed", "bool", True, "Look up embeddings as a one-hot matmul built with iota "
-      "instead of a gather.", "maxtext", issue=3),
+      "instead of a gather.", "maxtext", status=HONORED),
     K("logits_dot_in_fp32", "bool", False, "Compute the output-head matmul in float32.",
-      "maxtext", issue=3),
+      "maxtext", status=HONORED),
     K("final_logit_softcapping", "float", None, "Soft-cap the output logits to c*tanh(x/c); null "
-      "disables.", "megatron", issue=3),
+      "disables.", "megatron", status=HONORED),
     K("clone_scatter_output_in_embedding", "bool", True, "Copy the embedding output after the "
       "sequence-parallel scatter (a PyTorch autograd workaround).", "megatron", INERT,
       "guards PyTorch autograd against an in-place view; JAX arrays are immutable"),
 
     # Softcapping inside attention and routing
+    K("sliding_window_size", "int", None, "Mistral-style local attention: each token sees at "
+      "most this many tokens back (itself included); null or 0 attends to the whole prefix.",
+      "jaxtrain", HONORED),
     K("attn_logit_softcapping", "float", None, "Soft-cap attention scores to c*tanh(x/c) before "
-      "the softmax; null disables.", "megatron", issue=8),
+      "the softmax; null disables.", "megatron", status=HONORED),
     K("router_logit_softcapping", "float", None, "Soft-cap MoE router logits to c*tanh(x/c); null "
       "disables.", "megatron", issue=9),
 
     # Initialisation
     K("init_method_std", "float", 0.02, "Sigma of the normal distribution that initial weights "
       "are drawn from.",
-      "megatron", issue=3),
+      "megatron", status=HONORED),
     K("perform_initialization", "bool", True, "Randomly initialise the weights; false leaves them "
       "to a checkpoint load.", "megatron", issue=3),
     K("use_cpu_initialization", "bool", None, "Initialise weights on the host and copy them to "
@@ -158,18 +158,20 @@ KNOBS = [
 
     # Dtypes
     K("dtype", "str", "bfloat16", "Dtype of activations and matmul inputs.", "maxtext",
-      choices=_DTYPES, value_aliases=_DTYPE_SPELLINGS, issue=3),
-    K("weight_dtype", "str", "bfloat16", "Storage dtype of the model parameters.", "maxtext",
-      choices=_DTYPES, value_aliases=_DTYPE_SPELLINGS, issue=3,
+      choices=_DTYPES, value_aliases=_DTYPE_SPELLINGS, status=HONORED),
+    K("weight_dtype", "str", "float32", "Storage dtype of the model parameters (the master "
+      "copy the optimizer updates).", "maxtext", choices=_DTYPES,
+      value_aliases=_DTYPE_SPELLINGS,
+      doc_defaults={"maxtext": "bfloat16", "pgs-train": "bfloat16"},
       aliases=(Alias("model.torch_dtype", "pgs-train",
-                     note="the dtype the HF weights are loaded and trained in"),)),
+                     note="the dtype the HF weights are loaded and trained in"),), status=HONORED),
 
     # Kernel and scheduling selectors of section 10.1
     K("use_te_activation_func", "bool", False, "Run MLP activations with TransformerEngine "
       "kernels.", "megatron", INERT,
       "a CUDA kernel choice for the same function; XLA fuses the activation into neighbouring ops"),
     K("gradient_accumulation_fusion", "bool", True, "Accumulate weight gradients straight into "
-      "float32 buffers inside the backward matmul.", "megatron", issue=4),
+      "float32 buffers inside the backward matmul.", "megatron", status=INERT, reason='names a fused CUDA kernel that adds weight gradients into an fp32 buffer; under XLA the accumulation dtype follows grad_reduce_in_bf16 / accumulate_allreduce_grads_in_fp32'),
     K("delay_wgrad_compute", "bool", False, "Postpone weight-gradient matmuls so they overlap "
       "expert-parallel communication.", "megatron", INERT,
       "reorders PyTorch kernel launches without changing results; XLA's scheduler orders the "

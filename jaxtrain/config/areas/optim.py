@@ -1,5 +1,5 @@
 """Optimizers: choice, Adam/SGD/Muon hyperparameters, weight decay, clipping, state dtypes and offload."""
-from jaxtrain.config.knob import INERT, Alias, K
+from jaxtrain.config.knob import Alias, HONORED, INERT, K
 
 _MEGATRON = "megatron"
 _PGS = "pgs-train"
@@ -19,63 +19,61 @@ _DTYPE_SPELLINGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
 KNOBS = [
     # --- optimizer choice ---
     K("optimizer", "str", "adam", "Optimizer: adam (AdamW), sgd, or muon (2-D weights; Adam for "
-      "the rest); dist_muon is muon with sharded state.", _MEGATRON, issue=4,
-      choices=_MEGATRON_OPTIMIZERS),
+      "the rest); dist_muon is muon with sharded state.", _MEGATRON,
+      choices=_MEGATRON_OPTIMIZERS, status=HONORED),
     K("train.optimizer", "str", "adamw", "pgs optimizer: adamw, muon (Adam for non-matrix "
-      "params), 8-bit-state lion/adamw, or paged 8-bit adamw.", _PGS, issue=4,
-      choices=_PGS_OPTIMIZERS),
+      "params), 8-bit-state lion/adamw, or paged 8-bit adamw.", _PGS,
+      choices=_PGS_OPTIMIZERS, status=HONORED, planned_values={"paged_adamw8bit": 5}),
     K("plugins.schedule_free", "bool", False, "Use schedule-free AdamW (iterate averaging) in "
-      "place of the optimizer plus LR decay schedule.", _PGS, issue=4),
+      "place of the optimizer plus LR decay schedule.", _PGS, status=HONORED),
 
     # --- Adam / SGD ---
     K("adam_beta1", "float", 0.9, "Adam decay rate of the first-moment (mean) estimate.",
-      _MEGATRON, issue=4),
+      _MEGATRON, status=HONORED),
     K("adam_beta2", "float", 0.999, "Adam decay rate of the second-moment (variance) estimate.",
-      _MEGATRON, issue=4, doc_defaults={"pgs-train": 0.95}),
+      _MEGATRON, doc_defaults={"pgs-train": 0.95}, status=HONORED),
     K("adam_eps", "float", 1e-8, "Adam term added to the root of the second moment for "
-      "stability.", _MEGATRON, issue=4),
+      "stability.", _MEGATRON, status=HONORED),
     K("sgd_momentum", "float", 0.9, "Velocity coefficient of plain SGD; other optimizers ignore "
-      "it.", _MEGATRON,
-      issue=4),
+      "it.", _MEGATRON, status=HONORED),
 
     # --- weight decay and clipping ---
     K("weight_decay", "float", 0.0, "Decoupled weight-decay coefficient for matrices (not biases, "
-      "norms); fixed unless start/end_weight_decay are set.", _MEGATRON, issue=4,
+      "norms); fixed unless start/end_weight_decay are set.", _MEGATRON,
       aliases=(Alias("train.weight_decay", _PGS),),
-      doc_defaults={"pgs-train": 0.1}),
+      doc_defaults={"pgs-train": 0.1}, status=HONORED),
     K("start_weight_decay", "float", None, "Weight decay at step 0 when it follows a schedule "
-      "(weight_decay_incr_style linear or cosine).", _MEGATRON, issue=4),
+      "(weight_decay_incr_style linear or cosine).", _MEGATRON, status=HONORED),
     K("end_weight_decay", "float", None, "Weight decay at the end of the run when it follows a "
-      "schedule.", _MEGATRON, issue=4),
+      "schedule.", _MEGATRON, status=HONORED),
     K("weight_decay_incr_style", "str", "constant", "How weight decay moves from start to end "
-      "value over the run; constant needs both unset.", _MEGATRON, issue=4,
-      choices=_WD_INCR_STYLES),
+      "value over the run; constant needs both unset.", _MEGATRON,
+      choices=_WD_INCR_STYLES, status=HONORED),
     K("clip_grad", "float", 1.0, "Clip the global L2 norm of the gradients to this value; 0 "
-      "turns clipping off.", _MEGATRON, issue=4,
-      aliases=(Alias("train.max_grad_norm", _BOTH_PGS),)),
+      "turns clipping off.", _MEGATRON,
+      aliases=(Alias("train.max_grad_norm", _BOTH_PGS),), status=HONORED),
 
     # --- Muon ---
     K("muon_momentum", "float", 0.95, "Muon momentum coefficient before orthogonalization.",
-      _MEGATRON, issue=4),
+      _MEGATRON, status=HONORED),
     K("muon_use_nesterov", "bool", False, "Whether Muon's momentum takes the Nesterov look-ahead "
-      "form.", _MEGATRON,
-      issue=4, aliases=(Alias("muon_nesterov", _MEGATRON, note="Megatron HEAD spelling"),),
-      doc_defaults={"pgs-train": True}),
+      "form.", _MEGATRON, aliases=(Alias("muon_nesterov", _MEGATRON, note="Megatron HEAD spelling"),),
+      doc_defaults={"pgs-train": True}, status=HONORED),
     K("muon_num_ns_steps", "int", 5, "Newton-Schulz iterations used to orthogonalize each Muon "
-      "update.", _MEGATRON, issue=4),
+      "update.", _MEGATRON, status=HONORED),
     K("muon_scale_mode", "str", "spectral", "Shape-dependent factor applied to the orthogonalized "
-      "update (spectral, unit_rms_norm, shape_scaling).", _MEGATRON, issue=4,
-      choices=_MUON_SCALE_MODES),
+      "update (spectral, unit_rms_norm, shape_scaling).", _MEGATRON,
+      choices=_MUON_SCALE_MODES, status=HONORED),
     K("muon_extra_scale_factor", "float", 1.0, "Extra multiplier on every Muon update.",
-      _MEGATRON, issue=4),
+      _MEGATRON, status=HONORED),
     K("muon_fp32_matmul_prec", "str", "medium", "Matmul precision of the fp32 Newton-Schulz "
-      "iteration (low/medium/high; medium runs in bf16-level precision).", _MEGATRON, issue=4,
-      choices=_MUON_MATMUL_PRECS),
+      "iteration (low/medium/high; medium runs in bf16-level precision).", _MEGATRON,
+      choices=_MUON_MATMUL_PRECS, status=HONORED),
     K("muon_split_qkv", "bool", True, "Orthogonalize the Q, K and V blocks of a fused QKV weight "
-      "separately.", _MEGATRON, issue=4),
+      "separately.", _MEGATRON, status=HONORED),
     K("muon_tp_mode", "str", "blockwise", "How Muon orthogonalizes tensor-parallel-sharded "
-      "weights: per shard (blockwise) or whole matrix.", _MEGATRON, issue=4,
-      choices=_MUON_TP_MODES),
+      "weights: per shard (blockwise) or whole matrix.", _MEGATRON,
+      choices=_MUON_TP_MODES, status=HONORED),
     K("muon_weight_decay", "float", 0.01, "Primus: Muon-only weight decay.", _MEGATRON, INERT,
       "Megatron never reads it (Primus has since dropped the key): Muon matrices decay by "
       "weight_decay"),
@@ -87,31 +85,30 @@ KNOBS = [
 
     # --- optimizer state placement (host offload) ---
     K("optimizer_cpu_offload", "bool", False, "Keep optimizer state in host memory and move it "
-      "to the device for the update.", _MEGATRON, issue=4),
+      "to the device for the update.", _MEGATRON, issue=5),
     K("optimizer_offload_fraction", "float", 1.0, "Share of optimizer state (0 to 1) kept in host "
-      "memory when optimizer_cpu_offload is on.", _MEGATRON, issue=4),
+      "memory when optimizer_cpu_offload is on.", _MEGATRON, issue=5),
     K("overlap_cpu_optimizer_d2h_h2d", "bool", False, "Overlap host<->device transfers of "
-      "offloaded optimizer state with computation.", _MEGATRON, issue=4),
+      "offloaded optimizer state with computation.", _MEGATRON, issue=5),
     K("pin_cpu_grads", "bool", True, "Put offloaded gradients in pinned (page-locked) host "
-      "memory.", _MEGATRON, issue=4),
+      "memory.", _MEGATRON, issue=5),
     K("pin_cpu_params", "bool", True, "Put offloaded parameters in pinned (page-locked) host "
-      "memory.", _MEGATRON, issue=4),
+      "memory.", _MEGATRON, issue=5),
     K("use_torch_optimizer_for_cpu_offload", "bool", False, "Megatron: run the offloaded step "
       "with a torch.optim class instead of its hybrid optimizer.", _MEGATRON, INERT,
       "only chooses which PyTorch class computes the same Adam update on the host; jaxtrain "
       "has one optax update wherever the state lives"),
     K("optimizer_memory_host_offload", "bool", False, "Keep the optimizer state in pinned host "
-      "memory between steps.", "maxtext", issue=4),
+      "memory between steps.", "maxtext", issue=5),
 
     # --- reduced-precision optimizer state ---
     K("use_precision_aware_optimizer", "bool", False, "Allow the dtypes below to differ from fp32 "
-      "for master weights, gradients and Adam moments.", _MEGATRON, issue=4),
+      "for master weights, gradients and Adam moments.", _MEGATRON, status=HONORED),
     K("main_grads_dtype", "str", "fp32", "Dtype of the gradients the optimizer reads.",
-      _MEGATRON, issue=4, choices=("fp32", "bf16"), value_aliases=_DTYPE_SPELLINGS),
-    K("main_params_dtype", "str", "fp32", "Dtype of the master copy of the weights.", _MEGATRON,
-      issue=4, choices=("fp32", "fp16"), value_aliases=_DTYPE_SPELLINGS),
-    K("exp_avg_dtype", "str", "fp32", "Dtype of Adam's first moment.", _MEGATRON, issue=4,
-      choices=("fp32", "fp16", "bf16", "fp8"), value_aliases=_DTYPE_SPELLINGS),
-    K("exp_avg_sq_dtype", "str", "fp32", "Dtype of Adam's second moment.", _MEGATRON, issue=4,
-      choices=("fp32", "fp16", "bf16", "fp8"), value_aliases=_DTYPE_SPELLINGS),
+      _MEGATRON, choices=("fp32", "bf16"), value_aliases=_DTYPE_SPELLINGS, status=HONORED),
+    K("main_params_dtype", "str", "fp32", "Dtype of the master copy of the weights.", _MEGATRON, choices=("fp32", "fp16"), value_aliases=_DTYPE_SPELLINGS, issue=11),
+    K("exp_avg_dtype", "str", "fp32", "Dtype of Adam's first moment.", _MEGATRON,
+      choices=("fp32", "fp16", "bf16", "fp8"), value_aliases=_DTYPE_SPELLINGS, status=HONORED),
+    K("exp_avg_sq_dtype", "str", "fp32", "Dtype of Adam's second moment.", _MEGATRON,
+      choices=("fp32", "fp16", "bf16", "fp8"), value_aliases=_DTYPE_SPELLINGS, status=HONORED),
 ]

@@ -1,5 +1,5 @@
 """Activation recomputation (remat) and the scan over layers."""
-from jaxtrain.config.knob import REJECTED, Alias, K
+from jaxtrain.config.knob import HONORED, REJECTED, Alias, K
 
 # MaxText's policies (layers/decoders.py get_remat_policy); "none" keeps every activation.
 _REMAT_POLICIES = (
@@ -19,20 +19,22 @@ def _full_if_true(value):
     return value
 
 
+_TENSOR_MODES = ("remat", "device", "offload")
+
 KNOBS = [
     # Megatron recompute scheme
     K("recompute_granularity", "str", None, "What to recompute in the backward pass: whole layers "
       "(full) or only attention internals (selective).", "megatron",
-      choices=("full", "selective"), issue=3),
+      choices=("full", "selective"), status=HONORED),
     K("recompute_method", "str", None, "With full granularity: checkpoint every group of "
       "recompute_num_layers (uniform) or only the first ones (block).", "megatron",
-      choices=("uniform", "block"), issue=3),
+      choices=("uniform", "block"), status=HONORED),
     K("recompute_num_layers", "int", None, "Layers per checkpointed group (uniform) or number of "
-      "checkpointed layers per stage (block).", "megatron", issue=3),
+      "checkpointed layers per stage (block).", "megatron", status=HONORED),
     K("recompute_layer_ids", "list[int]", None, "Global indices of the layers to recompute whole "
-      "(Primus; needs full granularity and no method).", "megatron", issue=3),
+      "(Primus; needs full granularity and no method).", "megatron", status=HONORED),
     K("recompute_activations", "bool", False, "Legacy switch: true means recompute_granularity "
-      "selective.", "megatron", issue=3),
+      "selective.", "megatron", status=HONORED),
     K("checkpoint_activations", "bool", False, "Legacy Megatron switch, no longer accepted, that "
       "enabled activation recomputation.", "megatron", REJECTED,
       "Megatron no longer accepts it and exits; use recompute_granularity (with "
@@ -43,19 +45,44 @@ KNOBS = [
       "backward pass.", "megatron", issue=9),
 
     # MaxText remat and scan
-    K("remat_policy", "str", "full", "Which named activations each layer keeps for the backward "
+    K("remat_policy", "str", "none", "Which named activations each layer keeps for the backward "
       "pass; full keeps none, none keeps all.", "maxtext", choices=_REMAT_POLICIES,
-      value_aliases={"minimal_flash": "minimal_with_context"}, nullable=True, issue=3),
+      value_aliases={"minimal_flash": "minimal_with_context"}, nullable=True,
+      doc_defaults={"maxtext": "full"}, status=HONORED),
     K("scan_layers", "bool", True, "Stack identical layers and run them with one scan, so the "
-      "layer is compiled once.", "maxtext", issue=3),
+      "layer is compiled once.", "maxtext", status=HONORED),
     K("param_scan_axis", "int", 1, "Position of the stacked-layer axis inside each scanned "
-      "parameter.", "maxtext", choices=(0, 1), issue=3),
+      "parameter.", "maxtext", choices=(0, 1), status=HONORED),
 
     # pgs gradient checkpointing
     K("train.gradient_checkpointing", "str", "selective", "Per-layer checkpointing: full "
       "recomputes the layer, selective keeps attention and half the matmuls, none keeps all.",
-      "pgs-train", choices=("full", "selective", "none"), issue=3,
+      "pgs-train", choices=("full", "selective", "none"),
       doc_defaults={"pgs-distill": "none"},
       aliases=(Alias("model.gradient_checkpointing", "pgs-distill", to_canonical=_full_if_true,
-                     note="a boolean: true is full, false is none"),)),
+                     note="a boolean: true is full, false is none"),), issue=None),
+
+    # MaxText remat_policy 'custom': what happens to each named activation in the backward pass
+    K("decoder_layer_input", "str", "device", "remat_policy custom: each layer's input is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("query_proj", "str", "remat", "remat_policy custom: the query projection is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("key_proj", "str", "remat", "remat_policy custom: the key projection is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("value_proj", "str", "remat", "remat_policy custom: the value projection is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("qkv_proj", "str", "remat", "remat_policy custom: a fused QKV projection is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("context", "str", "remat", "remat_policy custom: the attention output before out_proj is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("out_proj", "str", "remat", "remat_policy custom: the attention output projection is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("mlpwi", "str", "remat", "remat_policy custom: the MLP input projection is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("mlpwi_0", "str", "remat", "remat_policy custom: the gated MLP's first input projection is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("mlpwi_1", "str", "remat", "remat_policy custom: the gated MLP's second input projection is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("mlpwo", "str", "remat", "remat_policy custom: the MLP output projection is recomputed (remat), kept on "
+      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
 ]

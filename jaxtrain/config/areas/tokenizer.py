@@ -1,5 +1,5 @@
 """Tokenizer and vocabulary: which tokenizer to load, from where, and its special tokens."""
-from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+from jaxtrain.config.knob import Alias, HONORED, INERT, K, REJECTED
 
 # Megatron's own tokenizer classes plus the ones Primus adds (all HF-backed on the Primus side).
 _TOKENIZER_TYPES = (
@@ -38,7 +38,7 @@ KNOBS = [
 
     # Vocabulary size and extra tokens
     K("vocab_size", "int", None, "Vocabulary size before padding; needed when the tokenizer "
-      "cannot report it (NullTokenizer).", "megatron", issue=6),
+      "cannot report it (NullTokenizer).", "megatron", status=HONORED),
     K("vocab_extra_ids", "int", 0, "Number of <extra_id_N> sentinel tokens appended to the "
       "vocabulary.", "megatron", REJECTED,
       "the sentinels serve T5-style span-corruption pretraining of encoder-decoder models, "

@@ -1,5 +1,5 @@
 """Training loop length, batching, evaluation cadence, exits, seeds and step-level health checks."""
-from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+from jaxtrain.config.knob import Alias, HONORED, INERT, K, REJECTED
 
 
 def _unset_if_negative(value):
@@ -29,101 +29,100 @@ _BOTH_PGS = ("pgs-train", "pgs-distill")
 KNOBS = [
     # --- run length ---
     K("train_iters", "int", 1000, "Number of optimizer steps to train for; null means the run is "
-      "sized by train_samples (or by epochs in pgs files).", _MEGATRON, issue=4,
+      "sized by train_samples (or by epochs in pgs files).", _MEGATRON,
       aliases=(Alias("steps", "maxtext"),
                Alias("train.max_steps", _PGS, to_canonical=_unset_if_negative,
                      note="-1 (any negative) means unset: the length comes from train.epochs"),
                Alias("train.steps", "pgs-distill")),
-      doc_defaults={"maxtext": 1000, "pgs-train": None, "pgs-distill": 1000}),
+      doc_defaults={"maxtext": 1000, "pgs-train": None, "pgs-distill": 1000}, status=HONORED),
     K("train_samples", "int", None, "Run length in samples instead of steps; needed by "
-      "rampup_batch_size and exclusive with train_iters.", _MEGATRON, issue=4),
+      "rampup_batch_size and exclusive with train_iters.", _MEGATRON, status=HONORED),
     K("train.epochs", "int", None, "Passes over the training data when no step count is given; "
-      "null leaves the length to train_iters/train_samples.", _PGS, issue=4,
-      doc_defaults={"pgs-train": 1}),
+      "null leaves the length to train_iters/train_samples.", _PGS,
+      doc_defaults={"pgs-train": 1}, status=HONORED),
     K("train.exact_steps", "bool", False, "Count the steps of an epoch by one full pass over the "
-      "data pipeline before training instead of estimating them.", _PGS, issue=4),
+      "data pipeline before training instead of estimating them.", _PGS, issue=None),
 
     # --- batching ---
     K("micro_batch_size", "int", 2, "Batch each data-parallel replica runs through a single "
-      "forward/backward; accumulation stacks several.", _MEGATRON, issue=4,
+      "forward/backward; accumulation stacks several.", _MEGATRON,
       aliases=(Alias("batch_size", _MEGATRON, note="deprecated Megatron spelling"),
                Alias("train.per_device_batch_size", _PGS)),
-      doc_defaults={"pgs-train": 1}),
+      doc_defaults={"pgs-train": 1}, status=HONORED),
     K("global_batch_size", "int", 16, "Sequences per optimizer step over all replicas; "
-      "accumulation steps = global / (micro x data-parallel size).", _MEGATRON, issue=4,
-      doc_defaults={"pgs-train": None, "pgs-distill": None}),
+      "accumulation steps = global / (micro x data-parallel size).", _MEGATRON,
+      doc_defaults={"pgs-train": None, "pgs-distill": None}, status=HONORED),
     K("train.gradient_accumulation_steps", "int", None, "Micro-batches summed per optimizer step; "
-      "null derives it from global_batch_size.", _PGS, issue=4,
-      doc_defaults={"pgs-train": 16}),
+      "null derives it from global_batch_size.", _PGS,
+      doc_defaults={"pgs-train": 16}, status=HONORED),
     K("train.ga_ramp_start", "int", 0, "Start accumulation at this many micro-batches and grow it "
-      "linearly to the full count over the run; 0 keeps it constant.", _PGS, issue=4),
+      "linearly to the full count over the run; 0 keeps it constant.", _PGS, issue=None),
     K("rampup_batch_size", "list[int]|str", None, "Global-batch warm-up as 'start increment "
       "samples': grow from start by increment, reaching the full size after samples.",
-      _MEGATRON, issue=4),
+      _MEGATRON, status=HONORED),
     K("decrease_batch_size_if_needed", "bool", False, "Shrink the global batch to a multiple of "
-      "micro x data-parallel size instead of failing when it does not divide.", _MEGATRON,
-      issue=4),
+      "micro x data-parallel size instead of failing when it does not divide.", _MEGATRON, status=HONORED),
 
     # --- evaluation cadence ---
     K("eval_interval", "int", 1000, "Steps between validation runs during training; null turns "
-      "periodic validation off.", _MEGATRON, issue=4, nullable=True,
+      "periodic validation off.", _MEGATRON, nullable=True,
       aliases=(Alias("data.eval_every", _PGS, to_canonical=_off_if_zero,
                      note="0 means off (null)"),
                Alias("train.eval_every", "pgs-distill", to_canonical=_off_if_zero,
                      note="0 means off (null)")),
-      doc_defaults={"pgs-train": 100, "pgs-distill": 50}),
+      doc_defaults={"pgs-train": 100, "pgs-distill": 50}, issue=6),
     K("eval_iters", "int|list[int]", 0, "Validation batches per validation run (a list gives one "
-      "count per validation set); 0 skips validation.", _MEGATRON, issue=4),
+      "count per validation set); 0 skips validation.", _MEGATRON, issue=6),
     K("full_validation", "bool", False, "Evaluate the whole validation split each time instead of "
-      "eval_iters batches.", _MEGATRON, issue=4, doc_defaults={"pgs-train": True}),
+      "eval_iters batches.", _MEGATRON, doc_defaults={"pgs-train": True}, issue=6),
     K("multiple_validation_sets", "bool", False, "Treat each validation dataset as its own set "
       "and report a separate loss for each.", _MEGATRON, issue=6),
     K("skip_train", "bool", False, "Do no training steps: load, run validation/test and exit.",
-      _MEGATRON, issue=4),
+      _MEGATRON, issue=6),
 
     # --- exits and host/device pacing ---
     K("exit_signal_handler", "bool", False, "On SIGTERM, save a checkpoint at the next step "
-      "boundary and exit cleanly.", _MEGATRON, issue=4),
+      "boundary and exit cleanly.", _MEGATRON, status=HONORED),
     K("exit_duration_in_mins", "int", None, "Save and exit once the run has been going this many "
-      "minutes of wall time.", _MEGATRON, issue=4),
+      "minutes of wall time.", _MEGATRON, status=HONORED),
     K("exit_interval", "int", None, "Save and exit at the first step number divisible by this "
-      "value.", _MEGATRON, issue=4),
+      "value.", _MEGATRON, status=HONORED),
     K("train_sync_interval", "int", None, "Every this many steps, wait for the device to finish "
-      "so the host cannot dispatch too far ahead.", _MEGATRON, issue=4),
+      "so the host cannot dispatch too far ahead.", _MEGATRON, status=INERT, reason="the loop already waits for each step's metrics one step behind, so the host never runs further ahead; a periodic extra wait changes nothing"),
 
     # --- Python garbage collection ---
     K("manual_gc", "bool", False, "Disable Python's automatic GC and collect at fixed steps, so GC "
-      "pauses line up across hosts.", _MEGATRON, issue=4),
+      "pauses line up across hosts.", _MEGATRON, status=HONORED),
     K("manual_gc_interval", "int", 1, "With manual_gc, collect every this many steps (0: only "
-      "around validation).", _MEGATRON, issue=4),
+      "around validation).", _MEGATRON, status=HONORED),
     K("manual_gc_eval", "bool", False, "With manual_gc, also collect before and after each "
-      "validation run.", _MEGATRON, issue=4),
+      "validation run.", _MEGATRON, issue=6),
 
     # --- numerical health checks ---
     K("check_for_nan_in_loss_and_grad", "bool", True, "Stop the run when the loss or the "
-      "gradient norm is NaN or infinite.", _MEGATRON, issue=4),
+      "gradient norm is NaN or infinite.", _MEGATRON, status=HONORED),
     K("check_for_spiky_loss", "bool", False, "Flag steps whose loss is 10x or more the largest "
-      "loss seen in the first 100 steps.", _MEGATRON, issue=4),
+      "loss seen in the first 100 steps.", _MEGATRON, status=HONORED),
     K("check_for_large_grads", "bool", False, "Flag steps whose gradient norm is 10x or more the "
-      "largest seen in the first 100 steps.", _MEGATRON, issue=4),
+      "largest seen in the first 100 steps.", _MEGATRON, status=HONORED),
     K("train.spike_detection", "bool", False, "Skip the update (without advancing the LR "
-      "schedule) when the pre-clip grad norm's z-score is too high.", _PGS, issue=4,
-      doc_defaults={"pgs-train": True}),
+      "schedule) when the pre-clip grad norm's z-score is too high.", _PGS,
+      doc_defaults={"pgs-train": True}, status=HONORED),
     K("train.spike_z_threshold", "float", 5.0, "z-score of the gradient norm above which "
-      "train.spike_detection skips a step.", _PGS, issue=4),
+      "train.spike_detection skips a step.", _PGS, status=HONORED),
 
     # --- seeds and initialization ---
     K("seed", "int", 1234, "Base random seed for parameter init, dropout and data order.",
-      _MEGATRON, issue=4, aliases=(Alias("train.seed", _BOTH_PGS),),
-      doc_defaults={"pgs-train": 42, "pgs-distill": 0}),
+      _MEGATRON, aliases=(Alias("train.seed", _BOTH_PGS),),
+      doc_defaults={"pgs-train": 42, "pgs-distill": 0}, status=HONORED),
     K("data_parallel_random_init", "bool", False, "Megatron: seed each data-parallel rank's "
       "init differently.", _MEGATRON, INERT,
       "JAX creates each parameter once as one global array and draws dropout per example over "
       "the global batch, so there are no per-replica copies to seed apart"),
     K("init_method_xavier_uniform", "bool", False, "Initialize weight matrices with Xavier-uniform "
-      "instead of the normal(init_method_std) default.", _MEGATRON, issue=3),
+      "instead of the normal(init_method_std) default.", _MEGATRON, status=HONORED),
     K("make_vocab_size_divisible_by", "int", 128, "Pad the embedding and output vocabulary up to "
-      "a multiple of this (times the tensor-parallel size).", _MEGATRON, issue=3),
+      "a multiple of this (times the tensor-parallel size).", _MEGATRON, status=HONORED),
 
     # --- kernels ---
     K("use_flash_attn", "bool", True, "Use the fused flash-attention kernel instead of plain "

@@ -1,0 +1,167 @@
+"""The training run: build model, data, optimizer and step from the config, then loop.
+
+``train(cfg)`` expects a config resolved with the world size (the device count). Steps are
+dispatched ahead; each step's metrics are read one step later, so the host never waits on the
+device except to log and check.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxtrain import models
+from jaxtrain.checks import Checks
+from jaxtrain.data.batches import global_batches
+from jaxtrain.data.sources import training_data
+from jaxtrain.logs import run_dir
+from jaxtrain.metrics import Meter, MetricsLog
+from jaxtrain.optim.optimizers import OptimConfig, build_optimizer
+from jaxtrain.optim.schedules import (ScheduleConfig, batch_size_at, make_lr_schedule,
+                                      make_weight_decay_schedule, rampup_train_iters)
+from jaxtrain.step import init_state, make_train_step
+from jaxtrain.train_config import TrainConfig
+
+log = logging.getLogger("jaxtrain.loop")
+
+
+def total_steps(tcfg, num_samples: int) -> int:
+    """Steps of the run: train_iters, train_samples / global batch (with the ramp-up's smaller
+    early batches counted), or pgs epochs."""
+    if tcfg.train_iters is not None:
+        return tcfg.train_iters
+    if tcfg.train_samples is not None:
+        if tcfg.rampup:
+            return rampup_train_iters(tcfg.train_samples, tcfg.global_batch_size, tcfg.rampup)
+        return tcfg.train_samples // tcfg.global_batch_size
+    return tcfg.epochs * max(1, num_samples // tcfg.global_batch_size)
+
+
+class _StopFlag:
+    """SIGTERM sets it (with ``exit_signal_handler``); the loop exits after the current step."""
+
+    def __init__(self, enabled: bool):
+        self.raised = False
+        if enabled:
+            signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.raised = True
+
+
+# pgs's memory.float32_matmul_precision names (PyTorch's) -> JAX's default matmul precision.
+MATMUL_PRECISION = {"highest": "float32", "high": "tensorfloat32", "medium": "bfloat16"}
+
+
+def train(cfg, logger: logging.Logger | None = None) -> dict:
+    """Run training; returns the last metrics row."""
+    logger = logger or log
+    tcfg = TrainConfig.from_config(cfg)
+    precision = jax.config.jax_default_matmul_precision
+    jax.config.update("jax_default_matmul_precision",
+                      MATMUL_PRECISION[cfg["memory.float32_matmul_precision"]])
+    if tcfg.manual_gc:
+        gc.disable()
+    try:
+        return _train(cfg, tcfg, logger)
+    finally:
+        jax.config.update("jax_default_matmul_precision", precision)
+        if tcfg.manual_gc:
+            gc.enable()
+
+
+def _train(cfg, tcfg, logger) -> dict:
+    data = training_data(cfg)
+    model_cfg = models.ModelConfig.from_config({**cfg, "vocab_size": data.vocab_size})
+    steps = total_steps(tcfg, data.num_samples)
+    devices = jax.devices()
+    mesh = Mesh(np.array(devices), ("data",))
+    batch_sharding = NamedSharding(mesh, P(None, "data"))
+    key = jax.random.key(tcfg.seed)
+    params = models.init(model_cfg, jax.random.fold_in(key, 0),
+                         jax.tree.map(lambda _: NamedSharding(mesh, P()),
+                                      models.abstract(model_cfg)))
+    sched_cfg = ScheduleConfig.from_config(cfg, total_steps=steps)
+    schedule = make_lr_schedule(sched_cfg)
+    optimizer = build_optimizer(
+        OptimConfig.from_config(cfg), schedule, models.logical_axes(model_cfg),
+        wd_schedule=make_weight_decay_schedule(sched_cfg),
+        decoupled_lr_schedule=(make_lr_schedule(sched_cfg, decoupled=True)
+                               if sched_cfg.has_decoupled_lr else None))
+    state = init_state(params, optimizer, tcfg, jax.random.fold_in(key, 1))
+    step_fn = jax.jit(make_train_step(model_cfg, tcfg, optimizer, schedule), donate_argnums=0)
+    meter = Meter(model_cfg, params, tcfg.seq_length, devices)
+    directory = run_dir(cfg)
+    metrics_log = MetricsLog(directory, logger, steps, throughput=cfg["log_throughput"])
+    report = _Reporter(Checks(tcfg, logger), meter, metrics_log, tcfg)
+    stop = _StopFlag(tcfg.exit_signal_handler)
+    logger.info("training %s: %d steps of %d x %d tokens on %d %s device(s); %.1fM parameters; "
+                "metrics in %s", data.name, steps, tcfg.global_batch_size, tcfg.seq_length,
+                len(devices), devices[0].platform,
+                sum(x.size for x in jax.tree.leaves(params)) / 1e6, metrics_log.path)
+
+    start, pending = time.perf_counter(), None
+    sizes = None
+    if tcfg.rampup:
+        sizes = functools.partial(batch_size_at, global_batch_size=tcfg.global_batch_size,
+                                  rampup=tcfg.rampup,
+                                  micro_times_dp=tcfg.micro_batch_size * tcfg.data_parallel_size,
+                                  decrease_if_needed=tcfg.decrease_batch_size_if_needed)
+    batches = global_batches(data, tcfg, seed=tcfg.seed, batch_size=sizes)
+    for it in range(1, steps + 1):
+        host = next(batches)
+        batch = jax.device_put({k: jnp.asarray(v) for k, v in host.items()}, batch_sharding)
+        t0 = time.perf_counter()
+        state, metrics = step_fn(state, batch)
+        if pending is not None:
+            report.finish(*pending)
+        pending = (it, metrics, t0, host["tokens"].size)
+        if tcfg.manual_gc and tcfg.manual_gc_interval and it % tcfg.manual_gc_interval == 0:
+            gc.collect()
+        elapsed_min = (time.perf_counter() - start) / 60
+        if tcfg.exit_interval and it % tcfg.exit_interval == 0:
+            logger.info("exit_interval %d reached at step %d", tcfg.exit_interval, it)
+            break
+        if tcfg.exit_duration_in_mins and elapsed_min >= tcfg.exit_duration_in_mins:
+            logger.info("exit_duration_in_mins %s reached at step %d", tcfg.exit_duration_in_mins,
+                        it)
+            break
+        if stop.raised:
+            logger.info("SIGTERM: stopping after step %d", it)
+            break
+    report.finish(*pending, force=True)
+    return report.last_row
+
+
+class _Reporter:
+    """Checks each step's metrics (waiting for them) and logs every log_interval steps.
+
+    A step's time runs from when the device could start it (its dispatch, or the previous
+    step's completion if later) to its completion.
+    """
+
+    def __init__(self, checks, meter, metrics_log, tcfg):
+        self.checks, self.meter, self.log, self.tcfg = checks, meter, metrics_log, tcfg
+        self.last_done, self.last_row = 0.0, None
+
+    def finish(self, it: int, metrics: dict, dispatched: float, tokens: int,
+               force: bool = False):
+        values = jax.device_get(metrics)
+        done = time.perf_counter()
+        step_time, self.last_done = done - max(dispatched, self.last_done), done
+        self.checks(it, values)
+        if it % self.tcfg.log_interval and it != 1 and not force:
+            return
+        row = {"step": it, **{k: (v.item() if hasattr(v, "item") else v)
+                              for k, v in values.items()},
+               "global_batch_size": tokens // self.tcfg.seq_length,
+               **self.meter.row(step_time, float(tokens))}
+        self.log.write(row)
+        self.last_row = row

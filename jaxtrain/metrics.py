@@ -1,0 +1,110 @@
+"""Throughput accounting and the metrics rows: console lines and ``metrics.jsonl``.
+
+Model FLOPs per token (Megatron's convention, no causal discount, no recompute counted):
+
+    6 * N_matmul + 12 * L * T * (heads * head_dim)
+
+N_matmul counts the weights of every matrix multiply (attention, MLP and the output layer;
+an embedding lookup is not a matmul, a tied output layer is); the second term is the
+attention scores and weighted sum, forward and backward, for sequence length T. TFLOP/s per
+device = FLOPs per token x tokens per second / devices; MFU = that / the device's peak.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import time
+
+import jax
+import numpy as np
+
+# Dense bf16 peak TFLOP/s per device, by jax device_kind substring.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "MI300X": 1307.0, "MI325X": 1307.0,
+               "MI355X": 2500.0, "B200": 2250.0, "L40S": 362.0}
+
+
+def flop_terms(model_cfg, params) -> tuple[float, float]:
+    """(6 * N_matmul, 12 * L * heads * head_dim): FLOPs per token is the first plus the second
+    times the sequence length (the module docstring's formula)."""
+    n_matmul = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        name = jax.tree_util.keystr(path)
+        if leaf.ndim < 2 or "norm" in name or "position_embedding" in name:
+            continue
+        if "'embedding'" in name and model_cfg.untie_embeddings_and_output_weights:
+            continue
+        n_matmul += math.prod(leaf.shape)
+    attn = 12 * model_cfg.num_layers * model_cfg.num_attention_heads * model_cfg.head_dim
+    return 6.0 * n_matmul, float(attn)
+
+
+def peak_tflops(device) -> float | None:
+    kind = getattr(device, "device_kind", "")
+    for name, peak in PEAK_TFLOPS.items():
+        if name.lower() in kind.lower():
+            return peak
+    return None
+
+
+def device_memory_gib(device) -> float | None:
+    """Peak bytes in use on the device, where the backend reports it (GPUs do; CPUs don't)."""
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - backends without memory stats raise various errors
+        return None
+    peak = stats.get("peak_bytes_in_use") or stats.get("bytes_in_use")
+    return peak / 2**30 if peak else None
+
+
+class Meter:
+    """Turns step times and token counts into the throughput columns of a metrics row."""
+
+    def __init__(self, model_cfg, params, seq_length: int, devices, peak: float | None = None):
+        dense, attn = flop_terms(model_cfg, params)
+        self.flops_per_token = dense + attn * seq_length
+        self.devices = list(devices)
+        self.peak = peak if peak is not None else peak_tflops(self.devices[0])
+
+    def row(self, step_time_s: float, tokens: float) -> dict:
+        tokens_per_s = tokens / step_time_s
+        tflops = self.flops_per_token * tokens_per_s / len(self.devices) / 1e12
+        return {"step_time_s": step_time_s, "tokens_per_s": tokens_per_s,
+                "tflops_per_device": tflops,
+                "mfu": tflops / self.peak if self.peak else None,
+                "memory_gib": device_memory_gib(self.devices[0])}
+
+
+class MetricsLog:
+    """Appends one JSON row per logged step to ``metrics.jsonl`` and prints a console line."""
+
+    def __init__(self, directory: pathlib.Path, logger, total_steps: int | None,
+                 throughput: bool = True):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "metrics.jsonl"
+        self.logger, self.total, self.throughput = logger, total_steps, throughput
+        self.start = time.perf_counter()
+
+    def write(self, row: dict):
+        clean = {k: (float(v) if isinstance(v, (np.floating, np.integer, float)) and
+                     not isinstance(v, bool) else v) for k, v in row.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+        self.logger.info(self._line(clean))
+
+    def _line(self, r: dict) -> str:
+        parts = [f"step {r['step']}" + (f"/{self.total}" if self.total else ""),
+                 f"loss {r['loss']:.4f}", f"lr {r['lr']:.3e}", f"grad_norm {r['grad_norm']:.3f}",
+                 f"step {r['step_time_s'] * 1e3:.0f} ms"]
+        if self.throughput:
+            parts += [f"{r['tokens_per_s']:.0f} tok/s", f"{r['tflops_per_device']:.3f} TFLOP/s/dev"]
+            if r.get("mfu") is not None:
+                parts.append(f"MFU {100 * r['mfu']:.1f}%")
+        if r.get("memory_gib") is not None:
+            parts.append(f"mem {r['memory_gib']:.2f} GiB")
+        if r.get("skipped"):
+            parts.append("SKIPPED")
+        if self.total and r["step"] > 0:
+            left = (time.perf_counter() - self.start) / r["step"] * (self.total - r["step"])
+            parts.append(f"ETA {left / 60:.1f} min")
+        return " | ".join(parts)

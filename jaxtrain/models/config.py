@@ -1,0 +1,326 @@
+"""`ModelConfig`: the architecture of a dense decoder, named after the Megatron/MaxText knobs.
+
+Research code builds one by hand; the trainer builds one from the resolved flat config with
+:meth:`ModelConfig.from_config`. ``None`` sizes are derived in ``__post_init__`` the way Megatron
+derives them, so the stored config is always complete.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+from jaxtrain.models.remat import REMAT_POLICIES
+
+POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
+ROPE_TYPES = ("rope", "yarn")
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "quick_gelu", "squared_relu", "relu")
+RECOMPUTE_METHODS = ("uniform", "block")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+REMAT_TENSOR_MODES = ("remat", "device", "offload")
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16"}
+
+
+def dtype_name(value: Any) -> str:
+    """A canonical dtype name ('float32', 'bfloat16', 'float16') for a name or a numpy dtype."""
+    name = jnp.dtype(value).name if not isinstance(value, str) else value.lower()
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {value!r}; use one of {sorted(set(_DTYPES.values()))}")
+    return _DTYPES[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture, numerics and layer-stack knobs of a dense decoder-only LM."""
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    num_query_groups: int | None = None        # None: multi-head attention (= heads)
+    kv_channels: int | None = None             # head dim; None: hidden_size // heads
+    ffn_hidden_size: int | None = None         # None: 4h, or Megatron's swiglu 8h/3 rounded to 64
+    vocab_size: int = 128
+    max_position_embeddings: int = 2048
+
+    position_embedding_type: str = "rope"
+    rotary_base: float = 10000.0
+    rotary_percent: float = 1.0
+    rotary_interleaved: bool = False
+    rotary_seq_len_interpolation_factor: float | None = None
+    use_rope_scaling: bool = False             # Llama-3.1 frequency scaling
+    rope_scaling_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None   # None: 8192 (llama3) / 4096 (yarn)
+    rope_type: str = "rope"
+    yarn_scaling_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_mscale: float = 1.0
+    yarn_mscale_all_dim: float = 0.0
+    yarn_truncate: bool = True
+
+    normalization: str = "RMSNorm"
+    norm_epsilon: float = 1e-5
+    apply_layernorm_1p: bool = False
+    qk_layernorm: bool = False
+    qk_l2_norm: bool = False
+
+    activation: str = "silu"
+    gated_linear_unit: bool = True
+    add_bias_linear: bool = False
+    add_qkv_bias: bool = False
+
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    untie_embeddings_and_output_weights: bool = True
+    fp32_residual_connection: bool = False
+    apply_residual_connection_post_layernorm: bool = False
+    init_method_std: float = 0.02
+    init_method_xavier_uniform: bool = False
+    apply_query_key_layer_scaling: bool = False
+    attention_softmax_in_fp32: bool = True
+    sliding_window: int | None = None
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+
+    dtype: str = "float32"
+    weight_dtype: str = "float32"
+    logits_dot_in_fp32: bool = False
+    use_iota_embed: bool = False
+
+    scan_layers: bool = True
+    param_scan_axis: int = 1
+    remat_policy: str = "none"
+    remat_tensors: tuple[tuple[str, str], ...] = ()   # remat_policy='custom': (name, mode) pairs
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    recompute_layer_ids: tuple[int, ...] | None = None
+    recompute_modules: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        def put(name, value):
+            object.__setattr__(self, name, value)
+
+        h, n = self.hidden_size, self.num_attention_heads
+        if self.num_query_groups is None:
+            put("num_query_groups", n)
+        if self.kv_channels is None:
+            if h % n:
+                raise ValueError(f"hidden_size {h} is not divisible by num_attention_heads {n}; "
+                                 "set kv_channels")
+            put("kv_channels", h // n)
+        if self.ffn_hidden_size is None:
+            ffn = int(4 * h * 2 / 3 / 64) * 64 if self.gated_linear_unit else 4 * h
+            put("ffn_hidden_size", ffn)
+        if self.original_max_position_embeddings is None:
+            put("original_max_position_embeddings", 4096 if self.rope_type == "yarn" else 8192)
+        put("dtype", dtype_name(self.dtype))
+        put("weight_dtype", dtype_name(self.weight_dtype))
+        put("remat_tensors", tuple(tuple(t) for t in self.remat_tensors))
+        put("recompute_modules", tuple(self.recompute_modules))
+        if self.recompute_layer_ids is not None:
+            put("recompute_layer_ids", tuple(int(i) for i in self.recompute_layer_ids))
+        self._validate()
+
+    def _validate(self):
+        def check(ok, field, msg):
+            if not ok:
+                raise ValueError(f"ModelConfig.{field}: {msg}")
+
+        def choice(field, allowed):
+            check(getattr(self, field) in allowed, field,
+                  f"{getattr(self, field)!r} is not one of {allowed}")
+
+        choice("position_embedding_type", POSITION_EMBEDDINGS)
+        choice("rope_type", ROPE_TYPES)
+        choice("normalization", NORMALIZATIONS)
+        choice("activation", ACTIVATIONS)
+        check(self.num_attention_heads % self.num_query_groups == 0, "num_query_groups",
+              f"{self.num_query_groups} does not divide num_attention_heads "
+              f"{self.num_attention_heads}")
+        check(self.rotary_dim % 2 == 0, "rotary_percent",
+              f"kv_channels*rotary_percent = {self.rotary_dim} must be even")
+        check(0 < self.rotary_percent <= 1, "rotary_percent", "must be in (0, 1]")
+        check(not (self.qk_layernorm and self.qk_l2_norm), "qk_l2_norm",
+              "qk_layernorm and qk_l2_norm are exclusive")
+        check(not (self.use_rope_scaling and self.rope_type == "yarn"), "use_rope_scaling",
+              "Llama-3 rope scaling and rope_type='yarn' are exclusive")
+        check(self.sliding_window is None or self.sliding_window > 0, "sliding_window",
+              "must be a positive number of tokens or None")
+        check(self.param_scan_axis in (0, 1), "param_scan_axis", "must be 0 or 1")
+        choice("remat_policy", REMAT_POLICIES)
+        for name, mode in self.remat_tensors:
+            check(mode in REMAT_TENSOR_MODES, "remat_tensors",
+                  f"{name}={mode!r} is not one of {REMAT_TENSOR_MODES}")
+        check(self.remat_policy != "custom" or self.remat_tensors, "remat_tensors",
+              "remat_policy='custom' needs per-tensor remat/device/offload entries")
+        check(self.recompute_method in (None,) + RECOMPUTE_METHODS, "recompute_method",
+              f"{self.recompute_method!r} is not one of {RECOMPUTE_METHODS}")
+        if self.recompute_method is not None:
+            check(self.recompute_num_layers is not None and self.recompute_num_layers > 0,
+                  "recompute_num_layers", "recompute_method needs a positive layer count")
+            check(self.recompute_layer_ids is None, "recompute_layer_ids",
+                  "exclusive with recompute_method")
+        if self.recompute_method is not None or self.recompute_layer_ids is not None:
+            check(self.remat_policy != "none", "remat_policy",
+                  "recompute_method/recompute_layer_ids pick layers to remat; the policy is 'none'")
+        for i in self.recompute_layer_ids or ():
+            check(0 <= i < self.num_layers, "recompute_layer_ids", f"layer {i} out of range")
+        for m in self.recompute_modules:
+            check(m in RECOMPUTE_MODULES, "recompute_modules",
+                  f"{m!r} is not a dense-model module {RECOMPUTE_MODULES} (MoE/MLA modules "
+                  "need the MoE/MLA model)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_query_groups
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.kv_channels * self.rotary_percent)
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def param_dtype(self):
+        return jnp.dtype(self.weight_dtype)
+
+    @property
+    def residual_dtype(self):
+        return jnp.dtype("float32") if self.fp32_residual_connection else self.compute_dtype
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
+        """Build from a resolved flat config (canonical knob keys); missing keys take defaults.
+
+        Defaults are Megatron's (Primus) where Megatron has the knob. ``dtype`` wins over
+        ``bf16``/``fp16`` when present. A Megatron ``recompute_granularity`` wins over
+        ``remat_policy``.
+        """
+        g = cfg.get
+        h = g("hidden_size", 1024)
+        heads = g("num_attention_heads", 16)
+        groups = g("num_query_groups") if g("group_query_attention", False) else None
+        flags = [k for k in ("swiglu", "quick_geglu", "openai_gelu", "squared_relu")
+                 if g(k, k == "swiglu")]
+        if len(flags) > 1:
+            raise ValueError(f"activation knobs {flags} are exclusive; set only one")
+        activation, gated = {
+            "swiglu": ("silu", True), "quick_geglu": ("quick_gelu", True),
+            "openai_gelu": ("gelu_tanh", False), "squared_relu": ("squared_relu", False),
+        }.get(flags[0] if flags else None, ("gelu", False))
+
+        vocab = g("vocab_size")
+        if vocab is None:
+            raise ValueError("vocab_size is unset; set it or let the tokenizer supply it")
+        multiple = g("make_vocab_size_divisible_by", 128) * g("tensor_model_parallel_size", 1)
+        vocab = int(math.ceil(vocab / multiple) * multiple)
+
+        pos = g("position_embedding_type", "learned_absolute")
+        if g("use_rotary_position_embeddings"):
+            pos = "rope"
+        norm = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}.get(
+            str(g("normalization", "LayerNorm")).lower(), g("normalization"))
+
+        if "dtype" in cfg:
+            dtype = g("dtype")
+        else:
+            dtype = "float16" if g("fp16", False) else "bfloat16" if g("bf16", True) else "float32"
+
+        backend_unfused = g("attention_backend", "auto") in ("unfused", "local")
+        softmax_fp32 = (g("attention_softmax_in_fp32", False) or not backend_unfused
+                        or g("apply_query_key_layer_scaling", False))
+
+        remat, method, nlayers, layer_ids, modules = _recompute(cfg)
+        custom = tuple((name, g(name)) for name in _REMAT_TENSOR_NAMES if g(name) is not None)
+        rope_type = g("rope_type") or "rope"
+
+        return cls(
+            num_layers=g("num_layers", 24), hidden_size=h, num_attention_heads=heads,
+            num_query_groups=groups, kv_channels=g("kv_channels"),
+            ffn_hidden_size=g("ffn_hidden_size"), vocab_size=vocab,
+            max_position_embeddings=g("max_position_embeddings") or g("seq_length", 4096),
+            position_embedding_type=pos, rotary_base=float(g("rotary_base", 10000)),
+            rotary_percent=float(g("rotary_percent", 1.0)),
+            rotary_interleaved=g("rotary_interleaved", False),
+            rotary_seq_len_interpolation_factor=g("rotary_seq_len_interpolation_factor"),
+            use_rope_scaling=g("use_rope_scaling", False),
+            rope_scaling_factor=float(g("rope_scaling_factor", 8.0)),
+            original_max_position_embeddings=g("original_max_position_embeddings"),
+            rope_type=rope_type, yarn_scaling_factor=float(g("rotary_scaling_factor", 1.0)),
+            yarn_mscale=float(g("mscale", 1.0)),
+            yarn_mscale_all_dim=float(g("mscale_all_dim", 1.0)),
+            normalization=norm, norm_epsilon=float(g("norm_epsilon", 1e-5)),
+            apply_layernorm_1p=g("apply_layernorm_1p", False),
+            qk_layernorm=g("qk_layernorm", False), qk_l2_norm=g("qk_l2_norm", False),
+            activation=activation, gated_linear_unit=gated,
+            add_bias_linear=g("add_bias_linear", False),
+            add_qkv_bias=g("add_qkv_bias", False) or g("add_bias_linear", False),
+            hidden_dropout=float(g("hidden_dropout", 0.1)),
+            attention_dropout=float(g("attention_dropout", 0.1)),
+            untie_embeddings_and_output_weights=g("untie_embeddings_and_output_weights", True),
+            fp32_residual_connection=g("fp32_residual_connection", False),
+            apply_residual_connection_post_layernorm=g(
+                "apply_residual_connection_post_layernorm", False),
+            init_method_std=float(g("init_method_std", 0.02)),
+            init_method_xavier_uniform=g("init_method_xavier_uniform", False),
+            apply_query_key_layer_scaling=g("apply_query_key_layer_scaling", False),
+            attention_softmax_in_fp32=softmax_fp32,
+            sliding_window=g("sliding_window_size") or None,
+            final_logit_softcapping=g("final_logit_softcapping") or None,
+            attn_logit_softcapping=g("attn_logit_softcapping") or None,
+            dtype=dtype, weight_dtype=g("weight_dtype", "float32"),
+            logits_dot_in_fp32=g("logits_dot_in_fp32", False),
+            use_iota_embed=g("use_iota_embed", False), scan_layers=g("scan_layers", True),
+            param_scan_axis=g("param_scan_axis", 1), remat_policy=remat, remat_tensors=custom,
+            recompute_method=method, recompute_num_layers=nlayers,
+            recompute_layer_ids=layer_ids, recompute_modules=modules,
+        )
+
+
+_REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",
+                       "qkv_proj", "context", "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo")
+
+
+def _recompute(cfg: Mapping[str, Any]):
+    """(remat_policy, method, num_layers, layer_ids, modules) from MaxText or Megatron knobs."""
+    g = cfg.get
+    granularity = g("recompute_granularity")
+    if granularity is None and g("recompute_activations"):
+        granularity = "selective"
+    if granularity is None:
+        policy = g("remat_policy", "none")
+        return ("none" if policy in (None, "") else policy), None, None, None, ()
+    if granularity == "selective":
+        if g("recompute_method") is not None or g("recompute_num_layers") is not None:
+            raise ValueError("recompute_granularity='selective' takes no recompute_method or "
+                             "recompute_num_layers")
+        modules = g("recompute_modules") or ["core_attn"]
+        return "none", None, None, None, tuple(modules)
+    if granularity != "full":
+        raise ValueError(f"recompute_granularity={granularity!r} is not 'full' or 'selective'")
+    ids = g("recompute_layer_ids")
+    if ids is not None:
+        if g("recompute_method") is not None:
+            raise ValueError("recompute_layer_ids needs recompute_method null")
+        return "full", None, None, tuple(ids), ()
+    method = g("recompute_method")
+    if method is None:
+        raise ValueError("recompute_granularity='full' needs recompute_method "
+                         "('uniform' or 'block') or recompute_layer_ids")
+    return "full", method, g("recompute_num_layers"), None, ()

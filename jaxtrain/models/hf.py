@@ -1,0 +1,489 @@
+"""Hugging Face checkpoints: ``from_hf`` reads, ``to_hf`` writes (config.json + safetensors).
+
+Families: Llama (2, 3.x with llama3 rope scaling), Mistral (sliding window), Qwen2 (qkv bias),
+Qwen3 (qk norm), GPT-2 (learned positions, LayerNorm, biases, Conv1D weights stored [in, out]).
+A config.json value these models cannot reproduce raises ``ValueError`` naming the field; a
+checkpoint tensor that nothing consumes raises too. Neither direction needs torch.
+
+Legend: D hidden, N query heads, K kv heads, H head dim, F ffn hidden, V vocab.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jaxtrain.models.config import ModelConfig
+from jaxtrain.models.layers import yarn_attention_factor
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+_LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+_HF_ACT = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+           "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu",
+           "quick_gelu": "quick_gelu"}
+_ACT_HF = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu",
+           "quick_gelu": "quick_gelu"}
+_IGNORED_TENSORS = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
+
+
+def _bad(field: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"config.json {field}={value!r}: {why}")
+
+
+# ---------------------------------------------------------------- config.json -> ModelConfig
+
+def config_from_hf(hf: dict, **overrides) -> ModelConfig:
+    """ModelConfig for an HF config.json dict; ``overrides`` replace fields (e.g. dtype)."""
+    family = hf.get("model_type")
+    if family not in FAMILIES:
+        raise _bad("model_type", family, f"supported families are {FAMILIES}")
+    fields = _gpt2_fields(hf) if family == "gpt2" else _llama_fields(hf, family)
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def _llama_fields(hf: dict, family: str) -> dict:
+    act = hf.get("hidden_act", "silu")
+    if act not in _HF_ACT:
+        raise _bad("hidden_act", act, f"supported values are {sorted(_HF_ACT)}")
+    heads = hf["num_attention_heads"]
+    fields = dict(
+        num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
+        num_attention_heads=heads, num_query_groups=hf.get("num_key_value_heads") or heads,
+        kv_channels=hf.get("head_dim") or hf["hidden_size"] // heads,
+        ffn_hidden_size=hf["intermediate_size"], vocab_size=hf["vocab_size"],
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        position_embedding_type="rope", normalization="RMSNorm",
+        norm_epsilon=hf.get("rms_norm_eps", 1e-6), activation=_HF_ACT[act],
+        gated_linear_unit=True, hidden_dropout=0.0,
+        attention_dropout=float(hf.get("attention_dropout", 0.0)),
+        untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
+        init_method_std=hf.get("initializer_range", 0.02), qk_layernorm=family == "qwen3",
+        sliding_window=_sliding_window(hf, family),
+    )
+    if family == "llama":
+        attn_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
+        if attn_bias != mlp_bias:
+            raise _bad("attention_bias", attn_bias, f"differs from mlp_bias={mlp_bias}; jaxtrain "
+                       "has biases on all linears (add_bias_linear) or on qkv only")
+        fields["add_bias_linear"] = attn_bias
+    elif family == "qwen2":
+        fields["add_qkv_bias"] = True
+    elif family == "qwen3" and hf.get("attention_bias", False):
+        raise _bad("attention_bias", True, "Qwen3 biases on q/k/v/o without MLP biases are not "
+                   "supported")
+    fields.update(_rope_fields(hf))
+    return fields
+
+
+def _sliding_window(hf: dict, family: str) -> int | None:
+    if family == "llama":
+        return None
+    window = hf.get("sliding_window")
+    if family == "mistral":
+        return window or None
+    if not hf.get("use_sliding_window", False) or window is None:
+        types = hf.get("layer_types")
+        if types and any(t != "full_attention" for t in types):
+            raise _bad("layer_types", types, "only full_attention is supported without "
+                       "use_sliding_window")
+        return None
+    n, first = hf["num_hidden_layers"], hf.get("max_window_layers", 28)
+    types = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
+                                      for i in range(n)]
+    if all(t == "sliding_attention" for t in types):
+        return window
+    if all(t == "full_attention" for t in types):
+        return None
+    raise _bad("layer_types", types, "a mix of sliding and full attention layers is not "
+               "supported (one window for all layers)")
+
+
+def _rope_fields(hf: dict) -> dict:
+    rp = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    if rp and all(isinstance(v, dict) for v in rp.values()):
+        raise _bad("rope_parameters", rp, "per-layer-type RoPE parameters are not supported")
+    theta = rp.get("rope_theta", hf.get("rope_theta", 10000.0))
+    partial = rp.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise _bad("partial_rotary_factor", partial, "this family rotates the full head")
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    fields: dict[str, Any] = {"rotary_base": float(theta)}
+    original = hf.get("original_max_position_embeddings",
+                      rp.get("original_max_position_embeddings",
+                             hf.get("max_position_embeddings")))
+    if kind == "default":
+        return fields
+    if kind == "linear":
+        fields["rotary_seq_len_interpolation_factor"] = float(rp["factor"])
+    elif kind == "llama3":
+        fields.update(use_rope_scaling=True, rope_scaling_factor=float(rp["factor"]),
+                      rope_low_freq_factor=float(rp["low_freq_factor"]),
+                      rope_high_freq_factor=float(rp["high_freq_factor"]),
+                      original_max_position_embeddings=int(original))
+    elif kind == "yarn":
+        factor = rp.get("factor") or hf["max_position_embeddings"] / original
+        mscale, mscale_all = rp.get("mscale"), rp.get("mscale_all_dim")
+        if not (mscale and mscale_all):
+            mscale, mscale_all = 1.0, 0.0
+        explicit = rp.get("attention_factor")
+        if explicit is not None and not math.isclose(
+                explicit, yarn_attention_factor(factor, mscale, mscale_all), rel_tol=1e-9):
+            if factor <= 1:
+                raise _bad("rope_parameters.attention_factor", explicit,
+                           "YaRN with factor <= 1 has attention factor 1")
+            mscale, mscale_all = (explicit - 1) / (0.1 * math.log(factor)), 0.0
+        fields.update(rope_type="yarn", yarn_scaling_factor=float(factor),
+                      original_max_position_embeddings=int(original),
+                      yarn_beta_fast=float(rp.get("beta_fast") or 32),
+                      yarn_beta_slow=float(rp.get("beta_slow") or 1),
+                      yarn_mscale=float(mscale), yarn_mscale_all_dim=float(mscale_all),
+                      yarn_truncate=bool(rp.get("truncate", True)))
+    else:
+        raise _bad("rope_parameters.rope_type", kind,
+                   "supported RoPE types are default, linear, llama3 and yarn")
+    return fields
+
+
+def _gpt2_fields(hf: dict) -> dict:
+    act = hf.get("activation_function", "gelu_new")
+    if act not in _HF_ACT:
+        raise _bad("activation_function", act, f"supported values are {sorted(_HF_ACT)}")
+    for field, ok in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                      ("add_cross_attention", False)):
+        if hf.get(field, ok) != ok:
+            raise _bad(field, hf[field], f"only {ok} is supported")
+    resid, emb = hf.get("resid_pdrop", 0.1), hf.get("embd_pdrop", 0.1)
+    if resid != emb:
+        raise _bad("embd_pdrop", emb, f"differs from resid_pdrop={resid}; jaxtrain has one "
+                   "hidden_dropout")
+    d = hf["n_embd"]
+    return dict(
+        num_layers=hf["n_layer"], hidden_size=d, num_attention_heads=hf["n_head"],
+        ffn_hidden_size=hf.get("n_inner") or 4 * d, vocab_size=hf["vocab_size"],
+        max_position_embeddings=hf.get("n_positions", 1024),
+        position_embedding_type="learned_absolute", normalization="LayerNorm",
+        norm_epsilon=hf.get("layer_norm_epsilon", 1e-5), activation=_HF_ACT[act],
+        gated_linear_unit=False, add_bias_linear=True, add_qkv_bias=True,
+        hidden_dropout=float(resid), attention_dropout=float(hf.get("attn_pdrop", 0.1)),
+        untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", True),
+        init_method_std=hf.get("initializer_range", 0.02),
+    )
+
+
+# ---------------------------------------------------------------- reading tensors
+
+def _read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    tensors = {}
+    for name in files:
+        with safe_open(path / name, framework="numpy") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    return tensors
+
+
+class _Tensors:
+    """Checkpoint tensors taken one by one; ``done()`` rejects any left unconsumed."""
+
+    def __init__(self, tensors: dict):
+        self.left = dict(tensors)
+
+    def __call__(self, name: str) -> np.ndarray:
+        if name not in self.left:
+            raise ValueError(f"checkpoint has no tensor {name!r}")
+        return self.left.pop(name)
+
+    def drop(self, name: str):
+        self.left.pop(name, None)
+
+    def done(self):
+        rest = [k for k in self.left if not k.endswith(_IGNORED_TENSORS)]
+        if rest:
+            raise ValueError(f"checkpoint tensors not used by the model: {sorted(rest)[:8]}")
+
+
+def from_hf(path, **overrides) -> tuple[ModelConfig, dict]:
+    """(ModelConfig, params) from a local HF directory (config.json + *.safetensors)."""
+    path = pathlib.Path(path)
+    hf = json.loads((path / "config.json").read_text())
+    cfg = config_from_hf(hf, **overrides)
+    t = _Tensors(_read_tensors(path))
+    params = (_gpt2_params if hf["model_type"] == "gpt2" else _llama_params)(t, cfg)
+    t.done()
+    return cfg, jax.tree.map(lambda a: jnp.asarray(np.asarray(a, cfg.param_dtype)), params)
+
+
+def _layers(make, cfg) -> dict:
+    """Per-layer numpy trees stacked on ``param_scan_axis``."""
+    per_layer = [make(i) for i in range(cfg.num_layers)]
+    return jax.tree.map(lambda *xs: np.stack(xs, cfg.param_scan_axis), *per_layer)
+
+
+def _llama_params(t: _Tensors, cfg) -> dict:
+    D, N, K, H = cfg.hidden_size, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
+    bias = cfg.add_qkv_bias or cfg.add_bias_linear
+
+    def layer(i):
+        pre = f"model.layers.{i}."
+        w = lambda n: t(pre + n + ".weight").T  # noqa: E731  HF Linear [out, in] -> [in, out]
+        attn = {"wq": w("self_attn.q_proj").reshape(D, N, H),
+                "wk": w("self_attn.k_proj").reshape(D, K, H),
+                "wv": w("self_attn.v_proj").reshape(D, K, H),
+                "wo": w("self_attn.o_proj").reshape(N, H, D)}
+        if bias:
+            attn.update(bq=t(pre + "self_attn.q_proj.bias").reshape(N, H),
+                        bk=t(pre + "self_attn.k_proj.bias").reshape(K, H),
+                        bv=t(pre + "self_attn.v_proj.bias").reshape(K, H))
+        if cfg.qk_layernorm:
+            attn["q_norm"] = {"scale": t(pre + "self_attn.q_norm.weight")}
+            attn["k_norm"] = {"scale": t(pre + "self_attn.k_norm.weight")}
+        mlp = {"wi_0": w("mlp.gate_proj"), "wi_1": w("mlp.up_proj"), "wo": w("mlp.down_proj")}
+        if cfg.add_bias_linear:
+            attn["bo"] = t(pre + "self_attn.o_proj.bias")
+            mlp.update(bi_0=t(pre + "mlp.gate_proj.bias"), bi_1=t(pre + "mlp.up_proj.bias"),
+                       bo=t(pre + "mlp.down_proj.bias"))
+        return {"attn_norm": {"scale": t(pre + "input_layernorm.weight")}, "attn": attn,
+                "mlp_norm": {"scale": t(pre + "post_attention_layernorm.weight")}, "mlp": mlp}
+
+    params = {"embedding": t("model.embed_tokens.weight"), "layers": _layers(layer, cfg),
+              "final_norm": {"scale": t("model.norm.weight")}}
+    if cfg.untie_embeddings_and_output_weights:
+        params["output"] = t("lm_head.weight").T
+    else:
+        t.drop("lm_head.weight")
+    return params
+
+
+def _gpt2_params(t: _Tensors, cfg) -> dict:
+    D, N, H = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    pre = "transformer." if any(k.startswith("transformer.") for k in t.left) else ""
+
+    def ln(name):
+        return {"scale": t(name + ".weight"), "bias": t(name + ".bias")}
+
+    def layer(i):
+        p = f"{pre}h.{i}."
+        wq, wk, wv = np.split(t(p + "attn.c_attn.weight"), 3, axis=1)   # Conv1D: [in, out]
+        bq, bk, bv = np.split(t(p + "attn.c_attn.bias"), 3)
+        attn = {"wq": wq.reshape(D, N, H), "wk": wk.reshape(D, N, H), "wv": wv.reshape(D, N, H),
+                "bq": bq.reshape(N, H), "bk": bk.reshape(N, H), "bv": bv.reshape(N, H),
+                "wo": t(p + "attn.c_proj.weight").reshape(N, H, D), "bo": t(p + "attn.c_proj.bias")}
+        mlp = {"wi": t(p + "mlp.c_fc.weight"), "bi": t(p + "mlp.c_fc.bias"),
+               "wo": t(p + "mlp.c_proj.weight"), "bo": t(p + "mlp.c_proj.bias")}
+        return {"attn_norm": ln(p + "ln_1"), "attn": attn, "mlp_norm": ln(p + "ln_2"), "mlp": mlp}
+
+    params = {"embedding": t(pre + "wte.weight"), "position_embedding": t(pre + "wpe.weight"),
+              "layers": _layers(layer, cfg), "final_norm": ln(pre + "ln_f")}
+    if cfg.untie_embeddings_and_output_weights:
+        params["output"] = t("lm_head.weight").T
+    else:
+        t.drop("lm_head.weight")
+    return params
+
+
+# ---------------------------------------------------------------- export
+
+def hf_family(cfg: ModelConfig) -> str:
+    """The HF family that reproduces ``cfg`` most directly."""
+    if cfg.position_embedding_type == "learned_absolute":
+        return "gpt2"
+    if cfg.qk_layernorm:
+        return "qwen3"
+    if cfg.add_qkv_bias and not cfg.add_bias_linear:
+        return "qwen2"
+    return "mistral" if cfg.sliding_window else "llama"
+
+
+def _check_exportable(cfg: ModelConfig, family: str):
+    llama = family in _LLAMA_LIKE
+    qkv_only = cfg.add_qkv_bias and not cfg.add_bias_linear
+    problems = {
+        "position_embedding_type": cfg.position_embedding_type != ("rope" if llama else
+                                                                   "learned_absolute"),
+        "normalization": cfg.normalization != ("RMSNorm" if llama else "LayerNorm"),
+        "gated_linear_unit": cfg.gated_linear_unit != llama,
+        "activation": cfg.activation not in _ACT_HF,
+        "rotary_percent": llama and cfg.rotary_percent != 1.0,
+        "rotary_seq_len_interpolation_factor": bool(cfg.rotary_seq_len_interpolation_factor)
+        and (cfg.use_rope_scaling or cfg.rope_type == "yarn"),
+        "qk_l2_norm": cfg.qk_l2_norm,
+        "qk_layernorm": cfg.qk_layernorm != (family == "qwen3"),
+        "attn_logit_softcapping": bool(cfg.attn_logit_softcapping),
+        "final_logit_softcapping": bool(cfg.final_logit_softcapping),
+        "apply_residual_connection_post_layernorm": cfg.apply_residual_connection_post_layernorm,
+        "sliding_window": bool(cfg.sliding_window) and family in ("llama", "gpt2"),
+        "add_bias_linear": cfg.add_bias_linear != (family == "gpt2") and family != "llama",
+        "add_qkv_bias": qkv_only != (family == "qwen2"),
+        "num_query_groups": family == "gpt2" and cfg.num_kv_heads != cfg.num_attention_heads,
+        "kv_channels": family == "gpt2" and cfg.head_dim * cfg.num_attention_heads
+        != cfg.hidden_size,
+    }
+    bad = [k for k, v in problems.items() if v]
+    if bad:
+        raise ValueError(f"cannot export to HF {family!r}: ModelConfig fields {bad} have no "
+                         "equivalent there")
+
+
+def _rope_hf(cfg) -> dict:
+    out: dict[str, Any] = {"rope_theta": cfg.rotary_base, "rope_scaling": None}
+    if cfg.use_rope_scaling:
+        out["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.rope_scaling_factor,
+                               "low_freq_factor": cfg.rope_low_freq_factor,
+                               "high_freq_factor": cfg.rope_high_freq_factor,
+                               "original_max_position_embeddings":
+                                   cfg.original_max_position_embeddings}
+    elif cfg.rope_type == "yarn":
+        out["rope_scaling"] = {"rope_type": "yarn", "factor": cfg.yarn_scaling_factor,
+                               "original_max_position_embeddings":
+                                   cfg.original_max_position_embeddings,
+                               "beta_fast": cfg.yarn_beta_fast, "beta_slow": cfg.yarn_beta_slow,
+                               "truncate": cfg.yarn_truncate}
+        if cfg.yarn_mscale and cfg.yarn_mscale_all_dim:
+            out["rope_scaling"].update(mscale=cfg.yarn_mscale,
+                                       mscale_all_dim=cfg.yarn_mscale_all_dim)
+        elif cfg.yarn_mscale != 1.0:
+            out["rope_scaling"]["attention_factor"] = yarn_attention_factor(
+                cfg.yarn_scaling_factor, cfg.yarn_mscale, cfg.yarn_mscale_all_dim)
+    elif cfg.rotary_seq_len_interpolation_factor:
+        out["rope_scaling"] = {"rope_type": "linear",
+                               "factor": cfg.rotary_seq_len_interpolation_factor}
+    return out
+
+
+def hf_config(cfg: ModelConfig, family: str | None = None) -> dict:
+    """The config.json dict for ``cfg`` in ``family`` (default :func:`hf_family`)."""
+    family = family or hf_family(cfg)
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r}: supported families are {FAMILIES}")
+    _check_exportable(cfg, family)
+    common = {"model_type": family, "vocab_size": cfg.vocab_size,
+              "initializer_range": cfg.init_method_std,
+              "tie_word_embeddings": not cfg.untie_embeddings_and_output_weights,
+              "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                                 "gpt2": "GPT2LMHeadModel"}[family]]}
+    if family == "gpt2":
+        return {**common, "n_embd": cfg.hidden_size, "n_layer": cfg.num_layers,
+                "n_head": cfg.num_attention_heads, "n_inner": cfg.ffn_hidden_size,
+                "n_positions": cfg.max_position_embeddings, "layer_norm_epsilon": cfg.norm_epsilon,
+                "activation_function": _ACT_HF[cfg.activation],
+                "resid_pdrop": cfg.hidden_dropout, "embd_pdrop": cfg.hidden_dropout,
+                "attn_pdrop": cfg.attention_dropout}
+    out = {**common, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+           "num_attention_heads": cfg.num_attention_heads,
+           "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+           "intermediate_size": cfg.ffn_hidden_size,
+           "max_position_embeddings": cfg.max_position_embeddings,
+           "rms_norm_eps": cfg.norm_epsilon, "hidden_act": _ACT_HF[cfg.activation],
+           "attention_dropout": cfg.attention_dropout, **_rope_hf(cfg)}
+    if family == "llama":
+        out.update(attention_bias=cfg.add_bias_linear, mlp_bias=cfg.add_bias_linear)
+    elif family == "mistral":
+        out["sliding_window"] = cfg.sliding_window
+    else:
+        out.update(use_sliding_window=bool(cfg.sliding_window),
+                   sliding_window=cfg.sliding_window, max_window_layers=0)
+        if family == "qwen3":
+            out["attention_bias"] = False
+    return out
+
+
+def _rope_permutation(cfg) -> np.ndarray:
+    """Head-dim order that turns interleaved RoPE pairs (2i, 2i+1) into HF's (i, i + R/2)."""
+    R, H = cfg.rotary_dim, cfg.head_dim
+    perm = np.arange(H)
+    if cfg.rotary_interleaved:
+        perm[:R] = np.concatenate([np.arange(0, R, 2), np.arange(1, R, 2)])
+    return perm
+
+
+def _hf_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
+    D = cfg.hidden_size
+    np_ = lambda a: np.asarray(a)  # noqa: E731
+
+    def scale(p):
+        return np_(p["scale"]) + 1 if cfg.apply_layernorm_1p else np_(p["scale"])
+
+    out: dict[str, np.ndarray] = {}
+    perm = _rope_permutation(cfg)
+    for i in range(cfg.num_layers):
+        p = jax.tree.map(lambda a: np.take(a, i, cfg.param_scan_axis), params["layers"])
+        a, m = p["attn"], p["mlp"]
+        if family == "gpt2":
+            pre = f"transformer.h.{i}."
+            out[pre + "attn.c_attn.weight"] = np.concatenate(
+                [np_(a[k]).reshape(D, -1) for k in ("wq", "wk", "wv")], axis=1)
+            out[pre + "attn.c_attn.bias"] = np.concatenate(
+                [np_(a[k]).reshape(-1) for k in ("bq", "bk", "bv")])
+            out[pre + "attn.c_proj.weight"] = np_(a["wo"]).reshape(-1, D)
+            out[pre + "attn.c_proj.bias"] = np_(a["bo"])
+            out[pre + "mlp.c_fc.weight"], out[pre + "mlp.c_fc.bias"] = np_(m["wi"]), np_(m["bi"])
+            out[pre + "mlp.c_proj.weight"], out[pre + "mlp.c_proj.bias"] = (np_(m["wo"]),
+                                                                            np_(m["bo"]))
+            for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
+                out[pre + theirs + ".weight"] = scale(p[ours])
+                out[pre + theirs + ".bias"] = np_(p[ours]["bias"])
+            continue
+        pre = f"model.layers.{i}."
+        lin = lambda w: np.ascontiguousarray(np_(w).reshape(w.shape[0], -1).T)  # noqa: E731
+        out[pre + "self_attn.q_proj.weight"] = lin(np_(a["wq"])[..., perm])
+        out[pre + "self_attn.k_proj.weight"] = lin(np_(a["wk"])[..., perm])
+        out[pre + "self_attn.v_proj.weight"] = lin(a["wv"])
+        out[pre + "self_attn.o_proj.weight"] = np.ascontiguousarray(np_(a["wo"]).reshape(-1, D).T)
+        if "bq" in a:
+            out[pre + "self_attn.q_proj.bias"] = np_(a["bq"])[..., perm].reshape(-1)
+            out[pre + "self_attn.k_proj.bias"] = np_(a["bk"])[..., perm].reshape(-1)
+            out[pre + "self_attn.v_proj.bias"] = np_(a["bv"]).reshape(-1)
+        if cfg.qk_layernorm:
+            out[pre + "self_attn.q_norm.weight"] = scale(a["q_norm"])[perm]
+            out[pre + "self_attn.k_norm.weight"] = scale(a["k_norm"])[perm]
+        for ours, theirs in (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj")):
+            out[pre + f"mlp.{theirs}.weight"] = lin(m[ours])
+        if cfg.add_bias_linear:
+            out[pre + "self_attn.o_proj.bias"] = np_(a["bo"])
+            for ours, theirs in (("bi_0", "gate_proj"), ("bi_1", "up_proj"), ("bo", "down_proj")):
+                out[pre + f"mlp.{theirs}.bias"] = np_(m[ours])
+        out[pre + "input_layernorm.weight"] = scale(p["attn_norm"])
+        out[pre + "post_attention_layernorm.weight"] = scale(p["mlp_norm"])
+    if family == "gpt2":
+        out["transformer.wte.weight"] = np_(params["embedding"])
+        out["transformer.wpe.weight"] = np_(params["position_embedding"])
+        out["transformer.ln_f.weight"] = scale(params["final_norm"])
+        out["transformer.ln_f.bias"] = np_(params["final_norm"]["bias"])
+    else:
+        out["model.embed_tokens.weight"] = np_(params["embedding"])
+        out["model.norm.weight"] = scale(params["final_norm"])
+    if cfg.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = np.ascontiguousarray(np_(params["output"]).T)
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def to_hf(params: dict, cfg: ModelConfig, path, family: str | None = None) -> pathlib.Path:
+    """Write config.json + model.safetensors that ``AutoModelForCausalLM`` loads.
+
+    Exact conversions: zero-centred norm scales (apply_layernorm_1p) are written as 1 + scale;
+    interleaved RoPE is written as HF's half-split layout by permuting q/k channels.
+    """
+    family = family or hf_family(cfg)
+    config = hf_config(cfg, family)
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = _hf_tensors(jax.device_get(params), cfg, family)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config["torch_dtype"] = str(next(iter(tensors.values())).dtype)
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path

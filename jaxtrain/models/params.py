@@ -1,0 +1,166 @@
+"""Parameter declarations: each parameter once, with shape, dtype, logical axes and initializer.
+
+From :func:`param_specs` come :func:`abstract` (shapes), :func:`logical_axes` (for the mesh
+rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain nested dict:
+
+    embedding [V,D]; position_embedding [P,D] (learned_absolute); output [D,V] (untied)
+    final_norm {scale [D], bias [D] (LayerNorm)}
+    layers: attn_norm, mlp_norm       {scale, bias}
+            attn {wq [D,N,H], wk/wv [D,K,H], wo [N,H,D], bq [N,H], bk/bv [K,H], bo [D],
+                  q_norm/k_norm {scale [H], bias [H]}}
+            mlp  {wi_0/wi_1 [D,F] (gated) or wi [D,F], wo [F,D], bi_0/bi_1/bi [F], bo [D]}
+
+Every leaf under ``layers`` carries a stacked layer axis of size L at position
+``cfg.param_scan_axis`` (MaxText's default 1: ``wq`` is [D,L,N,H], a norm scale [D,L]).
+
+Legend: V vocab, D hidden, P positions, N query heads, K kv heads (query groups), H head dim,
+F ffn hidden, L layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import zlib
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+Init = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """One parameter. ``init`` makes one layer's value; ``layer_axis`` is where L sits, if any."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    axes: tuple[str | None, ...]
+    init: Init
+    layer_axis: int | None = None
+
+    def stacked(self, num_layers: int, axis: int) -> "ParamSpec":
+        shape = self.shape[:axis] + (num_layers,) + self.shape[axis:]
+        axes = self.axes[:axis] + ("layers",) + self.axes[axis:]
+        return dataclasses.replace(self, shape=shape, axes=axes, layer_axis=axis)
+
+    def make(self, key: jax.Array) -> jax.Array:
+        if self.layer_axis is None:
+            return self.init(key, self.shape, self.dtype)
+        a = self.layer_axis
+        one = self.shape[:a] + self.shape[a + 1:]
+        keys = jax.random.split(key, self.shape[a])
+        return jnp.moveaxis(jax.vmap(lambda k: self.init(k, one, self.dtype))(keys), 0, a)
+
+
+def _zeros(key, shape, dtype):
+    return jnp.zeros(shape, dtype)
+
+
+def _ones(key, shape, dtype):
+    return jnp.ones(shape, dtype)
+
+
+def _linear_init(cfg, in_axis, out_axis, output_layer=False) -> Init:
+    """Megatron's init: N(0, std), output layers N(0, std/sqrt(2L)); or Xavier uniform."""
+    if cfg.init_method_xavier_uniform:
+        return jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis, out_axis)
+    std = cfg.init_method_std / (2 * cfg.num_layers) ** 0.5 if output_layer else cfg.init_method_std
+    return jax.nn.initializers.normal(std)
+
+
+def _norm(cfg, size: int) -> dict:
+    dt = cfg.param_dtype
+    spec = {"scale": ParamSpec((size,), dt, ("norm",), _zeros if cfg.apply_layernorm_1p else _ones)}
+    if cfg.normalization == "LayerNorm":
+        spec["bias"] = ParamSpec((size,), dt, ("norm",), _zeros)
+    return spec
+
+
+def _layer_specs(cfg) -> dict:
+    D, N, K, H, F = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim,
+                     cfg.ffn_hidden_size)
+    dt = cfg.param_dtype
+    attn = {
+        "wq": ParamSpec((D, N, H), dt, ("embed", "q_heads", "kv"), _linear_init(cfg, 0, (1, 2))),
+        "wk": ParamSpec((D, K, H), dt, ("embed", "kv_heads", "kv"), _linear_init(cfg, 0, (1, 2))),
+        "wv": ParamSpec((D, K, H), dt, ("embed", "kv_heads", "kv"), _linear_init(cfg, 0, (1, 2))),
+        "wo": ParamSpec((N, H, D), dt, ("q_heads", "kv", "embed"),
+                        _linear_init(cfg, (0, 1), 2, output_layer=True)),
+    }
+    if cfg.add_qkv_bias or cfg.add_bias_linear:
+        attn["bq"] = ParamSpec((N, H), dt, ("q_heads", "kv"), _zeros)
+        attn["bk"] = ParamSpec((K, H), dt, ("kv_heads", "kv"), _zeros)
+        attn["bv"] = ParamSpec((K, H), dt, ("kv_heads", "kv"), _zeros)
+    if cfg.add_bias_linear:
+        attn["bo"] = ParamSpec((D,), dt, ("embed",), _zeros)
+    if cfg.qk_layernorm:
+        attn["q_norm"], attn["k_norm"] = _norm(cfg, H), _norm(cfg, H)
+
+    wi = lambda: ParamSpec((D, F), dt, ("embed", "mlp"), _linear_init(cfg, 0, 1))  # noqa: E731
+    names = ("0", "1") if cfg.gated_linear_unit else ("",)
+    mlp = {f"wi{'_' + n if n else ''}": wi() for n in names}
+    mlp["wo"] = ParamSpec((F, D), dt, ("mlp", "embed"), _linear_init(cfg, 0, 1, output_layer=True))
+    if cfg.add_bias_linear:
+        for n in names:
+            mlp[f"bi{'_' + n if n else ''}"] = ParamSpec((F,), dt, ("mlp",), _zeros)
+        mlp["bo"] = ParamSpec((D,), dt, ("embed",), _zeros)
+    return {"attn_norm": _norm(cfg, D), "attn": attn, "mlp_norm": _norm(cfg, D), "mlp": mlp}
+
+
+def param_specs(cfg) -> dict:
+    """The tree of :class:`ParamSpec` for ``cfg``."""
+    D, V, dt = cfg.hidden_size, cfg.vocab_size, cfg.param_dtype
+    layers = jax.tree.map(lambda s: s.stacked(cfg.num_layers, cfg.param_scan_axis),
+                          _layer_specs(cfg), is_leaf=_is_spec)
+    tree = {
+        "embedding": ParamSpec((V, D), dt, ("vocab", "embed"), _linear_init(cfg, 1, 0)),
+        "layers": layers,
+        "final_norm": _norm(cfg, D),
+    }
+    if cfg.position_embedding_type == "learned_absolute":
+        tree["position_embedding"] = ParamSpec((cfg.max_position_embeddings, D), dt,
+                                               (None, "embed"), _linear_init(cfg, 1, 0))
+    if cfg.untie_embeddings_and_output_weights:
+        tree["output"] = ParamSpec((D, V), dt, ("embed", "vocab"), _linear_init(cfg, 0, 1))
+    return tree
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+def abstract(cfg) -> dict:
+    """ShapeDtypeStruct tree of the parameters."""
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), param_specs(cfg),
+                        is_leaf=_is_spec)
+
+
+def logical_axes(cfg) -> dict:
+    """PartitionSpec tree of logical axis names (map to mesh axes with the rule table)."""
+    return jax.tree.map(lambda s: PartitionSpec(*s.axes), param_specs(cfg), is_leaf=_is_spec)
+
+
+def _leaf_key(key, path) -> jax.Array:
+    return jax.random.fold_in(key, zlib.crc32(jax.tree_util.keystr(path).encode()))
+
+
+@functools.lru_cache(maxsize=None)
+def _make_fn(cfg) -> Callable[[jax.Array], dict]:
+    specs = param_specs(cfg)
+
+    def make(key):
+        return jax.tree_util.tree_map_with_path(lambda p, s: s.make(_leaf_key(key, p)), specs,
+                                                is_leaf=_is_spec)
+
+    return make
+
+
+def init(cfg, key: jax.Array, shardings: Any = None) -> dict:
+    """Random parameters, jitted; with ``shardings`` (a matching tree) they are born sharded.
+
+    Each leaf's key is derived from its path, so adding a parameter leaves the others unchanged.
+    """
+    return jax.jit(_make_fn(cfg), out_shardings=shardings)(key)
+

@@ -1,0 +1,1 @@
+"""Optimizers and their learning-rate and weight-decay schedules."""

@@ -1,0 +1,577 @@
+"""Learning-rate and weight-decay schedules, and the global-batch ramp-up.
+
+Two families (see shared/notes/knob-semantics.md §1.6, §1.7, §4.4):
+
+- **megatron** (``lr_decay_style``): Megatron-LM's scheduler. It counts *samples*: every
+  iteration-valued knob is multiplied by ``global_batch_size``. Linear warmup from
+  ``lr_warmup_init``; then constant, linear, cosine, inverse-square-root or WSD (stable, then
+  a final decay of ``lr_wsd_decay_style``); ``min_lr`` past the decay horizon. Weight decay
+  moves from ``start_weight_decay`` to ``end_weight_decay`` over the run.
+- **pgs** (``train.lr_scheduler``): palingenesis's multiplier on the peak LR. It counts
+  *optimizer steps*: warmup ``int(steps * warmup_ratio)`` steps from 0, then power_decay
+  ``(1 - p)^4``, wsd (flat for 80% of the post-warmup steps, then ``(1 - q)^4``; not Megatron's
+  WSD), cosine, linear or constant, floored at ``min_learning_rate``. pgs distill files warm up
+  over ``train.warmup_steps`` with ``(step + 1) / warmup``, as its trainer does.
+
+``ScheduleConfig.from_config`` picks the family and converts the knobs into the family's unit;
+``lr_at`` / ``pgs_lr_at`` / ``weight_decay_at`` are pure ``jnp`` functions (jit-safe, float64
+under ``jax.enable_x64``); ``make_lr_schedule`` gives an ``optax.Schedule`` of the optimizer
+step, where step ``k`` is the LR of the ``k``-th update (0-based), as both references do.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping
+
+import jax.numpy as jnp
+import optax
+
+MEGATRON = "megatron"
+PGS = "pgs"
+PGS_DIALECTS = ("pgs-train", "pgs-distill")
+
+MEGATRON_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+WSD_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
+PGS_STYLES = ("power_decay", "wsd", "cosine", "linear", "constant")
+WD_STYLES = ("constant", "linear", "cosine")
+
+PGS_POWER = 4.0  # exponent of pgs's power_decay and of the decay tail of its wsd
+PGS_WSD_STABLE = 0.8  # share of pgs's post-warmup steps that wsd holds at the peak
+
+Rampup = tuple[int, int, int]  # (start, increment, samples)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleConfig:
+    """Everything the schedules need, in the family's unit: samples (megatron) or optimizer
+    steps (pgs). Frozen and hashable, so it can be closed over or passed static under jit.
+
+    ``warmup``/``decay``/``wsd_decay``/``wd_incr`` are lengths in that unit; Megatron's warmup
+    may be fractional (``lr_warmup_fraction × decay``), pgs's is a whole number of steps.
+    ``decay`` is the decay horizon (Megatron: ``lr_decay_*``, else the run; pgs: the run).
+    """
+
+    family: str
+    style: str
+    lr: float
+    min_lr: float = 0.0
+    warmup_init: float = 0.0
+    warmup: float = 0.0
+    decay: float = 1.0
+    wsd_decay: float | None = None
+    wsd_style: str = "exponential"
+    warmup_offset: int = 0  # pgs distill warms up with (step + 1) / warmup
+    global_batch_size: int | None = None
+    rampup: Rampup | None = None
+    running_multiple: int | None = None  # micro x data-parallel size, to round a ramped batch
+    wd_style: str = "constant"
+    start_wd: float = 0.0
+    end_wd: float = 0.0
+    wd_incr: float = 1.0
+    decoupled_lr: float | None = None
+    decoupled_min_lr: float | None = None
+
+    def __post_init__(self):
+        _check(self)
+
+    @property
+    def unit(self) -> str:
+        """What the schedule counts: 'samples' (megatron) or 'steps' (pgs)."""
+        return "samples" if self.family == MEGATRON else "steps"
+
+    @property
+    def has_decoupled_lr(self) -> bool:
+        """True when the embedding and output layer follow their own peak/floor LR."""
+        return self.decoupled_lr is not None
+
+    def peak_and_floor(self, decoupled: bool = False) -> tuple[float, float]:
+        """(max, min) LR of the main parameters, or of the embedding/output layer: decoupled_lr
+        and decoupled_min_lr, each falling back to lr and min_lr when unset."""
+        if not decoupled or self.decoupled_lr is None:
+            return self.lr, self.min_lr
+        floor = self.min_lr if self.decoupled_min_lr is None else self.decoupled_min_lr
+        return self.decoupled_lr, floor
+
+    @classmethod
+    def from_config(cls, cfg: Mapping, *, total_steps: int | None = None) -> ScheduleConfig:
+        """Read the schedule knobs of a resolved config.
+
+        ``total_steps`` is the run length the trainer settled on (train_iters, or pgs's
+        epochs × steps per epoch); when given it replaces ``train_iters``. Sample-based runs
+        (``train_samples``) take their horizons from samples whatever ``total_steps`` is.
+        """
+        dialect = getattr(cfg, "dialect", None)
+        is_set = getattr(cfg, "is_set", None) or (lambda key: cfg.get(key) is not None)
+        common = dict(
+            lr=_float(cfg, "lr"), min_lr=_float(cfg, "min_lr", 0.0),
+            warmup_init=_float(cfg, "lr_warmup_init", 0.0),
+            decoupled_lr=_opt_float(cfg, "decoupled_lr"),
+            decoupled_min_lr=_opt_float(cfg, "decoupled_min_lr"),
+            **_weight_decay_knobs(cfg))
+        if _uses_pgs(cfg, dialect, is_set):
+            return cls(**common, **_pgs_knobs(cfg, dialect, total_steps))
+        return cls(**common, **_megatron_knobs(cfg, is_set, total_steps))
+
+
+# --- reading the config --------------------------------------------------------------------
+
+
+def _float(cfg, key, default=None):
+    value = cfg.get(key, default)
+    if value is None:
+        value = default
+    if value is None:
+        raise ValueError(f"schedule: {key} must be set")
+    return float(value)
+
+
+def _opt_float(cfg, key):
+    value = cfg.get(key)
+    return None if value is None else float(value)
+
+
+def _uses_pgs(cfg, dialect, is_set) -> bool:
+    """pgs files use pgs's scheduler unless they name a Megatron decay style; a flat config uses
+    it only when train.lr_scheduler is set explicitly."""
+    chose_pgs, chose_megatron = is_set("train.lr_scheduler"), is_set("lr_decay_style")
+    if chose_pgs and chose_megatron:
+        raise ValueError(
+            f"train.lr_scheduler ({cfg.get('train.lr_scheduler')!r}, pgs) and lr_decay_style "
+            f"({cfg.get('lr_decay_style')!r}, Megatron) both choose the LR schedule; keep one")
+    return chose_pgs or (dialect in PGS_DIALECTS and not chose_megatron)
+
+
+def _weight_decay_knobs(cfg) -> dict:
+    style = cfg.get("weight_decay_incr_style") or "constant"
+    start, end = cfg.get("start_weight_decay"), cfg.get("end_weight_decay")
+    if style == "constant":
+        if start is not None or end is not None:
+            raise ValueError("start_weight_decay/end_weight_decay need weight_decay_incr_style "
+                             "linear or cosine; constant uses weight_decay")
+        start = end = cfg.get("weight_decay") or 0.0
+    elif start is None or end is None:
+        raise ValueError(f"weight_decay_incr_style {style} needs start_weight_decay and "
+                         f"end_weight_decay")
+    return dict(wd_style=style, start_wd=float(start), end_wd=float(end))
+
+
+def _batch(cfg) -> int | None:
+    gbs = cfg.get("global_batch_size")
+    if gbs is not None and int(gbs) <= 0:
+        raise ValueError(f"global_batch_size must be positive, got {gbs}")
+    return None if gbs is None else int(gbs)
+
+
+def _need_batch(gbs, what) -> int:
+    if gbs is None:
+        raise ValueError(f"{what} needs global_batch_size")
+    return gbs
+
+
+def _megatron_knobs(cfg, is_set, total_steps) -> dict:
+    """Horizons in samples, as Megatron's get_optimizer_param_scheduler converts them. Where
+    Megatron ignores a knob of the other unit (lr_decay_samples in an iteration-based run,
+    lr_wsd_decay_iters in a sample-based one, ...), it is converted and honoured instead, but
+    only when the knob of the run's own unit is unset."""
+    get, gbs = cfg.get, _batch(cfg)
+
+    def in_samples(key):  # an iteration-valued knob, in samples
+        return get(key) * _need_batch(gbs, f"{key} (iterations to samples)")
+
+    fraction = get("lr_warmup_fraction")
+    warmup_iters, warmup_samples = get("lr_warmup_iters") or 0, get("lr_warmup_samples") or 0
+    rampup = parse_rampup(get("rampup_batch_size"))
+    train_samples = get("train_samples")
+    if train_samples:  # sample-based run: the *_samples knobs lead
+        decay = get("lr_decay_samples")
+        if decay is None:
+            decay = train_samples if get("lr_decay_iters") is None else in_samples("lr_decay_iters")
+        wd_incr = train_samples
+        wsd = get("lr_wsd_decay_samples")
+        if wsd is None and get("lr_wsd_decay_iters") is not None:
+            wsd = in_samples("lr_wsd_decay_iters")
+        if fraction is not None:
+            warmup = fraction * decay
+        elif warmup_samples:
+            warmup = warmup_samples
+        elif warmup_iters and is_set("lr_warmup_iters"):  # Primus's default 40 is no choice
+            warmup = in_samples("lr_warmup_iters")
+        else:
+            warmup = 0
+    else:  # iteration-based run: the *_iters knobs lead
+        iters = total_steps if total_steps is not None else get("train_iters")
+        if not iters or iters <= 0:
+            raise ValueError("the LR schedule needs the run length: train_iters, train_samples, "
+                             "or total_steps from the trainer")
+        if rampup is not None:
+            raise ValueError("rampup_batch_size needs sample-based training: set train_samples "
+                             "instead of train_iters")
+        gbs = _need_batch(gbs, "the Megatron schedule (it counts samples)")
+        if get("lr_decay_iters") is not None:
+            decay = in_samples("lr_decay_iters")
+        elif get("lr_decay_samples") is not None:
+            decay = get("lr_decay_samples")
+        else:
+            decay = iters * gbs
+        wd_incr = iters * gbs
+        wsd = (in_samples("lr_wsd_decay_iters") if get("lr_wsd_decay_iters") is not None
+               else get("lr_wsd_decay_samples"))
+        if fraction is not None:
+            warmup = fraction * decay
+        elif warmup_iters:
+            warmup = in_samples("lr_warmup_iters")
+        else:
+            warmup = warmup_samples
+    multiple = None
+    derived = getattr(cfg, "derived", None) or {}
+    if get("decrease_batch_size_if_needed") and derived.get("data_parallel_size"):
+        multiple = int(get("micro_batch_size") or 1) * int(derived["data_parallel_size"])
+    return dict(family=MEGATRON, style=get("lr_decay_style") or "linear",
+                warmup=float(warmup), decay=float(decay),
+                wsd_decay=None if wsd is None else float(wsd),
+                wsd_style=get("lr_wsd_decay_style") or "exponential",
+                global_batch_size=gbs, rampup=rampup, running_multiple=multiple,
+                wd_incr=float(wd_incr))
+
+
+def _pgs_knobs(cfg, dialect, total_steps) -> dict:
+    """pgs's build_scheduler inputs, in optimizer steps."""
+    get, gbs = cfg.get, _batch(cfg)
+
+    def in_steps(key):  # a sample-valued knob, in whole steps
+        return get(key) // _need_batch(gbs, f"{key} (samples to steps)")
+
+    steps = total_steps if total_steps is not None else get("train_iters")
+    if steps is None or steps <= 0:
+        raise ValueError("the pgs LR schedule counts optimizer steps: pass total_steps "
+                         "(epochs × steps per epoch) or set train_iters / train.max_steps")
+    horizon = steps
+    if get("lr_decay_iters") is not None:
+        horizon = get("lr_decay_iters")
+    elif get("lr_decay_samples") is not None:
+        horizon = in_steps("lr_decay_samples")
+    fraction = get("lr_warmup_fraction")
+    if fraction is not None:
+        warmup = int(horizon * fraction)  # truncated, as pgs's int(num_steps * warmup_ratio)
+    elif get("lr_warmup_iters"):
+        warmup = int(get("lr_warmup_iters"))  # pgs distill's train.warmup_steps
+    elif get("lr_warmup_samples"):
+        warmup = in_steps("lr_warmup_samples")
+    else:
+        warmup = 0
+    return dict(family=PGS, style=get("train.lr_scheduler") or "cosine",
+                warmup=float(warmup), decay=float(horizon),
+                warmup_offset=1 if dialect == "pgs-distill" else 0,
+                global_batch_size=gbs, wd_incr=float(steps))
+
+
+def _check(s: ScheduleConfig):
+    """ValueError for what the formulas cannot evaluate (Megatron's scheduler asserts)."""
+    if s.family == MEGATRON:
+        if s.style not in MEGATRON_STYLES:
+            raise ValueError(f"lr_decay_style {s.style!r} is not one of {MEGATRON_STYLES}")
+        if s.decay <= 0:
+            raise ValueError(f"the LR decay horizon must be positive, got {s.decay} samples")
+        if not 0 <= s.warmup < s.decay:
+            raise ValueError(f"the warmup ({s.warmup} samples) must be shorter than the decay "
+                             f"horizon ({s.decay} samples); lower lr_warmup_* or raise "
+                             f"lr_decay_*/the run length")
+        if s.style == "WSD":
+            if not s.wsd_decay or s.wsd_decay <= 0:
+                raise ValueError("lr_decay_style WSD needs a positive lr_wsd_decay_iters or "
+                                 "lr_wsd_decay_samples")
+            if s.wsd_style not in WSD_STYLES:
+                raise ValueError(f"lr_wsd_decay_style {s.wsd_style!r} is not one of "
+                                 f"{WSD_STYLES}")
+    elif s.family == PGS:
+        if s.style not in PGS_STYLES:
+            raise ValueError(f"train.lr_scheduler {s.style!r} is not one of {PGS_STYLES}")
+        if s.decay <= 0 or s.warmup < 0 or s.warmup != int(s.warmup):
+            raise ValueError(f"pgs schedule: need whole, non-negative warmup steps and a positive "
+                             f"run length, got warmup {s.warmup}, steps {s.decay}")
+        if s.warmup_offset not in (0, 1):
+            raise ValueError(f"warmup_offset must be 0 or 1, got {s.warmup_offset}")
+    else:
+        raise ValueError(f"schedule family {s.family!r} is not {MEGATRON!r} or {PGS!r}")
+    if s.min_lr < 0:
+        raise ValueError(f"min_lr must not be negative, got {s.min_lr}")
+    if s.min_lr > s.lr:
+        raise ValueError(f"min_lr ({s.min_lr}) must not exceed lr ({s.lr})")
+    if s.warmup_init > s.lr:
+        raise ValueError(f"lr_warmup_init ({s.warmup_init}) must not exceed lr ({s.lr})")
+    if s.decoupled_min_lr is not None and s.decoupled_lr is None:
+        raise ValueError("decoupled_min_lr is set but decoupled_lr is not; set decoupled_lr "
+                         "(the embedding/output layer's peak LR) or drop decoupled_min_lr")
+    if s.decoupled_lr is not None:
+        hi, lo = s.peak_and_floor(decoupled=True)
+        if not 0 <= lo <= hi:
+            raise ValueError(f"need 0 <= decoupled_min_lr (or min_lr: {lo}) <= decoupled_lr "
+                             f"({hi})")
+    if s.wd_style not in WD_STYLES:
+        raise ValueError(f"weight_decay_incr_style {s.wd_style!r} is not one of {WD_STYLES}")
+    if s.start_wd < 0 or s.end_wd < s.start_wd:
+        raise ValueError(f"need 0 <= start_weight_decay ({s.start_wd}) <= end_weight_decay "
+                         f"({s.end_wd}); Megatron only increases weight decay")
+    if s.wd_style == "constant" and s.start_wd != s.end_wd:
+        raise ValueError("weight_decay_incr_style constant needs start == end weight decay")
+    if s.wd_style != "constant" and s.wd_incr <= 0:
+        raise ValueError(f"the weight-decay increment needs a positive run length, got "
+                         f"{s.wd_incr}")
+    if s.global_batch_size is not None and s.global_batch_size <= 0:
+        raise ValueError(f"global_batch_size must be positive, got {s.global_batch_size}")
+    if s.rampup is not None:
+        _check_rampup(s.rampup, s.global_batch_size)
+
+
+# --- the schedules (pure jnp) ----------------------------------------------------------------
+
+
+def _real(x):
+    """x as the default float dtype (float64 under jax.enable_x64, else float32)."""
+    return jnp.asarray(x, dtype=float)
+
+
+def lr_at(sched: ScheduleConfig, consumed_samples, *, decoupled: bool = False):
+    """Megatron's LR after ``consumed_samples`` samples (the scheduler's count of updates
+    applied), for the main parameters or (``decoupled``) the embedding and output layer."""
+    _family(sched, MEGATRON, "lr_at")
+    hi, lo = sched.peak_and_floor(decoupled)
+    n = _real(consumed_samples)
+    warmup, decay = sched.warmup, sched.decay
+    if sched.style == "constant":
+        after = jnp.full_like(n, hi)
+    elif sched.style == "inverse-square-root":
+        scaled = hi * math.sqrt(max(warmup, 1.0)) / jnp.sqrt(jnp.maximum(n, 1.0))
+        after = jnp.where(n > decay, lo, jnp.maximum(lo, scaled))
+    else:
+        if sched.style == "WSD":
+            anneal_start = decay - sched.wsd_decay
+            r = jnp.clip((n - anneal_start) / sched.wsd_decay, 0.0, 1.0)
+            coeff = jnp.where(n <= anneal_start, 1.0, _wsd_tail(sched.wsd_style, r))
+        else:
+            r = jnp.clip((n - warmup) / (decay - warmup), 0.0, 1.0)
+            coeff = 1.0 - r if sched.style == "linear" else 0.5 * (jnp.cos(jnp.pi * r) + 1.0)
+        after = jnp.where(n > decay, lo, lo + coeff * (hi - lo))
+    if warmup > 0:
+        init = sched.warmup_init
+        return jnp.where(n <= warmup, init + (hi - init) * n / warmup, after)
+    return after
+
+
+def _wsd_tail(style, r):
+    if style == "linear":
+        return 1.0 - r
+    if style == "cosine":
+        return 0.5 * (jnp.cos(jnp.pi * r) + 1.0)
+    if style == "exponential":
+        return 2.0 * jnp.power(0.5, r) - 1.0
+    return 1.0 - jnp.sqrt(r)  # minus_sqrt
+
+
+def pgs_lr_at(sched: ScheduleConfig, step, *, decoupled: bool = False):
+    """pgs's LR for optimizer step ``step`` (0-based): its LambdaLR multiplier on the peak,
+    floored at min_lr (``min_learning_rate``)."""
+    _family(sched, PGS, "pgs_lr_at")
+    hi, lo = sched.peak_and_floor(decoupled)
+    s = _real(step)
+    warmup, steps = sched.warmup, sched.decay
+    if sched.style == "constant":
+        after = jnp.full_like(s, hi)
+    else:
+        p = jnp.clip((s - warmup) / max(1.0, steps - warmup), 0.0, 1.0)
+        if sched.style == "cosine":
+            shape = 0.5 * (1.0 + jnp.cos(jnp.pi * p))
+        elif sched.style == "linear":
+            shape = 1.0 - p
+        elif sched.style == "power_decay":
+            shape = (1.0 - p) ** PGS_POWER
+        else:  # wsd: flat, then the power tail over the last 20%
+            q = jnp.clip((p - PGS_WSD_STABLE) / (1.0 - PGS_WSD_STABLE), 0.0, 1.0)
+            shape = jnp.where(p < PGS_WSD_STABLE, 1.0, (1.0 - q) ** PGS_POWER)
+        after = lo + (hi - lo) * shape
+    if warmup > 0:
+        init = sched.warmup_init
+        ramp = init + (hi - init) * (s + sched.warmup_offset) / warmup
+        return jnp.where(s < warmup, ramp, after)
+    return after
+
+
+def weight_decay_at(sched: ScheduleConfig, count):
+    """Weight decay after ``count`` units of the schedule (samples for megatron, steps for
+    pgs): start_weight_decay → end_weight_decay over the run, then end_weight_decay."""
+    c = _real(count)
+    if sched.wd_style == "constant":
+        return jnp.full_like(c, sched.end_wd)
+    r = jnp.clip(c / sched.wd_incr, 0.0, 1.0)
+    coeff = r if sched.wd_style == "linear" else 0.5 * (jnp.cos(jnp.pi * (1.0 - r)) + 1.0)
+    wd = sched.start_wd + coeff * (sched.end_wd - sched.start_wd)
+    return jnp.where(c > sched.wd_incr, sched.end_wd, wd)
+
+
+def consumed_samples_at_step(sched: ScheduleConfig, step):
+    """Samples the Megatron scheduler has counted before update ``step``: step × global batch,
+    or, under rampup_batch_size, the sum of the ramped (and rounded) batches before it."""
+    _family(sched, MEGATRON, "consumed_samples_at_step")
+    gbs = _need_batch(sched.global_batch_size, "converting optimizer steps to samples")
+    s = _real(step)
+    if sched.rampup is None:
+        return s * gbs
+    stages = _rampup_stages(gbs, sched.rampup, sched.running_multiple)
+    first = _real([st[0] for st in stages])
+    base = _real([st[1] for st in stages])
+    batch = _real([st[2] for st in stages])
+    i = jnp.clip(jnp.searchsorted(first, s, side="right") - 1, 0, len(stages) - 1)
+    return base[i] + (s - first[i]) * batch[i]
+
+
+def make_lr_schedule(sched: ScheduleConfig, *, decoupled: bool = False) -> optax.Schedule:
+    """optax schedule: optimizer step (0-based count of updates applied) → LR. ``decoupled``
+    gives the embedding/output layer's schedule (the main one when decoupled_lr is unset)."""
+    if sched.family == PGS:
+        return functools.partial(_pgs_step_lr, sched, decoupled)
+    _need_batch(sched.global_batch_size, "converting optimizer steps to samples")
+    if sched.rampup is not None:
+        _rampup_stages(sched.global_batch_size, sched.rampup, sched.running_multiple)
+    return functools.partial(_megatron_step_lr, sched, decoupled)
+
+
+def make_weight_decay_schedule(sched: ScheduleConfig) -> optax.Schedule:
+    """optax schedule: optimizer step → weight decay."""
+    if sched.family == PGS:
+        return functools.partial(weight_decay_at, sched)
+    _need_batch(sched.global_batch_size, "converting optimizer steps to samples")
+    return functools.partial(_megatron_step_wd, sched)
+
+
+def _pgs_step_lr(sched, decoupled, step):
+    return pgs_lr_at(sched, step, decoupled=decoupled)
+
+
+def _megatron_step_lr(sched, decoupled, step):
+    return lr_at(sched, consumed_samples_at_step(sched, step), decoupled=decoupled)
+
+
+def _megatron_step_wd(sched, step):
+    return weight_decay_at(sched, consumed_samples_at_step(sched, step))
+
+
+def _family(sched, family, what):
+    if sched.family != family:
+        raise ValueError(f"{what} evaluates the {family} schedule, but this one is "
+                         f"{sched.family} ({sched.style}); use make_lr_schedule")
+
+
+# --- rampup_batch_size (Megatron's pinned semantics) -------------------------------------------
+
+
+def parse_rampup(value) -> Rampup | None:
+    """'start increment samples' (or a 3-list) → (start, increment, samples); None stays None."""
+    if value is None or value == "" or value == []:
+        return None
+    parts = value.split() if isinstance(value, str) else list(value)
+    try:
+        start, incr, samples = (int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ValueError(f"rampup_batch_size must be three integers 'start increment samples', "
+                         f"got {value!r}") from None
+    return start, incr, samples
+
+
+def _check_rampup(rampup, gbs):
+    start, incr, samples = rampup
+    if start <= 0 or incr <= 0 or samples < 0:
+        raise ValueError(f"rampup_batch_size {rampup}: need start > 0, increment > 0 and "
+                         f"samples >= 0")
+    if gbs is not None and (start > gbs or (gbs - start) % incr):
+        raise ValueError(f"rampup_batch_size {rampup}: need start <= global_batch_size ({gbs}) "
+                         f"and (global_batch_size - start) divisible by the increment")
+
+
+def batch_size_at(consumed_samples: int, global_batch_size: int, rampup, *,
+                  micro_times_dp: int | None = None, decrease_if_needed: bool = False) -> int:
+    """Global batch of the step that starts after ``consumed_samples`` samples.
+
+    ``start + ⌊consumed / (samples / n)⌋ · increment`` with ``n = (gbs − start) / increment``,
+    and ``gbs`` once ``consumed > samples``. With ``micro_times_dp`` (micro batch × data-
+    parallel size) the batch must divide by it, or, with ``decrease_if_needed``, is rounded
+    down to a multiple of it (the batch Megatron then runs and counts).
+    """
+    rampup = parse_rampup(rampup)
+    if rampup is None:
+        batch = global_batch_size
+    else:
+        _check_rampup(rampup, global_batch_size)
+        start, incr, samples = rampup
+        increments = (global_batch_size - start) // incr
+        if consumed_samples > samples or increments == 0 or samples == 0:
+            batch = global_batch_size  # a ramp of no samples or no increments is already over
+        else:
+            batch = start + int(consumed_samples / (samples / increments)) * incr
+    if micro_times_dp:
+        if batch % micro_times_dp:
+            if not decrease_if_needed:
+                raise ValueError(f"global batch {batch} (at {consumed_samples} samples) is not "
+                                 f"divisible by micro_batch_size x data-parallel size "
+                                 f"({micro_times_dp}); set decrease_batch_size_if_needed")
+            batch = batch // micro_times_dp * micro_times_dp
+        if batch <= 0:
+            raise ValueError(f"global batch rounds down to 0 at {consumed_samples} samples: "
+                             f"the ramp starts below micro_batch_size x data-parallel size "
+                             f"({micro_times_dp})")
+    return batch
+
+
+@functools.lru_cache(maxsize=64)
+def _rampup_stages(gbs: int, rampup: Rampup, multiple: int | None) -> tuple:
+    """(first step, samples consumed before it, batch) for each run of steps that share one
+    batch size; the last stage runs at the full batch for ever. The batch only grows with the
+    samples consumed, so each stage's length is found by bisection."""
+    samples = rampup[2]
+
+    def batch(consumed):
+        return batch_size_at(consumed, gbs, rampup, micro_times_dp=multiple,
+                             decrease_if_needed=multiple is not None)
+
+    stages, step, consumed = [], 0, 0
+    while True:
+        b = batch(consumed)
+        stages.append((step, consumed, b))
+        if b == gbs or consumed > samples:
+            return tuple(stages)
+        # smallest k >= 1 whose batch differs; past `samples` it is the full batch, so k <= hi
+        lo, hi = 1, (samples - consumed) // b + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if batch(consumed + mid * b) != b:
+                hi = mid
+            else:
+                lo = mid + 1
+        step, consumed = step + lo, consumed + lo * b
+
+
+def rampup_train_iters(train_samples: int, global_batch_size: int, rampup) -> int:
+    """Steps of a sample-based run as Megatron's update_train_iters counts them: ramped steps
+    while the samples consumed are at most both the ramp's and train_samples, then as many
+    whole full batches as fit in what is left."""
+    rampup = parse_rampup(rampup)
+    if rampup is None:
+        return train_samples // global_batch_size
+    _check_rampup(rampup, global_batch_size)
+    limit = min(rampup[2], train_samples)
+    stages = _rampup_stages(global_batch_size, rampup, None)
+    iters = consumed = 0
+    for i, (first, before, b) in enumerate(stages):
+        if before > limit:
+            break
+        length = stages[i + 1][0] - first if i + 1 < len(stages) else None
+        count = (limit - before) // b + 1  # steps of this stage starting at or below the limit
+        if length is not None and count >= length:
+            iters, consumed = iters + length, stages[i + 1][1]
+            continue
+        iters, consumed = iters + count, before + count * b
+        break
+    if train_samples > consumed:
+        iters += (train_samples - consumed) // global_batch_size
+    return iters

@@ -1,0 +1,83 @@
+"""The training loop's own small config, built once from the resolved flat config."""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxtrain.config.errors import ConfigError
+from jaxtrain.loss_scale import LossScaleConfig
+from jaxtrain.optim.schedules import parse_rampup
+
+
+def _divisor_at_most(n: int, k: int) -> int:
+    return max(d for d in range(1, max(1, min(n, k)) + 1) if n % d == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int
+    rampup: tuple[int, int, int] | None
+    decrease_batch_size_if_needed: bool
+    num_microbatches: int
+    data_parallel_size: int
+    train_iters: int | None
+    train_samples: int | None
+    epochs: int | None
+    per_token_loss: bool
+    loss_chunks: int
+    half_precision_loss: bool
+    accum_dtype: str
+    loss_scale: LossScaleConfig | None
+    check_nan: bool
+    check_spiky_loss: bool
+    check_large_grads: bool
+    spike_detection: bool
+    spike_z_threshold: float
+    log_interval: int
+    log_params_norm: bool
+    log_num_zeros_in_grad: bool
+    exit_interval: int | None
+    exit_duration_in_mins: float | None
+    exit_signal_handler: bool
+    manual_gc: bool
+    manual_gc_interval: int
+    seed: int
+
+    @classmethod
+    def from_config(cls, cfg) -> "TrainConfig":
+        """From a config resolved with a world size (so the batch arithmetic is done)."""
+        if "num_microbatches" not in cfg.derived:
+            raise ValueError("resolve the config with world_size to build a TrainConfig")
+        seq = cfg["seq_length"]
+        loss_scale = LossScaleConfig.from_config(cfg)
+        accum = ("bfloat16" if cfg["grad_reduce_in_bf16"] else
+                 "float16" if cfg["fp16"] and not cfg["accumulate_allreduce_grads_in_fp32"]
+                 else "float32")
+        chunks = _divisor_at_most(seq, cfg["memory.loss_num_chunks"]) \
+            if cfg["memory.chunked_loss"] else 0
+        if cfg["train_iters"] is None and cfg["train_samples"] is None and not cfg["train.epochs"]:
+            raise ConfigError("set train_iters (steps), train_samples or train.epochs: the run "
+                              "has no length")
+        return cls(
+            seq_length=seq, micro_batch_size=cfg["micro_batch_size"],
+            global_batch_size=cfg["global_batch_size"],
+            rampup=parse_rampup(cfg["rampup_batch_size"]),
+            decrease_batch_size_if_needed=cfg["decrease_batch_size_if_needed"],
+            num_microbatches=cfg.derived["num_microbatches"],
+            data_parallel_size=cfg.derived["data_parallel_size"],
+            train_iters=cfg["train_iters"], train_samples=cfg["train_samples"],
+            epochs=cfg["train.epochs"], per_token_loss=cfg["calculate_per_token_loss"],
+            loss_chunks=chunks, half_precision_loss=cfg["fp16_lm_cross_entropy"],
+            accum_dtype=accum, loss_scale=loss_scale,
+            check_nan=cfg["check_for_nan_in_loss_and_grad"] and not (
+                loss_scale is not None and loss_scale.dynamic),
+            check_spiky_loss=cfg["check_for_spiky_loss"],
+            check_large_grads=cfg["check_for_large_grads"],
+            spike_detection=cfg["train.spike_detection"],
+            spike_z_threshold=cfg["train.spike_z_threshold"],
+            log_interval=cfg["log_interval"], log_params_norm=cfg["log_params_norm"],
+            log_num_zeros_in_grad=cfg["log_num_zeros_in_grad"],
+            exit_interval=cfg["exit_interval"], exit_duration_in_mins=cfg["exit_duration_in_mins"],
+            exit_signal_handler=cfg["exit_signal_handler"], manual_gc=cfg["manual_gc"],
+            manual_gc_interval=cfg["manual_gc_interval"], seed=cfg["seed"])

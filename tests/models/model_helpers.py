@@ -1,0 +1,43 @@
+"""Helpers for the model tests: tiny configs, perturbed parameters, token batches."""
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtrain.models import ModelConfig, abstract
+
+VOCAB, SEQ = 97, 16
+
+
+def tiny(**changes) -> ModelConfig:
+    """A 2-layer GQA Llama-like config; ``changes`` override fields."""
+    base = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2,
+                ffn_hidden_size=64, vocab_size=VOCAB, max_position_embeddings=64)
+    return ModelConfig(**{**base, **changes})
+
+
+def random_params(cfg, seed=0, scale=0.3):
+    """Random parameters for ``cfg`` without compiling anything (numpy, seeded by leaf path).
+
+    Weights and biases are N(0, scale); norm scales are 1 + N(0, scale) (N(0, scale) when
+    zero-centred). A leaf with the same path and shape gets the same value in every config, so
+    two configs differ only in the parameters one of them lacks.
+    """
+    def leaf(path, spec):
+        name = jax.tree_util.keystr(path)
+        rng = np.random.RandomState((zlib.crc32(name.encode()) + seed) % 2**32)
+        x = scale * rng.standard_normal(spec.shape)
+        if name.endswith("['scale']") and not cfg.apply_layernorm_1p:
+            x = x + 1.0
+        return jnp.asarray(x, spec.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, abstract(cfg))
+
+
+def tokens(batch=2, seq=SEQ, vocab=VOCAB, seed=0):
+    return jnp.asarray(np.random.RandomState(seed).randint(0, vocab, (batch, seq)), jnp.int32)
+
+
+def max_diff(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))

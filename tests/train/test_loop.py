@@ -1,0 +1,130 @@
+"""The training loop end to end on tiny mock runs: metrics rows, exits, NaN stop, data."""
+import json
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from jaxtrain import loop
+from jaxtrain.checks import TrainingError
+from jaxtrain.config import load_config
+
+TINY = ["mock_data=true", "vocab_size=64", "seq_length=8", "max_position_embeddings=8",
+        "num_layers=1", "hidden_size=16", "num_attention_heads=2", "micro_batch_size=2",
+        "global_batch_size=4", "lr_warmup_iters=0", "bf16=false", "hidden_dropout=0",
+        "attention_dropout=0", "log_interval=1", "exp_name=run"]
+
+
+def config(tmp_path, *extra):
+    return load_config(None, [*TINY, f"workspace={tmp_path}", *extra], world_size=1,
+                       enforce_status=False)
+
+
+def rows(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+            .splitlines()]
+
+
+def test_metrics_rows(tmp_path):
+    last = loop.train(config(tmp_path, "train_iters=3", "log_params_norm=true"))
+    got = rows(tmp_path)
+    assert [r["step"] for r in got] == [1, 2, 3] and last == got[-1]
+    for key in ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s",
+                "tflops_per_device", "mfu", "params_norm"):
+        assert key in got[0], key
+    assert got[0]["tflops_per_device"] > 0 and got[0]["mfu"] is None  # no peak known for CPU
+
+
+def test_log_interval_and_exit_interval(tmp_path):
+    loop.train(config(tmp_path, "train_iters=10", "log_interval=2", "exit_interval=4"))
+    assert [r["step"] for r in rows(tmp_path)] == [2, 4]
+
+
+def test_exit_duration(tmp_path, monkeypatch):
+    clock = iter(range(0, 10_000, 31))
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(clock)))
+    loop.train(config(tmp_path, "train_iters=50", "exit_duration_in_mins=1"))
+    assert rows(tmp_path)[-1]["step"] < 50
+
+
+def test_sigterm_finishes_the_step_and_stops(tmp_path, monkeypatch):
+    real = loop.global_batches
+
+    def batches(*args, **kw):
+        for i, b in enumerate(real(*args, **kw)):
+            if i == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield b
+
+    monkeypatch.setattr(loop, "global_batches", batches)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        loop.train(config(tmp_path, "train_iters=20", "exit_signal_handler=true"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert rows(tmp_path)[-1]["step"] == 3
+
+
+def test_nan_in_loss_stops_the_run(tmp_path, monkeypatch):
+    real_init = loop.models.init
+    monkeypatch.setattr(loop.models, "init", lambda *a, **k: jax.tree.map(
+        lambda p: p * np.nan, real_init(*a, **k)))
+    with pytest.raises(TrainingError, match="NaN or Inf"):
+        loop.train(config(tmp_path, "train_iters=3"))
+    loop.train(config(tmp_path, "train_iters=2", "check_for_nan_in_loss_and_grad=false"))
+
+
+def test_run_length_from_samples_and_epochs(tmp_path):
+    tcfg = type("T", (), {"train_iters": None, "train_samples": 40, "global_batch_size": 4,
+                          "epochs": None, "rampup": None})
+    assert loop.total_steps(tcfg, 1000) == 10
+    tcfg.train_samples, tcfg.epochs = None, 3
+    assert loop.total_steps(tcfg, 100) == 75
+
+
+def test_seed_changes_init_and_data(tmp_path):
+    a = loop.train(config(tmp_path / "a", "train_iters=1", "seed=1"))
+    b = loop.train(config(tmp_path / "b", "train_iters=1", "seed=1"))
+    c = loop.train(config(tmp_path / "c", "train_iters=1", "seed=2"))
+    assert a["loss"] == b["loss"] != c["loss"]
+
+
+def test_rampup_batch_size_grows_the_batch(tmp_path):
+    loop.train(config(tmp_path, "train_samples=40", "rampup_batch_size=[2, 2, 16]",
+                      "micro_batch_size=2", "global_batch_size=6"))
+    sizes = [r["global_batch_size"] for r in rows(tmp_path)]
+    assert sizes[0] == 2 and sizes[-1] == 6 and sorted(sizes) == sizes
+    assert sum(sizes) <= 40
+
+
+def test_manual_gc_and_matmul_precision(tmp_path, monkeypatch):
+    import gc
+    calls, states = [], []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append(1) or 0)
+    real = loop._train
+
+    def spy(*args):
+        states.append((gc.isenabled(), jax.config.jax_default_matmul_precision))
+        return real(*args)
+
+    monkeypatch.setattr(loop, "_train", spy)
+    loop.train(config(tmp_path, "train_iters=4", "manual_gc=true", "manual_gc_interval=2",
+                      "memory.float32_matmul_precision=highest"))
+    loop.train(config(tmp_path, "train_iters=1", "memory.float32_matmul_precision=medium"))
+    assert states == [(False, "float32"), (True, "bfloat16")]
+    assert len(calls) == 2 and gc.isenabled()
+
+
+def test_log_throughput_controls_the_console_line(tmp_path, caplog):
+    import logging
+    logger = logging.getLogger("jaxtrain.test")
+    with caplog.at_level(logging.INFO, logger="jaxtrain.test"):
+        loop.train(config(tmp_path, "train_iters=1", "log_throughput=false"), logger)
+    line = [r.message for r in caplog.records if "loss" in r.message][-1]
+    assert "tok/s" not in line and "tokens_per_s" in rows(tmp_path)[-1]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="jaxtrain.test"):
+        loop.train(config(tmp_path / "b", "train_iters=1", "exp_name=run"), logger)
+    assert "tok/s" in [r.message for r in caplog.records if "loss" in r.message][-1]
