@@ -6,6 +6,7 @@ device except to log and check.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import logging
@@ -23,7 +24,7 @@ from jaxtrain.data.batches import global_batches
 from jaxtrain.data.sources import training_data
 from jaxtrain.logs import run_dir
 from jaxtrain.metrics import Meter, MetricsLog
-from jaxtrain.optim.optimizers import OptimConfig, build_optimizer
+from jaxtrain.optim.optimizers import OptimConfig, build_optimizer, opt_state_memory_kind
 from jaxtrain.optim.schedules import (ScheduleConfig, batch_size_at, make_lr_schedule,
                                       make_weight_decay_schedule, rampup_train_iters)
 from jaxtrain.step import init_state, make_train_step
@@ -42,6 +43,19 @@ def total_steps(tcfg, num_samples: int) -> int:
             return rampup_train_iters(tcfg.train_samples, tcfg.global_batch_size, tcfg.rampup)
         return tcfg.train_samples // tcfg.global_batch_size
     return tcfg.epochs * max(1, num_samples // tcfg.global_batch_size)
+
+
+def _opt_state_memory(mesh, opt_cfg):
+    """(to_device, to_host) movers when the optimizer state lives in host memory, else None."""
+    kind = opt_state_memory_kind(opt_cfg, mesh.devices.flat[0])
+    if kind is None:
+        return None
+
+    def mover(memory_kind):
+        sharding = NamedSharding(mesh, P(), memory_kind=memory_kind)
+        return lambda tree: jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+
+    return mover("device"), mover(kind)
 
 
 class _StopFlag:
@@ -90,13 +104,18 @@ def _train(cfg, tcfg, logger) -> dict:
                                       models.abstract(model_cfg)))
     sched_cfg = ScheduleConfig.from_config(cfg, total_steps=steps)
     schedule = make_lr_schedule(sched_cfg)
+    opt_cfg = OptimConfig.from_config(cfg)
     optimizer = build_optimizer(
-        OptimConfig.from_config(cfg), schedule, models.logical_axes(model_cfg),
+        opt_cfg, schedule, models.logical_axes(model_cfg),
         wd_schedule=make_weight_decay_schedule(sched_cfg),
         decoupled_lr_schedule=(make_lr_schedule(sched_cfg, decoupled=True)
                                if sched_cfg.has_decoupled_lr else None))
     state = init_state(params, optimizer, tcfg, jax.random.fold_in(key, 1))
-    step_fn = jax.jit(make_train_step(model_cfg, tcfg, optimizer, schedule), donate_argnums=0)
+    memory = _opt_state_memory(mesh, opt_cfg)
+    if memory:
+        state = dataclasses.replace(state, opt_state=memory[1](state.opt_state))
+    step_fn = jax.jit(make_train_step(model_cfg, tcfg, optimizer, schedule, memory),
+                      donate_argnums=0)
     meter = Meter(model_cfg, params, tcfg.seq_length, devices)
     directory = run_dir(cfg)
     metrics_log = MetricsLog(directory, logger, steps, throughput=cfg["log_throughput"])
@@ -150,6 +169,7 @@ class _Reporter:
     def __init__(self, checks, meter, metrics_log, tcfg):
         self.checks, self.meter, self.log, self.tcfg = checks, meter, metrics_log, tcfg
         self.last_done, self.last_row = 0.0, None
+        self.recent, self.warm = [], False  # step times in the running average (Primus)
 
     def finish(self, it: int, metrics: dict, dispatched: float, tokens: int,
                force: bool = False):
@@ -163,5 +183,17 @@ class _Reporter:
                               for k, v in values.items()},
                "global_batch_size": tokens // self.tcfg.seq_length,
                **self.meter.row(step_time, float(tokens))}
+        row["step_time_avg_s"] = self._average(it, step_time)
+        row["tokens_per_s_avg"] = tokens / row["step_time_avg_s"]
         self.log.write(row)
         self.last_row = row
+
+    def _average(self, it: int, step_time: float) -> float:
+        """Primus's running average: the first ``log_avg_skip_iterations`` steps (compilation)
+        leave it once passed, and it restarts after ``log_avg_reset_interval`` entries."""
+        if (not self.warm and it > self.tcfg.log_avg_skip_iterations) or (
+                len(self.recent) >= self.tcfg.log_avg_reset_interval):
+            self.recent.clear()
+            self.warm = self.warm or it > self.tcfg.log_avg_skip_iterations
+        self.recent.append(step_time)
+        return sum(self.recent) / len(self.recent)

@@ -97,7 +97,8 @@ class MetricsLog:
                  f"loss {r['loss']:.4f}", f"lr {r['lr']:.3e}", f"grad_norm {r['grad_norm']:.3f}",
                  f"step {r['step_time_s'] * 1e3:.0f} ms"]
         if self.throughput:
-            parts += [f"{r['tokens_per_s']:.0f} tok/s", f"{r['tflops_per_device']:.3f} TFLOP/s/dev"]
+            parts += [f"{r['tokens_per_s']:.0f} tok/s (avg {r['tokens_per_s_avg']:.0f})",
+                      f"{r['tflops_per_device']:.3f} TFLOP/s/dev"]
             if r.get("mfu") is not None:
                 parts.append(f"MFU {100 * r['mfu']:.1f}%")
         if r.get("memory_gib") is not None:

@@ -61,9 +61,16 @@ def _loss_weights(mask, tcfg):
     return (shards / per_shard / (M * dp)).reshape(M, B, T)
 
 
-def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr_schedule):
-    """The pure train step for these configs; jit it with donated state."""
+def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr_schedule,
+                    opt_state_memory=None):
+    """The pure train step for these configs; jit it with donated state.
+
+    ``opt_state_memory`` = (to_device, to_host) keeps the optimizer state in host memory
+    between steps (paged_adamw8bit, optimizer_memory_host_offload): the step brings it to the
+    device for the update and writes the new state back.
+    """
     accum_dtype = jnp.dtype(tcfg.accum_dtype)
+    to_device, to_host = opt_state_memory or (lambda t: t, lambda t: t)
 
     def micro_loss(params, micro, weights, rng):
         hidden = hidden_states(params, micro["tokens"], model_cfg,
@@ -108,13 +115,14 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             skip = skip | spiked
 
         lr = lr_schedule(state.opt_step)
-        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+        opt_state = to_device(state.opt_state)
+        updates, new_opt = optimizer.update(grads, opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(skip, b, a), new, old)  # noqa: E731
         new_state = TrainState(
             step=state.step + 1, opt_step=state.opt_step + jnp.where(skip, 0, 1).astype(jnp.int32),
             params=keep(new_params, state.params),
-            opt_state=keep(new_opt, state.opt_state), rng=rng,
+            opt_state=to_host(keep(new_opt, opt_state)), rng=rng,
             loss_scale=(ls.update(state.loss_scale, overflow, tcfg.loss_scale)
                         if state.loss_scale is not None else None),
             spike_stats=spike_stats)

@@ -35,6 +35,8 @@ class TrainConfig:
     spike_detection: bool
     spike_z_threshold: float
     log_interval: int
+    log_avg_skip_iterations: int
+    log_avg_reset_interval: int
     log_params_norm: bool
     log_num_zeros_in_grad: bool
     exit_interval: int | None
@@ -76,7 +78,9 @@ class TrainConfig:
             check_large_grads=cfg["check_for_large_grads"],
             spike_detection=cfg["train.spike_detection"],
             spike_z_threshold=cfg["train.spike_z_threshold"],
-            log_interval=cfg["log_interval"], log_params_norm=cfg["log_params_norm"],
+            log_interval=cfg["log_interval"],
+            log_avg_skip_iterations=cfg["log_avg_skip_iterations"],
+            log_avg_reset_interval=cfg["log_avg_reset_interval"], log_params_norm=cfg["log_params_norm"],
             log_num_zeros_in_grad=cfg["log_num_zeros_in_grad"],
             exit_interval=cfg["exit_interval"], exit_duration_in_mins=cfg["exit_duration_in_mins"],
             exit_signal_handler=cfg["exit_signal_handler"], manual_gc=cfg["manual_gc"],

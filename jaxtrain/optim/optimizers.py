@@ -85,17 +85,19 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
+from jaxtrain.config.areas import optim as _knob_areas
 from jaxtrain.optim import quantized as q
 
 MEGATRON = "megatron"
 PGS = "pgs"
 PGS_DIALECTS = ("pgs-train", "pgs-distill")
 
-MEGATRON_OPTIMIZERS = ("adam", "sgd", "muon", "dist_muon")
-PGS_OPTIMIZERS = ("adamw", "muon", "lion8bit", "adamw8bit", "paged_adamw8bit")
-SCALE_MODES = ("spectral", "unit_rms_norm", "shape_scaling")
-MATMUL_PRECS = ("low", "medium", "high")
-TP_MODES = ("blockwise", "duplicated", "distributed")
+# The accepted values are the registry's (jaxtrain/config/areas/optim.py).
+MEGATRON_OPTIMIZERS = _knob_areas._MEGATRON_OPTIMIZERS
+PGS_OPTIMIZERS = _knob_areas._PGS_OPTIMIZERS
+SCALE_MODES = _knob_areas._MUON_SCALE_MODES
+MATMUL_PRECS = _knob_areas._MUON_MATMUL_PRECS
+TP_MODES = _knob_areas._MUON_TP_MODES
 
 LION_BETAS = (0.95, 0.98)  # bitsandbytes Lion8bit as pgs builds it
 PGS_MUON_LR_MULT = 10.0  # pgs: "Muon LR is typically 10x AdamW LR"

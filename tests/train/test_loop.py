@@ -128,3 +128,28 @@ def test_log_throughput_controls_the_console_line(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="jaxtrain.test"):
         loop.train(config(tmp_path / "b", "train_iters=1", "exp_name=run"), logger)
     assert "tok/s" in [r.message for r in caplog.records if "loss" in r.message][-1]
+
+
+@pytest.mark.parametrize("override", ["--train.optimizer=paged_adamw8bit",
+                                      "optimizer_memory_host_offload=true"])
+def test_optimizer_state_in_host_memory(tmp_path, override, monkeypatch):
+    movers = []
+    real = loop._opt_state_memory
+    monkeypatch.setattr(loop, "_opt_state_memory", lambda *a: movers.append(real(*a)) or movers[-1])
+    host = loop.train(config(tmp_path / "h", "train_iters=2", override))
+    device = loop.train(config(tmp_path / "d", "train_iters=2",
+                               override.replace("paged_adamw8bit", "adamw8bit")
+                               .replace("true", "false")))
+    assert host["loss"] == pytest.approx(device["loss"], rel=1e-6)
+    assert movers[0] is not None and movers[1] is None
+    to_host = movers[0][1]
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(to_host({"a": np.ones(3)}))} == {
+        "pinned_host"}
+
+
+def test_running_throughput_average_skips_warmup_and_resets():
+    tcfg = type("T", (), {"log_avg_skip_iterations": 2, "log_avg_reset_interval": 3})
+    report = loop._Reporter(None, None, None, tcfg)
+    times = {1: 50.0, 2: 40.0, 3: 1.0, 4: 2.0, 5: 3.0, 6: 7.0, 7: 9.0}
+    got = [report._average(it, t) for it, t in times.items()]
+    assert got == [50.0, 45.0, 1.0, 1.5, 2.0, 7.0, 8.0]

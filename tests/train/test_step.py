@@ -33,7 +33,8 @@ def train_cfg(**kw):
                 per_token_loss=False, loss_chunks=0, half_precision_loss=False,
                 accum_dtype="float32", loss_scale=None, check_nan=True, check_spiky_loss=False,
                 check_large_grads=False, spike_detection=False, spike_z_threshold=5.0,
-                log_interval=1, log_params_norm=False, log_num_zeros_in_grad=False,
+                log_interval=1, log_avg_skip_iterations=2, log_avg_reset_interval=10,
+                log_params_norm=False, log_num_zeros_in_grad=False,
                 exit_interval=None, exit_duration_in_mins=None, exit_signal_handler=False,
                 manual_gc=False, manual_gc_interval=1, seed=0)
     return TrainConfig(**{**base, **kw})
@@ -183,3 +184,22 @@ def test_optional_metrics():
     assert float(m["params_norm"]) > 0 and "num_zeros_in_grad" in m
     _, m = run(mcfg, train_cfg(), batch(2, 4))
     assert "params_norm" not in m
+
+
+def test_optimizer_state_stays_in_host_memory_between_steps():
+    from jax.sharding import SingleDeviceSharding
+    mcfg, tcfg = model_cfg(), train_cfg()
+    device = jax.devices()[0]
+
+    def mover(kind):
+        return lambda t: jax.tree.map(
+            lambda x: jax.device_put(x, SingleDeviceSharding(device, memory_kind=kind)), t)
+
+    optimizer = optax.adam(1e-3)
+    state = init_state(models.init(mcfg, jax.random.key(0)), optimizer, tcfg, jax.random.key(1))
+    state = dataclasses.replace(state, opt_state=mover("pinned_host")(state.opt_state))
+    step = jax.jit(make_train_step(mcfg, tcfg, optimizer, lambda n: jnp.float32(1e-3),
+                                   (mover("device"), mover("pinned_host"))))
+    state, _ = step(state, batch(2, 4))
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(state.opt_state)} == {"pinned_host"}
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(state.params)} == {"device"}

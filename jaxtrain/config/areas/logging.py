@@ -25,9 +25,9 @@ KNOBS = [
     K("log_throughput", "bool", True, "Report tokens per second and TFLOP/s per device with each "
       "log line.", _M, status=HONORED),
     K("log_avg_skip_iterations", "int", 2, "Number of first steps (compilation, warm-up) left out "
-      "of the running throughput average.", _M, issue=10),
+      "of the running throughput average.", _M, status=HONORED),
     K("log_avg_reset_interval", "int", 10, "Steps after which the running throughput average "
-      "starts again.", _M, issue=10),
+      "starts again.", _M, status=HONORED),
     K("log_params_norm", "bool", False, "Compute and log the global L2 norm of the parameters.", _M, status=HONORED),
     K("log_num_zeros_in_grad", "bool", False, "Count and log how many gradient entries are exactly "
       "zero.", _M, status=HONORED),

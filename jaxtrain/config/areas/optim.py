@@ -1,5 +1,5 @@
 """Optimizers: choice, Adam/SGD/Muon hyperparameters, weight decay, clipping, state dtypes and offload."""
-from jaxtrain.config.knob import Alias, HONORED, INERT, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, Alias, K
 
 _MEGATRON = "megatron"
 _PGS = "pgs-train"
@@ -23,7 +23,7 @@ KNOBS = [
       choices=_MEGATRON_OPTIMIZERS, status=HONORED),
     K("train.optimizer", "str", "adamw", "pgs optimizer: adamw, muon (Adam for non-matrix "
       "params), 8-bit-state lion/adamw, or paged 8-bit adamw.", _PGS,
-      choices=_PGS_OPTIMIZERS, status=HONORED, planned_values={"paged_adamw8bit": 5}),
+      choices=_PGS_OPTIMIZERS, status=HONORED),
     K("plugins.schedule_free", "bool", False, "Use schedule-free AdamW (iterate averaging) in "
       "place of the optimizer plus LR decay schedule.", _PGS, status=HONORED),
 
@@ -99,7 +99,9 @@ KNOBS = [
       "only chooses which PyTorch class computes the same Adam update on the host; jaxtrain "
       "has one optax update wherever the state lives"),
     K("optimizer_memory_host_offload", "bool", False, "Keep the optimizer state in pinned host "
-      "memory between steps.", "maxtext", issue=5),
+      "memory between steps.", "maxtext", status=MAPPED,
+      reason="optimizer state lives in XLA's pinned_host memory kind between steps; the jitted "
+      "step copies it to the device for the update and back (paged_adamw8bit does the same)"),
 
     # --- reduced-precision optimizer state ---
     K("use_precision_aware_optimizer", "bool", False, "Allow the dtypes below to differ from fp32 "
