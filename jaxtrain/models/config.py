@@ -303,6 +303,8 @@ def _recompute(cfg: Mapping[str, Any]):
     granularity = g("recompute_granularity")
     if granularity is None and g("recompute_activations"):
         granularity = "selective"
+    if granularity is None and g("checkpoint_activations"):
+        return "full", "uniform", g("recompute_num_layers") or 1, None, ()
     if granularity is None:
         policy = g("remat_policy", "none")
         return ("none" if policy in (None, "") else policy), None, None, None, ()

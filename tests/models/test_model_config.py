@@ -138,3 +138,13 @@ def test_every_remat_policy_name_resolves():
     for name in REMAT_POLICIES:
         tensors = (("context", "device"),) if name == "custom" else ()
         checkpoint_policy(ModelConfig(remat_policy=name, remat_tensors=tensors))
+
+
+def test_legacy_recompute_switches():
+    base = {"vocab_size": 64}
+    cfg = ModelConfig.from_config({**base, "checkpoint_activations": True})
+    assert (cfg.remat_policy, cfg.recompute_method, cfg.recompute_num_layers) == (
+        "full", "uniform", 1)
+    cfg = ModelConfig.from_config({**base, "recompute_activations": True})
+    assert cfg.recompute_modules == ("core_attn",) and cfg.remat_policy == "none"
+    assert ModelConfig.from_config(base).remat_policy == "none"

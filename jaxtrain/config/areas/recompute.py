@@ -35,10 +35,9 @@ KNOBS = [
       "(Primus; needs full granularity and no method).", "megatron", status=HONORED),
     K("recompute_activations", "bool", False, "Legacy switch: true means recompute_granularity "
       "selective.", "megatron", status=HONORED),
-    K("checkpoint_activations", "bool", False, "Legacy Megatron switch, no longer accepted, that "
-      "enabled activation recomputation.", "megatron", REJECTED,
-      "Megatron no longer accepts it and exits; use recompute_granularity (with "
-      "recompute_method and recompute_num_layers) instead"),
+    K("checkpoint_activations", "bool", False, "Legacy switch (current Megatron refuses it): "
+      "true means its old meaning, full recompute of every layer (full, uniform, 1 layer).",
+      "megatron", status=HONORED),
     K("distribute_saved_activations", "bool", False, "Split the saved checkpoint inputs across "
       "tensor-parallel ranks instead of replicating them.", "megatron", issue=5),
     K("moe_layer_recompute", "bool", False, "Recompute the MoE block of each layer in the "
