@@ -39,7 +39,7 @@ def test_metrics_rows(tmp_path):
 
 def test_log_interval_and_exit_interval(tmp_path):
     loop.train(config(tmp_path, "train_iters=10", "log_interval=2", "exit_interval=4"))
-    assert [r["step"] for r in rows(tmp_path)] == [2, 4]
+    assert [r["step"] for r in rows(tmp_path)] == [1, 2, 4]  # step 1 is always logged
 
 
 def test_exit_duration(tmp_path, monkeypatch):
@@ -119,13 +119,13 @@ def test_manual_gc_and_matmul_precision(tmp_path, monkeypatch):
 
 def test_log_throughput_controls_the_console_line(tmp_path, caplog):
     import logging
-    logger = logging.getLogger("jaxtrain.test")
-    with caplog.at_level(logging.INFO, logger="jaxtrain.test"):
+    logger = logging.getLogger("loop_test_logger")
+    with caplog.at_level(logging.INFO, logger="loop_test_logger"):
         loop.train(config(tmp_path, "train_iters=1", "log_throughput=false"), logger)
     line = [r.message for r in caplog.records if "loss" in r.message][-1]
     assert "tok/s" not in line and "tokens_per_s" in rows(tmp_path)[-1]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="jaxtrain.test"):
+    with caplog.at_level(logging.INFO, logger="loop_test_logger"):
         loop.train(config(tmp_path / "b", "train_iters=1", "exp_name=run"), logger)
     assert "tok/s" in [r.message for r in caplog.records if "loss" in r.message][-1]
 
