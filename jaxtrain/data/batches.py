@@ -1,13 +1,28 @@
-"""Fixed-length samples from a token stream, served as global batches [M, B, T].
+"""Fixed-length samples served as global batches [M, B, T], with document-aware masks.
 
 A sample is ``seq_length + 1`` consecutive tokens (inputs and next-token targets), as in
-Megatron's GPT datasets. Sample order is a seeded grain shuffle, reshuffled every epoch;
-batch ``i`` is the same on every run with the same seed.
+Megatron's GPT datasets. ``TokenData.samples`` is any random-access source (``len`` and
+``[i]``): an in-memory array, a memory-mapped :class:`~jaxtrain.data.gpt_dataset.GPTDataset`
+or blend, or packed documents. A sample is an int array of ``T + 1`` tokens, or a dict with
+``tokens`` and ``segment_ids`` (packed documents: 0 marks padding).
+
+Order: ``dataloader_type: cyclic`` (the default) is a seeded grain shuffle, reshuffled every
+epoch; ``single`` serves the samples in the source's own order (Megatron's GPT datasets are
+already shuffled by their shuffle index). Batch ``i`` is the same on every run with the same
+seed, and the iterator's whole state is the number of samples consumed.
+
+Document awareness (Megatron's ``get_ltor_masks_and_position_ids``, with ``eod`` the
+end-of-document id): ``reset_position_ids`` restarts ``positions`` after each EOD input
+token; ``reset_attention_mask`` gives each document its own ``segment_ids`` (the EOD belongs
+to the document it ends), so attention stays inside a document; ``eod_mask_loss`` zeroes the
+loss where the input token is EOD. Packed samples always carry segment ids and per-document
+positions, and mask targets that cross a document boundary or fall on padding.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import grain
 import numpy as np
@@ -17,15 +32,31 @@ from jaxtrain.config.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class TokenData:
-    """A training set: the sample windows and the vocabulary they index."""
+    """A training set: the samples, the vocabulary they index, and how batches are built."""
 
-    samples: np.ndarray  # [N, T + 1] int32
+    samples: Any  # [N, T + 1] int array, or any random-access source of samples
     vocab_size: int
     name: str
+    eod: int | None = None
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+    dataloader_type: str = "cyclic"
+    num_workers: int = 0
 
     @property
     def num_samples(self) -> int:
-        return self.samples.shape[0]
+        return len(self.samples)
+
+    def __post_init__(self):
+        if (self.reset_position_ids or self.reset_attention_mask or self.eod_mask_loss) \
+                and self.eod is None:
+            raise ConfigError(f"{self.name}: reset_position_ids, reset_attention_mask and "
+                              "eod_mask_loss need an end-of-document token, and the tokenizer "
+                              "has none")
+        if self.dataloader_type not in ("single", "cyclic"):
+            raise ConfigError(f"dataloader_type {self.dataloader_type}: only single and cyclic "
+                              "are built (external needs a user iterator)")
 
 
 def windows(stream: np.ndarray, seq_length: int) -> np.ndarray:
@@ -38,20 +69,100 @@ def windows(stream: np.ndarray, seq_length: int) -> np.ndarray:
     return stream[idx].astype(np.int32)
 
 
+def segment_positions(segment_ids: np.ndarray) -> np.ndarray:
+    """Positions restarting at 0 wherever the segment id changes along the last axis."""
+    T = segment_ids.shape[-1]
+    idx = np.broadcast_to(np.arange(T), segment_ids.shape)
+    starts = np.ones(segment_ids.shape, bool)
+    starts[..., 1:] = segment_ids[..., 1:] != segment_ids[..., :-1]
+    first = np.maximum.accumulate(np.where(starts, idx, 0), axis=-1)
+    return (idx - first).astype(np.int32)
+
+
+def document_masks(tokens: np.ndarray, data: TokenData) -> dict:
+    """positions / segment_ids / loss_mask of input ``tokens`` [..., T] from EOD tokens."""
+    out = {}
+    ones = np.ones(tokens.shape, np.float32)
+    if data.eod_mask_loss:
+        ones[tokens == data.eod] = 0.0
+    out["loss_mask"] = ones
+    if data.reset_position_ids or data.reset_attention_mask:
+        is_eod = (tokens == data.eod).astype(np.int32)
+        # the EOD closes its document: the segment changes after it
+        seg = np.cumsum(is_eod, axis=-1) - is_eod + 1
+        if data.reset_attention_mask:
+            out["segment_ids"] = seg.astype(np.int32)
+        if data.reset_position_ids:
+            out["positions"] = segment_positions(seg)
+    return out
+
+
+def _rows(data: TokenData, ds, start: int, size: int, pool):
+    idx = range(start, start + size)
+    got = list(pool.map(ds.__getitem__, idx)) if pool else [ds[i] for i in idx]
+    if isinstance(got[0], dict):
+        return {k: np.stack([g[k] for g in got]) for k in got[0]}
+    return np.stack(got)
+
+
+def make_batch(rows, data: TokenData, per_micro: int) -> dict:
+    """[N, T + 1] samples (or packed dicts) -> the step's [M, B, T] arrays."""
+    if isinstance(rows, dict):
+        toks, seg = rows["tokens"], rows["segment_ids"]
+        n = toks.shape[0]
+        inputs, targets, s_in, s_tg = toks[:, :-1], toks[:, 1:], seg[:, :-1], seg[:, 1:]
+        batch = {"tokens": inputs, "targets": targets,
+                 "loss_mask": ((s_in == s_tg) & (s_in > 0)).astype(np.float32),
+                 "segment_ids": s_in.astype(np.int32), "positions": segment_positions(s_in)}
+        if data.eod_mask_loss:
+            batch["loss_mask"][inputs == data.eod] = 0.0
+    else:
+        n = rows.shape[0]
+        batch = {"tokens": rows[:, :-1], "targets": rows[:, 1:], **document_masks(rows[:, :-1],
+                                                                                   data)}
+    return {k: np.ascontiguousarray(v).reshape(n // per_micro, per_micro, -1)
+            for k, v in batch.items()}
+
+
+def ordered(data: TokenData, seed: int):
+    """The sample order as an endless grain MapDataset (index -> sample)."""
+    ds = grain.MapDataset.source(data.samples)
+    if data.dataloader_type == "cyclic":
+        ds = ds.shuffle(seed=seed)
+    return ds.repeat(None)
+
+
 def global_batches(data: TokenData, tcfg, seed: int,
-                   batch_size: Callable[[int], int] | None = None) -> Iterator[dict]:
-    """Batches of ``tokens``/``targets``/``loss_mask`` [M, B, T], B = micro batch x DP.
+                   batch_size: Callable[[int], int] | None = None,
+                   consumed: int = 0) -> Iterator[dict]:
+    """Batches of ``tokens``/``targets``/``loss_mask`` [M, B, T], B = micro batch x DP, plus
+    ``positions``/``segment_ids`` when the data asks for them.
 
     ``batch_size(consumed_samples)`` gives each step's global batch when it changes during the
     run (``rampup_batch_size``); by default every step takes ``global_batch_size`` samples.
+    The iterator's whole state is the number of samples consumed: starting at ``consumed``
+    resumes exactly where a run that had consumed that many samples stopped. With
+    ``num_workers`` > 0, that many threads read samples, and the next batch is read while the
+    current one trains.
     """
-    ds = grain.MapDataset.source(data.samples).shuffle(seed=seed).repeat(None)
+    ds = ordered(data, seed)
     per_micro = tcfg.micro_batch_size * tcfg.data_parallel_size
-    consumed = 0
-    while True:
-        size = batch_size(consumed) if batch_size else tcfg.global_batch_size
-        rows = np.stack([ds[i] for i in range(consumed, consumed + size)])
-        consumed += size
-        rows = rows.reshape(size // per_micro, per_micro, -1)
-        yield {"tokens": rows[..., :-1], "targets": rows[..., 1:],
-               "loss_mask": np.ones_like(rows[..., 1:], dtype=np.float32)}
+
+    def sizes(start):
+        while True:
+            size = batch_size(start) if batch_size else tcfg.global_batch_size
+            yield start, size
+            start += size
+
+    if data.num_workers <= 0:
+        for start, size in sizes(consumed):
+            yield make_batch(_rows(data, ds, start, size, None), data, per_micro)
+        return
+    with concurrent.futures.ThreadPoolExecutor(data.num_workers) as pool, \
+            concurrent.futures.ThreadPoolExecutor(1) as ahead:
+        plan = sizes(consumed)
+        read = lambda s, n: make_batch(_rows(data, ds, s, n, pool), data, per_micro)  # noqa
+        nxt = ahead.submit(read, *next(plan))
+        for start, size in plan:
+            current, nxt = nxt, ahead.submit(read, start, size)
+            yield current.result()

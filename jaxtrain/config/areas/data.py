@@ -1,5 +1,5 @@
 """Training data: sources, splits, sequence length, packing, loader workers and masks."""
-from jaxtrain.config.knob import HONORED, INERT, REJECTED, Alias, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
 _BERT = ("BERT/ICT-style data generation (another model family); jaxtrain trains decoder-only "
          "language models on contiguous token sequences")
@@ -14,25 +14,25 @@ _TURN_SCALING = ("uniform", "progressive", "last_heavy")
 KNOBS = [
     # Megatron: where the token data comes from and how it is split
     K("data_path", "list[str]|str", None, "Megatron indexed-dataset prefixes to train on, optionally "
-      "interleaved with blend weights; split by `split`.", "megatron", issue=6),
+      "interleaved with blend weights; split by `split`.", "megatron", status=HONORED),
     K("split", "str", None, "Comma-separated train/valid/test proportions applied to data_path "
-      "(e.g. '969,30,1').", "megatron", issue=6),
+      "(e.g. '969,30,1').", "megatron", status=HONORED),
     K("train_data_path", "list[str]|str", None, "Dataset prefixes (with optional weights) used only "
-      "for training, instead of data_path plus split.", "megatron", issue=6),
+      "for training, instead of data_path plus split.", "megatron", status=HONORED),
     K("valid_data_path", "list[str]|str", None, "Dataset prefixes (with optional weights) used only "
       "for validation.", "megatron", issue=6),
     K("test_data_path", "list[str]|str", None, "Dataset prefixes (with optional weights) used only "
       "for the test pass.", "megatron", issue=6),
     K("data_args_path", "str", None, "File holding the data_path blend, for blends too long to "
-      "write inline.", "megatron", issue=6),
+      "write inline.", "megatron", status=HONORED),
     K("per_split_data_args_path", "str", None, "JSON file with train/valid/test keys giving each "
       "split's blend, in place of the *_data_path knobs.", "megatron", issue=6),
     K("data_cache_path", "str", None, "Directory where the built sample/shuffle index files are "
-      "cached and reused across runs.", "megatron", issue=6),
+      "cached and reused across runs.", "megatron", status=HONORED),
     K("mock_data", "bool", False, "Train on generated random tokens instead of reading any "
       "dataset files.", "megatron", HONORED),
     K("merge_file", "str", None, "BPE merges file of a GPT-2 style tokenizer, used with vocab_file "
-      "(the doc's 'blended datasets' wording is wrong).", "megatron", issue=6),
+      "(the doc's 'blended datasets' wording is wrong).", "megatron", status=HONORED),
     K("sample_rate", "float", 1.0, "Fraction of the training data to sample; declared by Megatron "
       "but read by no training code.", "megatron", INERT,
       "Megatron parses it but nothing in its training or dataset code reads it, so no value "
@@ -60,15 +60,18 @@ KNOBS = [
 
     # Loader mechanics
     K("dataloader_type", "str", "cyclic", "Sampler: single (one pass in order), cyclic (reshuffled "
-      "each epoch) or external (user-supplied iterator).", "megatron", issue=6,
+      "each epoch) or external (user-supplied iterator).", "megatron", status=HONORED,
+      planned_values={"external": 6},
       choices=_DATALOADER_TYPES),
     K("data_sharding", "bool", True, "Cyclic sampler: each data-parallel rank shuffles its own "
       "contiguous bucket; false shuffles globally.", "megatron", issue=6),
     K("num_workers", "int", 8, "Background worker processes feeding batches on each host.",
-      "megatron", issue=6, aliases=(Alias("data.num_workers", "pgs-train"),),
+      "megatron", MAPPED, "threads of the host process read and assemble samples (numpy over "
+      "memory-mapped files needs no worker processes) and read the next batch while the current "
+      "one trains; 0 reads in the loop itself", aliases=(Alias("data.num_workers", "pgs-train"),),
       doc_defaults={"pgs-train": 4}),
     K("mmap_bin_files", "bool", True, "Memory-map the .bin token files instead of reading them "
-      "into host memory.", "megatron", issue=6),
+      "into host memory.", "megatron", status=HONORED),
     K("num_dataset_builder_threads", "int", 1, "Threads per host used to build the dataset "
       "sample and shuffle indices.", "megatron", issue=6),
     K("create_attention_mask_in_dataloader", "bool", True, "Megatron: ship a dense causal mask "
@@ -78,26 +81,28 @@ KNOBS = [
 
     # Document boundaries inside a sequence
     K("reset_position_ids", "bool", False, "Restart position ids at each end-of-document token "
-      "inside a sequence.", "megatron", issue=6),
+      "inside a sequence.", "megatron", status=HONORED),
     K("reset_attention_mask", "bool", False, "Stop tokens attending across end-of-document tokens "
-      "inside a sequence.", "megatron", issue=6),
+      "inside a sequence.", "megatron", status=HONORED),
     K("eod_mask_loss", "bool", False, "Exclude end-of-document tokens from the loss.", "megatron",
-      issue=6),
+      status=HONORED),
 
     # MaxText input pipeline
     K("dataset_type", "str", "hf", "Input pipeline: synthetic, hf (Hugging Face datasets), grain, "
       "tfds, c4_mlperf, olmo_grain, or jaxtrain's bundled text corpus.", "maxtext", HONORED,
       choices=_DATASET_TYPES + ("corpus",),
-      planned_values={t: 6 for t in _DATASET_TYPES if t != "synthetic"}),
-    K("hf_path", "str", "allenai/c4", "Hugging Face dataset id (or loader name) read when "
-      "dataset_type is hf.", "maxtext", issue=6),
+      planned_values={t: 6 for t in _DATASET_TYPES if t not in ("synthetic", "hf")}),
+    K("hf_path", "str", "allenai/c4", "Dataset read when dataset_type is hf: jaxtrain reads a "
+      "local directory or file (hub ids are not downloaded).", "maxtext", status=HONORED),
     K("hf_data_dir", "str", "en", "Sub-directory/configuration of the Hugging Face dataset to "
       "read.", "maxtext", issue=6),
     K("hf_train_files", "str", "", "Explicit data files (path or glob) for the Hugging Face "
-      "loader; empty uses the dataset's own files.", "maxtext", issue=6),
+      "loader; empty uses the dataset's own files.", "maxtext", status=HONORED),
     K("packing", "bool", True, "Concatenate several documents into each sequence, masking "
-      "attention between them, instead of padding.", "maxtext", issue=6,
+      "attention between them, instead of padding.", "maxtext", status=HONORED,
       aliases=(Alias("data.packing", "pgs-train"),), doc_defaults={"pgs-train": False}),
+    K("train_data_columns", "list[str]|str", ["text"], "MaxText: the row field holding each "
+      "document's text in hf/local data files (the first one is read).", "jaxtrain", HONORED),
 
     # pgs: dataset files and validation set
     K("data.dataset", "str", "HuggingFaceH4/ultrachat_200k", "Source of chat data; accepts a "

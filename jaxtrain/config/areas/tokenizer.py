@@ -10,6 +10,8 @@ _TOKENIZER_TYPES = (
     "DeepSeekV3Tokenizer", "DeepSeekV4Tokenizer", "Lfm2Tokenizer", "KimiK2Tokenizer",
 )
 
+_BUILT = ("HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer")
+
 
 def _none_if_empty(value):
     """MaxText writes an empty tokenizer_path for "not set"."""
@@ -20,13 +22,14 @@ KNOBS = [
     # Which tokenizer, and where it comes from
     K("tokenizer_type", "str", None, "Which tokenizer implementation to build, e.g. "
       "GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer or NullTokenizer.", "megatron",
-      choices=_TOKENIZER_TYPES, issue=6),
+      choices=_TOKENIZER_TYPES, status=HONORED,
+      planned_values={t: 6 for t in _TOKENIZER_TYPES if t not in _BUILT}),
     K("tokenizer_model", "str", None, "Tokenizer file or Hugging Face id/directory to load the "
-      "tokenizer from.", "megatron", issue=6,
+      "tokenizer from.", "megatron", status=HONORED,
       aliases=(Alias("tokenizer_path", "maxtext", to_canonical=_none_if_empty,
                      note="an empty string means unset"),)),
     K("vocab_file", "str", None, "Path to the vocabulary that BPE and WordPiece tokenizers load.",
-      "megatron", issue=6),
+      "megatron", status=HONORED),
     K("trust_remote_code", "bool", False, "Allow a Hugging Face tokenizer or model config to run "
       "the Python code shipped with it.", "megatron", issue=6,
       doc_defaults={"pgs-train": True},
