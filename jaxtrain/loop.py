@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxtrain import models
+from jaxtrain.checkpoint import Checkpointer
 from jaxtrain.checks import Checks
 from jaxtrain.data.batches import global_batches
 from jaxtrain.data.sources import training_data
@@ -59,15 +60,22 @@ def _opt_state_memory(mesh, opt_cfg):
 
 
 class _StopFlag:
-    """SIGTERM sets it (with ``exit_signal_handler``); the loop exits after the current step."""
+    """SIGTERM sets it (with ``exit_signal_handler``); the loop saves and exits after the
+    current step. The handler stays installed until the final save has finished, so a second
+    SIGTERM cannot interrupt a checkpoint being written; ``restore()`` puts the previous one back.
+    """
 
     def __init__(self, enabled: bool):
         self.raised = False
-        if enabled:
-            signal.signal(signal.SIGTERM, self._handle)
+        self.previous = signal.signal(signal.SIGTERM, self._handle) if enabled else None
 
     def _handle(self, signum, frame):
         self.raised = True
+
+    def restore(self):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
 
 
 # pgs's memory.float32_matmul_precision names (PyTorch's) -> JAX's default matmul precision.
@@ -118,6 +126,12 @@ def _train(cfg, tcfg, logger) -> dict:
                       donate_argnums=0)
     meter = Meter(model_cfg, params, tcfg.seq_length, devices)
     directory = run_dir(cfg)
+    ckpt = Checkpointer.from_config(cfg, directory, model_cfg, logger)
+    restored = ckpt.restore(state)
+    first, consumed = 1, 0
+    if restored is not None:
+        state, consumed = restored
+        first = int(state.step) + 1
     metrics_log = MetricsLog(directory, logger, steps, throughput=cfg["log_throughput"])
     report = _Reporter(Checks(tcfg, logger), meter, metrics_log, tcfg)
     stop = _StopFlag(tcfg.exit_signal_handler)
@@ -125,7 +139,17 @@ def _train(cfg, tcfg, logger) -> dict:
                 "metrics in %s", data.name, steps, tcfg.global_batch_size, tcfg.seq_length,
                 len(devices), devices[0].platform,
                 sum(x.size for x in jax.tree.leaves(params)) / 1e6, metrics_log.path)
+    try:
+        return _loop(state, step_fn, batch_sharding, data, tcfg, steps, first, consumed, ckpt,
+                     report, stop, logger)
+    finally:
+        ckpt.close()  # waits for an async save: nothing is left half written
+        stop.restore()
 
+
+def _loop(state, step_fn, batch_sharding, data, tcfg, steps, first, consumed, ckpt, report,
+          stop, logger) -> dict:
+    """Steps ``first``..``steps``; saves every save_interval steps, at exits and at the end."""
     start, pending = time.perf_counter(), None
     sizes = None
     if tcfg.rampup:
@@ -133,29 +157,40 @@ def _train(cfg, tcfg, logger) -> dict:
                                   rampup=tcfg.rampup,
                                   micro_times_dp=tcfg.micro_batch_size * tcfg.data_parallel_size,
                                   decrease_if_needed=tcfg.decrease_batch_size_if_needed)
-    batches = global_batches(data, tcfg, seed=tcfg.seed, batch_size=sizes)
-    for it in range(1, steps + 1):
+    batches = global_batches(data, tcfg, seed=tcfg.seed, batch_size=sizes, consumed=consumed)
+    it, exiting = first - 1, False
+    for it in range(first, steps + 1):
         host = next(batches)
         batch = jax.device_put({k: jnp.asarray(v) for k, v in host.items()}, batch_sharding)
+        consumed += host["tokens"].shape[0] * host["tokens"].shape[1]
         t0 = time.perf_counter()
         state, metrics = step_fn(state, batch)
         if pending is not None:
             report.finish(*pending)
         pending = (it, metrics, t0, host["tokens"].size)
+        ckpt.maybe_save(it, state, consumed)
         if tcfg.manual_gc and tcfg.manual_gc_interval and it % tcfg.manual_gc_interval == 0:
             gc.collect()
         elapsed_min = (time.perf_counter() - start) / 60
         if tcfg.exit_interval and it % tcfg.exit_interval == 0:
             logger.info("exit_interval %d reached at step %d", tcfg.exit_interval, it)
+            exiting = True
             break
         if tcfg.exit_duration_in_mins and elapsed_min >= tcfg.exit_duration_in_mins:
             logger.info("exit_duration_in_mins %s reached at step %d", tcfg.exit_duration_in_mins,
                         it)
+            exiting = True
             break
         if stop.raised:
             logger.info("SIGTERM: stopping after step %d", it)
+            exiting = True
             break
-    report.finish(*pending, force=True)
+    if pending is not None:
+        report.finish(*pending, force=True)
+    if it >= first and (exiting or ckpt.ccfg.save_last):
+        ckpt.maybe_save(it, state, consumed, force=True)
+    if not exiting:
+        ckpt.export_final(state.params)
     return report.last_row
 
 

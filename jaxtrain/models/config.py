@@ -224,6 +224,8 @@ class ModelConfig:
             "swiglu": ("silu", True), "quick_geglu": ("quick_gelu", True),
             "openai_gelu": ("gelu_tanh", False), "squared_relu": ("squared_relu", False),
         }.get(flags[0] if flags else None, ("gelu", False))
+        if activation == "gelu" and g("add_bias_linear", False) and g("bias_gelu_fusion", True):
+            activation = "gelu_tanh"  # Megatron's fused bias-GeLU is the tanh approximation
 
         vocab = g("vocab_size")
         if vocab is None:

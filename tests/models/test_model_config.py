@@ -148,3 +148,10 @@ def test_legacy_recompute_switches():
     cfg = ModelConfig.from_config({**base, "recompute_activations": True})
     assert cfg.recompute_modules == ("core_attn",) and cfg.remat_policy == "none"
     assert ModelConfig.from_config(base).remat_policy == "none"
+
+
+def test_bias_gelu_fusion_uses_the_tanh_approximation_like_megatron():
+    base = {"vocab_size": 64, "swiglu": False, "add_bias_linear": True}
+    assert ModelConfig.from_config(base).activation == "gelu_tanh"
+    assert ModelConfig.from_config({**base, "bias_gelu_fusion": False}).activation == "gelu"
+    assert ModelConfig.from_config({**base, "add_bias_linear": False}).activation == "gelu"

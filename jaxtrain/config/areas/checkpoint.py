@@ -1,16 +1,20 @@
 """Checkpoints: where and how often to save, what to resume from, and checkpoint formats."""
-from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
 _PGS = ("pgs-train", "pgs-distill")
 
 # Formats Megatron accepts (Primus's pinned copy still has zarr; HEAD adds torch_dcp and
-# fsdp_dtensor). jaxtrain stores Orbax checkpoints whatever the value; issue 7 decides which
-# values map to that and which (the torch formats) stop the run with the conversion path.
+# fsdp_dtensor). torch_dist and zarr map to jaxtrain's Orbax format; the torch formats stop the
+# run with the conversion path.
 _CKPT_FORMATS = ("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor")
 _CONVERT_FORMATS = ("torch", "torch_dist", "zarr")
 _STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected",
                "raise_all", "return_unexpected", "return_all", "ignore_all")
 _WRITES_ORBAX = "jaxtrain writes only Orbax checkpoints"
+_TORCH_FORMAT = ("a PyTorch checkpoint format; jaxtrain reads and writes Orbax checkpoints only. "
+                 "To start from a Megatron checkpoint, convert it to Hugging Face format "
+                 "(Megatron-Bridge, or tools/checkpoint/convert.py with an HF saver) and import "
+                 "it with jaxtrain.models.from_hf")
 
 
 def _off_if_zero(value):
@@ -21,54 +25,55 @@ def _off_if_zero(value):
 KNOBS = [
     # Where and how often to save
     K("save", "str", None, "Directory checkpoints are written to; null saves none.", "megatron",
-      issue=7, aliases=(Alias("train.output_dir", _PGS),),
+      status=HONORED, aliases=(Alias("train.output_dir", _PGS),),
       doc_defaults={"pgs-train": "./checkpoints", "pgs-distill": "./runs/opd"}),
     K("save_interval", "int", 1000, "Iterations between saved checkpoints; null saves only at the "
-      "end.", "megatron", issue=7,
+      "end.", "megatron", status=HONORED,
       aliases=(Alias("train.save_steps", _PGS, to_canonical=_off_if_zero,
                      note="0 means no periodic saves"),),
       doc_defaults={"pgs-train": 500, "pgs-distill": None}),
     K("save_retain_interval", "int", None, "Keep every checkpoint whose iteration is a multiple "
-      "of this; others but the newest are deleted.", "megatron", issue=7),
+      "of this; others but the newest are deleted.", "megatron", status=HONORED),
     K("train.keep_checkpoints", "int", 0, "How many newest step checkpoints to keep; older ones "
-      "are deleted (0 keeps all; the final export is exempt).", "pgs-distill", issue=7,
+      "are deleted (0 keeps all; the final export is exempt).", "pgs-distill", status=HONORED,
       doc_defaults={"pgs-train": 5, "pgs-distill": 3}),
     K("disable_last_saving", "bool", False, "Skip the checkpoint normally written when training "
-      "ends.", "megatron", issue=7),
+      "ends.", "megatron", status=HONORED),
     K("train.save_final", "bool", True, "At the end, export the final model in Hugging Face format "
-      "to <output_dir>/final.", "pgs-train", issue=7),
+      "to <output_dir>/final (pgs configs, or any config that sets it).", "pgs-train",
+      status=HONORED),
     K("enable_checkpointing", "bool", False, "MaxText switch for writing checkpoints and resuming "
-      "from the run's own latest one.", "maxtext", issue=7),
+      "from the run's own latest one.", "maxtext", status=HONORED),
     K("async_save", "bool", None, "Write checkpoints in the background while training continues; "
-      "null means synchronous.", "megatron", issue=7,
+      "null means synchronous.", "megatron", status=HONORED,
       aliases=(Alias("async_checkpointing", "maxtext"),), doc_defaults={"maxtext": False}),
 
     # What a checkpoint holds
     K("no_save_optim", "bool", None, "Leave the optimizer state out of saved checkpoints.",
-      "megatron", issue=7),
+      "megatron", status=HONORED),
     K("no_save_rng", "bool", None, "Leave the random-number state out of saved checkpoints.",
-      "megatron", issue=7),
+      "megatron", status=HONORED),
 
     # What to load and resume from
     K("load", "str", None, "Checkpoint directory to start from; null starts from fresh "
-      "initialisation.", "megatron", issue=7),
+      "initialisation.", "megatron", status=HONORED),
     K("pretrained_checkpoint", "str", None, "Checkpoint to finetune from when `load` holds none "
       "(forces finetune).", "megatron", issue=7),
     K("ckpt_step", "int", None, "Iteration to load from the load directory instead of its "
-      "latest.", "megatron", issue=7),
+      "latest.", "megatron", status=HONORED),
     K("auto_continue_train", "bool", False, "If the save directory already has checkpoints, "
-      "training picks up from the most recent one.", "megatron", issue=7),
+      "training picks up from the most recent one.", "megatron", status=HONORED),
     K("train.resume_from", "str", None, "Checkpoint directory to resume from, or 'auto' for the "
       "newest in output_dir (fresh if none); null/'' = fresh.", ("pgs-train", "pgs-distill"),
-      issue=7),
+      status=HONORED),
     K("exit_on_missing_checkpoint", "bool", True, "Stop when `load` is set but holds no "
-      "checkpoint, instead of initialising at random.", "megatron", issue=7),
+      "checkpoint, instead of initialising at random.", "megatron", status=HONORED),
     K("finetune", "bool", True, "Load only the weights: skip optimizer and RNG state and restart "
-      "the iteration count at 0.", "megatron", issue=7),
+      "the iteration count at 0.", "megatron", status=HONORED),
     K("no_load_optim", "bool", None, "Do not restore the optimizer state from the checkpoint.",
-      "megatron", issue=7),
+      "megatron", status=HONORED),
     K("no_load_rng", "bool", None, "Do not restore the random-number state from the checkpoint.",
-      "megatron", issue=7),
+      "megatron", status=HONORED),
     K("load_main_params_from_ckpt", "bool", False, "Also set the fp32 master weights from the "
       "loaded weights when the optimizer state is not loaded.", "megatron", issue=7),
     K("use_checkpoint_args", "bool", False, "Take the model-shape settings stored in the checkpoint "
@@ -85,7 +90,10 @@ KNOBS = [
 
     # Checkpoint format
     K("ckpt_format", "str", "torch_dist", "Megatron checkpoint format; jaxtrain stores Orbax, and "
-      "torch formats cannot be read (convert them first).", "megatron", issue=7,
+      "torch formats cannot be read (convert them first).", "megatron", MAPPED,
+      reason="torch_dist and zarr both mean jaxtrain's Orbax checkpoint format (tensorstore "
+      "arrays, OCDBT), which jaxtrain writes and reads whichever is set",
+      rejected_values={f: _TORCH_FORMAT for f in ("torch", "torch_dcp", "fsdp_dtensor")},
       choices=_CKPT_FORMATS),
     K("auto_detect_ckpt_format", "bool", False, "Megatron: detect legacy or distributed format "
       "from the files when loading.", "megatron", INERT,

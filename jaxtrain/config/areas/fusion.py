@@ -1,5 +1,5 @@
 """Megatron's fused-kernel switches and Primus's build step."""
-from jaxtrain.config.knob import INERT, K
+from jaxtrain.config.knob import HONORED, INERT, K
 
 _XLA_FUSES = ("XLA fuses these elementwise ops in every jitted step; the flag only picks a CUDA "
               "kernel of the same math")
@@ -7,14 +7,13 @@ _XLA_FUSES = ("XLA fuses these elementwise ops in every jitted step; the flag on
 KNOBS = [
     # Fusions that change the numbers or name a kernel jaxtrain builds
     K("bias_gelu_fusion", "bool", True, "Fused bias + GELU; Megatron's fused path uses the tanh "
-      "approximation of GELU (only with add_bias_linear).", "megatron", issue=3),
+      "approximation of GELU (only with add_bias_linear).", "megatron", status=HONORED),
     K("cross_entropy_loss_fusion", "bool", False, "Compute the vocabulary softmax and "
-      "cross-entropy in one fused pass without keeping float32 probabilities.", "megatron",
-      issue=3),
+      "cross-entropy in one fused pass without keeping float32 probabilities.", "megatron", status=INERT, reason='XLA fuses the log-softmax and cross-entropy of the loss on its own, and with memory.chunked_loss no float32 probabilities of the whole batch are kept either'),
     K("cross_entropy_fusion_impl", "str", "native", "Which fused cross-entropy to use: Megatron's "
-      "native one or TransformerEngine's.", "megatron", choices=("native", "te"), issue=3),
+      "native one or TransformerEngine's.", "megatron", choices=("native", "te"), status=INERT, reason='selects between two CUDA cross-entropy kernels with the same result; XLA compiles the loss itself'),
     K("apply_rope_fusion", "bool", True, "Apply rotary embeddings with a fused kernel.",
-      "megatron", issue=3),
+      "megatron", status=INERT, reason='XLA fuses the rotary-embedding multiply-adds into neighbouring ops; the result is the same'),
 
     # Pure kernel choices with the same math
     K("bias_swiglu_fusion", "bool", True, "Fold the bias add into the SwiGLU activation as a "

@@ -76,7 +76,7 @@ KNOBS = [
 
     # Position embeddings
     K("add_position_embedding", "bool", False, "Add a learned absolute position embedding to the "
-      "token embeddings.", "megatron", issue=3),
+      "token embeddings.", "megatron", status=INERT, reason="read only by Megatron's legacy models (use_legacy_models is rejected); the core GPT model takes position_embedding_type"),
     K("position_embedding_type", "str", "learned_absolute", "How positions enter the model: "
       "learned table, RoPE, multimodal RoPE, relative bias or none.", "megatron",
       choices=_POSITION_EMBEDDINGS, status=HONORED, planned_values={"mrope": None, "relative": None}),
@@ -150,7 +150,7 @@ KNOBS = [
       "are drawn from.",
       "megatron", status=HONORED),
     K("perform_initialization", "bool", True, "Randomly initialise the weights; false leaves them "
-      "to a checkpoint load.", "megatron", issue=3),
+      "to a checkpoint load.", "megatron", status=INERT, reason='parameters are always created by a jitted init (milliseconds of device work) and a checkpoint load replaces them'),
     K("use_cpu_initialization", "bool", None, "Initialise weights on the host and copy them to "
       "the accelerators.", "megatron", INERT,
       "JAX's counter-based PRNG gives the same weights on any device; jaxtrain initialises "
@@ -178,10 +178,10 @@ KNOBS = [
       "backward pass itself"),
 
     # Hugging Face model source (pgs)
-    K("model.name_or_path", "str", "meta-llama/Llama-3.1-8B-Instruct", "Hugging Face model id or "
-      "local directory whose config and weights start the model.", "pgs-train", issue=3,
-      doc_defaults={"pgs-distill": None},
-      aliases=(Alias("model.student", "pgs-distill", note="the student model of distillation"),)),
+    K("model.name_or_path", "str", None, "Hugging Face model id or local directory whose "
+      "config and weights start the model.", "pgs-train",
+      doc_defaults={"pgs-train": "meta-llama/Llama-3.1-8B-Instruct", "pgs-distill": None},
+      aliases=(Alias("model.student", "pgs-distill", note="the student model of distillation"),), issue=None),
     K("model.use_liger_kernel", "bool", True, "Swap in Liger's fused Triton kernels for norms, "
       "SwiGLU and RoPE.", _PGS, INERT,
       "Liger replaces PyTorch ops with fused CUDA kernels of the same math; XLA fuses these "
