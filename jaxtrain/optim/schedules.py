@@ -28,14 +28,18 @@ from collections.abc import Mapping
 import jax.numpy as jnp
 import optax
 
+from jaxtrain.config.areas import optim as _optim_knobs
+from jaxtrain.config.areas import schedule as _schedule_knobs
+
 MEGATRON = "megatron"
 PGS = "pgs"
 PGS_DIALECTS = ("pgs-train", "pgs-distill")
 
-MEGATRON_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
-WSD_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
-PGS_STYLES = ("power_decay", "wsd", "cosine", "linear", "constant")
-WD_STYLES = ("constant", "linear", "cosine")
+# The accepted values are the registry's (jaxtrain/config/areas/schedule.py, optim.py).
+MEGATRON_STYLES = _schedule_knobs._DECAY_STYLES
+WSD_STYLES = _schedule_knobs._WSD_DECAY_STYLES
+PGS_STYLES = _schedule_knobs._PGS_SCHEDULERS
+WD_STYLES = _optim_knobs._WD_INCR_STYLES
 
 PGS_POWER = 4.0  # exponent of pgs's power_decay and of the decay tail of its wsd
 PGS_WSD_STABLE = 0.8  # share of pgs's post-warmup steps that wsd holds at the peak
