@@ -1,6 +1,5 @@
 """The registry covers every documented key, and its statuses and docs are consistent."""
 import json
-import pathlib
 from collections import Counter
 
 import pytest

@@ -1,5 +1,4 @@
 """Batches from any source: document masks, packing, resume, loader order, tokenizers, files."""
-import json
 
 import jax.numpy as jnp
 import numpy as np

@@ -5,7 +5,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 
 from jaxtrain import models
 from jaxtrain.loss import row_losses

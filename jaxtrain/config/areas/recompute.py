@@ -1,5 +1,5 @@
 """Activation recomputation (remat) and the scan over layers."""
-from jaxtrain.config.knob import HONORED, REJECTED, Alias, K
+from jaxtrain.config.knob import HONORED, Alias, K
 
 # MaxText's policies (layers/decoders.py get_remat_policy); "none" keeps every activation.
 _REMAT_POLICIES = (
