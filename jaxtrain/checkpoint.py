@@ -196,6 +196,7 @@ class Checkpointer:
         self.config, self.dialect = config or {}, dialect
         self._managers: dict[pathlib.Path, Any] = {}
         self.last_saved: int | None = None
+        self.restored_extra: dict = {}
         if ccfg.final_dir is not None and model_cfg is not None:
             from jaxtrain.models import hf
             try:
@@ -247,8 +248,11 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ saving
 
-    def maybe_save(self, step: int, state, consumed: int, force: bool = False) -> bool:
-        """Save at multiples of save_interval, or now with ``force``; False if nothing saved."""
+    def maybe_save(self, step: int, state, consumed: int, force: bool = False,
+                   extra: dict | None = None) -> bool:
+        """Save at multiples of save_interval, or now with ``force``; False if nothing saved.
+        ``extra`` (small JSON: e.g. the validation iterators' positions) goes into the meta and
+        comes back as ``restored_extra`` after a restore."""
         c = self.ccfg
         if c.save_dir is None or step == self.last_saved:
             return False
@@ -271,7 +275,7 @@ class Checkpointer:
                 "param_scan_axis": getattr(self.model_cfg, "param_scan_axis", None),
                 "model": (_jsonable(dataclasses.asdict(self.model_cfg))
                           if self.model_cfg is not None else None),
-                "dialect": self.dialect, "config": self.config}
+                "dialect": self.dialect, "config": self.config, "extra": extra or {}}
         args = {k: ocp.args.StandardSave(v) for k, v in items.items()}
         args["meta"] = ocp.args.JsonSave(json.loads(json.dumps(meta, default=str)))
         manager = self.saver
@@ -459,6 +463,7 @@ class Checkpointer:
                     if jnp.issubdtype(template.rng.dtype, jax.dtypes.prng_key)
                     else out["rng"]["key"])
             consumed = int(meta["consumed"])
+            self.restored_extra = meta.get("extra") or {}
         state = dataclasses.replace(state, **changes)
         self.log.info("restored %s from %s (step %d, %d samples consumed%s)",
                       "parameters" if mode == "params" else "the train state", where, step,

@@ -12,23 +12,28 @@ import gc
 import logging
 import signal
 import time
+from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxtrain import models
 from jaxtrain.checkpoint import Checkpointer
 from jaxtrain.checks import Checks
 from jaxtrain.data.batches import global_batches
 from jaxtrain.data.sources import training_data
+from jaxtrain.evaluation import Evaluator
 from jaxtrain.logs import run_dir
 from jaxtrain.metrics import Meter, MetricsLog
-from jaxtrain.optim.optimizers import OptimConfig, build_optimizer, opt_state_memory_kind
+from jaxtrain.observe import (MemoryProfile, MemoryReport, Observers, ProfileWindow,
+                              ProgressLog, Stragglers, Timers, check_trackers)
+from jaxtrain.optim.optimizers import (HOST_MEMORY, OptimConfig, build_optimizer,
+                                       with_opt_state_memory_kind)
 from jaxtrain.optim.schedules import (ScheduleConfig, batch_size_at, make_lr_schedule,
                                       make_weight_decay_schedule, rampup_train_iters)
-from jaxtrain.step import init_state, make_train_step
+from jaxtrain.parallel.mesh import MeshConfig, make_mesh
+from jaxtrain.parallel.sharding import Layout
+from jaxtrain.step import (TrainState, abstract_state, create_state, make_train_step,
+                           memory_movers, state_shardings)
 from jaxtrain.train_config import TrainConfig
 
 log = logging.getLogger("jaxtrain.loop")
@@ -46,17 +51,13 @@ def total_steps(tcfg, num_samples: int) -> int:
     return tcfg.epochs * max(1, num_samples // tcfg.global_batch_size)
 
 
-def _opt_state_memory(mesh, opt_cfg):
-    """(to_device, to_host) movers when the optimizer state lives in host memory, else None."""
-    kind = opt_state_memory_kind(opt_cfg, mesh.devices.flat[0])
-    if kind is None:
+def _host_memory_kind(device) -> str | None:
+    """Pinned host memory, where the backend offers it (parameter offload)."""
+    try:
+        kinds = {m.kind for m in device.addressable_memories()}
+    except Exception:  # noqa: BLE001 -- a backend without memory kinds keeps state on device
         return None
-
-    def mover(memory_kind):
-        sharding = NamedSharding(mesh, P(), memory_kind=memory_kind)
-        return lambda tree: jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
-
-    return mover("device"), mover(kind)
+    return HOST_MEMORY if HOST_MEMORY in kinds else None
 
 
 class _StopFlag:
@@ -82,34 +83,58 @@ class _StopFlag:
 MATMUL_PRECISION = {"highest": "float32", "high": "tensorfloat32", "medium": "bfloat16"}
 
 
-def train(cfg, logger: logging.Logger | None = None) -> dict:
-    """Run training; returns the last metrics row."""
+def train(cfg, logger: logging.Logger | None = None, devices=None) -> dict:
+    """Run training on ``devices`` (default: all of the job's); returns the last metrics row."""
     logger = logger or log
     tcfg = TrainConfig.from_config(cfg)
+    check_trackers(cfg)
     precision = jax.config.jax_default_matmul_precision
     jax.config.update("jax_default_matmul_precision",
                       MATMUL_PRECISION[cfg["memory.float32_matmul_precision"]])
     if tcfg.manual_gc:
         gc.disable()
     try:
-        return _train(cfg, tcfg, logger)
+        return _train(cfg, tcfg, logger, list(devices or jax.devices()))
     finally:
         jax.config.update("jax_default_matmul_precision", precision)
         if tcfg.manual_gc:
             gc.enable()
 
 
-def _train(cfg, tcfg, logger) -> dict:
+@dataclasses.dataclass
+class Setup:
+    """Everything a run is made of, built from the config before the first step."""
+
+    data: Any
+    model_cfg: Any
+    tcfg: TrainConfig
+    steps: int
+    layout: Layout
+    schedule: Any
+    optimizer: Any
+    abstract: TrainState          # shapes and dtypes of the state
+    shardings: TrainState         # where each part of the state lives
+    state: TrainState             # the initial state, already sharded
+    step_fn: Any                  # the jitted train step
+
+    @property
+    def rows(self) -> int:
+        """Rows B of every [M, B, T] batch: micro batch x data-parallel size."""
+        return self.tcfg.micro_batch_size * self.tcfg.data_parallel_size
+
+    def put_batch(self, host: dict) -> dict:
+        return self.layout.put_batch(host, self.rows)
+
+
+def build(cfg, devices=None, tcfg: TrainConfig | None = None) -> Setup:
+    """Data, model, mesh, optimizer, the sharded initial state and the jitted step."""
+    tcfg = tcfg or TrainConfig.from_config(cfg)
+    devices = list(devices or jax.devices())
     data = training_data(cfg)
     model_cfg = models.ModelConfig.from_config({**cfg, "vocab_size": data.vocab_size})
     steps = total_steps(tcfg, data.num_samples)
-    devices = jax.devices()
-    mesh = Mesh(np.array(devices), ("data",))
-    batch_sharding = NamedSharding(mesh, P(None, "data"))
-    key = jax.random.key(tcfg.seed)
-    params = models.init(model_cfg, jax.random.fold_in(key, 0),
-                         jax.tree.map(lambda _: NamedSharding(mesh, P()),
-                                      models.abstract(model_cfg)))
+    mcfg = MeshConfig.from_config(cfg, len(devices))
+    layout = Layout(make_mesh(mcfg, devices), mcfg)
     sched_cfg = ScheduleConfig.from_config(cfg, total_steps=steps)
     schedule = make_lr_schedule(sched_cfg)
     opt_cfg = OptimConfig.from_config(cfg)
@@ -118,38 +143,111 @@ def _train(cfg, tcfg, logger) -> dict:
         wd_schedule=make_weight_decay_schedule(sched_cfg),
         decoupled_lr_schedule=(make_lr_schedule(sched_cfg, decoupled=True)
                                if sched_cfg.has_decoupled_lr else None))
-    state = init_state(params, optimizer, tcfg, jax.random.fold_in(key, 1))
-    memory = _opt_state_memory(mesh, opt_cfg)
-    if memory:
-        state = dataclasses.replace(state, opt_state=memory[1](state.opt_state))
-    step_fn = jax.jit(make_train_step(model_cfg, tcfg, optimizer, schedule, memory),
-                      donate_argnums=0)
-    meter = Meter(model_cfg, params, tcfg.seq_length, devices)
+    abstract = abstract_state(model_cfg, optimizer, tcfg)
+    shardings = state_shardings(
+        layout, model_cfg, abstract,
+        params_memory_kind=_host_memory_kind(devices[0]) if mcfg.offload_params else None)
+    shardings = dataclasses.replace(shardings, opt_state=with_opt_state_memory_kind(
+        shardings.opt_state, opt_cfg, devices[0], abstract.opt_state))
+    state = create_state(jax.random.key(tcfg.seed), model_cfg, optimizer, tcfg, shardings)
+    train_step = make_train_step(
+        model_cfg, tcfg, optimizer, schedule, memory_movers(shardings.opt_state), layout=layout,
+        grad_shardings=layout.grads(models.logical_axes(model_cfg), abstract.params),
+        params_memory=memory_movers(shardings.params))
+    step_fn = jax.jit(train_step, in_shardings=(shardings, layout.batch()),
+                      out_shardings=(shardings, layout.replicated()), donate_argnums=0)
+    return Setup(data, model_cfg, tcfg, steps, layout, schedule, optimizer, abstract, shardings,
+                 state, step_fn)
+
+
+def _train(cfg, tcfg, logger, devices) -> dict:
+    run = build(cfg, devices, tcfg)
+    state, steps, mcfg = run.state, run.steps, run.layout.mcfg
     directory = run_dir(cfg)
-    ckpt = Checkpointer.from_config(cfg, directory, model_cfg, logger)
+    ckpt = Checkpointer.from_config(cfg, directory, run.model_cfg, logger)
+    evaluator = Evaluator.from_config(
+        cfg, run.model_cfg, tcfg=tcfg, put_batch=run.put_batch,
+        rows=run.layout.local_rows(run.rows), layout=run.layout,
+        params_memory=memory_movers(run.shardings.params), logger=logger)
     restored = ckpt.restore(state)
     first, consumed = 1, 0
     if restored is not None:
         state, consumed = restored
         first = int(state.step) + 1
-    metrics_log = MetricsLog(directory, logger, steps, throughput=cfg["log_throughput"])
-    report = _Reporter(Checks(tcfg, logger), meter, metrics_log, tcfg)
+        if "eval" in ckpt.restored_extra:
+            evaluator.restore(ckpt.restored_extra["eval"])
+        else:
+            evaluator.skip_to(first - 1)
+    watch = _Watch.from_config(cfg, directory, devices, first, restored is not None, logger,
+                               steps, Meter(run.model_cfg, run.abstract.params, tcfg.seq_length,
+                                            devices))
+    if tcfg.skip_train:
+        row = {"step": first - 1, **evaluator.evaluate_only(state.params, first - 1)}
+        watch.log.write_eval(row)
+        ckpt.close()
+        watch.close(first - 1, consumed * tcfg.seq_length)
+        return row
+    report = _Reporter(Checks(tcfg, logger), watch, tcfg)
     stop = _StopFlag(tcfg.exit_signal_handler)
-    logger.info("training %s: %d steps of %d x %d tokens on %d %s device(s); %.1fM parameters; "
-                "metrics in %s", data.name, steps, tcfg.global_batch_size, tcfg.seq_length,
-                len(devices), devices[0].platform,
-                sum(x.size for x in jax.tree.leaves(params)) / 1e6, metrics_log.path)
+    logger.info("training %s: %d steps of %d x %d tokens on %d %s device(s) (%s; %s); %.1fM "
+                "parameters; metrics in %s", run.data.name, steps, tcfg.global_batch_size,
+                tcfg.seq_length, len(devices), devices[0].platform,
+                " x ".join(f"{k} {v}" for k, v in mcfg.shape.items() if v > 1) or "one device",
+                mcfg.sharding, sum(x.size for x in jax.tree.leaves(run.abstract.params)) / 1e6,
+                watch.log.path)
+    watch.progress.job_start(first - 1, consumed * tcfg.seq_length * watch.meter.flops_per_token)
+    last = (first - 1, consumed)
     try:
-        return _loop(state, step_fn, batch_sharding, data, tcfg, steps, first, consumed, ckpt,
-                     report, stop, logger)
+        last = _loop(run, state, first, consumed, ckpt, evaluator, report, stop, logger)
+        return report.last_row
+    except BaseException as e:
+        watch.memory_profile.on_error(e)
+        raise
     finally:
         ckpt.close()  # waits for an async save: nothing is left half written
         stop.restore()
+        watch.close(last[0], last[1] * tcfg.seq_length)
 
 
-def _loop(state, step_fn, batch_sharding, data, tcfg, steps, first, consumed, ckpt, report,
-          stop, logger) -> dict:
-    """Steps ``first``..``steps``; saves every save_interval steps, at exits and at the end."""
+@dataclasses.dataclass
+class _Watch:
+    """What watches the run: metrics rows and trackers, profile windows, memory, timers."""
+
+    log: MetricsLog
+    observers: Any
+    meter: Meter
+    window: ProfileWindow
+    memory_profile: MemoryProfile
+    memory_report: MemoryReport
+    timers: Timers
+    stragglers: Stragglers
+    progress: ProgressLog
+
+    @classmethod
+    def from_config(cls, cfg, directory, devices, first: int, resumed: bool, logger, steps,
+                    meter) -> "_Watch":
+        process, main = jax.process_index(), jax.process_index() == 0
+        observers = Observers.from_config(cfg, directory, main, resume=resumed)
+        return cls(MetricsLog.from_config(cfg, directory, logger, steps, observers=observers,
+                                          main=main),
+                   observers, meter,
+                   ProfileWindow.from_config(cfg, directory, process, first_step=first),
+                   MemoryProfile.from_config(cfg, directory, process),
+                   MemoryReport.from_config(cfg), Timers.from_config(cfg),
+                   Stragglers.from_config(cfg),
+                   ProgressLog.from_config(cfg, directory, len(devices), main))
+
+    def close(self, step: int, tokens: int):
+        self.window.close()
+        self.observers.close()
+        self.progress.job_end(step, tokens, tokens * self.meter.flops_per_token)
+
+
+def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, logger
+          ) -> tuple[int, int]:
+    """Steps ``first``..``steps``; validates every eval_interval steps; saves every
+    save_interval steps, at exits and at the end. Returns (last step, samples consumed)."""
+    tcfg, steps, data, watch = run.tcfg, run.steps, run.data, report.watch
     start, pending = time.perf_counter(), None
     sizes = None
     if tcfg.rampup:
@@ -157,18 +255,29 @@ def _loop(state, step_fn, batch_sharding, data, tcfg, steps, first, consumed, ck
                                   rampup=tcfg.rampup,
                                   micro_times_dp=tcfg.micro_batch_size * tcfg.data_parallel_size,
                                   decrease_if_needed=tcfg.decrease_batch_size_if_needed)
-    batches = global_batches(data, tcfg, seed=tcfg.seed, batch_size=sizes, consumed=consumed)
+    batches = global_batches(data, tcfg, seed=tcfg.seed, batch_size=sizes, consumed=consumed,
+                             rows=run.layout.local_rows(run.rows))
     it, exiting = first - 1, False
     for it in range(first, steps + 1):
-        host = next(batches)
-        batch = jax.device_put({k: jnp.asarray(v) for k, v in host.items()}, batch_sharding)
-        consumed += host["tokens"].shape[0] * host["tokens"].shape[1]
+        with watch.timers("batch", level=1):
+            batch = run.put_batch(next(batches))
+        consumed += batch["tokens"].shape[0] * run.rows
         t0 = time.perf_counter()
-        state, metrics = step_fn(state, batch)
+        watch.window.step_begin(it)
+        state, metrics = run.step_fn(state, batch)
+        watch.window.step_end(it, block_on=metrics)
         if pending is not None:
             report.finish(*pending)
-        pending = (it, metrics, t0, host["tokens"].size)
-        ckpt.maybe_save(it, state, consumed)
+        pending = (it, metrics, t0, batch["tokens"].size)
+        if evaluator.due(it):
+            report.finish(*pending)
+            pending = None
+            watch.log.write_eval({"step": it, **evaluator.run(state.params, it)})
+        with watch.timers("save-checkpoint", level=1):
+            saved = ckpt.maybe_save(it, state, consumed, extra={"eval": evaluator.state()})
+        if saved:
+            tokens = consumed * tcfg.seq_length
+            watch.progress.checkpoint(it, tokens, tokens * watch.meter.flops_per_token)
         if tcfg.manual_gc and tcfg.manual_gc_interval and it % tcfg.manual_gc_interval == 0:
             gc.collect()
         elapsed_min = (time.perf_counter() - start) / 60
@@ -188,21 +297,24 @@ def _loop(state, step_fn, batch_sharding, data, tcfg, steps, first, consumed, ck
     if pending is not None:
         report.finish(*pending, force=True)
     if it >= first and (exiting or ckpt.ccfg.save_last):
-        ckpt.maybe_save(it, state, consumed, force=True)
+        ckpt.maybe_save(it, state, consumed, force=True, extra={"eval": evaluator.state()})
     if not exiting:
+        if evaluator.enabled and it >= first:
+            watch.log.write_eval({"step": it, **evaluator.final(state.params, it)})
         ckpt.export_final(state.params)
-    return report.last_row
+    return it, consumed
 
 
 class _Reporter:
-    """Checks each step's metrics (waiting for them) and logs every log_interval steps.
+    """Checks each step's metrics (waiting for them) and writes a row every log_interval steps
+    (console, metrics.jsonl, trackers) and every tracker interval (trackers only).
 
     A step's time runs from when the device could start it (its dispatch, or the previous
     step's completion if later) to its completion.
     """
 
-    def __init__(self, checks, meter, metrics_log, tcfg):
-        self.checks, self.meter, self.log, self.tcfg = checks, meter, metrics_log, tcfg
+    def __init__(self, checks, watch: _Watch, tcfg):
+        self.checks, self.watch, self.tcfg = checks, watch, tcfg
         self.last_done, self.last_row = 0.0, None
         self.recent, self.warm = [], False  # step times in the running average (Primus)
 
@@ -212,15 +324,24 @@ class _Reporter:
         done = time.perf_counter()
         step_time, self.last_done = done - max(dispatched, self.last_done), done
         self.checks(it, values)
-        if it % self.tcfg.log_interval and it != 1 and not force:
+        w = self.watch
+        w.memory_profile.step_end(it)
+        w.timers.add("step", step_time, level=0)
+        extra = w.memory_report.fields(it)
+        console = force or it == 1 or it % self.tcfg.log_interval == 0
+        if not console and not w.observers.due(it):
             return
         row = {"step": it, **{k: (v.item() if hasattr(v, "item") else v)
                               for k, v in values.items()},
                "global_batch_size": tokens // self.tcfg.seq_length,
-               **self.meter.row(step_time, float(tokens))}
+               **w.meter.row(step_time, float(tokens)), **extra, **w.timers.collect()}
+        if not console:
+            w.observers.write(row)
+            return
         row["step_time_avg_s"] = self._average(it, step_time)
         row["tokens_per_s_avg"] = tokens / row["step_time_avg_s"]
-        self.log.write(row)
+        w.stragglers.report(it, step_time)
+        w.log.write(row)
         self.last_row = row
 
     def _average(self, it: int, step_time: float) -> float:

@@ -19,6 +19,8 @@ import time
 import jax
 import numpy as np
 
+from jaxtrain.observe.progress import Rate, format_duration
+
 # Dense bf16 peak TFLOP/s per device, by jax device_kind substring.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "MI300X": 1307.0, "MI325X": 1307.0,
                "MI355X": 2500.0, "B200": 2250.0, "L40S": 362.0}
@@ -76,26 +78,64 @@ class Meter:
 
 
 class MetricsLog:
-    """Appends one JSON row per logged step to ``metrics.jsonl`` and prints a console line."""
+    """Appends one JSON row per logged step to ``metrics.jsonl`` and prints a console line
+    (step/total, loss, lr, timing, tokens/s, TFLOP/s, MFU, memory, ETA); with ``observers``
+    (:class:`jaxtrain.observe.Observers`) each row also goes to the experiment trackers.
+
+    ``grad_norm=False`` (pgs ``logging.log_grad_norm: false``) leaves the gradient norm out of
+    the rows. The ETA uses the rate measured from the first written row on, so the compile
+    step and the steps before a resume do not skew it.
+    """
 
     def __init__(self, directory: pathlib.Path, logger, total_steps: int | None,
-                 throughput: bool = True):
-        directory.mkdir(parents=True, exist_ok=True)
+                 throughput: bool = True, observers=None, grad_norm: bool = True,
+                 main: bool = True):
+        self.main = main  # only process 0 of a multi-process job writes
+        if main:
+            directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "metrics.jsonl"
         self.logger, self.total, self.throughput = logger, total_steps, throughput
+        self.observers, self.grad_norm = observers, grad_norm
         self.start = time.perf_counter()
+        self.rate = Rate(total_steps)
+
+    @classmethod
+    def from_config(cls, cfg, directory: pathlib.Path, logger, total_steps: int | None,
+                    observers=None, main: bool = True) -> MetricsLog:
+        return cls(directory, logger, total_steps, throughput=cfg["log_throughput"],
+                   observers=observers, grad_norm=cfg["logging.log_grad_norm"], main=main)
+
+    def _clean(self, row: dict) -> dict:
+        return {k: (float(v) if isinstance(v, (np.floating, np.integer, float)) and
+                    not isinstance(v, bool) else v) for k, v in row.items()
+                if self.grad_norm or k != "grad_norm"}
+
+    def _append(self, row: dict):
+        if self.main:
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        if self.observers is not None:
+            self.observers.write(row)
 
     def write(self, row: dict):
-        clean = {k: (float(v) if isinstance(v, (np.floating, np.integer, float)) and
-                     not isinstance(v, bool) else v) for k, v in row.items()}
-        with self.path.open("a") as f:
-            f.write(json.dumps(clean) + "\n")
-        self.logger.info(self._line(clean))
+        """A training row: metrics.jsonl, the console line and the trackers."""
+        clean = self._clean(row)
+        self.rate.observe(clean["step"])
+        if self.main:
+            self.logger.info(self._line(clean))
+        self._append(clean)
+
+    def write_eval(self, row: dict):
+        """A validation/test row (``val_loss``, ``val_ppl``, ...): metrics.jsonl and the
+        trackers; the evaluator prints its own console line."""
+        self._append(self._clean(row))
 
     def _line(self, r: dict) -> str:
         parts = [f"step {r['step']}" + (f"/{self.total}" if self.total else ""),
-                 f"loss {r['loss']:.4f}", f"lr {r['lr']:.3e}", f"grad_norm {r['grad_norm']:.3f}",
-                 f"step {r['step_time_s'] * 1e3:.0f} ms"]
+                 f"loss {r['loss']:.4f}", f"lr {r['lr']:.3e}"]
+        if r.get("grad_norm") is not None:
+            parts.append(f"grad_norm {r['grad_norm']:.3f}")
+        parts.append(f"step {r['step_time_s'] * 1e3:.0f} ms")
         if self.throughput:
             parts += [f"{r['tokens_per_s']:.0f} tok/s (avg {r['tokens_per_s_avg']:.0f})",
                       f"{r['tflops_per_device']:.3f} TFLOP/s/dev"]
@@ -103,9 +143,18 @@ class MetricsLog:
                 parts.append(f"MFU {100 * r['mfu']:.1f}%")
         if r.get("memory_gib") is not None:
             parts.append(f"mem {r['memory_gib']:.2f} GiB")
+        mem = [(name, r[key]) for name, key in (("used", "mem_bytes_in_use"),
+                                                ("peak", "mem_peak_bytes_in_use"),
+                                                ("limit", "mem_bytes_limit"))
+               if r.get(key) is not None]
+        if mem:
+            parts.append("device mem " + "/".join(f"{v / 2**30:.2f}" for _, v in mem)
+                         + " GiB (" + "/".join(name for name, _ in mem) + ")")
         if r.get("skipped"):
             parts.append("SKIPPED")
         if self.total and r["step"] > 0:
-            left = (time.perf_counter() - self.start) / r["step"] * (self.total - r["step"])
-            parts.append(f"ETA {left / 60:.1f} min")
+            eta = self.rate.eta_s(r["step"])
+            if eta is None:  # one row so far: elapsed time per step, compile step included
+                eta = (time.perf_counter() - self.start) / r["step"] * (self.total - r["step"])
+            parts.append(f"ETA {format_duration(eta)}")
         return " | ".join(parts)

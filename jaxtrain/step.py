@@ -12,6 +12,7 @@ Batch layout: ``tokens``, ``targets``, ``loss_mask`` (and optionally ``positions
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -22,6 +23,7 @@ import optax
 from jaxtrain import loss_scale as ls
 from jaxtrain import spikes
 from jaxtrain.loss import row_losses
+from jaxtrain.models import params as model_params
 from jaxtrain.models.transformer import hidden_states
 
 
@@ -44,6 +46,58 @@ def init_state(params, optimizer, tcfg, rng) -> TrainState:
         spike_stats=spikes.init() if tcfg.spike_detection else None)
 
 
+def _make_state(key, model_cfg, optimizer, tcfg) -> TrainState:
+    params = model_params.init(model_cfg, jax.random.fold_in(key, 0))
+    return init_state(params, optimizer, tcfg, jax.random.fold_in(key, 1))
+
+
+def abstract_state(model_cfg, optimizer, tcfg) -> TrainState:
+    """The train state's shapes and dtypes, computed without allocating it."""
+    return jax.eval_shape(lambda k: _make_state(k, model_cfg, optimizer, tcfg),
+                          jax.random.key(0))
+
+
+def state_shardings(layout, model_cfg, abstract: TrainState,
+                    params_memory_kind=None) -> TrainState:
+    """Where each part of the state lives: parameters and optimizer state per the layout's
+    table (parameters in host memory with ``params_memory_kind``), counters and RNG
+    replicated."""
+    logical = model_params.logical_axes(model_cfg)
+    repl = layout.replicated()
+    return TrainState(
+        step=repl, opt_step=repl,
+        params=layout.params(logical, abstract.params, params_memory_kind),
+        opt_state=layout.opt_state(abstract.opt_state, logical, abstract.params),
+        rng=repl, loss_scale=jax.tree.map(lambda _: repl, abstract.loss_scale),
+        spike_stats=jax.tree.map(lambda _: repl, abstract.spike_stats))
+
+
+def create_state(key, model_cfg, optimizer, tcfg, shardings: TrainState) -> TrainState:
+    """The initial state, born sharded (jit with out_shardings: no device ever holds a full
+    copy of a sharded tensor), then moved to host memory where ``shardings`` say so."""
+    on_device = jax.tree.map(_device_memory, shardings)
+    state = jax.jit(lambda k: _make_state(k, model_cfg, optimizer, tcfg),
+                    out_shardings=on_device)(key)
+    if on_device == shardings:
+        return state
+    return jax.device_put(state, shardings)
+
+
+def _device_memory(sharding):
+    kind = getattr(sharding, "memory_kind", None)
+    return sharding if kind in (None, "device") else sharding.with_memory_kind("device")
+
+
+def memory_movers(shardings):
+    """(to_device, to_host) for a tree placed in host memory by ``shardings``, else None."""
+    if all(getattr(s, "memory_kind", None) in (None, "device")
+           for s in jax.tree.leaves(shardings)):
+        return None
+    on_device = jax.tree.map(_device_memory, shardings)
+    return (lambda tree: jax.device_put(tree, on_device),
+            lambda tree: jax.device_put(tree, shardings))
+
+
 def _global_norm(tree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
                         for x in jax.tree.leaves(tree)))
@@ -62,15 +116,23 @@ def _loss_weights(mask, tcfg):
 
 
 def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr_schedule,
-                    opt_state_memory=None):
+                    opt_state_memory=None, *, layout=None, grad_shardings=None,
+                    params_memory=None):
     """The pure train step for these configs; jit it with donated state.
 
     ``opt_state_memory`` = (to_device, to_host) keeps the optimizer state in host memory
     between steps (paged_adamw8bit, optimizer_memory_host_offload): the step brings it to the
-    device for the update and writes the new state back.
+    device for the update and writes the new state back; ``params_memory`` does the same for
+    the parameters (pgs ``parallel.cpu_offload``). ``layout`` (a
+    :class:`~jaxtrain.parallel.sharding.Layout`) pins activation shardings while tracing;
+    ``grad_shardings`` pins where the reduced gradients live (ZeRO-2/FSDP: sharded over data
+    parallel, so XLA reduce-scatters instead of all-reducing).
     """
     accum_dtype = jnp.dtype(tcfg.accum_dtype)
     to_device, to_host = opt_state_memory or (lambda t: t, lambda t: t)
+    params_in, params_out = params_memory or (lambda t: t, lambda t: t)
+    pin = ((lambda t: jax.lax.with_sharding_constraint(t, grad_shardings))
+           if grad_shardings is not None else (lambda t: t))
 
     def micro_loss(params, micro, weights, rng):
         hidden = hidden_states(params, micro["tokens"], model_cfg,
@@ -83,6 +145,10 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         return jnp.sum(sums)
 
     def step(state: TrainState, batch: dict):
+        with layout.activations() if layout is not None else contextlib.nullcontext():
+            return _step(dataclasses.replace(state, params=params_in(state.params)), batch)
+
+    def _step(state: TrainState, batch: dict):
         weights = _loss_weights(batch["loss_mask"], tcfg)
         scale = state.loss_scale.scale if state.loss_scale is not None else jnp.float32(1.0)
         rng, step_rng = jax.random.split(state.rng)
@@ -93,10 +159,10 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             value, g = jax.value_and_grad(
                 lambda p: micro_loss(p, micro, w, jax.random.fold_in(step_rng, i)) * scale
             )(state.params)
-            grads = jax.tree.map(lambda a, b: a + b.astype(accum_dtype), grads, g)
+            grads = pin(jax.tree.map(lambda a, b: a + b.astype(accum_dtype), grads, g))
             return (grads, loss + value / scale), None
 
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), state.params)
+        zeros = pin(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), state.params))
         M = weights.shape[0]
         (grads, loss), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0.0)),
                                         (batch, weights, jnp.arange(M)))
@@ -119,9 +185,10 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         updates, new_opt = optimizer.update(grads, opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(skip, b, a), new, old)  # noqa: E731
+        kept_params = keep(new_params, state.params)
         new_state = TrainState(
             step=state.step + 1, opt_step=state.opt_step + jnp.where(skip, 0, 1).astype(jnp.int32),
-            params=keep(new_params, state.params),
+            params=params_out(kept_params),
             opt_state=to_host(keep(new_opt, opt_state)), rng=rng,
             loss_scale=(ls.update(state.loss_scale, overflow, tcfg.loss_scale)
                         if state.loss_scale is not None else None),
@@ -132,7 +199,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         if state.loss_scale is not None:
             metrics["loss_scale"] = state.loss_scale.scale
         if tcfg.log_params_norm:
-            metrics["params_norm"] = _global_norm(new_state.params)
+            metrics["params_norm"] = _global_norm(kept_params)
         if tcfg.log_num_zeros_in_grad:
             metrics["num_zeros_in_grad"] = sum(jnp.sum(g == 0) for g in jax.tree.leaves(grads))
         return new_state, metrics

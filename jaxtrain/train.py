@@ -51,7 +51,7 @@ def _fail(message: str) -> int:
 
 def main(argv=None) -> int:
     from jaxtrain.config import ConfigError, load_config, registry
-    from jaxtrain.logs import run_dir, setup_logging
+    from jaxtrain.logs import setup_logging
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         cfg = load_config(rest[0], rest[1:], world_size=flags["world_size"])
     except ConfigError as e:
         return _fail(f"config error: {e}")
-    logger = setup_logging(cfg, None if flags["dry_run"] else run_dir(cfg))
+    logger = setup_logging(cfg)  # file sinks come once the process's rank is known
     for warning in cfg.warnings:
         logger.warning("%s", warning)
     if flags["dry_run"]:
@@ -84,17 +84,25 @@ def main(argv=None) -> int:
 
 
 def _train(cfg, args, logger) -> int:
-    """Pick the platform, re-resolve for its device count, and run the loop."""
+    """Set XLA flags, join the multi-process job if there is one, pick the platform,
+    re-resolve for the job's device count, and run the loop."""
     import jax
 
     from jaxtrain.checks import TrainingError
     from jaxtrain.config import ConfigError, load_config
-    from jaxtrain.logs import run_dir
+    from jaxtrain.logs import run_dir, setup_logging
+    from jaxtrain.parallel import distributed, xla_flags
     from jaxtrain.runtime import select_platform
 
     try:
+        platform = xla_flags.platform_kind(cfg)
+        xla_flags.apply(cfg, platform)
+        setup = distributed.initialize(cfg, platform)
+        if setup.process_id == 0:  # only process 0 writes the run directory's log and config
+            logger = setup_logging(cfg, run_dir(cfg))
         backend = select_platform(cfg)
-        logger.info("run directory %s; JAX backend %s", run_dir(cfg), backend)
+        logger.info("run directory %s; JAX backend %s; process %d of %d (%s)", run_dir(cfg),
+                    backend, setup.process_id, setup.num_processes, setup.source)
         cfg = load_config(args[0], args[1:], world_size=jax.device_count())
         from jaxtrain.loop import train
 

@@ -12,6 +12,24 @@ def _divisor_at_most(n: int, k: int) -> int:
     return max(d for d in range(1, max(1, min(n, k)) + 1) if n % d == 0)
 
 
+def _eval_iters(cfg) -> int | tuple[int, ...]:
+    """eval_iters as an int, or a tuple of per-set counts (multiple_validation_sets only)."""
+    iters, interval = cfg["eval_iters"], cfg["eval_interval"]
+    if interval is not None and interval < 0:
+        raise ConfigError(f"eval_interval {interval}: give a positive step count (or null)")
+    counts = [iters] if isinstance(iters, int) else list(iters)
+    if not counts or any(n < 0 for n in counts):
+        raise ConfigError(f"eval_iters {iters}: give non-negative counts of validation batches")
+    if isinstance(iters, int):
+        return iters
+    if len(counts) == 1 and not cfg["multiple_validation_sets"]:
+        return counts[0]
+    if not cfg["multiple_validation_sets"]:
+        raise ConfigError(f"eval_iters {iters}: a list gives one count per validation set and "
+                          "needs multiple_validation_sets: true")
+    return tuple(counts)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     seq_length: int
@@ -45,6 +63,12 @@ class TrainConfig:
     manual_gc: bool
     manual_gc_interval: int
     seed: int
+    eval_interval: int | None = None
+    eval_iters: int | tuple[int, ...] = 0
+    full_validation: bool = False
+    multiple_validation_sets: bool = False
+    skip_train: bool = False
+    manual_gc_eval: bool = False
 
     @classmethod
     def from_config(cls, cfg) -> "TrainConfig":
@@ -58,6 +82,7 @@ class TrainConfig:
                  else "float32")
         chunks = _divisor_at_most(seq, cfg["memory.loss_num_chunks"]) \
             if cfg["memory.chunked_loss"] else 0
+        eval_iters = _eval_iters(cfg)
         if cfg["train_iters"] is None and cfg["train_samples"] is None and not cfg["train.epochs"]:
             raise ConfigError("set train_iters (steps), train_samples or train.epochs: the run "
                               "has no length")
@@ -84,4 +109,8 @@ class TrainConfig:
             log_num_zeros_in_grad=cfg["log_num_zeros_in_grad"],
             exit_interval=cfg["exit_interval"], exit_duration_in_mins=cfg["exit_duration_in_mins"],
             exit_signal_handler=cfg["exit_signal_handler"], manual_gc=cfg["manual_gc"],
-            manual_gc_interval=cfg["manual_gc_interval"], seed=cfg["seed"])
+            manual_gc_interval=cfg["manual_gc_interval"], seed=cfg["seed"],
+            eval_interval=cfg["eval_interval"] or None, eval_iters=eval_iters,
+            full_validation=cfg["full_validation"],
+            multiple_validation_sets=cfg["multiple_validation_sets"],
+            skip_train=cfg["skip_train"], manual_gc_eval=cfg["manual_gc_eval"])

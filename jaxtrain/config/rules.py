@@ -213,6 +213,13 @@ def batch(c: Context):
         return
     dp = c.world_size // model_parallel
     c.derived["data_parallel_size"] = dp
+    ep, instances = (c.get("expert_model_parallel_size", 1),
+                     c.get("num_distributed_optimizer_instances", 1))
+    if dp % (ep * instances):
+        c.error(f"data-parallel size {dp} (world size {c.world_size} / tensor x pipeline x "
+                f"context {model_parallel}) must be divisible by expert_model_parallel_size "
+                f"({ep}) x num_distributed_optimizer_instances ({instances})")
+        return
     gbs = c.get("global_batch_size")
     if gbs is None and not accum:
         c.error("set global_batch_size or train.gradient_accumulation_steps")

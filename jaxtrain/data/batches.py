@@ -97,8 +97,7 @@ def document_masks(tokens: np.ndarray, data: TokenData) -> dict:
     return out
 
 
-def _rows(data: TokenData, ds, start: int, size: int, pool):
-    idx = range(start, start + size)
+def _rows(data: TokenData, ds, idx, pool):
     got = list(pool.map(ds.__getitem__, idx)) if pool else [ds[i] for i in idx]
     if isinstance(got[0], dict):
         return {k: np.stack([g[k] for g in got]) for k in got[0]}
@@ -134,7 +133,7 @@ def ordered(data: TokenData, seed: int):
 
 def global_batches(data: TokenData, tcfg, seed: int,
                    batch_size: Callable[[int], int] | None = None,
-                   consumed: int = 0) -> Iterator[dict]:
+                   consumed: int = 0, rows: tuple[int, int] | None = None) -> Iterator[dict]:
     """Batches of ``tokens``/``targets``/``loss_mask`` [M, B, T], B = micro batch x DP, plus
     ``positions``/``segment_ids`` when the data asks for them.
 
@@ -144,9 +143,16 @@ def global_batches(data: TokenData, tcfg, seed: int,
     resumes exactly where a run that had consumed that many samples stopped. With
     ``num_workers`` > 0, that many threads read samples, and the next batch is read while the
     current one trains.
+
+    ``rows`` = (lo, hi) reads only rows lo..hi-1 of B in every microbatch: a process of a
+    multi-host job reads just the samples its devices hold, [M, hi - lo, T].
     """
     ds = ordered(data, seed)
     per_micro = tcfg.micro_batch_size * tcfg.data_parallel_size
+    lo, hi = rows or (0, per_micro)
+
+    def indices(start, size):
+        return [start + m + j for m in range(0, size, per_micro) for j in range(lo, hi)]
 
     def sizes(start):
         while True:
@@ -156,12 +162,12 @@ def global_batches(data: TokenData, tcfg, seed: int,
 
     if data.num_workers <= 0:
         for start, size in sizes(consumed):
-            yield make_batch(_rows(data, ds, start, size, None), data, per_micro)
+            yield make_batch(_rows(data, ds, indices(start, size), None), data, hi - lo)
         return
     with concurrent.futures.ThreadPoolExecutor(data.num_workers) as pool, \
             concurrent.futures.ThreadPoolExecutor(1) as ahead:
         plan = sizes(consumed)
-        read = lambda s, n: make_batch(_rows(data, ds, s, n, pool), data, per_micro)  # noqa
+        read = lambda s, n: make_batch(_rows(data, ds, indices(s, n), pool), data, hi - lo)  # noqa
         nxt = ahead.submit(read, *next(plan))
         for start, size in plan:
             current, nxt = nxt, ahead.submit(read, start, size)

@@ -294,10 +294,11 @@ def _blend(datasets, weights, target, cache_dir, split):
 def build_datasets(*, seq_length: int, seed: int, num_samples: list[int | None],
                    data_path=None, split: str | None = None, train_data_path=None,
                    valid_data_path=None, test_data_path=None, cache_dir: str | None = None,
-                   mmap: bool = True) -> dict:
+                   mmap: bool = True, splits: tuple[str, ...] = SPLITS) -> dict:
     """{"train"|"valid"|"test": dataset or None} as Megatron's builder makes them.
 
-    ``num_samples`` gives each split's target sample count (None: one epoch).
+    ``num_samples`` gives each split's target sample count (None: one epoch). Only the
+    ``splits`` named are built; the others are None.
     """
     opened: dict = {}
     out = {}
@@ -305,7 +306,7 @@ def build_datasets(*, seq_length: int, seed: int, num_samples: list[int | None],
     if any(p for p in per_split):
         for s, value, target in zip(SPLITS, per_split, num_samples):
             prefixes, weights = parse_blend(value, f"{s}_data_path")
-            if not prefixes:
+            if not prefixes or s not in splits:
                 out[s] = None
                 continue
             weights = normalize(weights or [1.0] * len(prefixes))
@@ -327,7 +328,7 @@ def build_datasets(*, seq_length: int, seed: int, num_samples: list[int | None],
         ds = _open(p, mmap, opened)
         per_prefix.append((ds, split_boundaries(fractions, ds.num_documents)))
     for k, (s, target) in enumerate(zip(SPLITS, num_samples)):
-        if fractions[k] == 0:
+        if fractions[k] == 0 or s not in splits:
             out[s] = None
             continue
         parts, kept = [], []

@@ -12,13 +12,24 @@
   ``seq_length + 1`` tokens when ``packing`` is on (else one padded document per row);
 - ``dataset_type: corpus``: jaxtrain's generated text corpus with its own BPE tokenizer.
 
+Validation and test sets (:func:`validation_data`, :func:`heldout_test_data`): the valid/test splits
+of the Megatron data (``split`` of ``data_path``, or ``valid_data_path``/``test_data_path``),
+sized as Megatron sizes them; with ``multiple_validation_sets`` each validation prefix is a
+set of its own. Mock and synthetic data draw other random tokens per split. pgs
+``data.eval_dataset`` is a local file read like ``data.dataset``: its first
+``data.eval_samples`` documents; for a directory, ``data.eval_split`` picks the files whose
+names start with the split (Hugging Face's convention: ``test.jsonl``, ``test-00000.parquet``,
+``test/...``), while a single file is used whatever the split (as pgs reads local files).
+
 The vocabulary given to the model is the tokenizer's (or ``vocab_size`` without one); the
 model pads it by ``make_vocab_size_divisible_by``.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 
 import numpy as np
 
@@ -38,11 +49,12 @@ def _loader(cfg, eod) -> dict:
                 num_workers=cfg["num_workers"])
 
 
-def _random_tokens(cfg, name: str) -> TokenData:
+def _random_tokens(cfg, name: str, split: int = 0) -> TokenData:
+    """Seeded uniform tokens; ``split`` 1 and 2 (valid, test) draw other streams."""
     vocab = cfg["vocab_size"]
     if not vocab:
         raise ConfigError(f"{name} needs vocab_size (the range of the random token ids)")
-    rng = np.random.default_rng(cfg["seed"])
+    rng = np.random.default_rng([cfg["seed"], split] if split else cfg["seed"])
     stream = rng.integers(0, vocab, size=MOCK_TOKENS, dtype=np.int32)
     return TokenData(windows(stream, cfg["seq_length"]), vocab, name,
                      dataloader_type=cfg["dataloader_type"], num_workers=cfg["num_workers"])
@@ -69,18 +81,32 @@ def _vocab(cfg, tok, name) -> int:
     return cfg["vocab_size"]
 
 
+def valid_samples(cfg, eval_iters: int) -> int | None:
+    """Megatron's validation target for a set read ``eval_iters`` global batches per run: every
+    periodic run plus the final one ((train_iters // eval_interval + 1) runs; one run with
+    skip_train or without eval_interval). None (one epoch) with full_validation."""
+    train_iters, interval = cfg["train_iters"], cfg["eval_interval"]
+    if cfg["full_validation"] or not eval_iters:
+        return None
+    if cfg["skip_train"] or not interval:
+        runs = 1
+    elif train_iters:
+        runs = train_iters // interval + 1
+    else:
+        return None
+    return runs * eval_iters * cfg["global_batch_size"]
+
+
 def split_samples(cfg) -> list[int | None]:
     """Megatron's train/valid/test sample targets: train_samples (or train_iters x global
-    batch); (train_iters // eval_interval + 1) x eval_iters and eval_iters global batches."""
+    batch), :func:`valid_samples`, and eval_iters global batches (one epoch with
+    full_validation)."""
     gbs = cfg["global_batch_size"]
     train_iters = cfg["train_iters"]
     train = cfg["train_samples"] or (train_iters * gbs if train_iters else None)
     eval_iters = cfg["eval_iters"] if isinstance(cfg["eval_iters"], int) else 0
-    if train_iters and cfg["eval_interval"] and eval_iters:
-        valid = (train_iters // cfg["eval_interval"] + 1) * eval_iters * gbs
-    else:
-        valid = None
-    return [train, valid, eval_iters * gbs if eval_iters else None]
+    test = eval_iters * gbs if eval_iters and not cfg["full_validation"] else None
+    return [train, valid_samples(cfg, eval_iters), test]
 
 
 def _read_json(path, what):
@@ -94,8 +120,8 @@ def _read_json(path, what):
         return text
 
 
-def megatron_datasets(cfg) -> dict:
-    """{"train", "valid", "test"} GPT datasets (or None) from the Megatron data knobs."""
+def _megatron_paths(cfg):
+    """(data_path blend, [train, valid, test] per-split blends) after reading the args files."""
     data_path = cfg["data_path"]
     per_split = [cfg["train_data_path"], cfg["valid_data_path"], cfg["test_data_path"]]
     if cfg["data_args_path"]:
@@ -106,11 +132,22 @@ def megatron_datasets(cfg) -> dict:
             raise ConfigError(f"per_split_data_args_path {cfg['per_split_data_args_path']}: "
                               "expected a JSON object with train/valid/test keys")
         per_split = [spec.get(s) for s in gpt_dataset.SPLITS]
+    return data_path, per_split
+
+
+def megatron_datasets(cfg, splits=gpt_dataset.SPLITS, num_samples=None, data_path=None,
+                      per_split=None) -> dict:
+    """{"train", "valid", "test"} GPT datasets (or None) from the Megatron data knobs; only
+    ``splits`` are built. ``num_samples``/``data_path``/``per_split`` override the config's."""
+    if data_path is None and per_split is None:
+        data_path, per_split = _megatron_paths(cfg)
+    per_split = per_split or [None] * 3
     return gpt_dataset.build_datasets(
-        seq_length=cfg["seq_length"], seed=cfg["seed"], num_samples=split_samples(cfg),
-        data_path=data_path, split=cfg["split"], train_data_path=per_split[0],
-        valid_data_path=per_split[1], test_data_path=per_split[2],
-        cache_dir=cfg["data_cache_path"], mmap=cfg["mmap_bin_files"])
+        seq_length=cfg["seq_length"], seed=cfg["seed"],
+        num_samples=num_samples or split_samples(cfg), data_path=data_path,
+        split=cfg["split"], train_data_path=per_split[0], valid_data_path=per_split[1],
+        test_data_path=per_split[2], cache_dir=cfg["data_cache_path"],
+        mmap=cfg["mmap_bin_files"], splits=splits)
 
 
 def _megatron(cfg) -> TokenData:
@@ -122,14 +159,15 @@ def _megatron(cfg) -> TokenData:
     return TokenData(train, vocab, "indexed", **_loader(cfg, tok.eod if tok else None))
 
 
-def _text(cfg, files: list[str], name: str) -> TokenData:
+def _text(cfg, files: list[str], name: str, limit: int | None = None) -> TokenData:
+    """Documents of ``files`` (the first ``limit`` of them), tokenised, packed or padded."""
     tok = build_tokenizer(cfg)
     if tok is None:
         raise ConfigError(f"{name}: text data needs a tokenizer: set tokenizer_type and "
                           "tokenizer_model (MaxText tokenizer_path)")
     columns = cfg["train_data_columns"]
     field = columns if isinstance(columns, str) else columns[0]
-    texts = list(text_files.read_documents(files, field))
+    texts = list(itertools.islice(text_files.read_documents(files, field), limit))
     encode_batch = getattr(tok, "encode_batch", None)
     docs = encode_batch(texts) if encode_batch else [tok.encode(t) for t in texts]
     if cfg["packing"] and tok.eod is not None:
@@ -181,3 +219,115 @@ def training_data(cfg) -> TokenData:
     raise ConfigError("no training data configured: set data_path (Megatron indexed files), "
                       "mock_data: true, dataset_type: hf with hf_path/hf_train_files, "
                       "dataset_type: synthetic or dataset_type: corpus")
+
+
+def _eval_iters_per_set(cfg, n: int) -> list[int]:
+    iters = cfg["eval_iters"]
+    if isinstance(iters, int):
+        return [iters] * n
+    if len(iters) != n:
+        raise ConfigError(f"eval_iters lists {len(iters)} counts for {n} validation set(s); "
+                          "give one count per set (or a single integer)")
+    return list(iters)
+
+
+def _set_names(prefixes: list[str]) -> list[str]:
+    names = [os.path.basename(p.rstrip("/")) or p for p in prefixes]
+    return [n if names.count(n) == 1 else f"{n}-{i}" for i, n in enumerate(names)]
+
+
+def _megatron_valid(cfg, tok, vocab) -> list[TokenData] | None:
+    loader = _loader(cfg, tok.eod if tok else None)
+    data_path, per_split = _megatron_paths(cfg)
+    if not cfg["multiple_validation_sets"]:
+        iters = cfg["eval_iters"] if isinstance(cfg["eval_iters"], int) else 0
+        ds = megatron_datasets(cfg, ("valid",), [None, valid_samples(cfg, iters), None],
+                               data_path, per_split)["valid"]
+        return [TokenData(ds, vocab, "validation", **loader)] if ds is not None else None
+    if any(per_split):
+        prefixes, weights = gpt_dataset.parse_blend(per_split[1], "valid_data_path")
+        if weights is not None:
+            raise ConfigError("multiple_validation_sets: the validation blend has weights; "
+                              "list the prefixes alone (each one is evaluated as its own set)")
+    else:
+        prefixes, _ = gpt_dataset.parse_blend(data_path)
+    if not prefixes:
+        return None
+    sets = []
+    for prefix, name, iters in zip(prefixes, _set_names(prefixes),
+                                   _eval_iters_per_set(cfg, len(prefixes))):
+        target = [None, valid_samples(cfg, iters), None]
+        if any(per_split):
+            ds = megatron_datasets(cfg, ("valid",), target, None, [None, prefix, None])["valid"]
+        else:
+            ds = megatron_datasets(cfg, ("valid",), target, prefix, None)["valid"]
+        if ds is None:
+            raise ConfigError(f"multiple_validation_sets: {prefix} has no documents in the "
+                              f"validation split (split {cfg['split']!r})")
+        sets.append(TokenData(ds, vocab, name, **loader))
+    return sets
+
+
+SPLIT_NAME = r"(?:^|/){}(?:$|[-._ 0-9/])"
+SPLIT_WORDS = ("train", "test", "validation", "valid", "dev", "eval")
+
+
+def eval_files(spec: str, split: str, what: str = "data.eval_dataset") -> list[str]:
+    """The files of ``spec``; for a directory only those named by ``split`` (a directory whose
+    files name no split at all holds only the "train" split, as Hugging Face reads it)."""
+    files = text_files.expand(spec, what)
+    if not os.path.isdir(spec):
+        return files
+
+    def names(path, word):
+        rel = os.path.relpath(path, spec).replace(os.sep, "/")
+        return re.search(SPLIT_NAME.format(re.escape(word)), rel) is not None
+
+    chosen = [f for f in files if names(f, split)]
+    if chosen:
+        return chosen
+    if split == "train" and not any(names(f, w) for f in files for w in SPLIT_WORDS):
+        return files
+    raise ConfigError(f"{what} {spec!r}: no file of split {split!r} (a file or folder name "
+                      f"starting with {split!r}); set data.eval_split to the split to use")
+
+
+def _has_megatron_eval_paths(cfg) -> bool:
+    return has_megatron_paths(cfg) or bool(cfg["valid_data_path"] or cfg["test_data_path"])
+
+
+def _synthetic(cfg) -> bool:
+    return (cfg.is_set("dataset_type") or cfg.dialect == "maxtext") and \
+        cfg["dataset_type"] == "synthetic"
+
+
+def validation_data(cfg) -> list[TokenData] | None:
+    """The validation set(s) the config holds (several with multiple_validation_sets), or None
+    when the data has no validation split."""
+    if cfg["mock_data"]:
+        return [_random_tokens(cfg, "mock_data validation", split=1)]
+    if _has_megatron_eval_paths(cfg):
+        tok = build_tokenizer(cfg)
+        return _megatron_valid(cfg, tok, _vocab(cfg, tok, "data_path"))
+    if cfg["data.eval_dataset"]:
+        if cfg["data.eval_samples"] < 1:
+            raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
+                              "subset needs at least one sample")
+        files = eval_files(cfg["data.eval_dataset"], cfg["data.eval_split"])
+        return [_text(cfg, files, "data.eval_dataset", limit=cfg["data.eval_samples"])]
+    if _synthetic(cfg):
+        return [_random_tokens(cfg, "dataset_type synthetic validation", split=1)]
+    return None
+
+
+def heldout_test_data(cfg) -> TokenData | None:
+    """The test set (Megatron's test split, or random tokens for mock data), or None."""
+    if cfg["mock_data"] or _synthetic(cfg):
+        return _random_tokens(cfg, "mock test", split=2)
+    if not _has_megatron_eval_paths(cfg):
+        return None
+    tok = build_tokenizer(cfg)
+    vocab = _vocab(cfg, tok, "data_path")
+    ds = megatron_datasets(cfg, ("test",))["test"]
+    return TokenData(ds, vocab, "test", **_loader(cfg, tok.eod if tok else None)) \
+        if ds is not None else None

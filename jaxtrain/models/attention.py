@@ -1,4 +1,8 @@
-"""Reference dot-product attention in plain jnp; fused kernels implement the same signature.
+"""Core attention: the plain-jnp reference and the dispatch to fused kernels.
+
+`dot_product_attention` is the "xla" implementation; `attention` runs the one a
+`ModelConfig.attention_impl` names ("xla", "flash": our Pallas kernel, "cudnn": cuDNN through
+`jax.nn.dot_product_attention`) with the same arguments and meaning.
 
 Legend: B batch, T query length, S key length, N query heads, K kv heads, G = N/K query heads
 per kv head (query head n = k*G + g, as in Megatron and HF), H head dim.
@@ -7,6 +11,49 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+ATTENTION_IMPLS = ("xla", "flash", "cudnn")
+
+
+def attention(q, k, v, *, impl: str = "xla", causal: bool = True, segment_ids=None,
+              sliding_window: int | None = None, softcap: float | None = None, scale=None,
+              softmax_fp32: bool = True, dropout_rate: float = 0.0, dropout_rng=None,
+              block_sizes=None):
+    """Attention of q [B,T,N,H] over k/v [B,S,K,H] -> [B,T,N,H] by implementation ``impl``.
+
+    Arguments mean what they mean for `dot_product_attention`. "flash" and "cudnn" take a
+    Python-number ``scale``, always compute scores and softmax in float32 (``softmax_fp32`` is
+    read only by "xla") and have no dropout. "flash" runs the Pallas interpreter when the
+    default backend is the CPU; ``block_sizes`` (a `kernels.flash_attention.BlockSizes`) tunes
+    it. "cudnn" receives segment ids as a dense [B,1,T,S] mask (cuDNN's packed layout is not
+    reachable through `jax.nn`), so it costs O(B*T*S) memory when sequences are packed.
+    """
+    if impl == "xla":
+        return dot_product_attention(
+            q, k, v, causal=causal, segment_ids=segment_ids, sliding_window=sliding_window,
+            softcap=softcap, scale=scale, softmax_fp32=softmax_fp32,
+            dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention impl {impl!r} is not one of {ATTENTION_IMPLS}")
+    if dropout_rate > 0.0:
+        raise ValueError(f"attention impl {impl!r} has no attention dropout; use 'xla'")
+    if scale is not None:
+        scale = float(scale)
+    if impl == "flash":
+        from kernels.flash_attention import flash_attention
+        return flash_attention(q, k, v, causal=causal, segment_ids=segment_ids,
+                               sliding_window=sliding_window, logit_softcap=softcap, scale=scale,
+                               block_sizes=block_sizes, interpret=None)
+    if softcap:
+        raise ValueError("cuDNN attention has no logit soft-capping; use 'flash' or 'xla'")
+    mask = None
+    if segment_ids is not None:
+        mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+    if sliding_window is not None and not causal:
+        raise ValueError("cuDNN attention windows are causal only; use 'flash' or 'xla'")
+    window = None if sliding_window is None else (sliding_window - 1, 0)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal,
+                                        local_window_size=window, implementation="cudnn")
 
 
 def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,

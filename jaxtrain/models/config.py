@@ -10,8 +10,11 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 
+from jaxtrain.config.errors import ConfigError
+from jaxtrain.models.attention import ATTENTION_IMPLS
 from jaxtrain.models.remat import REMAT_POLICIES
 
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
@@ -88,6 +91,10 @@ class ModelConfig:
     sliding_window: int | None = None
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
+    # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"
+    # (jax.nn cuDNN attention, NVIDIA only); "auto" resolves here: see `auto_attention_impl`.
+    attention_impl: str = "xla"
+    flash_block_sizes: Any = None              # kernels.flash_attention.BlockSizes; None: tuned
 
     dtype: str = "float32"
     weight_dtype: str = "float32"
@@ -126,7 +133,12 @@ class ModelConfig:
         put("recompute_modules", tuple(self.recompute_modules))
         if self.recompute_layer_ids is not None:
             put("recompute_layer_ids", tuple(int(i) for i in self.recompute_layer_ids))
+        if self.attention_impl == "auto":
+            put("attention_impl", auto_attention_impl(self))
         self._validate()
+        problems = attention_problems(self)
+        if problems:
+            raise ConfigError(problems)
 
     def _validate(self):
         def check(ok, field, msg):
@@ -138,6 +150,11 @@ class ModelConfig:
                   f"{getattr(self, field)!r} is not one of {allowed}")
 
         choice("position_embedding_type", POSITION_EMBEDDINGS)
+        choice("attention_impl", ATTENTION_IMPLS)
+        if self.flash_block_sizes is not None:
+            from kernels.flash_attention import BlockSizes
+            check(isinstance(self.flash_block_sizes, BlockSizes), "flash_block_sizes",
+                  "must be a kernels.flash_attention.BlockSizes or None")
         choice("rope_type", ROPE_TYPES)
         choice("normalization", NORMALIZATIONS)
         choice("activation", ACTIVATIONS)
@@ -210,7 +227,10 @@ class ModelConfig:
 
         Defaults are Megatron's (Primus) where Megatron has the knob. ``dtype`` wins over
         ``bf16``/``fp16`` when present. A Megatron ``recompute_granularity`` wins over
-        ``remat_policy``.
+        ``remat_policy``. The attention implementation comes from the knobs of every dialect
+        that name a kernel (see `_attention_choice`): those off their defaults must agree.
+        Megatron's ``attention_softmax_in_fp32`` is read only when a Megatron knob picked the
+        unfused (xla) path, as in Megatron, whose fused kernels always work in fp32.
         """
         g = cfg.get
         h = g("hidden_size", 1024)
@@ -244,15 +264,15 @@ class ModelConfig:
         else:
             dtype = "float16" if g("fp16", False) else "bfloat16" if g("bf16", True) else "float32"
 
-        backend_unfused = g("attention_backend", "auto") in ("unfused", "local")
-        softmax_fp32 = (g("attention_softmax_in_fp32", False) or not backend_unfused
+        attention_impl, chosen_by, megatron_unfused = _attention_choice(cfg)
+        softmax_fp32 = (g("attention_softmax_in_fp32", False) or not megatron_unfused
                         or g("apply_query_key_layer_scaling", False))
 
         remat, method, nlayers, layer_ids, modules = _recompute(cfg)
         custom = tuple((name, g(name)) for name in _REMAT_TENSOR_NAMES if g(name) is not None)
         rope_type = g("rope_type") or "rope"
 
-        return cls(
+        fields = dict(
             num_layers=g("num_layers", 24), hidden_size=h, num_attention_heads=heads,
             num_query_groups=groups, kv_channels=g("kv_channels"),
             ffn_hidden_size=g("ffn_hidden_size"), vocab_size=vocab,
@@ -286,6 +306,7 @@ class ModelConfig:
             sliding_window=g("sliding_window_size") or None,
             final_logit_softcapping=g("final_logit_softcapping") or None,
             attn_logit_softcapping=g("attn_logit_softcapping") or None,
+            attention_impl=attention_impl,
             dtype=dtype, weight_dtype=g("weight_dtype", "float32"),
             logits_dot_in_fp32=g("logits_dot_in_fp32", False),
             use_iota_embed=g("use_iota_embed", False), scan_layers=g("scan_layers", True),
@@ -293,6 +314,126 @@ class ModelConfig:
             recompute_method=method, recompute_num_layers=nlayers,
             recompute_layer_ids=layer_ids, recompute_modules=modules,
         )
+        try:
+            return cls(**fields)
+        except ConfigError as e:
+            raise ConfigError([f"{p} ({attention_impl!r} was chosen by {chosen_by}.)"
+                               for p in e.problems]) from None
+
+
+def accelerator() -> str:
+    """'cuda', 'rocm' or 'cpu' (anything else) for JAX's default backend."""
+    if jax.default_backend() != "gpu":
+        return "cpu"
+    client = jax.devices()[0].client
+    name = f"{client.platform} {client.platform_version}".lower()
+    return "rocm" if "rocm" in name or "hip" in name else "cuda"
+
+
+# The flash kernel's tuning table stops at this head dim (kernels/flash_attention/tuning.py).
+_FLASH_MAX_HEAD_DIM = 256
+
+
+def auto_attention_impl(cfg: ModelConfig) -> str:
+    """What attention_impl='auto' becomes: the flash kernel on a GPU when it can run the
+    model's attention (no attention dropout, a tuned head dim), else xla (always on CPU, where
+    the kernel only runs interpreted)."""
+    if accelerator() == "cpu" or cfg.attention_dropout > 0:
+        return "xla"
+    if cfg.flash_block_sizes is None and cfg.head_dim > _FLASH_MAX_HEAD_DIM:
+        return "xla"
+    return "flash"
+
+
+_XLA_KNOBS = ("attention: dot_product, attention_backend: unfused or "
+              "model.attn_implementation: eager")
+
+
+def attention_problems(cfg: ModelConfig) -> list[str]:
+    """Why ``cfg.attention_impl`` cannot compute the attention ``cfg`` describes (empty: it can).
+
+    Nothing is dropped silently: a feature a backend lacks is a problem to fix in the config.
+    """
+    impl, problems = cfg.attention_impl, []
+    if impl == "xla":
+        return problems
+    name = {"flash": "the flash-attention kernel", "cudnn": "cuDNN attention"}[impl]
+
+    def no(feature, fix):
+        problems.append(f"attention_impl={impl!r}: {name} has no {feature}; {fix}, or use "
+                        f"the xla implementation ({_XLA_KNOBS}).")
+
+    if cfg.attention_dropout > 0:
+        no(f"dropout on the attention probabilities (attention_dropout = "
+           f"{cfg.attention_dropout})", "set attention_dropout to 0")
+    if impl == "flash":
+        if cfg.flash_block_sizes is None and cfg.head_dim > _FLASH_MAX_HEAD_DIM:
+            no(f"tuned tiles for head dim {cfg.head_dim} (kv_channels; at most "
+               f"{_FLASH_MAX_HEAD_DIM})", "pass flash_block_sizes")
+        return problems
+    platform = accelerator()
+    if platform != "cuda":
+        problems.append(f"attention_impl='cudnn' (attention: cudnn_flash_jax) needs an NVIDIA GPU "
+                        f"with cuDNN, and JAX's default backend here is {platform}; use the "
+                        f"flash kernel (attention: flash) or {_XLA_KNOBS}.")
+    if cfg.attn_logit_softcapping:
+        no(f"logit soft-capping (attn_logit_softcapping = {cfg.attn_logit_softcapping})",
+           "use the flash kernel (attention: flash)")
+    if cfg.dtype not in ("bfloat16", "float16"):
+        no(f"{cfg.dtype} inputs (dtype; it takes bfloat16 or float16)", "change dtype")
+    if cfg.head_dim % 8 or cfg.head_dim > 256:
+        no(f"support for head dim {cfg.head_dim} (kv_channels; a multiple of 8, at most 256)",
+           "change kv_channels")
+    return problems
+
+
+# Per knob: value -> implementation ("auto": the knob leaves the choice open).
+_ATTENTION_SPELLINGS = {
+    "attention": {"dot_product": "xla", "flash": "flash", "cudnn_flash_jax": "cudnn",
+                  "cudnn_flash_te": "auto", "autoselected": "auto"},
+    "attention_backend": {"flash": "flash", "fused": "flash", "unfused": "xla", "local": "xla",
+                          "auto": "auto"},
+    "use_flash_attn": {True: "auto", False: "xla"},
+    "transformer_impl": {"local": "xla", "transformer_engine": "auto",
+                         "inference_optimized": "auto"},
+    "model.attn_implementation": {"eager": "xla", "sdpa": "auto", "flash_attention_2": "flash"},
+}
+_MEGATRON_ATTENTION_KNOBS = ("attention_backend", "use_flash_attn", "transformer_impl")
+
+
+def _attention_choice(cfg: Mapping[str, Any]) -> tuple[str, str, bool]:
+    """(attention_impl, the knobs that chose it, whether a Megatron knob asked for unfused).
+
+    Every knob that names a kernel must name the same implementation, whatever its dialect; a
+    conflict is a ConfigError naming them. Values meaning "a fused kernel where it fits" name
+    none and leave the choice to auto (`auto_attention_impl`: the flash kernel on a GPU): MaxText
+    autoselected and cudnn_flash_te (TransformerEngine; the Primus default), Megatron auto,
+    use_flash_attn true and transformer_impl transformer_engine, HF sdpa. So every knob's
+    default leaves it open. Primus ``use_turbo_attention`` names flash only with
+    ``enable_primus_turbo`` on, as in Primus.
+    """
+    asks = []
+    for key, spellings in _ATTENTION_SPELLINGS.items():
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if value not in spellings:
+            raise ConfigError(f"{key} = {value!r} is not an attention kernel jaxtrain trains "
+                              f"with; use one of {sorted(spellings, key=str)}.")
+        asks.append((key, value, spellings[value]))
+    if cfg.get("use_turbo_attention") and cfg.get("enable_primus_turbo"):
+        asks.append(("use_turbo_attention", True, "flash"))
+    named = [(k, v, impl) for k, v, impl in asks if impl != "auto"]
+    impls = {impl for _, _, impl in named}
+    if len(impls) > 1:
+        raise ConfigError("attention knobs disagree: " + ", ".join(
+            f"{k} = {v!r} selects {impl!r}" for k, v, impl in named)
+            + ". Set one of them, or make them name the same implementation.")
+    if not impls:
+        return "auto", "no attention knob naming a kernel (auto)", False
+    impl = impls.pop()
+    unfused = impl == "xla" and any(k in _MEGATRON_ATTENTION_KNOBS for k, _, _ in named)
+    return impl, ", ".join(f"{k} = {v!r}" for k, v, _ in named), unfused
 
 
 _REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",

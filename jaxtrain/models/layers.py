@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxtrain.parallel.sharding import constrain
+
 
 def norm(p: dict, x, cfg, *, out_dtype=None):
     """LayerNorm or RMSNorm over the last axis, computed in float32.
@@ -141,6 +143,7 @@ def mlp(p: dict, x, cfg):
         h = activation(cfg.activation, h0) * h1
     else:
         h = activation(cfg.activation, dense(x, p["wi"], p.get("bi"), "btd,df->btf", "mlpwi", cfg))
+    h = constrain(h, "act_batch", "act_seq", "act_mlp")
     return dense(h, p["wo"], p.get("bo"), "btf,fd->btd", "mlpwo", cfg)
 
 

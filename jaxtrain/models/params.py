@@ -142,6 +142,11 @@ def logical_axes(cfg) -> dict:
     return jax.tree.map(lambda s: PartitionSpec(*s.axes), param_specs(cfg), is_leaf=_is_spec)
 
 
+def layer_axes(cfg) -> dict:
+    """Logical axes of one layer's parameters (the stacked ``layers`` tree without L)."""
+    return jax.tree.map(lambda s: PartitionSpec(*s.axes), _layer_specs(cfg), is_leaf=_is_spec)
+
+
 def _leaf_key(key, path) -> jax.Array:
     return jax.random.fold_in(key, zlib.crc32(jax.tree_util.keystr(path).encode()))
 

@@ -15,8 +15,12 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxtrain.models import layers as L
-from jaxtrain.models.attention import dot_product_attention
+from jaxtrain.models.attention import attention
+from jaxtrain.models.params import layer_axes
 from jaxtrain.models.remat import NO_REMAT, layer_plan
+from jaxtrain.parallel.sharding import constrain, gather_weights
+
+RESIDUAL = ("act_batch", "act_res_seq", "act_embed")
 
 
 def _maybe_remat(fn, on: bool):
@@ -35,6 +39,9 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg):
     q = L.dense(x, p["wq"], p.get("bq"), "btd,dnh->btnh", "query_proj", cfg)
     k = L.dense(x, p["wk"], p.get("bk"), "btd,dkh->btkh", "key_proj", cfg)
     v = L.dense(x, p["wv"], p.get("bv"), "btd,dkh->btkh", "value_proj", cfg)
+    q = constrain(q, "act_batch", "act_seq", "act_heads", "act_kv")
+    k = constrain(k, "act_batch", "act_seq", "act_kv_heads", "act_kv")
+    v = constrain(v, "act_batch", "act_seq", "act_kv_heads", "act_kv")
     if cfg.qk_layernorm:
         q, k = L.norm(p["q_norm"], q, cfg), L.norm(p["k_norm"], k, cfg)
     elif cfg.qk_l2_norm:
@@ -42,27 +49,31 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg):
     if cfg.position_embedding_type == "rope":
         q, k = L.apply_rope(q, *ctx["rope"], cfg), L.apply_rope(k, *ctx["rope"], cfg)
     scale = cfg.head_dim ** -0.5
-    if cfg.apply_query_key_layer_scaling:
+    # Query-key layer scaling guards fp16 scores from overflow; the fused kernels accumulate
+    # q.k in fp32 with a static scale, so only the xla path needs it (same math either way).
+    if cfg.apply_query_key_layer_scaling and cfg.attention_impl == "xla":
         q = q / layer_number.astype(q.dtype)
         scale = scale * layer_number.astype(jnp.float32)
     drop = not ctx["deterministic"] and cfg.attention_dropout > 0
 
     def attend(q, k, v):
-        return dot_product_attention(
-            q, k, v, causal=True, segment_ids=ctx["segment_ids"],
+        return attention(
+            q, k, v, impl=cfg.attention_impl, causal=True, segment_ids=ctx["segment_ids"],
             sliding_window=cfg.sliding_window, softcap=cfg.attn_logit_softcapping, scale=scale,
             softmax_fp32=cfg.attention_softmax_in_fp32,
             dropout_rate=cfg.attention_dropout if drop else 0.0,
-            dropout_rng=_need(rng, "attention dropout") if drop else None)
+            dropout_rng=_need(rng, "attention dropout") if drop else None,
+            block_sizes=cfg.flash_block_sizes)
 
     out = checkpoint_name(_maybe_remat(attend, "core_attn" in cfg.recompute_modules)(q, k, v),
                           "context")
+    out = constrain(out, "act_batch", "act_seq", "act_heads", "act_kv")
     return L.dense(out, p["wo"], p.get("bo"), "btnh,nhd->btd", "out_proj", cfg)
 
 
 def decoder_layer(p: dict, x, i, ctx: dict, cfg):
     """One pre-norm layer on the residual stream x [B,T,D]; i is the 0-based layer index."""
-    x = checkpoint_name(x, "decoder_layer_input")
+    x = checkpoint_name(constrain(x, *RESIDUAL), "decoder_layer_input")
     rng = jax.random.fold_in(ctx["rng"], i) if ctx["rng"] is not None else None
     sub = (lambda n: jax.random.fold_in(rng, n)) if rng is not None else (lambda n: None)
     det = ctx["deterministic"]
@@ -72,18 +83,23 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg):
     h = norm(p["attn_norm"], x)
     a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
-    x = (resid + L.dropout(a, cfg.hidden_dropout, sub(2), det)).astype(cfg.residual_dtype)
+    x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
+         ).astype(cfg.residual_dtype)
 
     h = norm(p["mlp_norm"], x)
     m = mlp(p["mlp"], h)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
-    return (resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)).astype(cfg.residual_dtype)
+    m = constrain(m, *RESIDUAL)
+    return constrain((resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)
+                      ).astype(cfg.residual_dtype), *RESIDUAL)
 
 
 def _run_layers(stacked: dict, x, ctx: dict, cfg):
     """All layers over x, segment by segment of the remat plan; ``stacked`` has L on axis 0."""
+    axes = layer_axes(cfg)
+
     def body(p, h, i):
-        return decoder_layer(p, h, i, ctx, cfg)
+        return decoder_layer(gather_weights(p, axes), h, i, ctx, cfg)
 
     def run(fn, p, idx, h):
         """fn(p_j, h, idx_j) for each j along the leading axis of p and idx."""
@@ -128,6 +144,7 @@ def logits_head(params: dict, x, cfg):
     else:
         logits = jnp.einsum("btd,vd->btv", x.astype(dt), params["embedding"].astype(dt),
                             preferred_element_type=jnp.float32)
+    logits = constrain(logits, "act_batch", "act_seq", "act_vocab")
     if cfg.final_logit_softcapping:
         c = cfg.final_logit_softcapping
         logits = jnp.tanh(logits / c) * c
@@ -164,7 +181,8 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
         "rope": L.rope_tables(positions, cfg) if cfg.position_embedding_type == "rope" else None,
     }
     emb_rng = jax.random.fold_in(rngs, cfg.num_layers) if rngs is not None else None
-    x = L.dropout(x, cfg.hidden_dropout, emb_rng, deterministic).astype(cfg.residual_dtype)
+    x = L.dropout(constrain(x, *RESIDUAL), cfg.hidden_dropout, emb_rng, deterministic
+                  ).astype(cfg.residual_dtype)
     stacked = jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), params["layers"])
     x = _run_layers(stacked, x, ctx, cfg)
     return L.norm(params["final_norm"], x, cfg)

@@ -102,6 +102,7 @@ TP_MODES = _knob_areas._MUON_TP_MODES
 LION_BETAS = (0.95, 0.98)  # bitsandbytes Lion8bit as pgs builds it
 PGS_MUON_LR_MULT = 10.0  # pgs: "Muon LR is typically 10x AdamW LR"
 HOST_MEMORY = "pinned_host"
+UNPINNED_HOST_MEMORY = "unpinned_host"
 
 # Newton-Schulz coefficient sets (a, b, c): X <- a X + (b A + c A^2) X, A = X X^T.
 QUINTIC = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
@@ -153,6 +154,9 @@ class OptimConfig:
     exp_avg_dtype: str = "fp32"
     exp_avg_sq_dtype: str = "fp32"
     optimizer_memory_host_offload: bool = False
+    optimizer_cpu_offload: bool = False
+    offload_fraction: float = 1.0
+    pin_host_memory: bool = True
 
     def __post_init__(self):
         known = MEGATRON_OPTIMIZERS + PGS_OPTIMIZERS
@@ -192,9 +196,10 @@ class OptimConfig:
 
     @property
     def host_offload(self) -> bool:
-        """Optimizer state asked to live in host memory (paged 8-bit Adam, MaxText offload)."""
+        """Optimizer state asked to live in host memory (paged 8-bit Adam, MaxText offload,
+        Megatron optimizer_cpu_offload)."""
         paged = self.name == "paged_adamw8bit" and not self.schedule_free
-        return paged or self.optimizer_memory_host_offload
+        return paged or self.optimizer_memory_host_offload or self.optimizer_cpu_offload
 
     @property
     def master_params_dtype(self):
@@ -248,6 +253,9 @@ class OptimConfig:
             exp_avg_dtype=get("exp_avg_dtype", "fp32"),
             exp_avg_sq_dtype=get("exp_avg_sq_dtype", "fp32"),
             optimizer_memory_host_offload=bool(get("optimizer_memory_host_offload", False)),
+            optimizer_cpu_offload=bool(get("optimizer_cpu_offload", False)),
+            offload_fraction=float(get("optimizer_offload_fraction", 1.0)),
+            pin_host_memory=bool(get("pin_cpu_params", True)),
         )
 
 
@@ -815,8 +823,10 @@ def param_labels(opt_cfg: OptimConfig, params_axes) -> dict[Path, str]:
 
 def opt_state_memory_kind(opt_cfg: OptimConfig, device=None) -> str | None:
     """Memory kind for the optimizer state's shardings: ``'pinned_host'`` when the config asks
-    for host-resident state (paged_adamw8bit, optimizer_memory_host_offload) and ``device``
-    (default: the first device) offers pinned host memory; ``None`` means device memory.
+    for host-resident state (paged_adamw8bit, optimizer_memory_host_offload,
+    optimizer_cpu_offload) and ``device`` (default: the first device) offers pinned host memory
+    (``'unpinned_host'`` with Megatron's ``pin_cpu_params: false``); ``None`` means device
+    memory.
 
     The train step reads such state with ``jax.device_put`` to device memory and writes the new
     state back with these shardings (MaxText's scheme). Paging on demand (bitsandbytes' CUDA
@@ -828,23 +838,25 @@ def opt_state_memory_kind(opt_cfg: OptimConfig, device=None) -> str | None:
         kinds = {m.kind for m in device.addressable_memories()}
     except Exception:  # noqa: BLE001 -- a backend without memory kinds keeps state on device
         return None
-    return HOST_MEMORY if HOST_MEMORY in kinds else None
+    wanted = HOST_MEMORY if opt_cfg.pin_host_memory else UNPINNED_HOST_MEMORY
+    return wanted if wanted in kinds else None
 
 
-def with_opt_state_memory_kind(shardings, opt_cfg: OptimConfig, device=None):
+def with_opt_state_memory_kind(shardings, opt_cfg: OptimConfig, device=None, abstract=None):
     """``shardings`` (a tree of Shardings for the optimizer state) placed per
-    :func:`opt_state_memory_kind`."""
+    :func:`opt_state_memory_kind`. With ``optimizer_offload_fraction`` < 1 (and ``abstract``,
+    the state's shapes), only the first leaves holding that share of the state's bytes go to
+    the host, in tree order (Megatron offloads that share of the parameters' state)."""
     kind = opt_state_memory_kind(opt_cfg, device)
     if kind is None:
         return shardings
-    return jax.tree.map(lambda s: s.with_memory_kind(kind), shardings)
-
-
-def schedule_free_eval_params(opt_state, params):
-    """The averaged iterate (``x``) of a schedule-free optimizer state, for evaluation and
-    export; ``params`` unchanged for other optimizers."""
-    for node in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
-            x, optax.contrib.ScheduleFreeState)):
-        if isinstance(node, optax.contrib.ScheduleFreeState):
-            return optax.contrib.schedule_free_eval_params(node, params)
-    return params
+    if abstract is None or opt_cfg.offload_fraction >= 1.0:
+        return jax.tree.map(lambda s: s.with_memory_kind(kind), shardings)
+    sizes = [x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract)]
+    budget, placed, flat = opt_cfg.offload_fraction * sum(sizes), 0, []
+    leaves, treedef = jax.tree.flatten(shardings)
+    for s, size in zip(leaves, sizes):
+        host = placed + size <= budget
+        placed += size if host else 0
+        flat.append(s.with_memory_kind(kind) if host else s)
+    return jax.tree.unflatten(treedef, flat)

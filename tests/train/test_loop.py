@@ -68,8 +68,8 @@ def test_sigterm_finishes_the_step_and_stops(tmp_path, monkeypatch):
 
 
 def test_nan_in_loss_stops_the_run(tmp_path, monkeypatch):
-    real_init = loop.models.init
-    monkeypatch.setattr(loop.models, "init", lambda *a, **k: jax.tree.map(
+    real_init = loop.models.params.init
+    monkeypatch.setattr(loop.models.params, "init", lambda *a, **k: jax.tree.map(
         lambda p: p * np.nan, real_init(*a, **k)))
     with pytest.raises(TrainingError, match="NaN or Inf"):
         loop.train(config(tmp_path, "train_iters=3"))
@@ -133,23 +133,23 @@ def test_log_throughput_controls_the_console_line(tmp_path, caplog):
 @pytest.mark.parametrize("override", ["--train.optimizer=paged_adamw8bit",
                                       "optimizer_memory_host_offload=true"])
 def test_optimizer_state_in_host_memory(tmp_path, override, monkeypatch):
-    movers = []
-    real = loop._opt_state_memory
-    monkeypatch.setattr(loop, "_opt_state_memory", lambda *a: movers.append(real(*a)) or movers[-1])
+    calls = []  # (shardings, movers) per memory_movers call: the opt state's comes first
+    real = loop.memory_movers
+    monkeypatch.setattr(loop, "memory_movers",
+                        lambda sh: calls.append((sh, real(sh))) or calls[-1][1])
     host = loop.train(config(tmp_path / "h", "train_iters=2", override))
+    n = len(calls)
     device = loop.train(config(tmp_path / "d", "train_iters=2",
                                override.replace("paged_adamw8bit", "adamw8bit")
                                .replace("true", "false")))
     assert host["loss"] == pytest.approx(device["loss"], rel=1e-6)
-    assert movers[0] is not None and movers[1] is None
-    to_host = movers[0][1]
-    assert {x.sharding.memory_kind for x in jax.tree.leaves(to_host({"a": np.ones(3)}))} == {
-        "pinned_host"}
+    assert calls[0][1] is not None and calls[n][1] is None
+    assert {s.memory_kind for s in jax.tree.leaves(calls[0][0])} == {"pinned_host"}
 
 
 def test_running_throughput_average_skips_warmup_and_resets():
     tcfg = type("T", (), {"log_avg_skip_iterations": 2, "log_avg_reset_interval": 3})
-    report = loop._Reporter(None, None, None, tcfg)
+    report = loop._Reporter(None, None, tcfg)
     times = {1: 50.0, 2: 40.0, 3: 1.0, 4: 2.0, 5: 3.0, 6: 7.0, 7: 9.0}
     got = [report._average(it, t) for it, t in times.items()]
     assert got == [50.0, 45.0, 1.0, 1.5, 2.0, 7.0, 8.0]

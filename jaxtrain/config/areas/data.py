@@ -20,13 +20,13 @@ KNOBS = [
     K("train_data_path", "list[str]|str", None, "Dataset prefixes (with optional weights) used only "
       "for training, instead of data_path plus split.", "megatron", status=HONORED),
     K("valid_data_path", "list[str]|str", None, "Dataset prefixes (with optional weights) used only "
-      "for validation.", "megatron", issue=6),
+      "for validation.", "megatron", status=HONORED),
     K("test_data_path", "list[str]|str", None, "Dataset prefixes (with optional weights) used only "
-      "for the test pass.", "megatron", issue=6),
+      "for the test pass.", "megatron", status=HONORED),
     K("data_args_path", "str", None, "File holding the data_path blend, for blends too long to "
       "write inline.", "megatron", status=HONORED),
     K("per_split_data_args_path", "str", None, "JSON file with train/valid/test keys giving each "
-      "split's blend, in place of the *_data_path knobs.", "megatron", issue=6),
+      "split's blend, in place of the *_data_path knobs.", "megatron", status=HONORED),
     K("data_cache_path", "str", None, "Directory where the built sample/shuffle index files are "
       "cached and reused across runs.", "megatron", status=HONORED),
     K("mock_data", "bool", False, "Train on generated random tokens instead of reading any "
@@ -115,11 +115,11 @@ KNOBS = [
     K("data.seed", "int", 42, "Seed of the training-data shuffle, separate from the model seed.",
       "pgs-train", issue=6),
     K("data.eval_dataset", "str", "", "Single validation dataset (same forms as data.dataset); "
-      "empty means no validation.", "pgs-train", issue=6),
-    K("data.eval_split", "str", "test", "Split of data.eval_dataset used for validation.",
-      "pgs-train", issue=6),
+      "empty means no validation.", "pgs-train", status=HONORED),
+    K("data.eval_split", "str", "test", "Split of data.eval_dataset used for validation (its "
+      "split-named files when it is a directory).", "pgs-train", status=HONORED),
     K("data.eval_samples", "int", 200, "Size of the fixed validation subset drawn from the eval "
-      "dataset.", "pgs-train", issue=6),
+      "dataset.", "pgs-train", status=HONORED),
 
     # pgs: chat-SFT shaping (later SFT issue)
     K("data.messages_field", "str", "messages", "Row field holding the chat turns (conversations, "

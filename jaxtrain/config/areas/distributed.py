@@ -1,5 +1,5 @@
 """Distributed runtime: process setup, data-parallel gradient/parameter sync, FSDP and ZeRO."""
-from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
 _DP_SHARDING = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 _BACKENDS = ("nccl", "gloo")
@@ -16,7 +16,10 @@ KNOBS = [
       f"{_RUNTIME} sets up the processes and XLA always uses NCCL/RCCL on GPU; there is no "
       "backend to choose", choices=_BACKENDS),
     K("distributed_timeout_minutes", "int", 60, "How long processes wait for each other at "
-      "start-up and in collectives, in minutes.", "megatron", issue=5),
+      "start-up and in collectives, in minutes.", "megatron", MAPPED,
+      "jax.distributed.initialize(initialization_timeout=minutes x 60 s) at start-up; on CPU also "
+      "the gloo collective timeout (--xla_cpu_collective_timeout_seconds); XLA's GPU collectives "
+      "(NCCL/RCCL) take no timeout"),
     K("local_rank", "int", None, "This process's index on its node, normally given by the "
       "launcher.", "megatron", REJECTED,
       f"{_RUNTIME} assigns each process its local devices (from the launcher's environment or "
@@ -36,58 +39,99 @@ KNOBS = [
       f"{_RUNTIME}; SHARP is a torch process-group option here, {_NCCL_ENV}",
       choices=_SHARP_GROUPS),
     K("use_tp_pp_dp_mapping", "bool", False, "Order ranks tp-cp-ep-pp-dp instead of "
-      "tp-cp-ep-dp-pp when assigning devices to groups.", "megatron", issue=5),
+      "tp-cp-ep-dp-pp when assigning devices to groups.", "megatron", status=HONORED),
     K("empty_unused_memory_level", "int", 0, "How often to release cached allocator memory "
       "(0 never, 1 after each step, 2 also after eval).", "megatron", INERT,
       "calls torch.cuda.empty_cache; XLA manages its own preallocated device memory pool and has "
       "no cache to release between steps", choices=(0, 1, 2)),
     K("deterministic_mode", "bool", False, "Use only deterministic kernels and reductions "
-      "(slower, bitwise reproducible).", "megatron", issue=5),
+      "(slower, bitwise reproducible).", "megatron", MAPPED,
+      "--xla_gpu_deterministic_ops=true (run-to-run deterministic GPU kernels, scatters and "
+      "reductions) and jax_threefry_partitionable=True (random bits independent of the "
+      "sharding); XLA on CPU is deterministic already"),
 
     # Data-parallel gradient reduction (DDP buckets and overlap)
     K("overlap_grad_reduce", "bool", False, "Overlap the data-parallel gradient reduction with "
-      "the backward pass.", "megatron", issue=5),
+      "the backward pass.", "megatron", MAPPED,
+      "on GPU: --xla_gpu_enable_latency_hiding_scheduler=true (async gradient all-reduces and "
+      "reduce-scatters overlap the rest of the backward) and --xla_gpu_enable_pipelined_all_reduce"
+      "=true, --xla_gpu_enable_pipelined_reduce_scatter=true (a scanned layer's reduction runs "
+      "during the next layer's backward); off keeps XLA's defaults"),
     K("align_grad_reduce", "bool", True, "Launch the gradient reductions of all pipeline stages "
-      "together rather than each stage on its own.", "megatron", issue=5),
+      "together rather than each stage on its own.", "megatron", INERT,
+      "orders the gradient reductions of the pipeline stages in Megatron's per-rank schedules; a "
+      "jaxtrain step is one SPMD program in which every device issues the same collectives in "
+      "the same order, so there is nothing to align"),
     K("ddp_num_buckets", "int", None, "Number of buckets the gradients are grouped into for "
-      "reduction.", "megatron", issue=5),
+      "reduction.", "megatron", MAPPED,
+      "on GPU: as ddp_bucket_size, with ceil(parameters per tensor x pipeline shard / buckets) "
+      "elements per bucket; sets --xla_gpu_all_reduce_combine_threshold_bytes, "
+      "--xla_gpu_reduce_scatter_combine_threshold_bytes and "
+      "--xla_gpu_all_gather_combine_threshold_bytes"),
     K("ddp_bucket_size", "int", None, "Size of each gradient-reduction bucket, in elements.",
-      "megatron", issue=5),
+      "megatron", MAPPED,
+      "on GPU: XLA combines collectives up to a byte threshold: "
+      "--xla_gpu_all_reduce_combine_threshold_bytes and "
+      "--xla_gpu_reduce_scatter_combine_threshold_bytes = elements x gradient bytes (4; 2 when "
+      "reduced in bf16/fp16), --xla_gpu_all_gather_combine_threshold_bytes = elements x "
+      "weight_dtype bytes"),
     K("ddp_pad_buckets_for_high_nccl_busbw", "bool", False, "Pad buckets to a multiple of 2^16 "
-      "elements for better NCCL bandwidth.", "megatron", issue=5),
+      "elements for better NCCL bandwidth.", "megatron", INERT,
+      "pads Megatron's gradient buffer so NCCL messages are multiples of 2^16 elements; XLA "
+      "allocates and lays out its combined collective buffers itself, with no bucket to pad"),
     K("ddp_average_in_collective", "bool", False, "Average gradients inside the collective "
-      "instead of dividing by the DP size first.", "megatron", issue=5),
+      "instead of dividing by the DP size first.", "megatron", INERT,
+      "picks NCCL's AVG reduction over dividing first; XLA's all-reduce and reduce-scatter only "
+      "sum, and the 1/N of the mean gradient is ordinary arithmetic in the compiled step that XLA "
+      "places and fuses itself"),
     K("gradient_reduce_div_fusion", "bool", True, "Fuse the divide-by-DP-size into the gradient "
-      "reduction.", "megatron", issue=5),
+      "reduction.", "megatron", INERT,
+      "folds the 1/N scaling into the NCCL reduce-scatter (a pre-multiplied sum); XLA's "
+      "collectives only sum, and XLA fuses the scaling into neighbouring kernels on its own"),
 
     # Distributed optimizer / parameter gather (ZeRO)
     K("use_distributed_optimizer", "bool", True, "Shard optimizer state and master weights over "
-      "the data-parallel devices (ZeRO-1).", "megatron", issue=5),
+      "the data-parallel devices (ZeRO-1).", "megatron", status=HONORED),
     K("num_distributed_optimizer_instances", "int", 1, "Split the data-parallel group into this "
-      "many replicas, each sharding the optimizer state.", "megatron", issue=5),
+      "many replicas, each sharding the optimizer state.", "megatron", status=HONORED),
     K("overlap_param_gather", "bool", False, "Overlap the parameter all-gather of the sharded "
-      "optimizer with the next forward pass.", "megatron", issue=5),
+      "optimizer with the next forward pass.", "megatron", MAPPED,
+      "on GPU: --xla_gpu_enable_latency_hiding_scheduler=true (async parameter all-gathers "
+      "overlap compute) and --xla_gpu_enable_pipelined_all_gather=true (the next scanned layer's "
+      "parameters are gathered during the current layer); off keeps XLA's defaults"),
     K("overlap_param_gather_with_optimizer_step", "bool", False, "Start the first bucket's "
-      "parameter all-gather while the optimizer step is still running.", "megatron", issue=5),
+      "parameter all-gather while the optimizer step is still running.", "megatron", MAPPED,
+      "on GPU: --xla_gpu_enable_latency_hiding_scheduler=true; the update and the parameter "
+      "all-gathers after it are one compiled step, and the scheduler starts each gather while "
+      "the rest of the update runs"),
     K("align_param_gather", "bool", True, "Launch the parameter all-gathers of all pipeline "
-      "stages together rather than each stage on its own.", "megatron", issue=5),
+      "stages together rather than each stage on its own.", "megatron", INERT,
+      "orders the parameter all-gathers of the pipeline stages in Megatron's per-rank schedules; "
+      "a jaxtrain step is one SPMD program in which every device issues the same collectives in "
+      "the same order, so there is nothing to align"),
     K("check_weight_hash_across_dp_replicas_interval", "int", None, "Every this many steps, check "
       "that weight hashes agree on all data-parallel replicas.", "megatron", issue=5),
 
     # FSDP
     K("use_megatron_fsdp", "bool", False, "Fully shard parameters, gradients and optimizer state "
-      "over data parallel (Megatron-FSDP).", "megatron", issue=5,
+      "over data parallel (Megatron-FSDP).", "megatron", status=HONORED,
       aliases=(Alias("use_custom_fsdp", "megatron",
                      note="deprecated Megatron name of the Megatron-FSDP switch"),)),
     K("use_torch_fsdp2", "bool", False, "Fully shard parameters over data parallel the way "
-      "PyTorch FSDP2 does.", "megatron", issue=5),
+      "PyTorch FSDP2 does.", "megatron", status=HONORED),
     K("data_parallel_sharding_strategy", "str", "no_shard", "What FSDP shards over data parallel: "
-      "nothing, optimizer state, + gradients, + parameters.", "megatron", issue=5,
+      "nothing, optimizer state, + gradients, + parameters.", "megatron", status=HONORED,
       choices=_DP_SHARDING),
     K("init_model_with_meta_device", "bool", False, "Build the model shapes first and create each "
-      "parameter directly in its shard.", "megatron", issue=5),
+      "parameter directly in its shard.", "megatron", MAPPED,
+      "always on: shapes come from jax.eval_shape and every parameter is created directly in its "
+      "shard by a jit with out_shardings, so no device ever holds a full copy; false cannot be "
+      "honoured and is not needed"),
     K("suggested_communication_unit_size", "int", 400000000, "FSDP elements communicated per "
-      "collective; also sets how far parameter gathers prefetch.", "megatron", issue=5,
+      "collective; also sets how far parameter gathers prefetch.", "megatron", MAPPED,
+      "with use_megatron_fsdp, on GPU: --xla_gpu_all_gather_combine_threshold_bytes = elements x "
+      "weight_dtype bytes and --xla_gpu_reduce_scatter_combine_threshold_bytes = elements x "
+      "gradient bytes; how far gathers run ahead is up to XLA's latency-hiding scheduler",
       nullable=True),
     K("keep_fp8_transpose_cache_when_using_custom_fsdp", "bool", False, "Keep Transformer "
       "Engine's fp8 transposed-weight cache under FSDP.", "megatron", INERT,
@@ -104,9 +148,9 @@ KNOBS = [
 
     # MoE expert-parallel overlap
     K("overlap_moe_expert_parallel_comm", "bool", False, "Overlap MoE expert-parallel all-to-all "
-      "with compute of another microbatch.", "megatron", issue=5),
+      "with compute of another microbatch.", "megatron", issue=9),
     K("patch_moe_overlap", "bool", False, "Primus variant of the MoE all-to-all overlap schedule, "
-      "with its own weight-gradient handling.", "megatron", issue=5),
+      "with its own weight-gradient handling.", "megatron", issue=9),
 
     # Pipeline-specific; no issue builds pipeline parallelism yet
     K("overlap_p2p_comm", "bool", True, "Overlap pipeline send/recv with forward and backward "

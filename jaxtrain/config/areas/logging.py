@@ -1,11 +1,15 @@
 """Console log cadence, training metrics, TensorBoard/W&B/MLflow/trackio writers, telemetry."""
-from jaxtrain.config.knob import Alias, HONORED, INERT, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, Alias, K
 
 _M = "megatron"
 _PGS = ("pgs-train", "pgs-distill")
 _TIMING_OPTIONS = ("max", "minmax", "all")
 _ONE_LOGGER = ("NVIDIA OneLogger telemetry: jaxtrain sends no telemetry to it, so the value cannot "
                "change training or its logs")
+_LEVELS = (0, 10, 20, 30, 40, 50, "NOTSET", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_MEM_STATS = ("served by JAX's Device.memory_stats() (bytes in use, peak, limit of the local "
+              "devices, filled in by XLA's CUDA and ROCm backends) instead of rocm-smi; the mem_* "
+              "fields join the metrics row and a log line, and backends without stats add none")
 _APP_TAG = ("application tag for NVIDIA's OneLogger telemetry, which jaxtrain does not send; it "
             "cannot change training or its logs")
 
@@ -32,72 +36,75 @@ KNOBS = [
     K("log_num_zeros_in_grad", "bool", False, "Count and log how many gradient entries are exactly "
       "zero.", _M, status=HONORED),
     K("logging.log_grad_norm", "bool", True, "Put the global gradient norm in the logged metrics.",
-      "pgs-train", issue=10),
-    K("log_progress", "bool", False, "Append consumed tokens and FLOPs per step to progress.txt in "
-      "the checkpoint directory.", _M, issue=10),
+      "pgs-train", status=HONORED),
+    K("log_progress", "bool", False, "Append consumed tokens, FLOPs and throughput to progress.txt "
+      "in the run directory at job start, each checkpoint save and job end.", _M, status=HONORED),
     K("timing_log_level", "int", 0, "Detail of step timers: 0 step time only, 1 adds once-per-step "
-      "phases, 2 adds fine-grained ones.", _M, issue=10, choices=(0, 1, 2)),
+      "phases, 2 adds fine-grained ones.", _M, status=HONORED, choices=(0, 1, 2)),
     K("timing_log_option", "str", "minmax", "How timers are combined across processes: the max, "
-      "min and max, or every process.", _M, issue=10, choices=_TIMING_OPTIONS),
+      "min and max, or every process.", _M, status=HONORED, choices=_TIMING_OPTIONS),
     K("logging_level", "int|str", None, "Python logging level for the root logger (a number "
-      "such as 20 or a name such as INFO); null keeps it.", _M, issue=10),
+      "such as 20 or a name such as INFO); null keeps it.", _M, status=HONORED, choices=_LEVELS,
+      value_aliases={str(l).lower(): l for l in _LEVELS if isinstance(l, str)}),
     K("config_logger_dir", "str", "", "Directory where the resolved model and optimizer "
-      "configs are dumped as JSON; empty dumps nothing.", _M, issue=10),
+      "configs are dumped as JSON; empty dumps nothing.", _M, status=HONORED),
 
     # Device memory reporting
     K("use_rocm_mem_info", "bool", False, "Report device memory use every step (Primus reads "
-      "rocm-smi; jaxtrain will read the devices' memory stats).", _M, issue=10),
+      "rocm-smi; jaxtrain reads the devices' memory stats).", _M, MAPPED, _MEM_STATS),
     K("use_rocm_mem_info_iters", "list[int]", [1, 2], "Steps at which device memory use is "
-      "reported when use_rocm_mem_info is off.", _M, issue=10, nullable=True),
+      "reported when use_rocm_mem_info is off.", _M, MAPPED, _MEM_STATS, nullable=True),
 
     # TensorBoard
     K("disable_tensorboard", "bool", True, "Turn the TensorBoard writer off (Primus switch).", _M,
-      issue=10),
+      status=HONORED),
     K("tensorboard_dir", "str", None, "Directory for TensorBoard event files; null puts them in "
-      "the run directory.", _M, issue=10),
+      "the run directory.", _M, status=HONORED),
     K("tensorboard_log_interval", "int", 1, "Steps between scalar writes to TensorBoard.", _M,
-      issue=10),
+      status=HONORED),
     K("tensorboard_queue_size", "int", 1000, "Pending TensorBoard events held before the writer "
-      "flushes to disk.", _M, issue=10),
+      "flushes to disk.", _M, status=HONORED),
     K("log_timers_to_tensorboard", "bool", True, "Log the timing breakdown of each step in "
-      "TensorBoard.", _M, issue=10),
+      "TensorBoard.", _M, status=HONORED),
     K("log_batch_size_to_tensorboard", "bool", True, "Write the global batch size to TensorBoard.",
-      _M, issue=10),
+      _M, status=HONORED),
     K("log_learning_rate_to_tensorboard", "bool", True, "Write the learning rate to TensorBoard.",
-      _M, issue=10),
+      _M, status=HONORED),
     K("log_validation_ppl_to_tensorboard", "bool", False, "Write validation perplexity next to "
-      "validation loss in TensorBoard.", _M, issue=10),
+      "validation loss in TensorBoard.", _M, status=HONORED),
     K("log_memory_to_tensorboard", "bool", False, "Write device memory statistics to TensorBoard.",
-      _M, issue=10),
+      _M, status=HONORED),
     K("log_world_size_to_tensorboard", "bool", False, "Write the number of devices to TensorBoard.",
-      _M, issue=10),
+      _M, status=HONORED),
     K("log_loss_scale_to_tensorboard", "bool", True, "Write the fp16 loss scale to TensorBoard.",
-      _M, issue=10),
+      _M, status=HONORED),
 
     # Weights & Biases
     K("disable_wandb", "bool", True, "Turn the Weights & Biases writer off (Primus switch).", _M,
-      issue=10),
+      status=HONORED),
     K("logging.use_wandb", "bool", True, "Mirror the logged metrics to Weights & Biases; a tracker "
-      "failure only warns.", _PGS, issue=10, doc_defaults={"pgs-distill": False}),
+      "failure only warns.", _PGS, status=HONORED, doc_defaults={"pgs-distill": False}),
     K("wandb_project", "str", None, "Weights & Biases project the run is logged under.", _M,
-      issue=10, doc_defaults={"pgs-train": "palingenesis", "pgs-distill": "palingenesis-opd"},
+      status=HONORED,
+      doc_defaults={"pgs-train": "palingenesis", "pgs-distill": "palingenesis-opd"},
       aliases=(Alias("logging.project", _PGS, note="also names the trackio project"),)),
     K("wandb_exp_name", "str", None, "Weights & Biases run name; null lets the trainer derive one.",
-      _M, issue=10,
+      _M, status=HONORED,
       aliases=(Alias("logging.run_name", _PGS, to_canonical=_empty_to_none,
                      note="an empty name means automatic"),)),
     K("wandb_save_dir", "str", None, "Local directory for Weights & Biases files; null uses "
-      "the run directory.", _M, issue=10),
+      "the run directory.", _M, status=HONORED),
     K("wandb_entity", "str", None, "Weights & Biases team or user that owns the project.", _M,
-      issue=10),
+      status=HONORED),
 
     # MLflow and trackio
-    K("disable_mlflow", "bool", True, "Turn the MLflow writer off (Primus switch).", _M, issue=10),
-    K("mlflow_run_name", "str", None, "Label given to the run in MLflow.", _M, issue=10),
+    K("disable_mlflow", "bool", True, "Turn the MLflow writer off (Primus switch).", _M,
+      status=HONORED),
+    K("mlflow_run_name", "str", None, "Label given to the run in MLflow.", _M, status=HONORED),
     K("mlflow_experiment_name", "str", None, "MLflow experiment the run is logged under.", _M,
-      issue=10),
+      status=HONORED),
     K("logging.use_trackio", "bool", True, "Mirror the logged metrics to trackio; a tracker "
-      "failure only warns.", "pgs-train", issue=10),
+      "failure only warns.", "pgs-train", status=HONORED),
 
     # pgs training-health monitors
     K("logging.health_tier2_every", "int", 10, "Steps between mid-cost health metrics: gradient "

@@ -1,5 +1,5 @@
 """Model architecture: shape, attention, positions, norms, init, dtypes and the HF model source."""
-from jaxtrain.config.knob import Alias, HONORED, INERT, K, REJECTED
+from jaxtrain.config.knob import Alias, HONORED, INERT, MAPPED, K, REJECTED
 
 _DTYPES = ("bfloat16", "float32", "float16")
 _DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
@@ -25,9 +25,11 @@ KNOBS = [
       "deepseek_v4/kimi_k3 model builders are other families",
       choices=("gpt", "mamba", "deepseek_v4", "kimi_k3")),
     K("transformer_impl", "str", "transformer_engine", "Layer library Megatron builds from: "
-      "TransformerEngine or its own local PyTorch modules.", "megatron", INERT,
-      "chooses between TransformerEngine and Megatron's PyTorch layers; jaxtrain has one JAX "
-      "implementation of each layer and picks the attention kernel with attention_backend",
+      "TransformerEngine or its own local PyTorch modules.", "megatron", MAPPED,
+      "jaxtrain has one JAX implementation of each layer, so only the attention kernel follows "
+      "it: local selects the xla attention (Megatron's local spec runs its unfused "
+      "DotProductAttention); transformer_engine and inference_optimized leave the kernel to "
+      "attention_backend and the other attention knobs",
       choices=("transformer_engine", "local", "inference_optimized")),
     K("encoder_num_layers", "int", None, "Layer count of the encoder stack in an encoder-decoder "
       "model.", "megatron",
@@ -66,13 +68,26 @@ KNOBS = [
 
     # Attention kernel choice
     K("attention_backend", "str", "auto", "Attention kernel: flash, fused, unfused (plain XLA), "
-      "local, or auto to pick per shape.", "megatron", choices=_MEGATRON_ATTENTION, issue=8),
+      "local, or auto to pick per shape.", "megatron", MAPPED,
+      "TransformerEngine's kernels are CUDA/ROCm PyTorch code: flash and fused (cuDNN) run "
+      "jaxtrain's Pallas flash kernel, unfused and local the plain-XLA attention, auto the "
+      "flash kernel on a GPU and XLA on the CPU (or with attention dropout, which the kernel "
+      "lacks); other attention knobs set must agree", choices=_MEGATRON_ATTENTION),
     K("attention", "str", "cudnn_flash_te", "Attention kernel by MaxText name: autoselected, "
-      "dot_product (plain XLA), flash, cudnn_flash_te, ...", "maxtext",
-      choices=_MAXTEXT_ATTENTION, issue=8),
+      "dot_product (plain XLA), flash, cudnn_flash_te, ...", "maxtext", MAPPED,
+      "dot_product is the plain-XLA attention and flash jaxtrain's Pallas flash kernel; "
+      "cudnn_flash_jax is jax.nn cuDNN attention with segment ids as a dense mask, refused off "
+      "NVIDIA GPUs and with softcap or dropout; TransformerEngine is not used, so "
+      "cudnn_flash_te (the default) is auto like autoselected: the flash kernel on a GPU, XLA "
+      "on the CPU or with attention dropout, which the kernel lacks",
+      choices=_MAXTEXT_ATTENTION, rejected_values={
+          v: "an inference-only kernel over a paged KV cache; jaxtrain trains with "
+          "full-sequence attention" for v in ("paged", "vllm_rpa", "vllm_batched_rpa")}),
     K("model.attn_implementation", "str", "sdpa", "Attention kernel by Hugging Face name: eager "
-      "(plain), sdpa (fused, picked per shape) or flash_attention_2.", "pgs-train",
-      choices=_HF_ATTENTION, issue=8),
+      "(plain), sdpa (fused, picked per shape) or flash_attention_2.", "pgs-train", MAPPED,
+      "PyTorch kernels: eager runs the plain-XLA attention, flash_attention_2 jaxtrain's Pallas "
+      "flash kernel, sdpa the auto choice (flash on a GPU, XLA on the CPU)",
+      choices=_HF_ATTENTION),
 
     # Position embeddings
     K("add_position_embedding", "bool", False, "Add a learned absolute position embedding to the "

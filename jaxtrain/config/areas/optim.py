@@ -85,15 +85,20 @@ KNOBS = [
 
     # --- optimizer state placement (host offload) ---
     K("optimizer_cpu_offload", "bool", False, "Keep optimizer state in host memory and move it "
-      "to the device for the update.", _MEGATRON, issue=5),
+      "to the device for the update.", _MEGATRON, status=HONORED),
     K("optimizer_offload_fraction", "float", 1.0, "Share of optimizer state (0 to 1) kept in host "
-      "memory when optimizer_cpu_offload is on.", _MEGATRON, issue=5),
+      "memory when optimizer_cpu_offload is on.", _MEGATRON, status=HONORED),
     K("overlap_cpu_optimizer_d2h_h2d", "bool", False, "Overlap host<->device transfers of "
-      "offloaded optimizer state with computation.", _MEGATRON, issue=5),
+      "offloaded optimizer state with computation.", _MEGATRON, INERT,
+      "the host<->device copies of offloaded state are inside the one compiled step, where XLA's "
+      "scheduler overlaps them with compute whenever the data dependencies allow; there is no "
+      "separate switch"),
     K("pin_cpu_grads", "bool", True, "Put offloaded gradients in pinned (page-locked) host "
-      "memory.", _MEGATRON, issue=5),
+      "memory.", _MEGATRON, INERT,
+      "gradients never go to the host: the update runs on the device with the offloaded state "
+      "brought in, so there is no host gradient buffer to pin"),
     K("pin_cpu_params", "bool", True, "Put offloaded parameters in pinned (page-locked) host "
-      "memory.", _MEGATRON, issue=5),
+      "memory.", _MEGATRON, status=HONORED),
     K("use_torch_optimizer_for_cpu_offload", "bool", False, "Megatron: run the offloaded step "
       "with a torch.optim class instead of its hybrid optimizer.", _MEGATRON, INERT,
       "only chooses which PyTorch class computes the same Adam update on the host; jaxtrain "

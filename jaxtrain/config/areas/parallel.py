@@ -1,5 +1,5 @@
 """Model-parallel layout: tensor, sequence, expert, pipeline and context parallel degrees."""
-from jaxtrain.config.knob import INERT, REJECTED, Alias, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
 _CP_COMM_TYPES = ("p2p", "allgather", "a2a", "a2a+p2p")
 _CP_ROTATE_METHODS = ("allgather", "alltoall")
@@ -11,16 +11,16 @@ _ENCODER = ("encoder-decoder models are another model family; jaxtrain trains de
 KNOBS = [
     # Tensor, sequence and expert parallelism (Megatron)
     K("tensor_model_parallel_size", "int", 1, "Tensor-parallel degree: how many devices split each "
-      "layer's weight matrices.", "megatron", issue=5,
+      "layer's weight matrices.", "megatron", status=HONORED,
       aliases=(Alias("model_parallel_size", "megatron",
                      note="deprecated Megatron spelling; Megatron now refuses it, jaxtrain reads "
                           "it as the tensor-parallel degree"),)),
     K("sequence_parallel", "bool", True, "With TP > 1, also shard norms/dropout activations along "
-      "the sequence over the tensor axis; off when TP = 1.", "megatron", issue=5),
+      "the sequence over the tensor axis; off when TP = 1.", "megatron", status=HONORED),
     K("expert_model_parallel_size", "int", 1, "Expert-parallel degree: how many devices the MoE "
-      "experts are spread over.", "megatron", issue=5),
+      "experts are spread over.", "megatron", issue=9),
     K("expert_tensor_parallel_size", "int", None, "Tensor-parallel degree inside each expert; null "
-      "means the same as tensor_model_parallel_size.", "megatron", issue=5),
+      "means the same as tensor_model_parallel_size.", "megatron", issue=9),
     K("high_priority_stream_groups", "list[str]", [], "Communicator groups (e.g. ep, tp) whose "
       "collectives get high-priority CUDA streams.", "megatron", INERT,
       "CUDA stream priority of torch process groups; XLA issues its async collectives on its own "
@@ -68,11 +68,11 @@ KNOBS = [
 
     # pgs-train parallel section
     K("parallel.fsdp", "bool", True, "Shard parameters, gradients and optimizer state over the "
-      "data-parallel devices (FSDP); off on one device.", "pgs-train", issue=5),
+      "data-parallel devices (FSDP); off on one device.", "pgs-train", status=HONORED),
     K("parallel.cpu_offload", "bool", False, "Keep the sharded parameters in host memory between "
-      "uses (large memory saving, much slower).", "pgs-train", issue=5),
+      "uses (large memory saving, much slower).", "pgs-train", status=HONORED),
     K("parallel.reshard_after_forward", "bool", True, "Free gathered parameters after the forward "
-      "pass and gather again for backward; false keeps them.", "pgs-train", issue=5),
+      "pass and gather again for backward; false keeps them.", "pgs-train", status=HONORED),
     K("parallel.context_parallel", "bool", False, "Ring attention: split each sequence over the "
       "devices for very long contexts.", "pgs-train"),
     K("parallel.cp_rotate_method", "str", "allgather", "Collective that ring attention rotates "
@@ -82,5 +82,7 @@ KNOBS = [
 
     # MaxText
     K("shardy", "bool", False, "Partition the program with the Shardy partitioner "
-      "(jax_use_shardy_partitioner) instead of GSPMD.", "maxtext", issue=5),
+      "(jax_use_shardy_partitioner) instead of GSPMD.", "maxtext", MAPPED,
+      "sets jax_use_shardy_partitioner to this value for the run (false: GSPMD), as MaxText "
+      "does"),
 ]

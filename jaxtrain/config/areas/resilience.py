@@ -1,5 +1,5 @@
 """Straggler reports, fault-tolerance tooling, heterogeneous layers, rerun and error injection."""
-from jaxtrain.config.knob import INERT, K, REJECTED
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, K
 
 _M = "megatron"
 _NO_CONTROLLER = ("Megatron switches its straggler detector on and off through a control server on "
@@ -12,9 +12,9 @@ _INJECTION_TYPES = ("correct_result", "transient_error", "persistent_error")
 KNOBS = [
     # Straggler detection
     K("log_straggler", "bool", False, "Report the slowest and fastest processes by step time.", _M,
-      issue=10),
+      HONORED),
     K("straggler_minmax_count", "int", 1, "How many slowest and fastest processes the straggler "
-      "report names.", _M, issue=10),
+      "report names.", _M, HONORED),
     K("disable_straggler_on_startup", "bool", False, "Start with the straggler detector off until "
       "it is switched on at run time.", _M, REJECTED, _NO_CONTROLLER),
     K("straggler_ctrlr_port", "int", 65535, "Port of the server that switches the straggler "
@@ -26,7 +26,9 @@ KNOBS = [
     K("calc_ft_timeouts", "bool", False, "Let the fault-tolerance package work out its timeouts "
       "from observed step times.", _M, REJECTED, _FT),
     K("run_workload_inspector_server", "bool", False, "Run a server that takes profiles on demand "
-      "while training runs (jaxtrain: jax.profiler server).", _M, issue=10),
+      "while training runs (jaxtrain: jax.profiler server).", _M, MAPPED,
+      "jax.profiler.start_server on port 9012 + process index: capture a trace on demand from "
+      "TensorBoard's profile tab or XProf while the run goes on"),
 
     # Heterogeneous layers and in-process restart
     K("heterogeneous_layers_config_path", "str", None, "JSON file (HF Nemotron-NAS format) giving "

@@ -1,5 +1,5 @@
 """Training loop length, batching, evaluation cadence, exits, seeds and step-level health checks."""
-from jaxtrain.config.knob import Alias, HONORED, INERT, K, REJECTED
+from jaxtrain.config.knob import Alias, HONORED, INERT, MAPPED, K, REJECTED
 
 
 def _unset_if_negative(value):
@@ -70,15 +70,15 @@ KNOBS = [
                      note="0 means off (null)"),
                Alias("train.eval_every", "pgs-distill", to_canonical=_off_if_zero,
                      note="0 means off (null)")),
-      doc_defaults={"pgs-train": 100, "pgs-distill": 50}, issue=6),
+      doc_defaults={"pgs-train": 100, "pgs-distill": 50}, status=HONORED),
     K("eval_iters", "int|list[int]", 0, "Validation batches per validation run (a list gives one "
-      "count per validation set); 0 skips validation.", _MEGATRON, issue=6),
+      "count per validation set); 0 skips validation.", _MEGATRON, status=HONORED),
     K("full_validation", "bool", False, "Evaluate the whole validation split each time instead of "
-      "eval_iters batches.", _MEGATRON, doc_defaults={"pgs-train": True}, issue=6),
+      "eval_iters batches.", _MEGATRON, doc_defaults={"pgs-train": True}, status=HONORED),
     K("multiple_validation_sets", "bool", False, "Treat each validation dataset as its own set "
-      "and report a separate loss for each.", _MEGATRON, issue=6),
+      "and report a separate loss for each.", _MEGATRON, status=HONORED),
     K("skip_train", "bool", False, "Do no training steps: load, run validation/test and exit.",
-      _MEGATRON, issue=6),
+      _MEGATRON, status=HONORED),
 
     # --- exits and host/device pacing ---
     K("exit_signal_handler", "bool", False, "On SIGTERM, save a checkpoint at the next step "
@@ -96,7 +96,7 @@ KNOBS = [
     K("manual_gc_interval", "int", 1, "With manual_gc, collect every this many steps (0: only "
       "around validation).", _MEGATRON, status=HONORED),
     K("manual_gc_eval", "bool", False, "With manual_gc, also collect before and after each "
-      "validation run.", _MEGATRON, issue=6),
+      "validation run.", _MEGATRON, status=HONORED),
 
     # --- numerical health checks ---
     K("check_for_nan_in_loss_and_grad", "bool", True, "Stop the run when the loss or the "
@@ -126,7 +126,10 @@ KNOBS = [
 
     # --- kernels ---
     K("use_flash_attn", "bool", True, "Use the fused flash-attention kernel instead of plain "
-      "softmax attention.", _MEGATRON, issue=8),
+      "softmax attention.", _MEGATRON, MAPPED,
+      "false selects the plain-XLA attention; true (the default) leaves the kernel to the "
+      "other attention knobs, auto by default: jaxtrain's Pallas flash kernel on a GPU, XLA on "
+      "the CPU or with attention dropout"),
 
     # --- PyTorch/Megatron-only tooling ---
     K("onnx_safe", "bool", None, "Megatron: work around Torch ONNX-exporter limits in legacy "

@@ -1,5 +1,5 @@
 """Primus-Turbo switches: ROCm kernel selectors, mapped to our own kernels where one exists."""
-from jaxtrain.config.knob import INERT, REJECTED, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, K
 
 _M = "megatron"
 
@@ -8,11 +8,13 @@ _REMOVED = "removed upstream: Primus asserts when this key is given; use {} inst
 KNOBS = [
     # Master switch
     K("enable_primus_turbo", "bool", False, "Gate for the Primus-Turbo features below; the "
-      "use_turbo_* switches only take effect when it is on.", _M, issue=8),
+      "use_turbo_* switches only take effect when it is on.", _M, HONORED),
 
     # Attention (turbo attention → our flash kernel) and learned sinks
     K("use_turbo_attention", "bool", False, "Run core attention with the Turbo flash-attention "
-      "kernel; here, with jaxtrain's own flash-attention kernel.", _M, issue=8),
+      "kernel; here, with jaxtrain's own flash-attention kernel.", _M, MAPPED,
+      "Primus-Turbo's attention is a ROCm PyTorch kernel; with enable_primus_turbo also on, "
+      "true selects jaxtrain's Pallas flash kernel (other attention knobs set must agree)"),
     K("enable_turbo_attention_float8", "bool", False, "Compute attention in FP8 inside the Turbo "
       "attention kernel.", _M, issue=11),
     K("use_sink_attention", "bool", False, "Add a learned per-head sink logit to the attention "

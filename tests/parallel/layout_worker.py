@@ -1,0 +1,93 @@
+"""Subprocess for the layout tests: 8 CPU devices, each named layout trained for a few steps.
+
+``python layout_worker.py WORKDIR train:NAME,NAME specs:NAME,... gathers:NAME`` prints one JSON
+object: per layout, its mesh, the sharding spec and memory kind of every parameter and
+optimizer-state leaf of its freshly built state, and the losses of its metrics rows
+(``train:``) or the number of all-gathers in its compiled step (``gathers:``).
+"""
+import json
+import pathlib
+import re
+import sys
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+from jaxtrain import loop  # noqa: E402
+from jaxtrain.config import load_config  # noqa: E402
+
+TINY = ["mock_data=true", "vocab_size=128", "make_vocab_size_divisible_by=32", "seq_length=8",
+        "max_position_embeddings=8", "num_layers=2", "hidden_size=32", "num_attention_heads=4",
+        "group_query_attention=true", "num_query_groups=2", "micro_batch_size=1",
+        "global_batch_size=16", "lr_warmup_iters=0", "bf16=false", "hidden_dropout=0",
+        "attention_dropout=0", "log_interval=1", "exp_name=run", "train_iters=5",
+        "use_distributed_optimizer=false"]
+
+LAYOUTS = {
+    "one": (1, []),
+    "dp": (8, []),
+    "zero1": (8, ["use_distributed_optimizer=true"]),
+    "zero2": (8, ["use_megatron_fsdp=true", "data_parallel_sharding_strategy=optim_grads"]),
+    "fsdp": (8, ["use_megatron_fsdp=true",
+                 "data_parallel_sharding_strategy=optim_grads_params"]),
+    "torch_fsdp2": (8, ["use_torch_fsdp2=true"]),
+    "pgs_fsdp": (8, ["parallel.fsdp=true"]),
+    "tp": (8, ["tensor_model_parallel_size=2", "sequence_parallel=false"]),
+    "tp_sp": (8, ["tensor_model_parallel_size=2", "sequence_parallel=true"]),
+    "tp_fsdp": (8, ["tensor_model_parallel_size=2", "use_torch_fsdp2=true",
+                    "parallel.reshard_after_forward=false"]),
+    "instances": (8, ["use_distributed_optimizer=true", "num_distributed_optimizer_instances=2"]),
+    "offload": (8, ["use_torch_fsdp2=true", "parallel.cpu_offload=true",
+                    "optimizer_cpu_offload=true", "optimizer_offload_fraction=0.5"]),
+    "unpinned": (8, ["optimizer_cpu_offload=true", "pin_cpu_params=false"]),
+    "fsdp_keep": (8, ["use_torch_fsdp2=true", "parallel.reshard_after_forward=false"]),
+    "tp_pp_dp": (8, ["tensor_model_parallel_size=2", "use_tp_pp_dp_mapping=true"]),
+}
+
+
+def _spec(x):
+    spec = list(x.sharding.spec) + [None] * (x.ndim - len(x.sharding.spec))
+    return [list(e) if isinstance(e, tuple) else e for e in spec]
+
+
+def _leaves(tree):
+    return {jax.tree_util.keystr(path): {"spec": _spec(x), "memory": x.sharding.memory_kind}
+            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def all_gathers(run) -> int:
+    """All-gather ops in the compiled train step of ``run`` (a loop.Setup)."""
+    from jaxtrain.data.batches import global_batches
+
+    batch = run.put_batch(next(global_batches(run.data, run.tcfg, seed=0)))
+    text = run.step_fn.lower(run.state, batch).compile().as_text()
+    return len(re.findall(r"= \S+ all-gather(?:-start)?\(", text))
+
+
+def main(workdir: str, names: list[str], mode: str = "train") -> dict:
+    out = {}
+    for name in names:
+        count, extra = LAYOUTS[name]
+        cfg = load_config(None, [*TINY, f"workspace={workdir}/{name}", *extra],
+                          world_size=count)
+        devices = jax.devices()[:count]
+        run = loop.build(cfg, devices)
+        out[name] = {"params": _leaves(run.state.params), "opt_state": _leaves(run.state.opt_state),
+                     "mesh": dict(run.layout.mesh.shape),
+                     "devices": [d.id for d in run.layout.mesh.devices.flat]}
+        if mode == "gathers":
+            out[name]["all_gathers"] = all_gathers(run)
+        if mode == "train":
+            loop.train(cfg, devices=devices)
+            rows = (pathlib.Path(workdir) / name / "run" / "metrics.jsonl").read_text()
+            out[name]["losses"] = [json.loads(r)["loss"] for r in rows.splitlines()]
+    return out
+
+
+if __name__ == "__main__":
+    result = {}
+    for arg in sys.argv[2:]:
+        mode, names = arg.split(":")
+        result.update(main(sys.argv[1], names.split(","), mode))
+    print(json.dumps(result))

@@ -1,0 +1,130 @@
+"""Parallel layouts on 8 CPU devices: same losses as one device, shardings as the knobs say.
+
+The layouts run in one subprocess (``layout_worker.py``: the device count is fixed when JAX
+starts). Default run: one device, ZeRO-1, FSDP, TP+SP and DP x TP x FSDP are trained; the
+other layouts are built and their shardings checked. ``-m slow`` trains those too.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.parallel.layout_worker import LAYOUTS
+
+TRAINED = ["one", "zero1", "fsdp", "tp_sp", "tp_fsdp"]  # tp_fsdp: data x tensor, SP on
+GATHERS = ["torch_fsdp2", "fsdp_keep"]
+BUILT = [n for n in LAYOUTS if n not in TRAINED + GATHERS]
+# Compile quickly: these programs are tiny and run a few steps (both sides of each comparison).
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+WQ = "['layers']['attn']['wq']"  # [D, L, N, H]: embed, layers, q_heads, kv
+
+
+def _worker(tmp_path, *args):
+    out = subprocess.run([sys.executable, str(ROOT / "tests/parallel/layout_worker.py"),
+                          str(tmp_path), *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=1200, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin",
+                                            "PYTHONPATH": str(ROOT), "XLA_FLAGS": FAST_COMPILE})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    return _worker(tmp_path_factory.mktemp("layouts"), f"train:{','.join(TRAINED)}",
+                   f"specs:{','.join(BUILT)}", f"gathers:{','.join(GATHERS)}")
+
+
+def _param(got, name, path=WQ):
+    return got[name]["params"][path]
+
+
+def _opt(got, name, path=WQ):
+    """Specs/memory of the optimizer-state leaves that mirror parameter ``path`` (Adam mu, nu)."""
+    found = [v for k, v in got[name]["opt_state"].items() if k.endswith(path)]
+    assert len(found) == 2, got[name]["opt_state"].keys()
+    return found
+
+
+@pytest.mark.parametrize("name", TRAINED[1:])
+def test_same_losses_as_one_device(layouts, name):
+    assert len(layouts[name]["losses"]) == 5
+    assert layouts[name]["losses"] == pytest.approx(layouts["one"]["losses"], rel=2e-6)
+
+
+@pytest.mark.slow
+def test_same_losses_as_one_device_other_layouts(tmp_path):
+    got = _worker(tmp_path, f"train:one,{','.join(BUILT + GATHERS)}")
+    for name in BUILT + GATHERS:
+        assert got[name]["losses"] == pytest.approx(got["one"]["losses"], rel=2e-6), name
+
+
+def test_mesh_axes(layouts):
+    assert layouts["zero1"]["mesh"] == {"pipeline": 1, "replica": 1, "data": 8, "expert": 1,
+                                        "context": 1, "tensor": 1}
+    assert layouts["tp_sp"]["mesh"]["tensor"] == 2 and layouts["tp_sp"]["mesh"]["data"] == 4
+    assert layouts["instances"]["mesh"]["replica"] == 2
+    # tensor is the fastest axis: a TP pair is two neighbouring devices
+    assert layouts["tp_sp"]["devices"][:4] == [0, 1, 2, 3]
+    assert list(layouts["tp"]["mesh"])[0] == "pipeline"
+    assert list(layouts["tp_pp_dp"]["mesh"])[:3] == ["replica", "data", "pipeline"]
+
+
+def test_plain_data_parallel_replicates_everything(layouts):
+    assert _param(layouts, "dp")["spec"] == [None] * 4
+    assert all(o["spec"] == [None] * 4 for o in _opt(layouts, "dp"))
+
+
+@pytest.mark.parametrize("name", ["zero1", "zero2", "instances"])
+def test_distributed_optimizer_shards_only_the_optimizer_state(layouts, name):
+    assert _param(layouts, name)["spec"] == [None] * 4
+    assert all(o["spec"] == ["data", None, None, None] for o in _opt(layouts, name))
+    count = [v for k, v in layouts[name]["opt_state"].items() if k.endswith(".count")]
+    assert count and all(c["spec"] == [] for c in count)
+
+
+@pytest.mark.parametrize("name", ["fsdp", "torch_fsdp2", "pgs_fsdp"])
+def test_fsdp_shards_parameters_too(layouts, name):
+    assert _param(layouts, name)["spec"] == ["data", None, None, None]
+    assert _param(layouts, name, "['embedding']")["spec"] == [None, "data"]  # [V, D]: embed
+    assert all(o["spec"] == ["data", None, None, None] for o in _opt(layouts, name))
+
+
+@pytest.mark.parametrize("name", ["tp", "tp_sp"])
+def test_tensor_parallel_splits_heads_mlp_and_vocab(layouts, name):
+    assert _param(layouts, name)["spec"] == [None, None, "tensor", None]
+    assert _param(layouts, name, "['layers']['attn']['wk']")["spec"] == [None, None, "tensor",
+                                                                         None]
+    assert _param(layouts, name, "['layers']['mlp']['wi_0']")["spec"] == [None, None, "tensor"]
+    assert _param(layouts, name, "['layers']['mlp']['wo']")["spec"] == ["tensor", None, None]
+    assert _param(layouts, name, "['embedding']")["spec"] == ["tensor", None]
+    assert _param(layouts, name, "['layers']['attn_norm']['scale']")["spec"] == [None, None]
+
+
+def test_data_by_tensor_with_fsdp(layouts):
+    assert _param(layouts, "tp_fsdp")["spec"] == ["data", None, "tensor", None]
+    assert _param(layouts, "tp_fsdp", "['embedding']")["spec"] == ["tensor", "data"]
+
+
+def test_host_offload_of_parameters_and_a_share_of_the_optimizer_state(layouts):
+    assert {v["memory"] for v in layouts["offload"]["params"].values()} == {"pinned_host"}
+    kinds = [v["memory"] for v in layouts["offload"]["opt_state"].values()]
+    assert "pinned_host" in kinds and "device" in kinds  # optimizer_offload_fraction 0.5
+    mu, nu = _opt(layouts, "offload")
+    assert (mu["memory"], nu["memory"]) == ("pinned_host", "device")
+    assert {v["memory"] for v in layouts["dp"]["params"].values()} == {"device"}
+
+
+def test_pin_cpu_params_false_uses_unpinned_host_memory(layouts):
+    kinds = {o["memory"] for o in _opt(layouts, "unpinned")}
+    assert kinds == {"unpinned_host"}
+    assert {o["memory"] for o in _opt(layouts, "offload")} >= {"pinned_host"}
+
+
+def test_fsdp_keeps_gathered_weights_without_reshard_after_forward(layouts):
+    """reshard_after_forward false: the forward's gathered weights serve the backward, so the
+    step gathers fewer times than when it gathers again for the backward."""
+    again, kept = (layouts[n]["all_gathers"] for n in ("torch_fsdp2", "fsdp_keep"))
+    assert 0 < kept < again
+    assert _param(layouts, "fsdp_keep")["spec"] == ["data", None, None, None]
