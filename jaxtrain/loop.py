@@ -18,7 +18,7 @@ import jax
 
 from jaxtrain import models
 from jaxtrain.checkpoint import Checkpointer
-from jaxtrain.checks import Checks
+from jaxtrain.checks import Checks, TrainingError
 from jaxtrain.data.batches import global_batches
 from jaxtrain.data.sources import training_data
 from jaxtrain.evaluation import Evaluator
@@ -31,6 +31,7 @@ from jaxtrain.optim.optimizers import (HOST_MEMORY, OptimConfig, build_optimizer
 from jaxtrain.optim.schedules import (ScheduleConfig, batch_size_at, make_lr_schedule,
                                       make_weight_decay_schedule, rampup_train_iters)
 from jaxtrain.parallel.mesh import MeshConfig, make_mesh
+from jaxtrain.parallel.replicas import replica_mismatches
 from jaxtrain.parallel.sharding import Layout
 from jaxtrain.step import (TrainState, abstract_state, create_state, make_train_step,
                            memory_movers, state_shardings)
@@ -114,7 +115,7 @@ class Setup:
     optimizer: Any
     abstract: TrainState          # shapes and dtypes of the state
     shardings: TrainState         # where each part of the state lives
-    state: TrainState             # the initial state, already sharded
+    state: TrainState | None      # the initial state, already sharded
     step_fn: Any                  # the jitted train step
 
     @property
@@ -126,8 +127,12 @@ class Setup:
         return self.layout.put_batch(host, self.rows)
 
 
-def build(cfg, devices=None, tcfg: TrainConfig | None = None) -> Setup:
-    """Data, model, mesh, optimizer, the sharded initial state and the jitted step."""
+def build(cfg, devices=None, tcfg: TrainConfig | None = None, materialize: bool = True
+          ) -> Setup:
+    """Data, model, mesh, optimizer, the sharded initial state and the jitted step.
+
+    ``materialize=False`` creates no state (``state`` is None): enough to lower and compile the
+    step ahead of time from ``abstract`` and ``shardings`` (see benchmarks/aot_memory.py)."""
     tcfg = tcfg or TrainConfig.from_config(cfg)
     devices = list(devices or jax.devices())
     data = training_data(cfg)
@@ -149,7 +154,8 @@ def build(cfg, devices=None, tcfg: TrainConfig | None = None) -> Setup:
         params_memory_kind=_host_memory_kind(devices[0]) if mcfg.offload_params else None)
     shardings = dataclasses.replace(shardings, opt_state=with_opt_state_memory_kind(
         shardings.opt_state, opt_cfg, devices[0], abstract.opt_state))
-    state = create_state(jax.random.key(tcfg.seed), model_cfg, optimizer, tcfg, shardings)
+    state = (create_state(jax.random.key(tcfg.seed), model_cfg, optimizer, tcfg, shardings)
+             if materialize else None)
     train_step = make_train_step(
         model_cfg, tcfg, optimizer, schedule, memory_movers(shardings.opt_state), layout=layout,
         grad_shardings=layout.grads(models.logical_axes(model_cfg), abstract.params),
@@ -181,6 +187,7 @@ def _train(cfg, tcfg, logger, devices) -> dict:
     watch = _Watch.from_config(cfg, directory, devices, first, restored is not None, logger,
                                steps, Meter(run.model_cfg, run.abstract.params, tcfg.seq_length,
                                             devices))
+    watch.progress.job_start(first - 1, consumed * tcfg.seq_length * watch.meter.flops_per_token)
     if tcfg.skip_train:
         row = {"step": first - 1, **evaluator.evaluate_only(state.params, first - 1)}
         watch.log.write_eval(row)
@@ -195,7 +202,6 @@ def _train(cfg, tcfg, logger, devices) -> dict:
                 " x ".join(f"{k} {v}" for k, v in mcfg.shape.items() if v > 1) or "one device",
                 mcfg.sharding, sum(x.size for x in jax.tree.leaves(run.abstract.params)) / 1e6,
                 watch.log.path)
-    watch.progress.job_start(first - 1, consumed * tcfg.seq_length * watch.meter.flops_per_token)
     last = (first - 1, consumed)
     try:
         last = _loop(run, state, first, consumed, ckpt, evaluator, report, stop, logger)
@@ -266,18 +272,23 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
         watch.window.step_begin(it)
         state, metrics = run.step_fn(state, batch)
         watch.window.step_end(it, block_on=metrics)
+        phases = watch.timers.take()  # this step's batch time goes into this step's row
         if pending is not None:
             report.finish(*pending)
-        pending = (it, metrics, t0, batch["tokens"].size)
+        pending = (it, metrics, t0, batch["tokens"].size, phases)
         if evaluator.due(it):
             report.finish(*pending)
             pending = None
             watch.log.write_eval({"step": it, **evaluator.run(state.params, it)})
         with watch.timers("save-checkpoint", level=1):
             saved = ckpt.maybe_save(it, state, consumed, extra={"eval": evaluator.state()})
+        if pending is not None:  # the save belongs to this step's row too
+            watch.timers.merge_into(phases)
         if saved:
             tokens = consumed * tcfg.seq_length
             watch.progress.checkpoint(it, tokens, tokens * watch.meter.flops_per_token)
+        if tcfg.weight_hash_interval and it % tcfg.weight_hash_interval == 0:
+            _check_replicas(state.params, it)
         if tcfg.manual_gc and tcfg.manual_gc_interval and it % tcfg.manual_gc_interval == 0:
             gc.collect()
         elapsed_min = (time.perf_counter() - start) / 60
@@ -305,6 +316,16 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
     return it, consumed
 
 
+def _check_replicas(params, step: int):
+    """check_weight_hash_across_dp_replicas_interval: every copy of every weight agrees."""
+    bad = replica_mismatches(params)
+    if bad:
+        raise TrainingError(f"step {step}: the copies of {len(bad)} parameter(s) differ across "
+                            f"devices ({', '.join(bad[:5])}): replicas drifted apart, which "
+                            "points at faulty hardware or a broken collective; check the nodes "
+                            "and restart from the last checkpoint")
+
+
 class _Reporter:
     """Checks each step's metrics (waiting for them) and writes a row every log_interval steps
     (console, metrics.jsonl, trackers) and every tracker interval (trackers only).
@@ -319,12 +340,14 @@ class _Reporter:
         self.recent, self.warm = [], False  # step times in the running average (Primus)
 
     def finish(self, it: int, metrics: dict, dispatched: float, tokens: int,
-               force: bool = False):
+               phases: dict | None = None, force: bool = False):
+        """Step ``it``'s metrics; ``phases`` are its timers' seconds taken at its dispatch."""
         values = jax.device_get(metrics)
         done = time.perf_counter()
         step_time, self.last_done = done - max(dispatched, self.last_done), done
         self.checks(it, values)
         w = self.watch
+        w.timers.merge(phases or {})
         w.memory_profile.step_end(it)
         w.timers.add("step", step_time, level=0)
         extra = w.memory_report.fields(it)

@@ -69,6 +69,7 @@ class TrainConfig:
     multiple_validation_sets: bool = False
     skip_train: bool = False
     manual_gc_eval: bool = False
+    weight_hash_interval: int | None = None
 
     @classmethod
     def from_config(cls, cfg) -> "TrainConfig":
@@ -113,4 +114,5 @@ class TrainConfig:
             eval_interval=cfg["eval_interval"] or None, eval_iters=eval_iters,
             full_validation=cfg["full_validation"],
             multiple_validation_sets=cfg["multiple_validation_sets"],
-            skip_train=cfg["skip_train"], manual_gc_eval=cfg["manual_gc_eval"])
+            skip_train=cfg["skip_train"], manual_gc_eval=cfg["manual_gc_eval"],
+            weight_hash_interval=cfg["check_weight_hash_across_dp_replicas_interval"])

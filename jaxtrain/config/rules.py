@@ -85,6 +85,10 @@ def tensor_parallel(c: Context):
             c.warnings.append("sequence_parallel is turned off: it needs "
                               "tensor_model_parallel_size > 1 (as Megatron does)")
         c.set("sequence_parallel", False)
+    if c.get("distribute_saved_activations"):
+        if tp == 1 or c.get("sequence_parallel") or c.get("recompute_granularity") != "full":
+            c.error("distribute_saved_activations needs tensor_model_parallel_size > 1, "
+                    "recompute_granularity full and sequence_parallel off (as Megatron)")
     if c.get("tp_comm_overlap") and not c.get("sequence_parallel"):
         c.error("tp_comm_overlap needs sequence_parallel (and tensor_model_parallel_size > 1)")
     if c.get("overlap_param_gather") and not (

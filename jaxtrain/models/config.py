@@ -228,7 +228,7 @@ class ModelConfig:
         Defaults are Megatron's (Primus) where Megatron has the knob. ``dtype`` wins over
         ``bf16``/``fp16`` when present. A Megatron ``recompute_granularity`` wins over
         ``remat_policy``. The attention implementation comes from the knobs of every dialect
-        that name a kernel (see `_attention_choice`): those off their defaults must agree.
+        that name a kernel (see `_attention_choice`); those naming one must agree.
         Megatron's ``attention_softmax_in_fp32`` is read only when a Megatron knob picked the
         unfused (xla) path, as in Megatron, whose fused kernels always work in fp32.
         """

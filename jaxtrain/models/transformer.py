@@ -73,7 +73,8 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg):
 
 def decoder_layer(p: dict, x, i, ctx: dict, cfg):
     """One pre-norm layer on the residual stream x [B,T,D]; i is the 0-based layer index."""
-    x = checkpoint_name(constrain(x, *RESIDUAL), "decoder_layer_input")
+    x = checkpoint_name(constrain(x, "act_batch", "act_layer_seq", "act_embed"),
+                        "decoder_layer_input")
     rng = jax.random.fold_in(ctx["rng"], i) if ctx["rng"] is not None else None
     sub = (lambda n: jax.random.fold_in(rng, n)) if rng is not None else (lambda n: None)
     det = ctx["deterministic"]

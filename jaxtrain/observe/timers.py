@@ -72,6 +72,19 @@ class Timers:
         if self.enabled(level):
             self.elapsed[name] = self.elapsed.get(name, 0.0) + seconds
 
+    def take(self) -> dict[str, float]:
+        """The seconds accumulated so far, cleared (to be :meth:`merge`-d back later)."""
+        taken, self.elapsed = self.elapsed, {}
+        return taken
+
+    def merge(self, seconds: dict[str, float]):
+        """Add seconds from :meth:`take` back in."""
+        _add(self.elapsed, seconds)
+
+    def merge_into(self, seconds: dict[str, float]):
+        """Move the seconds accumulated so far into ``seconds`` (a dict from :meth:`take`)."""
+        _add(seconds, self.take())
+
     def collect(self) -> dict[str, float]:
         """Row fields for the timers since the last call. Every process must call it at the
         same steps when there are several (the values are gathered)."""
@@ -87,6 +100,11 @@ class Timers:
                 out.update({f"time/{name}/p{i}": float(v) for i, v in enumerate(values)})
         self.elapsed = {}
         return out
+
+
+def _add(into: dict[str, float], seconds: dict[str, float]):
+    for name, value in seconds.items():
+        into[name] = into.get(name, 0.0) + value
 
 
 class Stragglers:

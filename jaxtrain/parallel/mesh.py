@@ -45,7 +45,8 @@ class MeshConfig:
     ``sharding`` is one of no_shard / optim (ZeRO-1) / optim_grads (ZeRO-2) /
     optim_grads_params (FSDP, ZeRO-3). ``reshard_after_forward`` False keeps FSDP-gathered
     weights from the forward for the backward; ``offload_params`` keeps parameters in host
-    memory between steps (pgs ``parallel.cpu_offload``).
+    memory between steps (pgs ``parallel.cpu_offload``); ``distribute_saved_activations``
+    splits each layer's input (what full recompute saves) over the tensor axis.
     """
 
     tensor: int = 1
@@ -59,6 +60,7 @@ class MeshConfig:
     reshard_after_forward: bool = True
     offload_params: bool = False
     pipeline_inside_data: bool = False
+    distribute_saved_activations: bool = False
 
     @property
     def data_parallel(self) -> int:
@@ -109,7 +111,8 @@ class MeshConfig:
                    sharding=sharding_strategy(cfg),
                    reshard_after_forward=bool(cfg["parallel.reshard_after_forward"]),
                    offload_params=bool(cfg["parallel.cpu_offload"]),
-                   pipeline_inside_data=bool(cfg["use_tp_pp_dp_mapping"]))
+                   pipeline_inside_data=bool(cfg["use_tp_pp_dp_mapping"]),
+                   distribute_saved_activations=bool(cfg["distribute_saved_activations"]))
 
 
 def sharding_strategy(cfg) -> str:

@@ -20,6 +20,9 @@ act_seq            context                     sequence inside attention and the
 act_res_seq        context (+ tensor with SP)  sequence of the residual stream: with
                                                sequence_parallel it is split over the
                                                tensor axis outside attention and the MLP
+act_layer_seq      as act_res_seq (+ tensor    sequence of each layer's input, what full
+                   with distribute_saved_      recompute saves for the backward
+                   activations)
 act_heads,         tensor                      activations of TP-split projections
 act_kv_heads,
 act_mlp, act_vocab
@@ -51,12 +54,14 @@ Rules = dict[str, tuple[str, ...]]
 def axis_rules(mcfg: MeshConfig) -> Rules:
     """The logical-axis table for this layout (the module docstring shows it)."""
     seq = ("context",)
+    res = seq + ("tensor",) if mcfg.sequence_parallel else seq
     return {
         "vocab": ("tensor",), "q_heads": ("tensor",), "kv_heads": ("tensor",),
         "mlp": ("tensor",), "embed": (), "kv": (), "norm": (), "layers": (),
         "exp": ("expert",), "zero": ("data", "expert"),
         "act_batch": BATCH_AXES, "act_seq": seq,
-        "act_res_seq": seq + ("tensor",) if mcfg.sequence_parallel else seq,
+        "act_res_seq": res,
+        "act_layer_seq": seq + ("tensor",) if mcfg.distribute_saved_activations else res,
         "act_heads": ("tensor",), "act_kv_heads": ("tensor",), "act_mlp": ("tensor",),
         "act_vocab": ("tensor",), "act_embed": (), "act_kv": (),
     }

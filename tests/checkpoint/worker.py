@@ -60,23 +60,25 @@ def model_cfg(axis):
                        vocab_size=64, max_position_embeddings=8, param_scan_axis=axis)
 
 
-def state_on(mesh, cfg, spec_for):
-    """A TrainState (params, adam state, key) laid out on ``mesh`` by ``spec_for(leaf)``."""
+def state_on(devices, sharding, cfg):
+    """A TrainState (params, adam state, key) on the product's layout for ``devices``:
+    ``sharding`` is what data parallelism shards (no_shard = DP, optim_grads_params = FSDP)."""
+    import dataclasses
+
     import jax
     import optax
-    from jax.sharding import NamedSharding
 
-    from jaxtrain import models
-    from jaxtrain.step import TrainState
+    from jaxtrain.parallel.mesh import MeshConfig, make_mesh
+    from jaxtrain.parallel.sharding import Layout
+    from jaxtrain.step import abstract_state, create_state, state_shardings
 
-    abstract = models.abstract(cfg)
-    shardings = jax.tree.map(lambda a: NamedSharding(mesh, spec_for(a)), abstract)
-    params = models.init(cfg, jax.random.key(0), shardings)
+    mcfg = MeshConfig(data=len(devices), sharding=sharding)
+    layout = Layout(make_mesh(mcfg, devices), mcfg)
+    tcfg = type("T", (), {"loss_scale": None, "spike_detection": False})
     opt = optax.adam(1e-3)
-    opt_state = jax.jit(opt.init)(params)
-    return TrainState(step=jax.numpy.int32(7), opt_step=jax.numpy.int32(7), params=params,
-                      opt_state=opt_state, rng=jax.random.key(5), loss_scale=None,
-                      spike_stats=None)
+    shardings = state_shardings(layout, cfg, abstract_state(cfg, opt, tcfg))
+    state = create_state(jax.random.key(0), cfg, opt, tcfg, shardings)
+    return dataclasses.replace(state, step=jax.numpy.int32(7), opt_step=jax.numpy.int32(7))
 
 
 def tokens():
@@ -88,22 +90,13 @@ def tokens():
 def reshard_save(directory):
     import jax
     import numpy as np
-    from jax.sharding import Mesh, PartitionSpec as P
 
     from jaxtrain import models
     from jaxtrain.checkpoint import CheckpointConfig, Checkpointer
 
     assert jax.device_count() == 8
-    mesh = Mesh(np.array(jax.devices()), ("fsdp",))
-
-    def fsdp(a):  # shard the first axis divisible by 8 (FSDP), else replicate
-        for i, n in enumerate(a.shape):
-            if n % 8 == 0:
-                return P(*([None] * i), "fsdp")
-        return P()
-
     cfg = model_cfg(1)
-    state = state_on(mesh, cfg, fsdp)
+    state = state_on(jax.devices(), "optim_grads_params", cfg)
     assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
                for x in jax.tree.leaves(state.params))
     ckpt = Checkpointer(CheckpointConfig(save_dir=pathlib.Path(directory)), cfg)
@@ -121,15 +114,13 @@ def reshard_load(directory, *axes):
 def _reshard_load(directory, axis):
     import jax
     import numpy as np
-    from jax.sharding import Mesh, PartitionSpec as P
 
     from jaxtrain import models
     from jaxtrain.checkpoint import CheckpointConfig, Checkpointer
 
     assert jax.device_count() == 2
-    mesh = Mesh(np.array(jax.devices()), ("data",))
     cfg = model_cfg(int(axis))
-    template = state_on(mesh, cfg, lambda a: P())
+    template = state_on(jax.devices(), "no_shard", cfg)
     ckpt = Checkpointer(CheckpointConfig(save_dir=pathlib.Path(directory), auto_resume=True), cfg)
     state, consumed = ckpt.restore(template)
     ckpt.close()

@@ -3,7 +3,8 @@
 ``python layout_worker.py WORKDIR train:NAME,NAME specs:NAME,... gathers:NAME`` prints one JSON
 object: per layout, its mesh, the sharding spec and memory kind of every parameter and
 optimizer-state leaf of its freshly built state, and the losses of its metrics rows
-(``train:``) or the number of all-gathers in its compiled step (``gathers:``).
+(``train:``), the number of all-gathers in its compiled step (``gathers:``), or the replica
+check before and after one device's copy of a weight is corrupted (``replicas:``).
 """
 import json
 import pathlib
@@ -42,6 +43,12 @@ LAYOUTS = {
                     "optimizer_cpu_offload=true", "optimizer_offload_fraction=0.5"]),
     "unpinned": (8, ["optimizer_cpu_offload=true", "pin_cpu_params=false"]),
     "fsdp_keep": (8, ["use_torch_fsdp2=true", "parallel.reshard_after_forward=false"]),
+    "tp_recompute": (8, ["tensor_model_parallel_size=2", "sequence_parallel=false",
+                         "recompute_granularity=full", "recompute_method=uniform",
+                         "recompute_num_layers=1"]),
+    "tp_distribute": (8, ["tensor_model_parallel_size=2", "sequence_parallel=false",
+                          "recompute_granularity=full", "recompute_method=uniform",
+                          "recompute_num_layers=1", "distribute_saved_activations=true"]),
     "tp_pp_dp": (8, ["tensor_model_parallel_size=2", "use_tp_pp_dp_mapping=true"]),
 }
 
@@ -65,6 +72,23 @@ def all_gathers(run) -> int:
     return len(re.findall(r"= \S+ all-gather(?:-start)?\(", text))
 
 
+def replica_check(run) -> dict:
+    """Mismatched replicas found before and after corrupting one device's copy of a weight."""
+    import numpy as np
+
+    from jaxtrain.parallel.replicas import replica_mismatches
+
+    before = replica_mismatches(run.state.params)
+    wq = run.state.params["layers"]["attn"]["wq"]
+    shards = [np.asarray(s.data) for s in wq.addressable_shards]
+    shards[-1] = shards[-1] + 1.0
+    bad = jax.make_array_from_single_device_arrays(
+        wq.shape, wq.sharding,
+        [jax.device_put(x, s.device) for x, s in zip(shards, wq.addressable_shards)])
+    after = replica_mismatches({**run.state.params, "wq": bad})
+    return {"before": before, "after": after}
+
+
 def main(workdir: str, names: list[str], mode: str = "train") -> dict:
     out = {}
     for name in names:
@@ -76,6 +100,8 @@ def main(workdir: str, names: list[str], mode: str = "train") -> dict:
         out[name] = {"params": _leaves(run.state.params), "opt_state": _leaves(run.state.opt_state),
                      "mesh": dict(run.layout.mesh.shape),
                      "devices": [d.id for d in run.layout.mesh.devices.flat]}
+        if mode == "replicas":
+            out[name]["replicas"] = replica_check(run)
         if mode == "gathers":
             out[name]["all_gathers"] = all_gathers(run)
         if mode == "train":

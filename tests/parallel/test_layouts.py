@@ -14,8 +14,9 @@ from tests.conftest import ROOT
 from tests.parallel.layout_worker import LAYOUTS
 
 TRAINED = ["one", "zero1", "fsdp", "tp_sp", "tp_fsdp"]  # tp_fsdp: data x tensor, SP on
-GATHERS = ["torch_fsdp2", "fsdp_keep"]
-BUILT = [n for n in LAYOUTS if n not in TRAINED + GATHERS]
+GATHERS = ["torch_fsdp2", "fsdp_keep", "tp_recompute", "tp_distribute"]
+REPLICAS = ["tp"]
+BUILT = [n for n in LAYOUTS if n not in TRAINED + GATHERS + REPLICAS]
 # Compile quickly: these programs are tiny and run a few steps (both sides of each comparison).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 WQ = "['layers']['attn']['wq']"  # [D, L, N, H]: embed, layers, q_heads, kv
@@ -33,7 +34,8 @@ def _worker(tmp_path, *args):
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
     return _worker(tmp_path_factory.mktemp("layouts"), f"train:{','.join(TRAINED)}",
-                   f"specs:{','.join(BUILT)}", f"gathers:{','.join(GATHERS)}")
+                   f"specs:{','.join(BUILT)}", f"gathers:{','.join(GATHERS)}",
+                   f"replicas:{','.join(REPLICAS)}")
 
 
 def _param(got, name, path=WQ):
@@ -55,8 +57,9 @@ def test_same_losses_as_one_device(layouts, name):
 
 @pytest.mark.slow
 def test_same_losses_as_one_device_other_layouts(tmp_path):
-    got = _worker(tmp_path, f"train:one,{','.join(BUILT + GATHERS)}")
-    for name in BUILT + GATHERS:
+    others = BUILT + GATHERS + REPLICAS
+    got = _worker(tmp_path, f"train:one,{','.join(others)}")
+    for name in others:
         assert got[name]["losses"] == pytest.approx(got["one"]["losses"], rel=2e-6), name
 
 
@@ -128,3 +131,16 @@ def test_fsdp_keeps_gathered_weights_without_reshard_after_forward(layouts):
     again, kept = (layouts[n]["all_gathers"] for n in ("torch_fsdp2", "fsdp_keep"))
     assert 0 < kept < again
     assert _param(layouts, "fsdp_keep")["spec"] == ["data", None, None, None]
+
+
+def test_weight_hash_check_finds_a_drifted_replica(layouts):
+    """check_weight_hash_across_dp_replicas_interval's check: identical copies pass; one
+    device's corrupted copy of a TP-split weight is found."""
+    got = layouts["tp"]["replicas"]
+    assert got["before"] == [] and got["after"] == ["['wq']"]
+
+
+def test_distribute_saved_activations_splits_the_saved_layer_inputs(layouts):
+    """Full recompute saves each layer's input; split over the tensor axis it must be gathered
+    again where the layer (and its recomputation) starts."""
+    assert layouts["tp_distribute"]["all_gathers"] > layouts["tp_recompute"]["all_gathers"]

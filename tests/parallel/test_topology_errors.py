@@ -21,6 +21,9 @@ TINY = ["mock_data=true", "vocab_size=128", "seq_length=8", "max_position_embedd
     (8, ["num_distributed_optimizer_instances=3"], "divisible by expert_model_parallel_size "
                                                    "(1) x num_distributed_optimizer_instances "
                                                    "(3)"),
+    (8, ["tensor_model_parallel_size=2", "distribute_saved_activations=true"],
+     "distribute_saved_activations needs tensor_model_parallel_size > 1, recompute_granularity "
+     "full and sequence_parallel off"),
     (8, ["global_batch_size=4"], "global_batch_size (4) must be divisible by micro_batch_size x "
                                  "data-parallel size (1 x 8)"),
 ])

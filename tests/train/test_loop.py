@@ -153,3 +153,15 @@ def test_running_throughput_average_skips_warmup_and_resets():
     times = {1: 50.0, 2: 40.0, 3: 1.0, 4: 2.0, 5: 3.0, 6: 7.0, 7: 9.0}
     got = [report._average(it, t) for it, t in times.items()]
     assert got == [50.0, 45.0, 1.0, 1.5, 2.0, 7.0, 8.0]
+
+
+def test_weight_hash_check_runs_at_its_interval(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(loop, "replica_mismatches",
+                        lambda params: seen.append(1) or ([] if len(seen) < 2 else ["['wq']"]))
+    with pytest.raises(TrainingError, match="step 4: the copies of 1 parameter"):
+        loop.train(config(tmp_path, "train_iters=6",
+                          "check_weight_hash_across_dp_replicas_interval=2"))
+    assert len(seen) == 2
+    loop.train(config(tmp_path / "off", "train_iters=2"))
+    assert len(seen) == 2

@@ -110,7 +110,7 @@ KNOBS = [
       "a jaxtrain step is one SPMD program in which every device issues the same collectives in "
       "the same order, so there is nothing to align"),
     K("check_weight_hash_across_dp_replicas_interval", "int", None, "Every this many steps, check "
-      "that weight hashes agree on all data-parallel replicas.", "megatron", issue=5),
+      "that weight hashes agree on all data-parallel replicas.", "megatron", status=HONORED),
 
     # FSDP
     K("use_megatron_fsdp", "bool", False, "Fully shard parameters, gradients and optimizer state "

@@ -39,7 +39,7 @@ KNOBS = [
       "true means its old meaning, full recompute of every layer (full, uniform, 1 layer).",
       "megatron", status=HONORED),
     K("distribute_saved_activations", "bool", False, "Split the saved checkpoint inputs across "
-      "tensor-parallel ranks instead of replicating them.", "megatron", issue=5),
+      "tensor-parallel ranks instead of replicating them.", "megatron", status=HONORED),
     K("moe_layer_recompute", "bool", False, "Recompute the MoE block of each layer in the "
       "backward pass.", "megatron", issue=9),
 
