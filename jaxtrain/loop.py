@@ -24,8 +24,10 @@ from jaxtrain.data.sources import training_data
 from jaxtrain.evaluation import Evaluator
 from jaxtrain.logs import run_dir
 from jaxtrain.metrics import Meter, MetricsLog
+from jaxtrain.models.moe import trainable
 from jaxtrain.observe import (MemoryProfile, MemoryReport, Observers, ProfileWindow,
                               ProgressLog, Stragglers, Timers, check_trackers)
+from jaxtrain.observe.health import Health
 from jaxtrain.optim.optimizers import (HOST_MEMORY, OptimConfig, build_optimizer,
                                        with_opt_state_memory_kind)
 from jaxtrain.optim.schedules import (ScheduleConfig, batch_size_at, make_lr_schedule,
@@ -144,7 +146,7 @@ def build(cfg, devices=None, tcfg: TrainConfig | None = None, materialize: bool 
     schedule = make_lr_schedule(sched_cfg)
     opt_cfg = OptimConfig.from_config(cfg)
     optimizer = build_optimizer(
-        opt_cfg, schedule, models.logical_axes(model_cfg),
+        opt_cfg, schedule, trainable(models.logical_axes(model_cfg)),
         wd_schedule=make_weight_decay_schedule(sched_cfg),
         decoupled_lr_schedule=(make_lr_schedule(sched_cfg, decoupled=True)
                                if sched_cfg.has_decoupled_lr else None))
@@ -188,6 +190,8 @@ def _train(cfg, tcfg, logger, devices) -> dict:
                                steps, Meter(run.model_cfg, run.abstract.params, tcfg.seq_length,
                                             devices))
     watch.progress.job_start(first - 1, consumed * tcfg.seq_length * watch.meter.flops_per_token)
+    watch.health = Health.from_config(cfg, run.model_cfg, tcfg, run.layout,
+                                      memory_movers(run.shardings.params))
     if tcfg.skip_train:
         row = {"step": first - 1, **evaluator.evaluate_only(state.params, first - 1)}
         watch.log.write_eval(row)
@@ -228,6 +232,7 @@ class _Watch:
     timers: Timers
     stragglers: Stragglers
     progress: ProgressLog
+    health: Health | None = None  # pgs health/* metrics, set by _train
 
     @classmethod
     def from_config(cls, cfg, directory, devices, first: int, resumed: bool, logger, steps,
@@ -271,6 +276,8 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
         t0 = time.perf_counter()
         watch.window.step_begin(it)
         state, metrics = run.step_fn(state, batch)
+        if watch.health is not None and watch.health.due(it):
+            metrics = {**metrics, **watch.health.fields(it, state.params, batch)}
         watch.window.step_end(it, block_on=metrics)
         phases = watch.timers.take()  # this step's batch time goes into this step's row
         if pending is not None:
@@ -343,6 +350,8 @@ class _Reporter:
                phases: dict | None = None, force: bool = False):
         """Step ``it``'s metrics; ``phases`` are its timers' seconds taken at its dispatch."""
         values = jax.device_get(metrics)
+        if self.watch.health is not None:
+            values = self.watch.health.finish(it, values)
         done = time.perf_counter()
         step_time, self.last_done = done - max(dispatched, self.last_done), done
         self.checks(it, values)

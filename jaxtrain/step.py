@@ -21,8 +21,10 @@ import jax.numpy as jnp
 import optax
 
 from jaxtrain import loss_scale as ls
+from jaxtrain import quant
 from jaxtrain import spikes
 from jaxtrain.loss import row_losses
+from jaxtrain.models import moe
 from jaxtrain.models import params as model_params
 from jaxtrain.models.transformer import hidden_states
 
@@ -37,18 +39,22 @@ class TrainState:
     rng: jax.Array
     loss_scale: ls.LossScale | None
     spike_stats: spikes.SpikeStats | None
+    # FP8 delayed-scaling state (amax histories, scales; jaxtrain.quant), or None. Updated by
+    # overwrite each step, never by the optimizer.
+    fp8: Any = None
 
 
-def init_state(params, optimizer, tcfg, rng) -> TrainState:
+def init_state(params, optimizer, tcfg, rng, fp8=None) -> TrainState:
     return TrainState(
-        step=jnp.int32(0), opt_step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=rng,
+        step=jnp.int32(0), opt_step=jnp.int32(0), params=params, opt_state=optimizer.init(moe.trainable(params)), rng=rng,
         loss_scale=tcfg.loss_scale.init() if tcfg.loss_scale else None,
-        spike_stats=spikes.init() if tcfg.spike_detection else None)
+        spike_stats=spikes.init() if tcfg.spike_detection else None, fp8=fp8)
 
 
 def _make_state(key, model_cfg, optimizer, tcfg) -> TrainState:
     params = model_params.init(model_cfg, jax.random.fold_in(key, 0))
-    return init_state(params, optimizer, tcfg, jax.random.fold_in(key, 1))
+    return init_state(params, optimizer, tcfg, jax.random.fold_in(key, 1),
+                      fp8=quant.init_state(model_cfg))
 
 
 def abstract_state(model_cfg, optimizer, tcfg) -> TrainState:
@@ -69,7 +75,8 @@ def state_shardings(layout, model_cfg, abstract: TrainState,
         params=layout.params(logical, abstract.params, params_memory_kind),
         opt_state=layout.opt_state(abstract.opt_state, logical, abstract.params),
         rng=repl, loss_scale=jax.tree.map(lambda _: repl, abstract.loss_scale),
-        spike_stats=jax.tree.map(lambda _: repl, abstract.spike_stats))
+        spike_stats=jax.tree.map(lambda _: repl, abstract.spike_stats),
+        fp8=jax.tree.map(lambda _: repl, abstract.fp8))
 
 
 def create_state(key, model_cfg, optimizer, tcfg, shardings: TrainState) -> TrainState:
@@ -134,15 +141,20 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
     pin = ((lambda t: jax.lax.with_sharding_constraint(t, grad_shardings))
            if grad_shardings is not None else (lambda t: t))
 
-    def micro_loss(params, micro, weights, rng):
-        hidden = hidden_states(params, micro["tokens"], model_cfg,
-                               positions=micro.get("positions"),
-                               segment_ids=micro.get("segment_ids"),
-                               deterministic=False, rngs=rng)
+    def micro_loss(params, fp8, micro, weights, rng, moe_state, scale, num_micro):
+        """(objective x scale, (LM loss, MoE stats)): the objective adds the MoE aux losses
+        (summed over layers, weighted by their coefficients) averaged over microbatches."""
+        hidden, stats = hidden_states(params, micro["tokens"], model_cfg,
+                                      positions=micro.get("positions"),
+                                      segment_ids=micro.get("segment_ids"),
+                                      deterministic=False, rngs=rng, quant_state=fp8,
+                                      moe_state=moe_state, with_moe_stats=True)
         sums, _ = row_losses(params, hidden, micro["targets"], weights, model_cfg,
                              num_chunks=tcfg.loss_chunks,
                              half_precision=tcfg.half_precision_loss)
-        return jnp.sum(sums)
+        lm = jnp.sum(sums)
+        aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
+        return (lm + aux) * scale, (lm, stats)
 
     def step(state: TrainState, batch: dict):
         with layout.activations() if layout is not None else contextlib.nullcontext():
@@ -154,18 +166,26 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         rng, step_rng = jax.random.split(state.rng)
 
         def accumulate(carry, xs):
-            grads, loss = carry
+            grads, loss, fp8, moe_sum = carry
             micro, w, i = xs
-            value, g = jax.value_and_grad(
-                lambda p: micro_loss(p, micro, w, jax.random.fold_in(step_rng, i)) * scale
-            )(state.params)
+            moe_state = None if moe_sum is None or "aux_counts" not in moe_sum else {
+                "aux_counts": moe_sum["aux_counts"], "steps": i.astype(jnp.float32)}
+            # The fp8 state's "gradient" is its updated value (overwrite-with-gradient, see
+            # jaxtrain.quant.matmul): each microbatch's forward/backward moves it one call on.
+            (_, (lm, stats)), (g, fp8) = jax.value_and_grad(
+                lambda p, q: micro_loss(p, q, micro, w, jax.random.fold_in(step_rng, i),
+                                        moe_state, scale, M),
+                argnums=(0, 1), has_aux=True)(state.params, fp8)
             grads = pin(jax.tree.map(lambda a, b: a + b.astype(accum_dtype), grads, g))
-            return (grads, loss + value / scale), None
+            if moe_sum is not None:
+                moe_sum = jax.tree.map(jnp.add, moe_sum, stats)
+            return (grads, loss + lm, fp8, moe_sum), None
 
         zeros = pin(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), state.params))
         M = weights.shape[0]
-        (grads, loss), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0.0)),
-                                        (batch, weights, jnp.arange(M)))
+        (grads, loss, fp8, moe_sum), _ = jax.lax.scan(
+            accumulate, (zeros, jnp.float32(0.0), state.fp8, moe.zero_stats(model_cfg)),
+            (batch, weights, jnp.arange(M)))
         grads = jax.tree.map(lambda g, p: (g.astype(jnp.float32) / scale).astype(p.dtype),
                              grads, state.params)
         grad_norm = _global_norm(grads)
@@ -182,20 +202,27 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
 
         lr = lr_schedule(state.opt_step)
         opt_state = to_device(state.opt_state)
-        updates, new_opt = optimizer.update(grads, opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
+        trained = moe.trainable(state.params)   # without the expert bias (moe.NON_TRAINABLE)
+        updates, new_opt = optimizer.update(moe.trainable(grads), opt_state, trained)
+        new_params = moe.merge_trainable(state.params, optax.apply_updates(trained, updates))
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(skip, b, a), new, old)  # noqa: E731
         kept_params = keep(new_params, state.params)
+        if moe_sum is not None:   # Megatron updates the expert bias once per global batch
+            kept_params = moe.update_expert_bias(kept_params, moe_sum["counts"], model_cfg)
         new_state = TrainState(
             step=state.step + 1, opt_step=state.opt_step + jnp.where(skip, 0, 1).astype(jnp.int32),
             params=params_out(kept_params),
             opt_state=to_host(keep(new_opt, opt_state)), rng=rng,
             loss_scale=(ls.update(state.loss_scale, overflow, tcfg.loss_scale)
                         if state.loss_scale is not None else None),
-            spike_stats=spike_stats)
+            spike_stats=spike_stats,
+            fp8=keep(fp8, state.fp8))   # a skipped step keeps it, as it keeps the params
         metrics = {"loss": loss, "grad_norm": grad_norm, "lr": jnp.asarray(lr, jnp.float32),
                    "skipped": skip, "spike": spiked,
                    "tokens": jnp.sum(batch["loss_mask"].astype(jnp.float32))}
+        if moe_sum is not None:
+            metrics.update(moe.metrics(jax.tree.map(lambda a: a / M, moe_sum), model_cfg,
+                                       moe.moe_layer_ids(model_cfg)))
         if state.loss_scale is not None:
             metrics["loss_scale"] = state.loss_scale.scale
         if tcfg.log_params_norm:

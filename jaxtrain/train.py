@@ -103,7 +103,10 @@ def _train(cfg, args, logger) -> int:
         backend = select_platform(cfg)
         logger.info("run directory %s; JAX backend %s; process %d of %d (%s)", run_dir(cfg),
                     backend, setup.process_id, setup.num_processes, setup.source)
-        cfg = load_config(args[0], args[1:], world_size=jax.device_count())
+        from jaxtrain.checkpoint_args import checkpoint_overrides  # use_checkpoint_args & co
+
+        cfg = load_config(args[0], [*args[1:], *checkpoint_overrides(cfg)],
+                          world_size=jax.device_count())
         from jaxtrain.loop import train
 
         train(cfg, logger)

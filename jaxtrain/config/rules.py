@@ -68,6 +68,38 @@ def precision(c: Context):
                     f"these choose the compute dtype: keep one")
     if c.get("fp8") and c.get("fp4"):
         c.error(f"fp8 and fp4 are exclusive: {c.where('fp8')} and {c.where('fp4')}")
+    quantization(c)
+
+
+# MaxText quantization values that scale by an amax history (Flax's fp8 ops, TE delayed).
+_DELAYED_MAXTEXT = ("fp8", "fp8_gpu", "nanoo_fp8", "fp8_nanoo", "te_fp8_delayedscaling")
+
+
+def quantization(c: Context):
+    """Quantized training: one knob picks the recipe; Megatron's layer rules; what the
+    quantized matmuls do not cover (jaxtrain.quant)."""
+    chosen = [k for k in ("fp8", "fp4", "quantization", "memory.float8_training") if c.get(k)]
+    if len(chosen) > 1:
+        c.error("quantization knobs are exclusive, each picks the recipe: "
+                + ", ".join(c.where(k) for k in chosen) + "; keep one")
+    if not chosen:
+        return
+    delayed = (c.get("fp8") and c.get("fp8_recipe", "delayed") == "delayed") or \
+        c.get("quantization") in _DELAYED_MAXTEXT
+    if c.get("first_last_layers_bf16"):
+        if delayed:
+            c.error("first_last_layers_bf16 is not allowed with delayed scaling (Megatron's "
+                    f"rule): {c.where('first_last_layers_bf16')}; use fp8_recipe tensorwise, "
+                    "blockwise or mxfp8, or turn it off")
+        layers = c.get("num_layers")
+        for k in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            n = c.get(k, 1)
+            if n < 0 or (layers and n > layers):
+                c.error(f"{k} ({n}) must lie in [0, num_layers = {layers}]")
+    if c.get("num_experts"):
+        c.error(f"{chosen[0]} quantizes the dense projections; the MoE expert GEMMs "
+                f"(num_experts = {c.get('num_experts')}) have no quantized path yet: turn "
+                f"{chosen[0]} off for MoE models")
 
 
 def tensor_parallel(c: Context):
@@ -282,6 +314,16 @@ def moe_router(c: Context):
                     f"moe_router_num_groups ({groups})")
 
 
+def evaluate_only(c: Context):
+    """Primus ``trainable: false`` runs no training step: Megatron's ``skip_train``."""
+    if c.get("trainable", True) is False and not c.get("skip_train"):
+        if c.explicit("skip_train"):
+            c.error(f"trainable: false evaluates only, but {c.where('skip_train')} asks for "
+                    "training; keep one")
+        else:
+            c.set("skip_train", True)
+
+
 _TOKEN_WEIGHTING = ("plugins.deft", "plugins.dft", "plugins.cadft", "plugins.info_sft",
                     "plugins.pre_rl")
 
@@ -315,7 +357,7 @@ def pgs(c: Context):
 
 
 RULES = (precision, tensor_parallel, context_and_experts, model_shape, learning_rate,
-         iterations, batch, recompute, moe_router, pgs)
+         iterations, batch, recompute, moe_router, pgs, evaluate_only)
 
 
 def apply(c: Context):

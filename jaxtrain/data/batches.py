@@ -11,6 +11,12 @@ epoch; ``single`` serves the samples in the source's own order (Megatron's GPT d
 already shuffled by their shuffle index). Batch ``i`` is the same on every run with the same
 seed, and the iterator's whole state is the number of samples consumed.
 
+The order does not depend on the parallel layout: global batch ``i`` holds the same samples
+whatever the data-parallel size, so losses match across layouts. A process reads only the
+rows of each global batch its devices hold (``rows``); the rows of all processes together
+are the whole batch. (Megatron's ``data_sharding`` buckets, one per data-parallel rank, would
+tie the batches to the data-parallel size; jaxtrain keeps this one order for either value.)
+
 Document awareness (Megatron's ``get_ltor_masks_and_position_ids``, with ``eod`` the
 end-of-document id): ``reset_position_ids`` restarts ``positions`` after each EOD input
 token; ``reset_attention_mask`` gives each document its own ``segment_ids`` (the EOD belongs
@@ -43,6 +49,7 @@ class TokenData:
     eod_mask_loss: bool = False
     dataloader_type: str = "cyclic"
     num_workers: int = 0
+    seed: int | None = None  # the order's seed when not the run's (pgs data.seed)
 
     @property
     def num_samples(self) -> int:
@@ -124,10 +131,11 @@ def make_batch(rows, data: TokenData, per_micro: int) -> dict:
 
 
 def ordered(data: TokenData, seed: int):
-    """The sample order as an endless grain MapDataset (index -> sample)."""
+    """The sample order as an endless grain MapDataset (position -> sample); ``data.seed``,
+    when set, replaces ``seed``."""
     ds = grain.MapDataset.source(data.samples)
     if data.dataloader_type == "cyclic":
-        ds = ds.shuffle(seed=seed)
+        ds = ds.shuffle(seed=seed if data.seed is None else data.seed)
     return ds.repeat(None)
 
 
@@ -145,7 +153,8 @@ def global_batches(data: TokenData, tcfg, seed: int,
     current one trains.
 
     ``rows`` = (lo, hi) reads only rows lo..hi-1 of B in every microbatch: a process of a
-    multi-host job reads just the samples its devices hold, [M, hi - lo, T].
+    multi-host job reads just the samples its devices hold, [M, hi - lo, T]. ``seed`` orders
+    the samples unless the data carries its own (``data.seed``).
     """
     ds = ordered(data, seed)
     per_micro = tcfg.micro_batch_size * tcfg.data_parallel_size

@@ -24,11 +24,13 @@ blended dataset.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import math
 import os
 import re
+import threading
 
 import numpy as np
 
@@ -158,7 +160,7 @@ def _cached(cache_dir, description, names, build):
         raise ConfigError(f"data_cache_path {cache_dir!r}: cannot create it: {e}") from e
     arrays = build()
     for p, a in zip(paths, arrays):
-        tmp = p + f".tmp{os.getpid()}"
+        tmp = p + f".tmp{os.getpid()}-{threading.get_ident()}"
         with open(tmp, "wb") as f:
             np.save(f, a)
         os.replace(tmp, p)
@@ -272,10 +274,10 @@ def split_boundaries(split: list[float], num_documents: int) -> list[int]:
     return [idx[0]] + [i - diff for i in idx[1:]]
 
 
-def _open(prefix: str, mmap: bool, cache: dict) -> IndexedDataset:
-    if prefix not in cache:
-        cache[prefix] = IndexedDataset(prefix, mmap=mmap)
-    return cache[prefix]
+def _open_all(prefixes, mmap: bool, pool) -> dict:
+    """prefix -> IndexedDataset, each distinct prefix opened once."""
+    unique = list(dict.fromkeys(prefixes))
+    return dict(zip(unique, pool.map(lambda p: IndexedDataset(p, mmap=mmap), unique)))
 
 
 def _blend_size(target: int | None, weight: float) -> int | None:
@@ -294,50 +296,64 @@ def _blend(datasets, weights, target, cache_dir, split):
 def build_datasets(*, seq_length: int, seed: int, num_samples: list[int | None],
                    data_path=None, split: str | None = None, train_data_path=None,
                    valid_data_path=None, test_data_path=None, cache_dir: str | None = None,
-                   mmap: bool = True, splits: tuple[str, ...] = SPLITS) -> dict:
+                   mmap: bool = True, splits: tuple[str, ...] = SPLITS, threads: int = 1) -> dict:
     """{"train"|"valid"|"test": dataset or None} as Megatron's builder makes them.
 
     ``num_samples`` gives each split's target sample count (None: one epoch). Only the
-    ``splits`` named are built; the others are None.
+    ``splits`` named are built; the others are None. ``threads`` (Megatron's
+    ``num_dataset_builder_threads``) open the prefixes and build their index arrays in
+    parallel; the result does not depend on it.
     """
-    opened: dict = {}
+    with concurrent.futures.ThreadPoolExecutor(max(1, int(threads))) as pool:
+        return _build(pool, seq_length, seed, num_samples, data_path, split,
+                      (train_data_path, valid_data_path, test_data_path), cache_dir, mmap,
+                      splits)
+
+
+def _build(pool, seq_length, seed, num_samples, data_path, split, per_split, cache_dir, mmap,
+           splits) -> dict:
     out = {}
-    per_split = (train_data_path, valid_data_path, test_data_path)
+    # per split: (indexed, documents, sample target, split, blend weight) of each part,
+    # built as GPTDatasets in the pool, then blended
+    jobs: dict[str, list] = {}
     if any(p for p in per_split):
-        for s, value, target in zip(SPLITS, per_split, num_samples):
+        blends = {}
+        for s, value in zip(SPLITS, per_split):
             prefixes, weights = parse_blend(value, f"{s}_data_path")
-            if not prefixes or s not in splits:
-                out[s] = None
+            if prefixes and s in splits:
+                blends[s] = (prefixes, normalize(weights or [1.0] * len(prefixes)))
+        opened = _open_all([p for ps, _ in blends.values() for p in ps], mmap, pool)
+        for s, target in zip(SPLITS, num_samples):
+            if s not in blends:
                 continue
-            weights = normalize(weights or [1.0] * len(prefixes))
-            parts = []
-            for p, w in zip(prefixes, weights):
-                ds = _open(p, mmap, opened)
-                parts.append(GPTDataset(ds, np.arange(ds.num_documents), seq_length,
-                                        _blend_size(target, w) if len(prefixes) > 1 else target,
-                                        seed, cache_dir, s))
-            out[s] = _blend(parts, weights, target, cache_dir, s)
-        return out
-    prefixes, weights = parse_blend(data_path)
-    if not prefixes:
-        raise ConfigError("no dataset prefixes: set data_path or train_data_path")
-    weights = normalize(weights or [1.0] * len(prefixes))
-    fractions = parse_split(split)
-    per_prefix = []
-    for p in prefixes:
-        ds = _open(p, mmap, opened)
-        per_prefix.append((ds, split_boundaries(fractions, ds.num_documents)))
-    for k, (s, target) in enumerate(zip(SPLITS, num_samples)):
-        if fractions[k] == 0 or s not in splits:
+            prefixes, weights = blends[s]
+            jobs[s] = [(opened[p], np.arange(opened[p].num_documents),
+                        _blend_size(target, w) if len(prefixes) > 1 else target, s, w)
+                       for p, w in zip(prefixes, weights)]
+    else:
+        prefixes, weights = parse_blend(data_path)
+        if not prefixes:
+            raise ConfigError("no dataset prefixes: set data_path or train_data_path")
+        weights = normalize(weights or [1.0] * len(prefixes))
+        fractions = parse_split(split)
+        opened = _open_all(prefixes, mmap, pool)
+        bounds = [split_boundaries(fractions, opened[p].num_documents) for p in prefixes]
+        for k, (s, target) in enumerate(zip(SPLITS, num_samples)):
+            if fractions[k] == 0 or s not in splits:
+                continue
+            # a prefix with no documents in this split is left out (as in Megatron)
+            jobs[s] = [(opened[p], np.arange(b[k], b[k + 1]),
+                        _blend_size(target, w) if len(prefixes) > 1 else target, s, w)
+                       for p, b, w in zip(prefixes, bounds, weights) if b[k + 1] > b[k]]
+    flat = [job for s in SPLITS for job in jobs.get(s, [])]
+    built = iter(list(pool.map(
+        lambda job: GPTDataset(job[0], job[1], seq_length, job[2], seed, cache_dir, job[3]),
+        flat)))
+    for s, target in zip(SPLITS, num_samples):
+        parts = [(next(built), job[4]) for job in jobs.get(s, [])]
+        if not parts:
             out[s] = None
             continue
-        parts, kept = [], []
-        for (ds, bounds), w in zip(per_prefix, weights):
-            if bounds[k + 1] <= bounds[k]:
-                continue  # this prefix has no documents in this split (as in Megatron)
-            parts.append(GPTDataset(ds, np.arange(bounds[k], bounds[k + 1]), seq_length,
-                                    _blend_size(target, w) if len(prefixes) > 1 else target,
-                                    seed, cache_dir, s))
-            kept.append(w)
-        out[s] = _blend(parts, normalize(kept), target, cache_dir, s) if parts else None
+        datasets, kept = [d for d, _ in parts], [w for _, w in parts]
+        out[s] = _blend(datasets, normalize(kept), target, cache_dir, s)
     return out

@@ -1,9 +1,10 @@
 """Tokenise a JSON-lines corpus into Megatron indexed files (``.bin``/``.idx``).
 
     python -m jaxtrain.data.preprocess --input FILE.jsonl --tokenizer PATH --output-prefix P
-        [--tokenizer-type HuggingFaceTokenizer|GPT2BPETokenizer|NullTokenizer]
+        [--tokenizer-type HuggingFaceTokenizer|GPT2BPETokenizer|NullTokenizer|TikTokenizer]
         [--vocab-file F --merge-file F] [--vocab-size N] [--json-key text] [--append-eod]
-        [--workers N]
+        [--tiktoken-pattern v1|v2 --tiktoken-num-special-tokens N
+         --tiktoken-special-tokens T ...] [--workers N]
 
 Each line is a JSON object; its ``--json-key`` field is one document. As Megatron's
 ``tools/preprocess_data.py`` does, the output is ``P_<json-key>_document.bin/.idx`` (pass
@@ -32,7 +33,10 @@ _ARGS = None
 def _tokenizer(args):
     return load_tokenizer(args.tokenizer_type, args.tokenizer, vocab_file=args.vocab_file,
                           merge_file=args.merge_file, vocab_size=args.vocab_size,
-                          trust_remote_code=args.trust_remote_code)
+                          trust_remote_code=args.trust_remote_code,
+                          tiktoken_pattern=args.tiktoken_pattern,
+                          tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
+                          tiktoken_special_tokens=args.tiktoken_special_tokens)
 
 
 def _init(args):
@@ -117,11 +121,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", "--tokenizer-model", dest="tokenizer", default=None,
                    help="tokenizer directory or tokenizer.json (HuggingFaceTokenizer)")
     p.add_argument("--tokenizer-type", default=None,
-                   choices=("HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer"))
+                   choices=("HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer",
+                            "TikTokenizer"))
     p.add_argument("--vocab-file", default=None)
     p.add_argument("--merge-file", default=None)
     p.add_argument("--vocab-size", type=int, default=None)
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--tiktoken-pattern", choices=("v1", "v2"), default=None)
+    p.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)
+    p.add_argument("--tiktoken-special-tokens", nargs="+", default=None)
     p.add_argument("--json-key", default="text")
     p.add_argument("--append-eod", action="store_true")
     p.add_argument("--workers", type=int, default=1)

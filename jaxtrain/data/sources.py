@@ -6,11 +6,19 @@
   or ``train_data_path``/``valid_data_path``/``test_data_path``, or a file holding the blend
   (``data_args_path``) or per-split blends (``per_split_data_args_path``): GPT samples built
   as Megatron builds them (:mod:`jaxtrain.data.gpt_dataset`);
-- MaxText ``dataset_type: hf`` with ``hf_path`` (a local directory or file) and/or
-  ``hf_train_files`` (globs of .jsonl/.json/.parquet), and pgs ``data.dataset`` as a local
-  file: plain-text documents tokenised with the configured tokenizer, packed first-fit into
-  ``seq_length + 1`` tokens when ``packing`` is on (else one padded document per row);
+- MaxText ``dataset_type: hf`` with ``hf_path`` (a local directory or file; its
+  ``hf_data_dir`` sub-folder when there is one) and/or ``hf_train_files`` (globs of
+  .jsonl/.json/.parquet), and pgs ``data.dataset`` as a local file or folder (a folder's
+  files of split ``data.dataset_split``, named as Hugging Face names them): plain-text
+  documents tokenised with the configured tokenizer, packed first-fit into ``seq_length + 1``
+  tokens when ``packing`` is on (else one padded document per row). The files are read and
+  tokenised once at start-up (there is no streaming reader: ``data.streaming`` changes
+  nothing; corpora larger than host memory go through ``python -m jaxtrain.data.preprocess``
+  into memory-mapped indexed files). pgs ``data.seed`` orders the training samples;
 - ``dataset_type: corpus``: jaxtrain's generated text corpus with its own BPE tokenizer.
+
+``dataloader_type`` sets the sample order (:mod:`jaxtrain.data.batches`);
+``num_dataset_builder_threads`` threads build the indexed datasets' index arrays.
 
 Validation and test sets (:func:`validation_data`, :func:`heldout_test_data`): the valid/test splits
 of the Megatron data (``split`` of ``data_path``, or ``valid_data_path``/``test_data_path``),
@@ -26,6 +34,7 @@ model pads it by ``make_vocab_size_divisible_by``.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -142,12 +151,15 @@ def megatron_datasets(cfg, splits=gpt_dataset.SPLITS, num_samples=None, data_pat
     if data_path is None and per_split is None:
         data_path, per_split = _megatron_paths(cfg)
     per_split = per_split or [None] * 3
+    if cfg["num_dataset_builder_threads"] < 1:
+        raise ConfigError(f"num_dataset_builder_threads {cfg['num_dataset_builder_threads']}: "
+                          "give at least 1 thread")
     return gpt_dataset.build_datasets(
         seq_length=cfg["seq_length"], seed=cfg["seed"],
         num_samples=num_samples or split_samples(cfg), data_path=data_path,
         split=cfg["split"], train_data_path=per_split[0], valid_data_path=per_split[1],
         test_data_path=per_split[2], cache_dir=cfg["data_cache_path"],
-        mmap=cfg["mmap_bin_files"], splits=splits)
+        mmap=cfg["mmap_bin_files"], splits=splits, threads=cfg["num_dataset_builder_threads"])
 
 
 def _megatron(cfg) -> TokenData:
@@ -183,16 +195,39 @@ def _text(cfg, files: list[str], name: str, limit: int | None = None) -> TokenDa
 
 
 def _hf_files(cfg) -> list[str]:
+    """hf_train_files, else the files under hf_path/hf_data_dir (hf_path itself when the
+    default hf_data_dir "en" is not a folder of it; a chosen one must exist)."""
     files = []
     if cfg["hf_train_files"]:
         files = text_files.expand(cfg["hf_train_files"], "hf_train_files")
     elif cfg["hf_path"]:
-        path = cfg["hf_path"]
-        sub = os.path.join(path, cfg["hf_data_dir"]) if cfg["hf_data_dir"] else None
-        if sub and os.path.isdir(sub):
-            path = sub
+        path, sub = cfg["hf_path"], cfg["hf_data_dir"]
+        if sub and os.path.isdir(os.path.join(path, sub)):
+            path = os.path.join(path, sub)
+        elif sub and cfg.is_set("hf_data_dir"):
+            raise ConfigError(f"hf_data_dir {sub!r}: {os.path.join(path, sub)} is not a folder; "
+                              "set it to a sub-folder of hf_path, or to '' to read all of it")
         files = text_files.expand(path, "hf_path")
     return files
+
+
+def _dataset_files(cfg) -> list[str]:
+    """pgs data.dataset: a file as it is, a folder's files of split data.dataset_split (all
+    of them when the split is left at its default and no file name gives a split)."""
+    spec, split = cfg["data.dataset"], cfg["data.dataset_split"]
+    if os.path.isdir(spec) and not cfg.is_set("data.dataset_split"):
+        files = text_files.expand(spec, "data.dataset")
+        if not any(_names_split(f, spec, w) for f in files for w in (split, *SPLIT_WORDS)):
+            return files
+    return eval_files(spec, split, "data.dataset", "data.dataset_split")
+
+
+def _order_seed(cfg) -> int | None:
+    """pgs data.seed orders the training samples (the model seed does not); other dialects
+    use seed unless data.seed is chosen."""
+    if cfg.dialect == "pgs-train" or cfg.is_set("data.seed"):
+        return cfg["data.seed"]
+    return None
 
 
 def has_megatron_paths(cfg) -> bool:
@@ -202,12 +237,18 @@ def has_megatron_paths(cfg) -> bool:
 
 def training_data(cfg) -> TokenData:
     """The training set the config asks for, or a ConfigError saying how to ask for one."""
+    data = _training_data(cfg)
+    seed = _order_seed(cfg)
+    return data if seed is None else dataclasses.replace(data, seed=seed)
+
+
+def _training_data(cfg) -> TokenData:
     if cfg["mock_data"]:
         return _random_tokens(cfg, "mock_data")
     if has_megatron_paths(cfg):
         return _megatron(cfg)
     if cfg.is_set("data.dataset"):
-        return _text(cfg, text_files.expand(cfg["data.dataset"], "data.dataset"), "data.dataset")
+        return _text(cfg, _dataset_files(cfg), "data.dataset")
     if cfg.is_set("dataset_type") or cfg.dialect == "maxtext":
         kind = cfg["dataset_type"]
         if kind == "synthetic":
@@ -272,24 +313,26 @@ SPLIT_NAME = r"(?:^|/){}(?:$|[-._ 0-9/])"
 SPLIT_WORDS = ("train", "test", "validation", "valid", "dev", "eval")
 
 
-def eval_files(spec: str, split: str, what: str = "data.eval_dataset") -> list[str]:
+def _names_split(path: str, folder: str, split: str) -> bool:
+    """Whether a file's path under ``folder`` names ``split`` (Hugging Face's convention)."""
+    rel = os.path.relpath(path, folder).replace(os.sep, "/")
+    return re.search(SPLIT_NAME.format(re.escape(split)), rel) is not None
+
+
+def eval_files(spec: str, split: str, what: str = "data.eval_dataset",
+               split_key: str = "data.eval_split") -> list[str]:
     """The files of ``spec``; for a directory only those named by ``split`` (a directory whose
     files name no split at all holds only the "train" split, as Hugging Face reads it)."""
     files = text_files.expand(spec, what)
     if not os.path.isdir(spec):
         return files
-
-    def names(path, word):
-        rel = os.path.relpath(path, spec).replace(os.sep, "/")
-        return re.search(SPLIT_NAME.format(re.escape(word)), rel) is not None
-
-    chosen = [f for f in files if names(f, split)]
+    chosen = [f for f in files if _names_split(f, spec, split)]
     if chosen:
         return chosen
-    if split == "train" and not any(names(f, w) for f in files for w in SPLIT_WORDS):
+    if split == "train" and not any(_names_split(f, spec, w) for f in files for w in SPLIT_WORDS):
         return files
     raise ConfigError(f"{what} {spec!r}: no file of split {split!r} (a file or folder name "
-                      f"starting with {split!r}); set data.eval_split to the split to use")
+                      f"starting with {split!r}); set {split_key} to the split to use")
 
 
 def _has_megatron_eval_paths(cfg) -> bool:

@@ -17,6 +17,7 @@ from jaxtrain.config.errors import ConfigError
 
 EXTENSIONS = (".jsonl", ".json", ".parquet")
 OPEN_BINS = 256
+CHAT_FIELDS = ("messages", "conversations", "chat", "dialogue", "turns")
 
 
 def expand(spec: str, what: str) -> list[str]:
@@ -85,7 +86,11 @@ def read_documents(paths: list[str], field: str):
         n = 0
         for where, row in _rows(path):
             if not isinstance(row, dict) or field not in row:
-                raise ConfigError(f"{where}: the row has no {field!r} text field")
+                chat = isinstance(row, dict) and any(k in row for k in CHAT_FIELDS)
+                raise ConfigError(f"{where}: the row has no {field!r} text field" + (
+                    "; it holds chat turns, and chat (SFT) data is not trained yet: give "
+                    "plain-text rows" if chat else
+                    " (train_data_columns names the field to read)"))
             text = row[field]
             if not isinstance(text, str):
                 raise ConfigError(f"{where}: field {field!r} is not a string")

@@ -5,7 +5,8 @@
 `jax.nn.dot_product_attention`) with the same arguments and meaning.
 
 Legend: B batch, T query length, S key length, N query heads, K kv heads, G = N/K query heads
-per kv head (query head n = k*G + g, as in Megatron and HF), H head dim.
+per kv head (query head n = k*G + g, as in Megatron and HF), H head dim (of q and k), Hv value
+head dim (= H except in multi-latent attention).
 """
 from __future__ import annotations
 
@@ -16,34 +17,46 @@ ATTENTION_IMPLS = ("xla", "flash", "cudnn")
 
 
 def attention(q, k, v, *, impl: str = "xla", causal: bool = True, segment_ids=None,
-              sliding_window: int | None = None, softcap: float | None = None, scale=None,
+              sliding_window=None, softcap: float | None = None, scale=None,
               softmax_fp32: bool = True, dropout_rate: float = 0.0, dropout_rng=None,
-              block_sizes=None):
-    """Attention of q [B,T,N,H] over k/v [B,S,K,H] -> [B,T,N,H] by implementation ``impl``.
+              sinks=None, block_sizes=None):
+    """Attention of q [B,T,N,H] over k [B,S,K,H], v [B,S,K,Hv] -> [B,T,N,Hv] by ``impl``.
 
     Arguments mean what they mean for `dot_product_attention`. "flash" and "cudnn" take a
-    Python-number ``scale``, always compute scores and softmax in float32 (``softmax_fp32`` is
-    read only by "xla") and have no dropout. "flash" runs the Pallas interpreter when the
-    default backend is the CPU; ``block_sizes`` (a `kernels.flash_attention.BlockSizes`) tunes
-    it. "cudnn" receives segment ids as a dense [B,1,T,S] mask (cuDNN's packed layout is not
-    reachable through `jax.nn`), so it costs O(B*T*S) memory when sequences are packed.
+    Python-number ``scale`` and ``sliding_window``, always compute scores and softmax in float32
+    (``softmax_fp32`` is read only by "xla") and have no dropout; "cudnn" has no ``sinks``. They
+    need Hv == H, so a narrower v (or q/k) is zero-padded and the output sliced back. "flash"
+    runs the Pallas interpreter when the default backend is the CPU; ``block_sizes`` (a
+    `kernels.flash_attention.BlockSizes`) tunes it. "cudnn" receives segment ids as a dense
+    [B,1,T,S] mask (cuDNN's packed layout is not reachable through `jax.nn`), so it costs
+    O(B*T*S) memory when sequences are packed.
     """
     if impl == "xla":
         return dot_product_attention(
             q, k, v, causal=causal, segment_ids=segment_ids, sliding_window=sliding_window,
             softcap=softcap, scale=scale, softmax_fp32=softmax_fp32,
-            dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+            dropout_rate=dropout_rate, dropout_rng=dropout_rng, sinks=sinks)
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention impl {impl!r} is not one of {ATTENTION_IMPLS}")
     if dropout_rate > 0.0:
         raise ValueError(f"attention impl {impl!r} has no attention dropout; use 'xla'")
-    if scale is not None:
-        scale = float(scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    H, Hv = q.shape[-1], v.shape[-1]
+    if H != Hv:   # equal widths for the kernels: zero columns change neither scores nor outputs
+        width = max(H, Hv)
+        pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])  # noqa: E731
+        q, k, v = pad(q), pad(k), pad(v)
+        out = attention(q, k, v, impl=impl, causal=causal, segment_ids=segment_ids,
+                        sliding_window=sliding_window, softcap=softcap, scale=scale,
+                        sinks=sinks, block_sizes=block_sizes)
+        return out[..., :Hv]
     if impl == "flash":
         from kernels.flash_attention import flash_attention
         return flash_attention(q, k, v, causal=causal, segment_ids=segment_ids,
                                sliding_window=sliding_window, logit_softcap=softcap, scale=scale,
-                               block_sizes=block_sizes, interpret=None)
+                               sinks=sinks, block_sizes=block_sizes, interpret=None)
+    if sinks is not None:
+        raise ValueError("cuDNN attention has no attention sinks; use 'flash' or 'xla'")
     if softcap:
         raise ValueError("cuDNN attention has no logit soft-capping; use 'flash' or 'xla'")
     mask = None
@@ -57,18 +70,21 @@ def attention(q, k, v, *, impl: str = "xla", causal: bool = True, segment_ids=No
 
 
 def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
-                          sliding_window: int | None = None, softcap: float | None = None,
+                          sliding_window=None, softcap: float | None = None,
                           scale: float | None = None, softmax_fp32: bool = True,
-                          dropout_rate: float = 0.0, dropout_rng=None):
-    """Grouped-query attention: q [B,T,N,H], k/v [B,S,K,H] -> [B,T,N,H] in q's dtype.
+                          dropout_rate: float = 0.0, dropout_rng=None, sinks=None):
+    """Grouped-query attention: q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv] -> [B,T,N,Hv] in q's dtype.
 
     causal: key s is visible to query t only if s <= t (q and k aligned at the end when T < S).
     segment_ids: [B,T] ints (T == S); a query sees only keys of the same segment (packing).
-    sliding_window: W; a query sees the W most recent keys including itself (t - s < W).
+    sliding_window: W; a query sees the W most recent keys including itself (t - s < W). W may
+      be a traced scalar (a per-layer window inside a scan); W >= S means no limit.
     softcap: c; scores become c * tanh(scores / c) before masking.
     scale: multiplies q.k; default 1/sqrt(H).
     softmax_fp32: scores and softmax in float32; otherwise in q's dtype.
     dropout_rate/dropout_rng: dropout on the attention probabilities.
+    sinks: [N] logits, one extra softmax column per head that has no value (gpt-oss); taken
+      as is (not scaled, soft-capped or masked), so they only shrink the other probabilities.
     """
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -81,12 +97,16 @@ def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
     mask = _mask(T, S, causal, sliding_window, segment_ids)
     if mask is not None:
         s = jnp.where(mask, s, jnp.finfo(acc).min)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    if sinks is None:
+        p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    else:
+        sink = jnp.broadcast_to(sinks.astype(acc).reshape(K, N // K, 1, 1), s.shape[:-1] + (1,))
+        p = jax.nn.softmax(jnp.concatenate([s, sink], -1), axis=-1)[..., :-1].astype(v.dtype)
     if dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, p.shape)
         p = jnp.where(keep, p / (1.0 - dropout_rate), 0).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", p, v, preferred_element_type=acc)
-    return out.reshape(B, T, N, H).astype(q.dtype)
+    return out.reshape(B, T, N, v.shape[-1]).astype(q.dtype)
 
 
 def _mask(T, S, causal, sliding_window, segment_ids):

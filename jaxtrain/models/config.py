@@ -16,13 +16,15 @@ import jax.numpy as jnp
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.models.attention import ATTENTION_IMPLS
 from jaxtrain.models.remat import REMAT_POLICIES
+from jaxtrain.quant.config import from_config as quant_config
 
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
 ROPE_TYPES = ("rope", "yarn")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "quick_gelu", "squared_relu", "relu")
 RECOMPUTE_METHODS = ("uniform", "block")
-RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "mla_up_proj")
+MOE_RECOMPUTE_MODULES = ("moe", "moe_act", "shared_experts")
 REMAT_TENSOR_MODES = ("remat", "device", "offload")
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -89,6 +91,21 @@ class ModelConfig:
     apply_query_key_layer_scaling: bool = False
     attention_softmax_in_fp32: bool = True
     sliding_window: int | None = None
+    # Which layers sliding_window applies to (one bool per layer; None: all), e.g. gpt-oss's
+    # windowed even layers. Scanned layers read it by layer index (see transformer.py).
+    sliding_window_layers: tuple[bool, ...] | None = None
+    # gpt-oss / Primus sink attention: a learned fp32 logit per query head, an extra softmax
+    # column without a value, in every layer.
+    attention_sinks: bool = False
+    # Multi-latent attention (DeepSeek-V2/V3, Megatron MLA; see mla.py). q/k heads are
+    # qk_head_dim + qk_pos_emb_head_dim wide, values v_head_dim; qk_layernorm puts a norm on the
+    # q and kv latents (Megatron's spec; DeepSeek checkpoints have them).
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None             # None: queries projected directly from hidden
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128                     # per-head q/k width without RoPE
+    qk_pos_emb_head_dim: int = 64              # per-head q/k RoPE width (keys share one head)
+    v_head_dim: int = 128
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"
@@ -98,6 +115,9 @@ class ModelConfig:
 
     dtype: str = "float32"
     weight_dtype: str = "float32"
+    # Quantized projections (fp8 / fp4 / MaxText quantization / pgs float8): a
+    # jaxtrain.quant.QuantConfig, or None for none.
+    quant: Any = None
     logits_dot_in_fp32: bool = False
     use_iota_embed: bool = False
 
@@ -109,6 +129,8 @@ class ModelConfig:
     recompute_num_layers: int | None = None
     recompute_layer_ids: tuple[int, ...] | None = None
     recompute_modules: tuple[str, ...] = ()
+    # Mixture of experts (models/moe.py MoEConfig); None: a dense model.
+    moe: Any = None
 
     def __post_init__(self):
         def put(name, value):
@@ -131,6 +153,12 @@ class ModelConfig:
         put("weight_dtype", dtype_name(self.weight_dtype))
         put("remat_tensors", tuple(tuple(t) for t in self.remat_tensors))
         put("recompute_modules", tuple(self.recompute_modules))
+        if self.moe is not None and self.moe.ffn_hidden_size is None:
+            put("moe", dataclasses.replace(self.moe, ffn_hidden_size=self.ffn_hidden_size))
+        if self.sliding_window_layers is not None:
+            layers = tuple(bool(b) for b in self.sliding_window_layers)
+            every = len(layers) == self.num_layers and all(layers)
+            put("sliding_window_layers", None if every else layers)
         if self.recompute_layer_ids is not None:
             put("recompute_layer_ids", tuple(int(i) for i in self.recompute_layer_ids))
         if self.attention_impl == "auto":
@@ -170,6 +198,13 @@ class ModelConfig:
               "Llama-3 rope scaling and rope_type='yarn' are exclusive")
         check(self.sliding_window is None or self.sliding_window > 0, "sliding_window",
               "must be a positive number of tokens or None")
+        if self.sliding_window_layers is not None:
+            check(len(self.sliding_window_layers) == self.num_layers, "sliding_window_layers",
+                  f"has {len(self.sliding_window_layers)} entries for {self.num_layers} layers")
+            check(self.sliding_window is not None, "sliding_window_layers",
+                  "picks the layers that use sliding_window, which is None")
+        if self.multi_latent_attention:
+            self._validate_mla(check)
         check(self.param_scan_axis in (0, 1), "param_scan_axis", "must be 0 or 1")
         choice("remat_policy", REMAT_POLICIES)
         for name, mode in self.remat_tensors:
@@ -189,13 +224,42 @@ class ModelConfig:
                   "recompute_method/recompute_layer_ids pick layers to remat; the policy is 'none'")
         for i in self.recompute_layer_ids or ():
             check(0 <= i < self.num_layers, "recompute_layer_ids", f"layer {i} out of range")
+        if self.moe is not None:
+            from jaxtrain.models.moe import moe_pattern
+            moe_pattern(self.moe, self.num_layers)   # raises on a pattern of the wrong length
         for m in self.recompute_modules:
+            if m in MOE_RECOMPUTE_MODULES:
+                check(self.moe is not None, "recompute_modules", f"{m!r} needs an MoE model")
+                continue
             check(m in RECOMPUTE_MODULES, "recompute_modules",
                   f"{m!r} is not a dense-model module {RECOMPUTE_MODULES} (MoE/MLA modules "
                   "need the MoE/MLA model)")
+        check("mla_up_proj" not in self.recompute_modules or self.multi_latent_attention,
+              "recompute_modules", "'mla_up_proj' needs multi_latent_attention")
+
+    def _validate_mla(self, check):
+        """Megatron's MLA rules: no GQA, RoPE only on the pos-emb slice, no q/k/v biases."""
+        check(self.num_query_groups == self.num_attention_heads, "num_query_groups",
+              "multi-latent attention has no grouped-query attention (keys and values come "
+              "per head from the shared latent)")
+        check(not self.rotary_interleaved, "rotary_interleaved",
+              "multi-latent attention already rotates interleaved pairs of its RoPE slice")
+        check(self.rotary_percent == 1.0, "rotary_percent",
+              "multi-latent attention rotates its whole qk_pos_emb_head_dim slice")
+        check(not self.qk_l2_norm, "qk_l2_norm", "not defined for multi-latent attention")
+        check(not self.add_qkv_bias, "add_qkv_bias",
+              "multi-latent attention projections have no biases (add_bias_linear gives the "
+              "output projection one)")
+        for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+            check(getattr(self, name) > 0, name, "must be positive")
+        check(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank",
+              "must be positive or None (queries projected directly)")
 
     @property
     def head_dim(self) -> int:
+        """Width of a q/k head as attention sees it (MLA: the no-RoPE plus the RoPE part)."""
+        if self.multi_latent_attention:
+            return self.qk_head_dim + self.qk_pos_emb_head_dim
         return self.kv_channels
 
     @property
@@ -204,7 +268,23 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
+        if self.multi_latent_attention:
+            return self.qk_pos_emb_head_dim
         return int(self.kv_channels * self.rotary_percent)
+
+    @property
+    def mla_softmax_scale(self) -> float:
+        """MLA's softmax scale mscale^2/sqrt(head_dim), mscale = 0.1*mscale_all_dim*ln(f) + 1
+        for the rotary scaling factor f > 1 (1 otherwise), whatever the rope_type (Megatron)."""
+        f, a = self.yarn_scaling_factor, self.yarn_mscale_all_dim
+        m = 1.0 if f <= 1 else 0.1 * a * math.log(f) + 1.0
+        return m * m / math.sqrt(self.head_dim)
+
+    def window_of_layer(self, i: int) -> int | None:
+        """The sliding window of 0-based layer ``i`` (None: it attends to the whole prefix)."""
+        if self.sliding_window_layers is None or self.sliding_window_layers[i]:
+            return self.sliding_window
+        return None
 
     @property
     def compute_dtype(self):
@@ -269,8 +349,14 @@ class ModelConfig:
                         or g("apply_query_key_layer_scaling", False))
 
         remat, method, nlayers, layer_ids, modules = _recompute(cfg)
+        if g("moe_layer_recompute", False):   # Megatron: selective recompute of the MoE block
+            if g("recompute_granularity") == "full":
+                raise ConfigError("moe_layer_recompute recomputes the MoE block selectively; it "
+                                  "cannot be combined with recompute_granularity full")
+            modules = tuple(modules) + ("moe",)
         custom = tuple((name, g(name)) for name in _REMAT_TENSOR_NAMES if g(name) is not None)
-        rope_type = g("rope_type") or "rope"
+        mla = bool(g("multi_latent_attention", False))
+        rope_type = g("rope_type") or ("yarn" if mla else "rope")   # Megatron: MLA takes yarn
 
         fields = dict(
             num_layers=g("num_layers", 24), hidden_size=h, num_attention_heads=heads,
@@ -292,7 +378,7 @@ class ModelConfig:
             qk_layernorm=g("qk_layernorm", False), qk_l2_norm=g("qk_l2_norm", False),
             activation=activation, gated_linear_unit=gated,
             add_bias_linear=g("add_bias_linear", False),
-            add_qkv_bias=g("add_qkv_bias", False) or g("add_bias_linear", False),
+            add_qkv_bias=g("add_qkv_bias", False) or (g("add_bias_linear", False) and not mla),
             hidden_dropout=float(g("hidden_dropout", 0.1)),
             attention_dropout=float(g("attention_dropout", 0.1)),
             untie_embeddings_and_output_weights=g("untie_embeddings_and_output_weights", True),
@@ -303,16 +389,17 @@ class ModelConfig:
             init_method_xavier_uniform=g("init_method_xavier_uniform", False),
             apply_query_key_layer_scaling=g("apply_query_key_layer_scaling", False),
             attention_softmax_in_fp32=softmax_fp32,
-            sliding_window=g("sliding_window_size") or None,
+            **_sink_fields(cfg), **_mla_fields(cfg),
             final_logit_softcapping=g("final_logit_softcapping") or None,
             attn_logit_softcapping=g("attn_logit_softcapping") or None,
             attention_impl=attention_impl,
             dtype=dtype, weight_dtype=g("weight_dtype", "float32"),
+            quant=quant_config(cfg, accelerator()),
             logits_dot_in_fp32=g("logits_dot_in_fp32", False),
             use_iota_embed=g("use_iota_embed", False), scan_layers=g("scan_layers", True),
             param_scan_axis=g("param_scan_axis", 1), remat_policy=remat, remat_tensors=custom,
             recompute_method=method, recompute_num_layers=nlayers,
-            recompute_layer_ids=layer_ids, recompute_modules=modules,
+            recompute_layer_ids=layer_ids, recompute_modules=modules, moe=_moe_config(cfg),
         )
         try:
             return cls(**fields)
@@ -379,6 +466,9 @@ def attention_problems(cfg: ModelConfig) -> list[str]:
     if cfg.attn_logit_softcapping:
         no(f"logit soft-capping (attn_logit_softcapping = {cfg.attn_logit_softcapping})",
            "use the flash kernel (attention: flash)")
+    if cfg.attention_sinks:
+        no("attention sinks (use_sink_attention: the learned per-head softmax column)",
+           "use the flash kernel (attention: flash)")
     if cfg.dtype not in ("bfloat16", "float16"):
         no(f"{cfg.dtype} inputs (dtype; it takes bfloat16 or float16)", "change dtype")
     if cfg.head_dim % 8 or cfg.head_dim > 256:
@@ -436,6 +526,42 @@ def _attention_choice(cfg: Mapping[str, Any]) -> tuple[str, str, bool]:
     return impl, ", ".join(f"{k} = {v!r}" for k, v, _ in named), unfused
 
 
+def _sink_fields(cfg: Mapping[str, Any]) -> dict:
+    """Window and sink fields from ``sliding_window_size`` and Primus's sink-attention knobs.
+
+    ``use_sink_attention`` gives every layer a learned sink logit per head. Primus hands
+    ``sink_sliding_window`` W to flash-attn as the window (W, 0): W keys back plus the query's
+    own, so W + 1 keys here; on the even (0-based) layers with ``sink_window_even_layers_only``,
+    else on all. As in Primus both window knobs act only with sinks on, and a model-wide window
+    beside them is refused.
+    """
+    g = cfg.get
+    fields = {"sliding_window": g("sliding_window_size") or None,
+              "attention_sinks": bool(g("use_sink_attention", False))}
+    sink_window = g("sink_sliding_window") or 0
+    if fields["attention_sinks"] and sink_window:
+        if fields["sliding_window"]:
+            raise ConfigError(f"sliding_window_size = {fields['sliding_window']} and "
+                              f"sink_sliding_window = {sink_window} both set a window; sink "
+                              "attention takes only sink_sliding_window (as in Primus): set one.")
+        fields["sliding_window"] = sink_window + 1
+        if g("sink_window_even_layers_only", True):
+            fields["sliding_window_layers"] = tuple(i % 2 == 0
+                                                    for i in range(g("num_layers", 24)))
+    return fields
+
+
+def _mla_fields(cfg: Mapping[str, Any]) -> dict:
+    """Multi-latent attention fields (Megatron's CLI defaults) when it is switched on."""
+    g = cfg.get
+    if not g("multi_latent_attention", False):
+        return {}
+    return dict(multi_latent_attention=True, q_lora_rank=g("q_lora_rank"),
+                kv_lora_rank=g("kv_lora_rank", 32), qk_head_dim=g("qk_head_dim", 128),
+                qk_pos_emb_head_dim=g("qk_pos_emb_head_dim", 64),
+                v_head_dim=g("v_head_dim", 128))
+
+
 _REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",
                        "qkv_proj", "context", "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo")
 
@@ -469,3 +595,42 @@ def _recompute(cfg: Mapping[str, Any]):
         raise ValueError("recompute_granularity='full' needs recompute_method "
                          "('uniform' or 'block') or recompute_layer_ids")
     return "full", method, g("recompute_num_layers"), None, ()
+
+
+def _moe_config(cfg: Mapping[str, Any]):
+    """The MoEConfig of Megatron's MoE knobs; None without ``num_experts`` (a dense model)."""
+    from jaxtrain.models.moe import MoEConfig, parse_layer_freq
+
+    g = cfg.get
+    if not g("num_experts"):
+        return None
+    tp, etp = g("tensor_model_parallel_size", 1), g("expert_tensor_parallel_size")
+    if etp not in (None, 1, tp):
+        raise ConfigError(f"expert_tensor_parallel_size {etp}: jaxtrain splits each expert over "
+                          f"the whole tensor axis ({tp}) or not at all (1)")
+    dispatcher = g("moe_token_dispatcher_type", "allgather")
+    factor = g("moe_expert_capacity_factor")
+    return MoEConfig(
+        num_experts=g("num_experts"), topk=g("moe_router_topk", 2),
+        layer_freq=parse_layer_freq(g("moe_layer_freq", 1)),
+        ffn_hidden_size=g("moe_ffn_hidden_size"),
+        shared_expert_size=g("moe_shared_expert_intermediate_size"),
+        score_function=g("moe_router_score_function", "softmax"),
+        pre_softmax=g("moe_router_pre_softmax", False), router_dtype=g("moe_router_dtype"),
+        topk_scaling_factor=g("moe_router_topk_scaling_factor"),
+        num_groups=g("moe_router_num_groups"), group_topk=g("moe_router_group_topk"),
+        expert_bias=g("moe_router_enable_expert_bias", False),
+        bias_update_rate=float(g("moe_router_bias_update_rate", 1e-3)),
+        load_balancing=g("moe_router_load_balancing_type", "aux_loss"),
+        aux_loss_coeff=g("moe_aux_loss_coeff", 0.0), z_loss_coeff=g("moe_z_loss_coeff"),
+        input_jitter_eps=g("moe_input_jitter_eps"),
+        router_softcap=g("router_logit_softcapping") or None,
+        force_balancing=(g("moe_router_force_load_balancing_type", "even")
+                         if g("moe_router_force_load_balancing", False) else None),
+        capacity_factor=None if factor is None or factor < 0 else float(factor),
+        pad_to_capacity=g("moe_pad_expert_input_to_capacity", False),
+        drop_policy=g("moe_token_drop_policy", "probs"),
+        dispatcher="alltoall" if dispatcher == "alltoall_seq" else dispatcher,
+        grouped_gemm=g("moe_grouped_gemm", False),
+        per_layer_logging=g("moe_per_layer_logging", False),
+        expert_tensor_parallel=etp in (None, tp))

@@ -1,7 +1,11 @@
 """Hugging Face checkpoints: ``from_hf`` reads, ``to_hf`` writes (config.json + safetensors).
 
 Families: Llama (2, 3.x with llama3 rope scaling), Mistral (sliding window), Qwen2 (qkv bias),
-Qwen3 (qk norm), GPT-2 (learned positions, LayerNorm, biases, Conv1D weights stored [in, out]).
+Qwen3 (qk norm), GPT-2 (learned positions, LayerNorm, biases, Conv1D weights stored [in, out]),
+DeepSeek-V3 (multi-latent attention with YaRN; its MoE layers need the MoE model) and gpt-oss's
+attention (sinks, alternating sliding windows, biases; its expert layers need the MoE model),
+Mixtral and Qwen3-MoE (MoE layers: router + experts [E, ...], dense layers where Qwen3-MoE's
+mlp_only_layers/decoder_sparse_step say).
 A config.json value these models cannot reproduce raises ``ValueError`` naming the field; a
 checkpoint tensor that nothing consumes raises too. Neither direction needs torch.
 
@@ -22,9 +26,16 @@ from safetensors.numpy import save_file
 
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.layers import yarn_attention_factor
+from jaxtrain.models.moe import moe_pattern
+from jaxtrain.models.params import MOE_STACK, abstract, layer_slots, layer_tree
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
-_LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "deepseek_v3", "gpt_oss", "mixtral",
+            "qwen3_moe")
+_LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+_MOE_FAMILIES = ("mixtral", "qwen3_moe")
+# Expert tensor names (gate, up, down) of the per-expert checkpoint layout.
+_EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2"),
+                 "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
 _HF_ACT = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
            "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu",
            "quick_gelu": "quick_gelu"}
@@ -44,7 +55,11 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
     family = hf.get("model_type")
     if family not in FAMILIES:
         raise _bad("model_type", family, f"supported families are {FAMILIES}")
-    fields = _gpt2_fields(hf) if family == "gpt2" else _llama_fields(hf, family)
+    if family in ("gpt2", "deepseek_v3", "gpt_oss"):
+        fields = {"gpt2": _gpt2_fields, "deepseek_v3": _deepseek_fields,
+                  "gpt_oss": _gpt_oss_fields}[family](hf)
+    else:
+        fields = _llama_fields(hf, family)
     fields.update(overrides)
     return ModelConfig(**fields)
 
@@ -65,9 +80,11 @@ def _llama_fields(hf: dict, family: str) -> dict:
         gated_linear_unit=True, hidden_dropout=0.0,
         attention_dropout=float(hf.get("attention_dropout", 0.0)),
         untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
-        init_method_std=hf.get("initializer_range", 0.02), qk_layernorm=family == "qwen3",
-        sliding_window=_sliding_window(hf, family),
+        init_method_std=hf.get("initializer_range", 0.02),
+        qk_layernorm=family in ("qwen3", "qwen3_moe"), sliding_window=_sliding_window(hf, family),
     )
+    if family in _MOE_FAMILIES:
+        fields["moe"] = _moe_fields(hf, family)
     if family == "llama":
         attn_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
         if attn_bias != mlp_bias:
@@ -76,18 +93,38 @@ def _llama_fields(hf: dict, family: str) -> dict:
         fields["add_bias_linear"] = attn_bias
     elif family == "qwen2":
         fields["add_qkv_bias"] = True
-    elif family == "qwen3" and hf.get("attention_bias", False):
+    elif family in ("qwen3", "qwen3_moe") and hf.get("attention_bias", False):
         raise _bad("attention_bias", True, "Qwen3 biases on q/k/v/o without MLP biases are not "
                    "supported")
     fields.update(_rope_fields(hf))
     return fields
 
 
+def _moe_fields(hf: dict, family: str):
+    """Mixtral: top-k of a softmax over all experts, renormalised (= softmax over the top-k
+    logits), every layer MoE. Qwen3-MoE: the same without renormalisation unless
+    norm_topk_prob (= pre_softmax), dense layers per mlp_only_layers/decoder_sparse_step."""
+    from jaxtrain.models.moe import MoEConfig
+
+    n = hf["num_hidden_layers"]
+    experts = hf.get("num_local_experts", hf.get("num_experts"))
+    if family == "mixtral":
+        return MoEConfig(num_experts=experts, topk=hf.get("num_experts_per_tok", 2),
+                         ffn_hidden_size=hf["intermediate_size"],
+                         input_jitter_eps=hf.get("router_jitter_noise") or None)
+    dense, step = set(hf.get("mlp_only_layers") or ()), hf.get("decoder_sparse_step", 1)
+    pattern = tuple(int(i not in dense and (i + 1) % step == 0) for i in range(n))
+    return MoEConfig(num_experts=experts, topk=hf.get("num_experts_per_tok", 8),
+                     ffn_hidden_size=hf["moe_intermediate_size"],
+                     layer_freq=1 if all(pattern) else pattern,
+                     pre_softmax=not hf.get("norm_topk_prob", False))
+
+
 def _sliding_window(hf: dict, family: str) -> int | None:
     if family == "llama":
         return None
     window = hf.get("sliding_window")
-    if family == "mistral":
+    if family in ("mistral", "mixtral"):
         return window or None
     if not hf.get("use_sliding_window", False) or window is None:
         types = hf.get("layer_types")
@@ -178,6 +215,91 @@ def _gpt2_fields(hf: dict) -> dict:
     )
 
 
+def _mscale(factor: float, coefficient: float) -> float:
+    """YaRN's m = 0.1 * coefficient * ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * coefficient * math.log(factor) + 1.0
+
+
+def _deepseek_fields(hf: dict) -> dict:
+    """DeepSeek-V3: multi-latent attention (latent norms, interleaved RoPE on the shared key),
+    YaRN whose mscale_all_dim also scales the softmax, and (here) dense MLP layers only."""
+    act = hf.get("hidden_act", "silu")
+    if act not in _HF_ACT:
+        raise _bad("hidden_act", act, f"supported values are {sorted(_HF_ACT)}")
+    n, d, heads = hf["num_hidden_layers"], hf["hidden_size"], hf["num_attention_heads"]
+    kv_heads = hf.get("num_key_value_heads") or heads
+    if kv_heads != heads:
+        raise _bad("num_key_value_heads", kv_heads, "multi-latent attention has one key/value "
+                   f"head per query head ({heads})")
+    dense = hf.get("first_k_dense_replace", 3)
+    if dense < n:
+        raise _bad("first_k_dense_replace", dense, f"layers {dense}..{n - 1} are MoE layers, "
+                   "which need the MoE model; only all-dense configs load here")
+    if hf.get("attention_bias", False):
+        raise _bad("attention_bias", True, "biases on the MLA projections are not supported")
+    fields = dict(
+        num_layers=n, hidden_size=d, num_attention_heads=heads,
+        kv_channels=None if d % heads == 0 else hf["v_head_dim"],
+        ffn_hidden_size=hf["intermediate_size"], vocab_size=hf["vocab_size"],
+        max_position_embeddings=hf.get("max_position_embeddings", 4096),
+        position_embedding_type="rope", normalization="RMSNorm",
+        norm_epsilon=hf.get("rms_norm_eps", 1e-6), activation=_HF_ACT[act],
+        gated_linear_unit=True, hidden_dropout=0.0,
+        attention_dropout=float(hf.get("attention_dropout", 0.0)),
+        untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
+        init_method_std=hf.get("initializer_range", 0.02), multi_latent_attention=True,
+        q_lora_rank=hf.get("q_lora_rank"), kv_lora_rank=hf["kv_lora_rank"],
+        qk_head_dim=hf["qk_nope_head_dim"], qk_pos_emb_head_dim=hf["qk_rope_head_dim"],
+        v_head_dim=hf["v_head_dim"], qk_layernorm=True,
+    )
+    fields.update(_rope_fields(hf))
+    # HF multiplies the softmax scale by m(factor, mscale_all_dim)^2 for any non-default RoPE
+    # that names mscale_all_dim; ours is m(yarn factor, yarn_mscale_all_dim)^2.
+    rp = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    theirs = (_mscale(rp.get("factor") or fields.get("yarn_scaling_factor", 1.0),
+                      rp["mscale_all_dim"]) if kind != "default" and rp.get("mscale_all_dim")
+              else 1.0)
+    ours = _mscale(fields.get("yarn_scaling_factor", 1.0), fields.get("yarn_mscale_all_dim", 0.0))
+    if not math.isclose(theirs, ours, rel_tol=1e-9):
+        raise _bad("rope_parameters", rp, "the softmax scale's mscale_all_dim needs YaRN with "
+                   "both mscale and mscale_all_dim (and no other attention_factor)")
+    return fields
+
+
+def _gpt_oss_fields(hf: dict) -> dict:
+    """gpt-oss: GQA with q/k/v/o biases, a learned sink per head, sliding windows on the
+    ``sliding_attention`` layers, YaRN. Its expert layers need the MoE model, so a config
+    with experts (num_local_experts) is refused here."""
+    experts = hf.get("num_local_experts", hf.get("num_experts"))
+    if experts:
+        raise _bad("num_local_experts", experts, "gpt-oss's expert layers need the MoE model")
+    n, d, heads = hf["num_hidden_layers"], hf["hidden_size"], hf["num_attention_heads"]
+    types = hf.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                      for i in range(n)]
+    if set(types) - {"sliding_attention", "full_attention"}:
+        raise _bad("layer_types", types, "only sliding_attention and full_attention exist")
+    window = hf.get("sliding_window")
+    sliding = tuple(t == "sliding_attention" for t in types)
+    windowed = bool(window) and any(sliding)
+    fields = dict(
+        num_layers=n, hidden_size=d, num_attention_heads=heads,
+        num_query_groups=hf.get("num_key_value_heads") or heads,
+        kv_channels=hf.get("head_dim") or d // heads, ffn_hidden_size=hf["intermediate_size"],
+        vocab_size=hf["vocab_size"], max_position_embeddings=hf.get("max_position_embeddings"),
+        position_embedding_type="rope", normalization="RMSNorm",
+        norm_epsilon=hf.get("rms_norm_eps", 1e-5), activation="silu", gated_linear_unit=True,
+        hidden_dropout=0.0, attention_dropout=float(hf.get("attention_dropout", 0.0)),
+        untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
+        init_method_std=hf.get("initializer_range", 0.02),
+        add_bias_linear=hf.get("attention_bias", True), attention_sinks=True,
+        sliding_window=window if windowed else None,
+        sliding_window_layers=sliding if windowed else None,
+    )
+    fields.update(_rope_fields(hf))
+    return fields
+
+
 # ---------------------------------------------------------------- reading tensors
 
 def _read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
@@ -222,9 +344,15 @@ def from_hf(path, **overrides) -> tuple[ModelConfig, dict]:
     hf = json.loads((path / "config.json").read_text())
     cfg = config_from_hf(hf, **overrides)
     t = _Tensors(_read_tensors(path))
-    params = (_gpt2_params if hf["model_type"] == "gpt2" else _llama_params)(t, cfg)
+    if hf["model_type"] == "deepseek_v3":
+        params = _deepseek_params(t, cfg, hf.get("rope_interleave", True))
+    else:
+        params = (_gpt2_params(t, cfg) if hf["model_type"] == "gpt2"
+                  else _llama_params(t, cfg, hf["model_type"]))
     t.done()
-    return cfg, jax.tree.map(lambda a: jnp.asarray(np.asarray(a, cfg.param_dtype)), params)
+    # Leaves take their declared dtype: weight_dtype, but fp32 for sink logits.
+    return cfg, jax.tree.map(lambda a, s: jnp.asarray(np.asarray(a, s.dtype)), params,
+                             abstract(cfg))
 
 
 def _layers(make, cfg) -> dict:
@@ -233,7 +361,38 @@ def _layers(make, cfg) -> dict:
     return jax.tree.map(lambda *xs: np.stack(xs, cfg.param_scan_axis), *per_layer)
 
 
-def _llama_params(t: _Tensors, cfg) -> dict:
+def _stacks(make, cfg) -> dict:
+    """Per-layer numpy trees stacked on ``param_scan_axis``, dense and MoE layers apart
+    ('layers', 'moe_layers'; see params.layer_kinds)."""
+    per_kind: dict[str, list] = {}
+    for i, (kind, _) in enumerate(layer_slots(cfg)):
+        per_kind.setdefault(kind, []).append(make(i))
+    return {kind: jax.tree.map(lambda *xs: np.stack(xs, cfg.param_scan_axis), *trees)
+            for kind, trees in per_kind.items()}
+
+
+def _moe_from_hf(t: _Tensors, pre: str, cfg, family: str) -> dict:
+    """One MoE layer's router and experts from either checkpoint layout: per expert
+    (``experts.{e}.<gate/up/down>.weight``, what save_pretrained writes) or fused
+    (``experts.gate_up_proj`` [E, 2F, D], ``experts.down_proj`` [E, D, F])."""
+    m = cfg.moe
+    base = pre + ("block_sparse_moe." if pre + "block_sparse_moe.gate.weight" in t.left
+                  else "mlp.")
+    if base + "experts.gate_up_proj" in t.left:
+        gate_up = t(base + "experts.gate_up_proj")
+        F = gate_up.shape[1] // 2
+        experts = {"wi_0": gate_up[:, :F].transpose(0, 2, 1),
+                   "wi_1": gate_up[:, F:].transpose(0, 2, 1),
+                   "wo": t(base + "experts.down_proj").transpose(0, 2, 1)}
+    else:
+        names = _EXPERT_NAMES[family]
+        w = lambda e, n: t(f"{base}experts.{e}.{n}.weight").T  # noqa: E731
+        experts = {ours: np.stack([w(e, n) for e in range(m.num_experts)])
+                   for ours, n in zip(("wi_0", "wi_1", "wo"), names)}
+    return {"router": {"w": t(base + "gate.weight").T}, "experts": experts}
+
+
+def _llama_params(t: _Tensors, cfg, family: str = "llama") -> dict:
     D, N, K, H = cfg.hidden_size, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
     bias = cfg.add_qkv_bias or cfg.add_bias_linear
 
@@ -251,11 +410,61 @@ def _llama_params(t: _Tensors, cfg) -> dict:
         if cfg.qk_layernorm:
             attn["q_norm"] = {"scale": t(pre + "self_attn.q_norm.weight")}
             attn["k_norm"] = {"scale": t(pre + "self_attn.k_norm.weight")}
-        mlp = {"wi_0": w("mlp.gate_proj"), "wi_1": w("mlp.up_proj"), "wo": w("mlp.down_proj")}
+        if cfg.attention_sinks:
+            attn["sinks"] = t(pre + "self_attn.sinks")
         if cfg.add_bias_linear:
             attn["bo"] = t(pre + "self_attn.o_proj.bias")
+        tree = {"attn_norm": {"scale": t(pre + "input_layernorm.weight")}, "attn": attn,
+                "mlp_norm": {"scale": t(pre + "post_attention_layernorm.weight")}}
+        if layer_slots(cfg)[i][0] == MOE_STACK:
+            return {**tree, "moe": _moe_from_hf(t, pre, cfg, family)}
+        mlp = {"wi_0": w("mlp.gate_proj"), "wi_1": w("mlp.up_proj"), "wo": w("mlp.down_proj")}
+        if cfg.add_bias_linear:
             mlp.update(bi_0=t(pre + "mlp.gate_proj.bias"), bi_1=t(pre + "mlp.up_proj.bias"),
                        bo=t(pre + "mlp.down_proj.bias"))
+        return {**tree, "mlp": mlp}
+
+    params = {"embedding": t("model.embed_tokens.weight"), **_stacks(layer, cfg),
+              "final_norm": {"scale": t("model.norm.weight")}}
+    if cfg.untie_embeddings_and_output_weights:
+        params["output"] = t("lm_head.weight").T
+    else:
+        t.drop("lm_head.weight")
+    return params
+
+
+def _rope_pair_order(P: int) -> np.ndarray:
+    """Channel order taking a half-split RoPE slice (i, i + P/2) to interleaved pairs."""
+    return np.stack([np.arange(P // 2), np.arange(P // 2) + P // 2], -1).reshape(-1)
+
+
+def _deepseek_params(t: _Tensors, cfg, rope_interleave: bool = True) -> dict:
+    """DeepSeek-V3 tensors (kv_b_proj split into wk_b/wv_b). A checkpoint with
+    ``rope_interleave`` false rotates half-split RoPE slices; their channels are reordered
+    into the interleaved pairs this model rotates (scores are unchanged)."""
+    D, N, Hn, Hv = cfg.hidden_size, cfg.num_attention_heads, cfg.qk_head_dim, cfg.v_head_dim
+    Hq, Rkv, P = cfg.head_dim, cfg.kv_lora_rank, cfg.qk_pos_emb_head_dim
+    q_order = np.arange(Hq)
+    kv_order = np.arange(Rkv + P)
+    if not rope_interleave:
+        q_order[Hn:] = Hn + _rope_pair_order(P)
+        kv_order[Rkv:] = Rkv + _rope_pair_order(P)
+
+    def layer(i):
+        pre = f"model.layers.{i}."
+        w = lambda n: t(pre + n + ".weight").T  # noqa: E731  HF Linear [out, in] -> [in, out]
+        if cfg.q_lora_rank is None:
+            attn = {"wq": w("self_attn.q_proj").reshape(D, N, Hq)[..., q_order]}
+        else:
+            attn = {"wq_a": w("self_attn.q_a_proj"),
+                    "q_a_norm": {"scale": t(pre + "self_attn.q_a_layernorm.weight")},
+                    "wq_b": w("self_attn.q_b_proj").reshape(-1, N, Hq)[..., q_order]}
+        kv_b = w("self_attn.kv_b_proj").reshape(Rkv, N, Hn + Hv)
+        attn.update(wkv_a=w("self_attn.kv_a_proj_with_mqa")[:, kv_order],
+                    kv_a_norm={"scale": t(pre + "self_attn.kv_a_layernorm.weight")},
+                    wk_b=kv_b[..., :Hn], wv_b=kv_b[..., Hn:],
+                    wo=w("self_attn.o_proj").reshape(N, Hv, D))
+        mlp = {"wi_0": w("mlp.gate_proj"), "wi_1": w("mlp.up_proj"), "wo": w("mlp.down_proj")}
         return {"attn_norm": {"scale": t(pre + "input_layernorm.weight")}, "attn": attn,
                 "mlp_norm": {"scale": t(pre + "post_attention_layernorm.weight")}, "mlp": mlp}
 
@@ -299,6 +508,12 @@ def _gpt2_params(t: _Tensors, cfg) -> dict:
 
 def hf_family(cfg: ModelConfig) -> str:
     """The HF family that reproduces ``cfg`` most directly."""
+    if cfg.multi_latent_attention:
+        return "deepseek_v3"
+    if cfg.attention_sinks:
+        return "gpt_oss"
+    if cfg.moe is not None:
+        return "qwen3_moe" if cfg.qk_layernorm else "mixtral"
     if cfg.position_embedding_type == "learned_absolute":
         return "gpt2"
     if cfg.qk_layernorm:
@@ -309,6 +524,8 @@ def hf_family(cfg: ModelConfig) -> str:
 
 
 def _check_exportable(cfg: ModelConfig, family: str):
+    if family in ("deepseek_v3", "gpt_oss"):
+        return _check_exportable_mla_sinks(cfg, family)
     llama = family in _LLAMA_LIKE
     qkv_only = cfg.add_qkv_bias and not cfg.add_bias_linear
     problems = {
@@ -321,7 +538,7 @@ def _check_exportable(cfg: ModelConfig, family: str):
         "rotary_seq_len_interpolation_factor": bool(cfg.rotary_seq_len_interpolation_factor)
         and (cfg.use_rope_scaling or cfg.rope_type == "yarn"),
         "qk_l2_norm": cfg.qk_l2_norm,
-        "qk_layernorm": cfg.qk_layernorm != (family == "qwen3"),
+        "qk_layernorm": cfg.qk_layernorm != (family in ("qwen3", "qwen3_moe")),
         "attn_logit_softcapping": bool(cfg.attn_logit_softcapping),
         "final_logit_softcapping": bool(cfg.final_logit_softcapping),
         "apply_residual_connection_post_layernorm": cfg.apply_residual_connection_post_layernorm,
@@ -331,11 +548,116 @@ def _check_exportable(cfg: ModelConfig, family: str):
         "num_query_groups": family == "gpt2" and cfg.num_kv_heads != cfg.num_attention_heads,
         "kv_channels": family == "gpt2" and cfg.head_dim * cfg.num_attention_heads
         != cfg.hidden_size,
+        "multi_latent_attention": cfg.multi_latent_attention,
+        "attention_sinks": cfg.attention_sinks,
+        "sliding_window_layers": cfg.sliding_window_layers is not None,
+        "moe": (cfg.moe is not None) != (family in _MOE_FAMILIES),
+    }
+    if cfg.moe is not None and family in _MOE_FAMILIES:
+        problems.update(_moe_export_problems(cfg, family))
+    bad = [k for k, v in problems.items() if v]
+    if bad:
+        raise ValueError(f"cannot export to HF {family!r}: ModelConfig fields {bad} have no "
+                         "equivalent there")
+
+
+def _moe_export_problems(cfg: ModelConfig, family: str) -> dict:
+    """MoE settings the Mixtral / Qwen3-MoE routers cannot reproduce (training-only knobs such
+    as aux losses, capacity and dispatch do not change the checkpoint and are not checked)."""
+    m = cfg.moe
+    return {
+        "moe.layer_freq": family == "mixtral" and not all(moe_pattern(m, cfg.num_layers)),
+        "moe.score_function": m.score_function != "softmax",
+        "moe.pre_softmax": family == "mixtral" and m.pre_softmax and m.topk > 1,
+        "moe.shared_expert_size": bool(m.shared_expert_size),
+        "moe.num_groups": bool(m.num_groups),
+        "moe.topk_scaling_factor": bool(m.topk_scaling_factor),
+        "moe.router_bias": m.router_bias, "moe.expert_bias": m.expert_bias,
+        "moe.router_softcap": bool(m.router_softcap),
+        "moe.force_balancing": m.force_balancing is not None,
+        "moe.activation": m.activation is not None,
+        "moe.load_balancing": "sinkhorn" in m.load_balancing,
+    }
+
+
+def _check_exportable_mla_sinks(cfg: ModelConfig, family: str):
+    if family == "gpt_oss":
+        raise ValueError("cannot export to HF 'gpt_oss': its checkpoints have expert layers, "
+                         "which need the MoE model")
+    rope_yarn = cfg.rope_type == "yarn" and not cfg.use_rope_scaling
+    hf_softmax = (_mscale(cfg.yarn_scaling_factor, cfg.yarn_mscale_all_dim)
+                  if rope_yarn and cfg.yarn_mscale and cfg.yarn_mscale_all_dim else 1.0)
+    problems = {
+        "multi_latent_attention": not cfg.multi_latent_attention,
+        "position_embedding_type": cfg.position_embedding_type != "rope",
+        "normalization": cfg.normalization != "RMSNorm",
+        "gated_linear_unit": not cfg.gated_linear_unit,
+        "activation": cfg.activation not in _ACT_HF,
+        "qk_layernorm": not cfg.qk_layernorm,
+        "add_bias_linear": cfg.add_bias_linear,
+        "attention_sinks": cfg.attention_sinks,
+        "sliding_window": bool(cfg.sliding_window),
+        "attn_logit_softcapping": bool(cfg.attn_logit_softcapping),
+        "final_logit_softcapping": bool(cfg.final_logit_softcapping),
+        "apply_residual_connection_post_layernorm": cfg.apply_residual_connection_post_layernorm,
+        "rotary_seq_len_interpolation_factor": bool(cfg.rotary_seq_len_interpolation_factor)
+        and (cfg.use_rope_scaling or cfg.rope_type == "yarn"),
+        "yarn_mscale_all_dim": not math.isclose(
+            hf_softmax, _mscale(cfg.yarn_scaling_factor, cfg.yarn_mscale_all_dim)),
     }
     bad = [k for k, v in problems.items() if v]
     if bad:
         raise ValueError(f"cannot export to HF {family!r}: ModelConfig fields {bad} have no "
                          "equivalent there")
+
+
+def _deepseek_config(cfg: ModelConfig, common: dict) -> dict:
+    return {**common, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_attention_heads,
+            "intermediate_size": cfg.ffn_hidden_size, "first_k_dense_replace": cfg.num_layers,
+            "q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank,
+            "qk_nope_head_dim": cfg.qk_head_dim, "qk_rope_head_dim": cfg.qk_pos_emb_head_dim,
+            "v_head_dim": cfg.v_head_dim, "rope_interleave": True, "attention_bias": False,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "rms_norm_eps": cfg.norm_epsilon, "hidden_act": _ACT_HF[cfg.activation],
+            "attention_dropout": cfg.attention_dropout, **_rope_hf(cfg)}
+
+
+def _deepseek_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
+    D = cfg.hidden_size
+    np_ = np.asarray
+
+    def scale(p):
+        return np_(p["scale"]) + 1 if cfg.apply_layernorm_1p else np_(p["scale"])
+
+    def lin(w):  # [in, ...out] -> HF Linear [out, in]
+        w = np_(w)
+        return w.reshape(w.shape[0], -1).T
+
+    out: dict[str, np.ndarray] = {}
+    for i in range(cfg.num_layers):
+        p = jax.tree.map(lambda a: np.take(a, i, cfg.param_scan_axis), params["layers"])
+        a, m, pre = p["attn"], p["mlp"], f"model.layers.{i}."
+        if "wq" in a:
+            out[pre + "self_attn.q_proj.weight"] = lin(a["wq"])
+        else:
+            out[pre + "self_attn.q_a_proj.weight"] = lin(a["wq_a"])
+            out[pre + "self_attn.q_a_layernorm.weight"] = scale(a["q_a_norm"])
+            out[pre + "self_attn.q_b_proj.weight"] = lin(a["wq_b"])
+        out[pre + "self_attn.kv_a_proj_with_mqa.weight"] = lin(a["wkv_a"])
+        out[pre + "self_attn.kv_a_layernorm.weight"] = scale(a["kv_a_norm"])
+        out[pre + "self_attn.kv_b_proj.weight"] = lin(np.concatenate([a["wk_b"], a["wv_b"]], -1))
+        out[pre + "self_attn.o_proj.weight"] = np_(a["wo"]).reshape(-1, D).T
+        for ours, theirs in (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj")):
+            out[pre + f"mlp.{theirs}.weight"] = lin(m[ours])
+        out[pre + "input_layernorm.weight"] = scale(p["attn_norm"])
+        out[pre + "post_attention_layernorm.weight"] = scale(p["mlp_norm"])
+    out["model.embed_tokens.weight"] = np_(params["embedding"])
+    out["model.norm.weight"] = scale(params["final_norm"])
+    if cfg.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = np_(params["output"]).T
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
 def _rope_hf(cfg) -> dict:
@@ -375,7 +697,11 @@ def hf_config(cfg: ModelConfig, family: str | None = None) -> dict:
               "tie_word_embeddings": not cfg.untie_embeddings_and_output_weights,
               "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                                 "gpt2": "GPT2LMHeadModel"}[family]]}
+                                 "gpt2": "GPT2LMHeadModel", "deepseek_v3": "DeepseekV3ForCausalLM",
+                                 "gpt_oss": "GptOssForCausalLM", "mixtral": "MixtralForCausalLM",
+                                 "qwen3_moe": "Qwen3MoeForCausalLM"}[family]]}
+    if family == "deepseek_v3":
+        return _deepseek_config(cfg, common)
     if family == "gpt2":
         return {**common, "n_embd": cfg.hidden_size, "n_layer": cfg.num_layers,
                 "n_head": cfg.num_attention_heads, "n_inner": cfg.ffn_hidden_size,
@@ -392,14 +718,28 @@ def hf_config(cfg: ModelConfig, family: str | None = None) -> dict:
            "attention_dropout": cfg.attention_dropout, **_rope_hf(cfg)}
     if family == "llama":
         out.update(attention_bias=cfg.add_bias_linear, mlp_bias=cfg.add_bias_linear)
-    elif family == "mistral":
+    elif family in ("mistral", "mixtral"):
         out["sliding_window"] = cfg.sliding_window
     else:
         out.update(use_sliding_window=bool(cfg.sliding_window),
                    sliding_window=cfg.sliding_window, max_window_layers=0)
-        if family == "qwen3":
+        if family in ("qwen3", "qwen3_moe"):
             out["attention_bias"] = False
+    if family in _MOE_FAMILIES:
+        out.update(_moe_hf_config(cfg, family))
     return out
+
+
+def _moe_hf_config(cfg: ModelConfig, family: str) -> dict:
+    m = cfg.moe
+    out = {"num_experts_per_tok": m.topk, "output_router_logits": False}
+    if family == "mixtral":
+        return {**out, "num_local_experts": m.num_experts, "intermediate_size": m.ffn_hidden_size,
+                "router_jitter_noise": m.input_jitter_eps or 0.0}
+    dense = [i for i, on in enumerate(moe_pattern(m, cfg.num_layers)) if not on]
+    return {**out, "num_experts": m.num_experts, "moe_intermediate_size": m.ffn_hidden_size,
+            "decoder_sparse_step": 1, "mlp_only_layers": dense,
+            "norm_topk_prob": not m.pre_softmax}
 
 
 def _rope_permutation(cfg) -> np.ndarray:
@@ -421,8 +761,8 @@ def _hf_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.nda
     out: dict[str, np.ndarray] = {}
     perm = _rope_permutation(cfg)
     for i in range(cfg.num_layers):
-        p = jax.tree.map(lambda a: np.take(a, i, cfg.param_scan_axis), params["layers"])
-        a, m = p["attn"], p["mlp"]
+        p = layer_tree(params, cfg, i)
+        a, m = p["attn"], p.get("mlp")
         if family == "gpt2":
             pre = f"transformer.h.{i}."
             out[pre + "attn.c_attn.weight"] = np.concatenate(
@@ -451,8 +791,14 @@ def _hf_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.nda
         if cfg.qk_layernorm:
             out[pre + "self_attn.q_norm.weight"] = scale(a["q_norm"])[perm]
             out[pre + "self_attn.k_norm.weight"] = scale(a["k_norm"])[perm]
-        for ours, theirs in (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj")):
-            out[pre + f"mlp.{theirs}.weight"] = lin(m[ours])
+        if "sinks" in a:
+            out[pre + "self_attn.sinks"] = np_(a["sinks"])
+        if m is None:
+            out.update(_moe_to_hf(p["moe"], pre, family))
+        else:
+            for ours, theirs in (("wi_0", "gate_proj"), ("wi_1", "up_proj"),
+                                 ("wo", "down_proj")):
+                out[pre + f"mlp.{theirs}.weight"] = lin(m[ours])
         if cfg.add_bias_linear:
             out[pre + "self_attn.o_proj.bias"] = np_(a["bo"])
             for ours, theirs in (("bi_0", "gate_proj"), ("bi_1", "up_proj"), ("bo", "down_proj")):
@@ -472,6 +818,16 @@ def _hf_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.nda
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
+def _moe_to_hf(p: dict, pre: str, family: str) -> dict[str, np.ndarray]:
+    """One MoE layer in the per-expert layout that save_pretrained writes."""
+    base = pre + ("block_sparse_moe." if family == "mixtral" else "mlp.")
+    out = {base + "gate.weight": np.asarray(p["router"]["w"]).T}
+    for ours, theirs in zip(("wi_0", "wi_1", "wo"), _EXPERT_NAMES[family]):
+        for e, w in enumerate(np.asarray(p["experts"][ours])):
+            out[f"{base}experts.{e}.{theirs}.weight"] = w.T
+    return out
+
+
 def to_hf(params: dict, cfg: ModelConfig, path, family: str | None = None) -> pathlib.Path:
     """Write config.json + model.safetensors that ``AutoModelForCausalLM`` loads.
 
@@ -482,7 +838,8 @@ def to_hf(params: dict, cfg: ModelConfig, path, family: str | None = None) -> pa
     config = hf_config(cfg, family)
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = _hf_tensors(jax.device_get(params), cfg, family)
+    tensors = (_deepseek_tensors if family == "deepseek_v3" else _hf_tensors)(
+        jax.device_get(params), cfg, family)
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     config["torch_dtype"] = str(next(iter(tensors.values())).dtype)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")

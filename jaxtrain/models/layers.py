@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxtrain import quant
 from jaxtrain.parallel.sharding import constrain
 
 
@@ -127,9 +128,13 @@ def activation(name: str, x):
 
 
 def dense(x, w, b, eq: str, name: str, cfg):
-    """einsum(eq, x, w) + b in the compute dtype, tagged ``name`` for remat policies."""
+    """einsum(eq, x, w) + b in the compute dtype, tagged ``name`` for remat policies; under
+    ``cfg.quant`` the einsum is the quantized one (jaxtrain.quant; w may be a QWeight)."""
     dt = cfg.compute_dtype
-    y = jnp.einsum(eq, x.astype(dt), w.astype(dt))
+    if getattr(cfg, "quant", None) is not None:
+        y = quant.project(eq, x, w, cfg)
+    else:
+        y = jnp.einsum(eq, x.astype(dt), w.astype(dt))
     if b is not None:
         y = y + b.astype(dt)
     return checkpoint_name(y, name)

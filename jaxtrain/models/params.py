@@ -7,11 +7,18 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
     final_norm {scale [D], bias [D] (LayerNorm)}
     layers: attn_norm, mlp_norm       {scale, bias}
             attn {wq [D,N,H], wk/wv [D,K,H], wo [N,H,D], bq [N,H], bk/bv [K,H], bo [D],
-                  q_norm/k_norm {scale [H], bias [H]}}
+                  q_norm/k_norm {scale [H], bias [H]}, sinks [N] (fp32)}
+                  (multi-latent attention: the attn tree of mla.py)
             mlp  {wi_0/wi_1 [D,F] (gated) or wi [D,F], wo [F,D], bi_0/bi_1/bi [F], bo [D]}
+    moe_layers: the MoE layers (``cfg.moe``), as ``layers`` but with ``moe`` for ``mlp``:
+            moe  {router {w [D,E], bias [E], expert_bias [E] (fp32, not trained)},
+                  experts {wi_0/wi_1 or wi [E,D,Fe], wo [E,Fe,D], bi_* [E,Fe], bo [E,D]},
+                  shared {as mlp, with the shared expert's width}}
 
 Every leaf under ``layers`` carries a stacked layer axis of size L at position
-``cfg.param_scan_axis`` (MaxText's default 1: ``wq`` is [D,L,N,H], a norm scale [D,L]).
+``cfg.param_scan_axis`` (MaxText's default 1: ``wq`` is [D,L,N,H], a norm scale [D,L]). With
+MoE, ``layers`` stacks only the dense layers and ``moe_layers`` the MoE ones, each in layer
+order (:func:`layer_kinds` says which stack layer i is in); either may be absent.
 
 Legend: V vocab, D hidden, P positions, N query heads, K kv heads (query groups), H head dim,
 F ffn hidden, L layers.
@@ -78,7 +85,7 @@ def _norm(cfg, size: int) -> dict:
     return spec
 
 
-def _layer_specs(cfg) -> dict:
+def _layer_specs(cfg, kind: str = "layers") -> dict:
     D, N, K, H, F = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim,
                      cfg.ffn_hidden_size)
     dt = cfg.param_dtype
@@ -97,7 +104,18 @@ def _layer_specs(cfg) -> dict:
         attn["bo"] = ParamSpec((D,), dt, ("embed",), _zeros)
     if cfg.qk_layernorm:
         attn["q_norm"], attn["k_norm"] = _norm(cfg, H), _norm(cfg, H)
+    if cfg.multi_latent_attention:
+        from jaxtrain.models.mla import mla_specs
+        attn = mla_specs(cfg)
+    if cfg.attention_sinks:   # fp32 whatever weight_dtype is, zero-initialised (Primus)
+        attn["sinks"] = ParamSpec((N,), jnp.float32, ("q_heads",), _zeros)
 
+    ffn = {"moe": _moe_specs(cfg)} if kind == MOE_STACK else {"mlp": _mlp_specs(cfg, F)}
+    return {"attn_norm": _norm(cfg, D), "attn": attn, "mlp_norm": _norm(cfg, D), **ffn}
+
+
+def _mlp_specs(cfg, F: int) -> dict:
+    D, dt = cfg.hidden_size, cfg.param_dtype
     wi = lambda: ParamSpec((D, F), dt, ("embed", "mlp"), _linear_init(cfg, 0, 1))  # noqa: E731
     names = ("0", "1") if cfg.gated_linear_unit else ("",)
     mlp = {f"wi{'_' + n if n else ''}": wi() for n in names}
@@ -106,19 +124,79 @@ def _layer_specs(cfg) -> dict:
         for n in names:
             mlp[f"bi{'_' + n if n else ''}"] = ParamSpec((F,), dt, ("mlp",), _zeros)
         mlp["bo"] = ParamSpec((D,), dt, ("embed",), _zeros)
-    return {"attn_norm": _norm(cfg, D), "attn": attn, "mlp_norm": _norm(cfg, D), "mlp": mlp}
+    return mlp
+
+
+def _expert_init(cfg, output_layer=False) -> Init:
+    """_linear_init for [E, in, out] expert weights (Xavier fans per expert)."""
+    if cfg.init_method_xavier_uniform:
+        return jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", 1, 2, 0)
+    return _linear_init(cfg, 1, 2, output_layer)
+
+
+def _moe_specs(cfg) -> dict:
+    """Router, routed experts [E, ...] and the optional shared expert of one MoE layer."""
+    m, D, dt = cfg.moe, cfg.hidden_size, cfg.param_dtype
+    E, F = m.num_experts, m.ffn_hidden_size
+    router = {"w": ParamSpec((D, E), dt, ("embed", None), _linear_init(cfg, 0, 1))}
+    if m.router_bias:
+        router["bias"] = ParamSpec((E,), dt, (None,), _zeros)
+    if m.expert_bias:
+        router["expert_bias"] = ParamSpec((E,), jnp.float32, (None,), _zeros)
+    names = ("_0", "_1") if cfg.gated_linear_unit else ("",)
+    experts = {f"wi{n}": ParamSpec((E, D, F), dt, ("exp", "embed", "mlp"), _expert_init(cfg))
+               for n in names}
+    experts["wo"] = ParamSpec((E, F, D), dt, ("exp", "mlp", "embed"),
+                              _expert_init(cfg, output_layer=True))
+    if cfg.add_bias_linear:
+        experts.update({f"bi{n}": ParamSpec((E, F), dt, ("exp", "mlp"), _zeros) for n in names})
+        experts["bo"] = ParamSpec((E, D), dt, ("exp", "embed"), _zeros)
+    tree = {"router": router, "experts": experts}
+    if m.shared_expert_size:
+        tree["shared"] = _mlp_specs(cfg, m.shared_expert_size)
+    return tree
+
+
+DENSE_STACK, MOE_STACK = "layers", "moe_layers"
+STACKS = (DENSE_STACK, MOE_STACK)
+
+
+def layer_kinds(cfg) -> tuple[str, ...]:
+    """The stack each layer's parameters live in: 'layers' (dense) or 'moe_layers'."""
+    from jaxtrain.models.moe import moe_pattern
+    return tuple(MOE_STACK if is_moe else DENSE_STACK
+                 for is_moe in moe_pattern(getattr(cfg, "moe", None), cfg.num_layers))
+
+
+def layer_slots(cfg) -> tuple[tuple[str, int], ...]:
+    """(stack, index in that stack) of each layer."""
+    seen = {k: 0 for k in STACKS}
+    out = []
+    for kind in layer_kinds(cfg):
+        out.append((kind, seen[kind]))
+        seen[kind] += 1
+    return tuple(out)
+
+
+def layer_tree(params: dict, cfg, i: int) -> dict:
+    """Layer i's parameters without the stacked axis (numpy or jax arrays alike)."""
+    kind, j = layer_slots(cfg)[i]
+    take = (lambda a: a.take(j, axis=cfg.param_scan_axis))
+    return jax.tree.map(take, params[kind])
 
 
 def param_specs(cfg) -> dict:
     """The tree of :class:`ParamSpec` for ``cfg``."""
     D, V, dt = cfg.hidden_size, cfg.vocab_size, cfg.param_dtype
-    layers = jax.tree.map(lambda s: s.stacked(cfg.num_layers, cfg.param_scan_axis),
-                          _layer_specs(cfg), is_leaf=_is_spec)
     tree = {
         "embedding": ParamSpec((V, D), dt, ("vocab", "embed"), _linear_init(cfg, 1, 0)),
-        "layers": layers,
         "final_norm": _norm(cfg, D),
     }
+    kinds = layer_kinds(cfg)
+    for kind in STACKS:
+        if kind in kinds or (kind == DENSE_STACK and not kinds):
+            tree[kind] = jax.tree.map(lambda s: s.stacked(kinds.count(kind), cfg.param_scan_axis),
+                                      _layer_specs(cfg, kind), is_leaf=_is_spec)
     if cfg.position_embedding_type == "learned_absolute":
         tree["position_embedding"] = ParamSpec((cfg.max_position_embeddings, D), dt,
                                                (None, "embed"), _linear_init(cfg, 1, 0))
@@ -142,9 +220,10 @@ def logical_axes(cfg) -> dict:
     return jax.tree.map(lambda s: PartitionSpec(*s.axes), param_specs(cfg), is_leaf=_is_spec)
 
 
-def layer_axes(cfg) -> dict:
-    """Logical axes of one layer's parameters (the stacked ``layers`` tree without L)."""
-    return jax.tree.map(lambda s: PartitionSpec(*s.axes), _layer_specs(cfg), is_leaf=_is_spec)
+def layer_axes(cfg, kind: str = DENSE_STACK) -> dict:
+    """Logical axes of one layer's parameters (the stacked ``kind`` tree without L)."""
+    return jax.tree.map(lambda s: PartitionSpec(*s.axes), _layer_specs(cfg, kind),
+                        is_leaf=_is_spec)
 
 
 def _leaf_key(key, path) -> jax.Array:

@@ -9,14 +9,18 @@ Legend: B batch, T length, D hidden, V vocab, N query heads, K kv heads, H head 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxtrain import quant
 from jaxtrain.models import layers as L
 from jaxtrain.models.attention import attention
-from jaxtrain.models.params import layer_axes
+from jaxtrain.models.mla import mla_qkv
+from jaxtrain.models.moe import moe_block
+from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.parallel.sharding import constrain, gather_weights
 
@@ -36,6 +40,9 @@ def _need(rng, what):
 
 def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg):
     """Self-attention over x [B,T,D] -> [B,T,D] (before the residual add)."""
+    if cfg.multi_latent_attention:
+        q, k, v = mla_qkv(p, x, ctx, cfg)
+        return attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, cfg.mla_softmax_scale)
     q = L.dense(x, p["wq"], p.get("bq"), "btd,dnh->btnh", "query_proj", cfg)
     k = L.dense(x, p["wk"], p.get("bk"), "btd,dkh->btkh", "key_proj", cfg)
     v = L.dense(x, p["wv"], p.get("bv"), "btd,dkh->btkh", "value_proj", cfg)
@@ -48,7 +55,11 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg):
         q, k = L.l2_norm(q, cfg.norm_epsilon), L.l2_norm(k, cfg.norm_epsilon)
     if cfg.position_embedding_type == "rope":
         q, k = L.apply_rope(q, *ctx["rope"], cfg), L.apply_rope(k, *ctx["rope"], cfg)
-    scale = cfg.head_dim ** -0.5
+    return attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, cfg.head_dim ** -0.5)
+
+
+def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scale):
+    """Core attention (this layer's window, the sinks in ``p``) and the output projection."""
     # Query-key layer scaling guards fp16 scores from overflow; the fused kernels accumulate
     # q.k in fp32 with a static scale, so only the xla path needs it (same math either way).
     if cfg.apply_query_key_layer_scaling and cfg.attention_impl == "xla":
@@ -56,19 +67,37 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg):
         scale = scale * layer_number.astype(jnp.float32)
     drop = not ctx["deterministic"] and cfg.attention_dropout > 0
 
-    def attend(q, k, v):
-        return attention(
-            q, k, v, impl=cfg.attention_impl, causal=True, segment_ids=ctx["segment_ids"],
-            sliding_window=cfg.sliding_window, softcap=cfg.attn_logit_softcapping, scale=scale,
-            softmax_fp32=cfg.attention_softmax_in_fp32,
-            dropout_rate=cfg.attention_dropout if drop else 0.0,
-            dropout_rng=_need(rng, "attention dropout") if drop else None,
-            block_sizes=cfg.flash_block_sizes)
+    def attend(q, k, v, sinks):
+        def run(window):
+            return attention(
+                q, k, v, impl=cfg.attention_impl, causal=True, segment_ids=ctx["segment_ids"],
+                sliding_window=window, softcap=cfg.attn_logit_softcapping, scale=scale,
+                softmax_fp32=cfg.attention_softmax_in_fp32,
+                dropout_rate=cfg.attention_dropout if drop else 0.0,
+                dropout_rng=_need(rng, "attention dropout") if drop else None,
+                sinks=sinks, block_sizes=cfg.flash_block_sizes)
 
-    out = checkpoint_name(_maybe_remat(attend, "core_attn" in cfg.recompute_modules)(q, k, v),
-                          "context")
+        return _with_layer_window(run, layer_number - 1, k.shape[1], cfg)
+
+    attend = _maybe_remat(attend, "core_attn" in cfg.recompute_modules)
+    out = checkpoint_name(attend(q, k, v, p.get("sinks")), "context")
     out = constrain(out, "act_batch", "act_seq", "act_heads", "act_kv")
     return L.dense(out, p["wo"], p.get("bo"), "btnh,nhd->btd", "out_proj", cfg)
+
+
+def _with_layer_window(run, i, kv_len: int, cfg):
+    """``run(window)`` with 0-based layer i's sliding window; i may be traced (scanned layers).
+
+    With per-layer windows (``sliding_window_layers``) the xla path masks with a traced window
+    (a window of kv_len hides nothing); the kernels take static windows, so they branch between
+    the windowed and the full variant with ``lax.cond`` (one runs per layer).
+    """
+    if cfg.sliding_window_layers is None:
+        return run(cfg.sliding_window)
+    on = jnp.asarray(cfg.sliding_window_layers)[i]
+    if cfg.attention_impl == "xla":
+        return run(jnp.where(on, cfg.sliding_window, kv_len))
+    return jax.lax.cond(on, lambda: run(cfg.sliding_window), lambda: run(None))
 
 
 def decoder_layer(p: dict, x, i, ctx: dict, cfg):
@@ -82,49 +111,157 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg):
     mlp = _maybe_remat(lambda q, y: L.mlp(q, y, cfg), "mlp" in cfg.recompute_modules)
 
     h = norm(p["attn_norm"], x)
-    a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg)
+    with jax.named_scope("attention"):
+        a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
          ).astype(cfg.residual_dtype)
 
     h = norm(p["mlp_norm"], x)
-    m = mlp(p["mlp"], h)
+    stats = None
+    with jax.named_scope("mlp"):
+        if "moe" in p:
+            m, stats = _moe(p["moe"], h, i, ctx, sub(4), cfg)
+        else:
+            m = mlp(p["mlp"], h)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     m = constrain(m, *RESIDUAL)
-    return constrain((resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)
-                      ).astype(cfg.residual_dtype), *RESIDUAL)
+    out = constrain((resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)
+                     ).astype(cfg.residual_dtype), *RESIDUAL)
+    return out if stats is None else (out, stats)
 
 
-def _run_layers(stacked: dict, x, ctx: dict, cfg):
-    """All layers over x, segment by segment of the remat plan; ``stacked`` has L on axis 0."""
-    axes = layer_axes(cfg)
+def _moe(p: dict, h, i, ctx: dict, rng, cfg):
+    """Layer i's MoE block (recomputed whole with recompute module 'moe'): (output, stats).
+    ``ctx['moe_state']`` carries global_aux_loss's counts from earlier microbatches."""
+    state = ctx.get("moe_state")
+    prev = steps = None
+    if state is not None:
+        ordinal = jnp.cumsum(jnp.asarray([k == "moe_layers" for k in layer_kinds(cfg)])) - 1
+        prev, steps = state["aux_counts"][ordinal[i]], state["steps"]
+    train = not ctx["deterministic"]
 
-    def body(p, h, i):
-        return decoder_layer(gather_weights(p, axes), h, i, ctx, cfg)
+    def block(p, h, rng, prev, steps):
+        return moe_block(p, h, cfg, train=train, rng=rng, prev_aux_counts=prev,
+                         prev_steps=steps)
 
-    def run(fn, p, idx, h):
-        """fn(p_j, h, idx_j) for each j along the leading axis of p and idx."""
-        if cfg.scan_layers:
-            return jax.lax.scan(lambda c, pi: (fn(pi[0], c, pi[1]), None), h, (p, idx))[0]
-        for j in range(idx.shape[0]):
-            h = fn(jax.tree.map(lambda a: a[j], p), h, idx[j])
-        return h
+    return _maybe_remat(block, "moe" in cfg.recompute_modules)(p, h, rng, prev, steps)
 
+
+class _Block(NamedTuple):
+    """Layers [start, start + reps*units*group) scanned ``reps`` times; each scan step runs
+    ``units`` remat units of ``group`` layers (one jax.checkpoint each, under ``policy``)."""
+
+    start: int
+    reps: int
+    units: int
+    group: int
+    policy: object
+
+
+def _periodic_runs(sigs: list) -> list[tuple[int, int, int]]:
+    """(offset, period, repeats) pieces covering ``sigs`` with the fewest pieces: runs of equal
+    signatures, or one periodic stretch (e.g. dense/MoE alternating) followed by runs."""
+    def runs(lo):
+        out = []
+        for j in range(lo, len(sigs)):
+            if out and sigs[out[-1][0]] == sigs[j]:
+                out[-1] = (out[-1][0], 1, out[-1][2] + 1)
+            else:
+                out.append((j, 1, 1))
+        return out
+
+    best = runs(0)
+    n = len(sigs)
+    for q in range(2, n // 2 + 1):
+        r = n // q
+        if all(sigs[j] == sigs[j % q] for j in range(r * q)):
+            plan = [(0, q, r)] + runs(r * q)
+            if len(plan) < len(best):
+                best = plan
+    return best
+
+
+def _layer_blocks(cfg) -> list[_Block]:
+    """The remat plan (`layer_plan`) cut into scannable blocks: within a block every scan step
+    sees the same sequence of layer kinds (dense or MoE), so one traced body serves it."""
+    kinds = layer_kinds(cfg)
+    blocks = []
     for seg in layer_plan(cfg):
-        p = jax.tree.map(lambda a: a[seg.start:seg.stop], stacked)
-        idx = jnp.arange(seg.start, seg.stop)
-        if seg.policy is NO_REMAT:
-            x = run(body, p, idx, x)
-            continue
-        remat = functools.partial(jax.checkpoint, policy=seg.policy,
-                                  prevent_cse=not cfg.scan_layers)
-        if seg.group == 1:
-            x = run(remat(body), p, idx, x)
-            continue
-        n = (seg.stop - seg.start) // seg.group
-        p, idx = jax.tree.map(lambda a: a.reshape(n, seg.group, *a.shape[1:]), (p, idx))
-        x = run(remat(lambda pg, h, ig: run(body, pg, ig, h)), p, idx, x)
-    return x
+        g = seg.group
+        units = [kinds[a:a + g] for a in range(seg.start, seg.stop, g)]
+        for off, q, r in _periodic_runs(units):
+            blocks.append(_Block(seg.start + off * g, r, q, g, seg.policy))
+    return blocks
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *a: jnp.stack(a), *trees) if trees else None
+
+
+def _run_layers(stacks: dict, x, ctx: dict, cfg):
+    """All layers over x, block by block of `_layer_blocks`; ``stacks`` maps each stack
+    ('layers', 'moe_layers') to its parameters with the layer axis first. Returns (x, stats):
+    the MoE layers' statistics stacked in MoE-layer order (None without MoE layers)."""
+    kinds = layer_kinds(cfg)
+    axes = {k: layer_axes(cfg, k) for k in stacks}
+    used = dict.fromkeys(stacks, 0)
+    collected = []
+
+    def layer(kind, p, h, i):
+        with jax.named_scope("decoder_layer"):
+            out = decoder_layer(gather_weights(p, axes[kind]), h, i, ctx, cfg)
+        return out if isinstance(out, tuple) else (out, None)
+
+    def unit(unit_kinds, ps, h, ids):
+        stats = []
+        for j, (kind, p) in enumerate(zip(unit_kinds, ps)):
+            h, s = layer(kind, p, h, ids[j])
+            stats += [] if s is None else [s]
+        return h, stats
+
+    for blk in _layer_blocks(cfg):
+        size = blk.units * blk.group
+        sig = kinds[blk.start:blk.start + size]
+        params = {}
+        for k in stacks:
+            c = sig.count(k)
+            if c:
+                lo, used[k] = used[k], used[k] + blk.reps * c
+                params[k] = jax.tree.map(
+                    lambda a: a[lo:lo + blk.reps * c].reshape(blk.reps, c, *a.shape[1:]),
+                    stacks[k])
+        idx = jnp.arange(blk.start, blk.start + blk.reps * size).reshape(blk.reps, size)
+
+        def step(h, xs, sig=sig, blk=blk):
+            pb, ib = xs
+            cursor = dict.fromkeys(pb, 0)
+            stats = []
+            for u in range(blk.units):
+                unit_kinds = sig[u * blk.group:(u + 1) * blk.group]
+                ps = []
+                for kind in unit_kinds:
+                    ps.append(jax.tree.map(lambda a, c=cursor[kind]: a[c], pb[kind]))
+                    cursor[kind] += 1
+                fn = functools.partial(unit, unit_kinds)
+                if blk.policy is not NO_REMAT:
+                    fn = jax.checkpoint(fn, policy=blk.policy, prevent_cse=not cfg.scan_layers)
+                h, s = fn(ps, h, ib[u * blk.group:(u + 1) * blk.group])
+                stats += s
+            return h, _stack(stats)
+
+        if cfg.scan_layers:
+            x, ys = jax.lax.scan(step, x, (params, idx))
+        else:
+            outs = []
+            for r in range(blk.reps):
+                x, y = step(x, jax.tree.map(lambda a: a[r], (params, idx)))
+                outs.append(y)
+            ys = _stack(outs) if outs[0] is not None else None
+        if ys is not None:
+            collected.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), ys))
+    stats = jax.tree.map(lambda *a: jnp.concatenate(a), *collected) if collected else None
+    return x, stats
 
 
 def embed(params: dict, tokens, cfg):
@@ -153,37 +290,50 @@ def logits_head(params: dict, x, cfg):
 
 
 def forward(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
-            deterministic: bool = True, rngs=None):
+            deterministic: bool = True, rngs=None, quant_state=None):
     """Logits [B,T,V] (float32) for int tokens [B,T].
 
     positions: [B,T] ints (default 0..T-1), for RoPE and learned position embeddings.
     segment_ids: [B,T] ints; tokens attend only within their segment (packed documents).
     deterministic: False turns dropout on; then ``rngs`` is a PRNG key.
+    quant_state: the delayed-scaling state (``TrainState.fp8``; see jaxtrain.quant).
     """
     hidden = hidden_states(params, tokens, cfg, positions=positions, segment_ids=segment_ids,
-                           deterministic=deterministic, rngs=rngs)
+                           deterministic=deterministic, rngs=rngs, quant_state=quant_state)
     return logits_head(params, hidden, cfg)
 
 
 def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
-                  deterministic: bool = True, rngs=None):
+                  deterministic: bool = True, rngs=None, quant_state=None, moe_state=None,
+                  with_moe_stats: bool = False):
     """The final-normed hidden states [B,T,D] that ``logits_head`` turns into logits (the
-    loss can then run the output layer chunk by chunk). Arguments as :func:`forward`."""
+    loss can then run the output layer chunk by chunk). Arguments as :func:`forward`.
+
+    ``with_moe_stats`` returns (hidden, stats): the MoE layers' router statistics stacked
+    over MoE layers (``moe.route``; None without MoE). ``moe_state`` = {aux_counts
+    [L_moe, E], steps}: global_aux_loss's counts summed over the step's earlier microbatches.
+    """
     B, T = tokens.shape
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    x = embed(params, tokens, cfg)
+    with jax.named_scope("embed"):
+        x = embed(params, tokens, cfg)
     if cfg.position_embedding_type == "learned_absolute":
         x = x + jnp.take(params["position_embedding"].astype(x.dtype), positions, axis=0)
     ctx = {
         "segment_ids": segment_ids,
         "deterministic": deterministic,
         "rng": rngs,
-        "rope": L.rope_tables(positions, cfg) if cfg.position_embedding_type == "rope" else None,
+        "rope": (L.rope_tables(positions, cfg) if cfg.position_embedding_type == "rope"
+                 or cfg.multi_latent_attention else None),   # MLA always rotates (Megatron)
+        "moe_state": moe_state,
     }
     emb_rng = jax.random.fold_in(rngs, cfg.num_layers) if rngs is not None else None
     x = L.dropout(constrain(x, *RESIDUAL), cfg.hidden_dropout, emb_rng, deterministic
                   ).astype(cfg.residual_dtype)
-    stacked = jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), params["layers"])
-    x = _run_layers(stacked, x, ctx, cfg)
-    return L.norm(params["final_norm"], x, cfg)
+    attached = quant.attach(params, cfg, quant_state)
+    stacks = {k: jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), attached[k])
+              for k in STACKS if k in attached}
+    x, stats = _run_layers(stacks, x, ctx, cfg)
+    hidden = L.norm(params["final_norm"], x, cfg)
+    return (hidden, stats) if with_moe_stats else hidden

@@ -860,3 +860,13 @@ def with_opt_state_memory_kind(shardings, opt_cfg: OptimConfig, device=None, abs
         placed += size if host else 0
         flat.append(s.with_memory_kind(kind) if host else s)
     return jax.tree.unflatten(treedef, flat)
+
+
+def schedule_free_eval_params(opt_state, params):
+    """The averaged iterate (``x``) of a schedule-free optimizer state, for evaluation and
+    export; ``params`` unchanged for other optimizers."""
+    for node in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
+            x, optax.contrib.ScheduleFreeState)):
+        if isinstance(node, optax.contrib.ScheduleFreeState):
+            return optax.contrib.schedule_free_eval_params(node, params)
+    return params

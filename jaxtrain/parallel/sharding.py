@@ -58,6 +58,7 @@ def axis_rules(mcfg: MeshConfig) -> Rules:
     return {
         "vocab": ("tensor",), "q_heads": ("tensor",), "kv_heads": ("tensor",),
         "mlp": ("tensor",), "embed": (), "kv": (), "norm": (), "layers": (),
+        "lora": (),   # MLA latent rank (q_lora_rank, kv_lora_rank): small, kept whole
         "exp": ("expert",), "zero": ("data", "expert"),
         "act_batch": BATCH_AXES, "act_seq": seq,
         "act_res_seq": res,
@@ -191,6 +192,12 @@ class Layout:
 
 
 _ACTIVE: contextvars.ContextVar[Layout | None] = contextvars.ContextVar("layout", default=None)
+
+
+def active_layout() -> Layout | None:
+    """The layout of the enclosing :meth:`Layout.activations` block (None outside one); code
+    that runs its own ``shard_map`` (the MoE dispatch) takes the mesh and table from it."""
+    return _ACTIVE.get()
 
 
 def constrain(x, *names: str | None):

@@ -5,7 +5,7 @@ import sys
 
 import yaml
 
-from conftest import ROOT, run_module
+from tests.conftest import ROOT, run_module
 from jaxtrain.config import load_config, registry
 
 

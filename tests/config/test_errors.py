@@ -1,7 +1,7 @@
 """Bad input of every kind: exit status 2, one readable message naming the key or file."""
 import pytest
 
-from conftest import run_module
+from tests.conftest import run_module
 
 GOOD = "stderr_sink_level: INFO\n"
 

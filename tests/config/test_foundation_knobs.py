@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from conftest import run_module
+from tests.conftest import run_module
 from jaxtrain.config import load_config
 from jaxtrain.logs import LOG_FILE, run_dir
 

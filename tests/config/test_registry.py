@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import ROOT, run_module
+from tests.conftest import ROOT, run_module
 from jaxtrain import knobs as knobs_cli
 from jaxtrain.config import ConfigError, load_config, registry
 from jaxtrain.config.knob import HONORED, INERT, MAPPED, PLANNED, REJECTED

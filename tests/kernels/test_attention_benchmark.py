@@ -4,7 +4,7 @@ import json
 import sys
 
 import pytest
-from conftest import ROOT
+from tests.conftest import ROOT
 
 
 def _bench():

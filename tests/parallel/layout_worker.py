@@ -13,10 +13,8 @@ import sys
 
 import jax
 
-jax.config.update("jax_num_cpu_devices", 8)
-
-from jaxtrain import loop  # noqa: E402
-from jaxtrain.config import load_config  # noqa: E402
+from jaxtrain import loop
+from jaxtrain.config import load_config
 
 TINY = ["mock_data=true", "vocab_size=128", "make_vocab_size_divisible_by=32", "seq_length=8",
         "max_position_embeddings=8", "num_layers=2", "hidden_size=32", "num_attention_heads=4",
@@ -112,6 +110,7 @@ def main(workdir: str, names: list[str], mode: str = "train") -> dict:
 
 
 if __name__ == "__main__":
+    jax.config.update("jax_num_cpu_devices", 8)
     result = {}
     for arg in sys.argv[2:]:
         mode, names = arg.split(":")

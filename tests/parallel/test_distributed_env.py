@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from tests.conftest import ROOT
 from jaxtrain.config import ConfigError
 from jaxtrain.parallel import distributed
 from jaxtrain.parallel.distributed import ProcessSetup

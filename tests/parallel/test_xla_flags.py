@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from tests.conftest import ROOT
 from jaxtrain.config import ConfigError, load_config, registry
 from jaxtrain.config.knob import INERT, MAPPED
 from jaxtrain.parallel import xla_flags as xf

@@ -208,6 +208,9 @@ def test_profile_window_writes_a_trace_in_the_run_directory(watched, plain):
     assert len(traces) == 1
     assert traces[0].relative_to(root).parts[:3] == ("profile", "plugins", "profile")
     assert not list(plain.rglob("*.xplane.pb")) and not (plain / "profile").exists()
+    data = traces[0].read_bytes()
+    for scope in (b"decoder_layer", b"attention", b"mlp", b"embed"):  # the model's named scopes
+        assert scope in data, scope
 
 
 # ---------------------------------------------------------------- 6. timers and progress.txt

@@ -6,7 +6,7 @@ _BOTH = ("megatron", "maxtext")
 
 KNOBS = [
     K("trainable", "bool", True, "Whether this run trains; false evaluates only, like skip_train.",
-      _BOTH, issue=6),
+      _BOTH, HONORED),
     K("sink_level", "str", None, "Level of the root jaxtrain logger; null leaves it at DEBUG so "
       "each sink filters on its own.", _BOTH, HONORED, choices=_LEVELS,
       value_aliases={l.lower(): l for l in _LEVELS}),

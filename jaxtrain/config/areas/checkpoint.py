@@ -58,7 +58,7 @@ KNOBS = [
     K("load", "str", None, "Checkpoint directory to start from; null starts from fresh "
       "initialisation.", "megatron", status=HONORED),
     K("pretrained_checkpoint", "str", None, "Checkpoint to finetune from when `load` holds none "
-      "(forces finetune).", "megatron", issue=7),
+      "(forces finetune).", "megatron", status=HONORED),
     K("ckpt_step", "int", None, "Iteration to load from the load directory instead of its "
       "latest.", "megatron", status=HONORED),
     K("auto_continue_train", "bool", False, "If the save directory already has checkpoints, "
@@ -74,19 +74,27 @@ KNOBS = [
       "megatron", status=HONORED),
     K("no_load_rng", "bool", None, "Do not restore the random-number state from the checkpoint.",
       "megatron", status=HONORED),
-    K("load_main_params_from_ckpt", "bool", False, "Also set the fp32 master weights from the "
-      "loaded weights when the optimizer state is not loaded.", "megatron", issue=7),
+    K("load_main_params_from_ckpt", "bool", False, "When the optimizer state is not loaded, take "
+      "the fp32 main weights from the checkpoint instead of rebuilding them from the model "
+      "weights.", "megatron", MAPPED,
+      "always the case in jaxtrain: the train state keeps one parameter tree, the master "
+      "weights (weight_dtype, fp32 by default), and a checkpoint restores exactly those with or "
+      "without the optimizer state; there is no lower-precision model copy to rebuild them "
+      "from"),
     K("use_checkpoint_args", "bool", False, "Take the model-shape settings stored in the checkpoint "
-      "over those in the config.", "megatron", issue=7),
+      "over those in the config.", "megatron", status=HONORED),
     K("use_mp_args_from_checkpoint_args", "bool", False, "Take the tensor/pipeline parallel sizes "
-      "stored in the checkpoint.", "megatron", issue=7),
+      "stored in the checkpoint.", "megatron", status=HONORED),
     K("use_tokenizer_model_from_checkpoint_args", "bool", True, "With use_checkpoint_args, also "
-      "take the tokenizer path stored in the checkpoint.", "megatron", issue=7),
+      "take the tokenizer path stored in the checkpoint.", "megatron", status=HONORED),
     K("dist_ckpt_strictness", "str", "assume_ok_unexpected", "What to do when checkpoint and model "
-      "keys differ on load: assume fine, log, raise, return or ignore.", "megatron", issue=7,
-      choices=_STRICTNESS),
+      "keys differ on load: assume fine, log, raise, return or ignore.", "megatron",
+      status=HONORED, choices=_STRICTNESS),
     K("ckpt_fully_parallel_load", "bool", False, "Read each checkpoint shard on one data-parallel "
-      "replica and broadcast it to the others.", "megatron", issue=7),
+      "replica and broadcast it to the others.", "megatron", MAPPED,
+      "Orbax always loads in parallel: every process reads from storage only the shards its own "
+      "devices hold, concurrently through tensorstore, so no replica reads the whole checkpoint; "
+      "there is no torch_dist load strategy to wrap, and values are the same either way"),
 
     # Checkpoint format
     K("ckpt_format", "str", "torch_dist", "Megatron checkpoint format; jaxtrain stores Orbax, and "
@@ -144,13 +152,17 @@ KNOBS = [
 
     # Non-persistent (ephemeral) checkpoints
     K("non_persistent_save_interval", "int", None, "Iterations between extra short-lived "
-      "checkpoints kept only for crash recovery.", "megatron", issue=7),
+      "checkpoints kept only for crash recovery.", "megatron", status=HONORED),
     K("non_persistent_ckpt_type", "str", None, "Where short-lived checkpoints go: global (shared "
-      "storage) or local (per-host disk).", "megatron", issue=7, choices=("global", "local")),
+      "storage) or local (per-host disk).", "megatron", status=HONORED,
+      choices=("global", "local", "in_memory"),
+      rejected_values={"in_memory": "Megatron lists it but never implemented it, and a copy "
+                       "held in the training process's memory dies with the crash it is meant "
+                       "to survive; use local (per-host disk, e.g. a RAM disk) or global"}),
     K("non_persistent_global_ckpt_dir", "str", None, "Shared directory for global short-lived "
-      "checkpoints.", "megatron", issue=7),
+      "checkpoints.", "megatron", status=HONORED),
     K("non_persistent_local_ckpt_dir", "str", None, "Per-host directory for local short-lived "
-      "checkpoints.", "megatron", issue=7),
+      "checkpoints.", "megatron", status=HONORED),
     K("non_persistent_local_ckpt_algo", "str", "fully_parallel", "Megatron: nvidia-resiliency-ext "
       "strategy for writing local checkpoints.", "megatron", INERT,
       "selects between nvidia-resiliency-ext's local-save strategies, which jaxtrain never uses; "

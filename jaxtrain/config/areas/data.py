@@ -7,6 +7,9 @@ _MSFT = ("palingenesis documents MSFT as not wired into training: it logs a warn
          "source weights fixed; jaxtrain does the same")
 
 _DATALOADER_TYPES = ("single", "cyclic", "external")
+_EXTERNAL = ("external hands batching to iterators that a Python training script's dataset "
+             "provider returns; jaxtrain is driven by its config alone: write the data as "
+             "indexed files (data_path) or .jsonl/.parquet files, and pick single or cyclic")
 _DATASET_TYPES = ("synthetic", "hf", "grain", "tfds", "c4_mlperf", "olmo_grain")
 _MIX_EPOCH = ("total", "first_exhausted")
 _TURN_SCALING = ("uniform", "progressive", "last_heavy")
@@ -61,10 +64,13 @@ KNOBS = [
     # Loader mechanics
     K("dataloader_type", "str", "cyclic", "Sampler: single (one pass in order), cyclic (reshuffled "
       "each epoch) or external (user-supplied iterator).", "megatron", status=HONORED,
-      planned_values={"external": 6},
-      choices=_DATALOADER_TYPES),
+      rejected_values={"external": _EXTERNAL}, choices=_DATALOADER_TYPES),
     K("data_sharding", "bool", True, "Cyclic sampler: each data-parallel rank shuffles its own "
-      "contiguous bucket; false shuffles globally.", "megatron", issue=6),
+      "contiguous bucket; false shuffles globally.", "megatron", MAPPED,
+      "each process reads only the rows of every global batch that its devices hold "
+      "(the per-process row split of the batch), whichever the value; the order is one "
+      "seeded shuffle of the whole dataset (false's), so a global batch holds the same "
+      "samples for every data-parallel size and losses do not change with the layout"),
     K("num_workers", "int", 8, "Background worker processes feeding batches on each host.",
       "megatron", MAPPED, "threads of the host process read and assemble samples (numpy over "
       "memory-mapped files needs no worker processes) and read the next batch while the current "
@@ -73,7 +79,7 @@ KNOBS = [
     K("mmap_bin_files", "bool", True, "Memory-map the .bin token files instead of reading them "
       "into host memory.", "megatron", status=HONORED),
     K("num_dataset_builder_threads", "int", 1, "Threads per host used to build the dataset "
-      "sample and shuffle indices.", "megatron", issue=6),
+      "sample and shuffle indices.", "megatron", status=HONORED),
     K("create_attention_mask_in_dataloader", "bool", True, "Megatron: ship a dense causal mask "
       "tensor with each batch.", "megatron", INERT,
       "jaxtrain derives causal and document masks inside attention from positions and segment "
@@ -95,7 +101,7 @@ KNOBS = [
     K("hf_path", "str", "allenai/c4", "Dataset read when dataset_type is hf: jaxtrain reads a "
       "local directory or file (hub ids are not downloaded).", "maxtext", status=HONORED),
     K("hf_data_dir", "str", "en", "Sub-directory/configuration of the Hugging Face dataset to "
-      "read.", "maxtext", issue=6),
+      "read.", "maxtext", status=HONORED),
     K("hf_train_files", "str", "", "Explicit data files (path or glob) for the Hugging Face "
       "loader; empty uses the dataset's own files.", "maxtext", status=HONORED),
     K("packing", "bool", True, "Concatenate several documents into each sequence, masking "
@@ -105,15 +111,19 @@ KNOBS = [
       "document's text in hf/local data files (the first one is read).", "jaxtrain", HONORED),
 
     # pgs: dataset files and validation set
-    K("data.dataset", "str", "HuggingFaceH4/ultrachat_200k", "Source of chat data; accepts a "
-      "Hugging Face dataset id, a .jsonl/.json/.parquet path, or a folder pgs prepare wrote.",
-      "pgs-train", issue=6),
-    K("data.dataset_split", "str", "train_sft", "Split of data.dataset to train on.", "pgs-train",
-      issue=6),
+    K("data.dataset", "str", "HuggingFaceH4/ultrachat_200k", "Training data: pgs takes a Hugging "
+      "Face id, a .jsonl/.json/.parquet file or a folder; jaxtrain reads local plain-text files "
+      "and folders.", "pgs-train", status=HONORED),
+    K("data.dataset_split", "str", "train_sft", "Split of data.dataset to train on (the "
+      "split-named files of a folder).", "pgs-train", status=HONORED),
     K("data.streaming", "bool", True, "Read the dataset lazily as a stream of shards instead of "
-      "materialising it first.", "pgs-train", issue=6),
+      "materialising it first.", "pgs-train", MAPPED,
+      "local files are read and tokenised once at start-up and served by index in a seeded "
+      "shuffle, whichever the value; for data larger than host memory write indexed files "
+      "with python -m jaxtrain.data.preprocess and set data_path: those are memory-mapped "
+      "and read lazily"),
     K("data.seed", "int", 42, "Seed of the training-data shuffle, separate from the model seed.",
-      "pgs-train", issue=6),
+      "pgs-train", status=HONORED),
     K("data.eval_dataset", "str", "", "Single validation dataset (same forms as data.dataset); "
       "empty means no validation.", "pgs-train", status=HONORED),
     K("data.eval_split", "str", "test", "Split of data.eval_dataset used for validation (its "

@@ -140,11 +140,16 @@ KNOBS = [
 
     # Local-checkpoint replication
     K("replication", "bool", False, "Replicate local (non-persistent) checkpoints onto other "
-      "nodes.", "megatron", issue=7),
+      "nodes.", "megatron", REJECTED,
+      "jaxtrain does not copy local checkpoints between nodes: a lost node takes its local "
+      "checkpoint with it and the run resumes from the newest global checkpoint; for that "
+      "protection use non_persistent_ckpt_type global on shared storage"),
     K("replication_jump", "int", None, "Rank distance between a rank and the ranks holding its "
-      "checkpoint replicas.", "megatron", issue=7),
+      "checkpoint replicas.", "megatron", INERT,
+      "only places the copies made by replication, which jaxtrain rejects"),
     K("replication_factor", "int", None, "Number of nodes holding a copy of each rank's local "
-      "checkpoint.", "megatron", issue=7),
+      "checkpoint.", "megatron", INERT,
+      "only sizes the copies made by replication, which jaxtrain rejects"),
 
     # MoE expert-parallel overlap
     K("overlap_moe_expert_parallel_comm", "bool", False, "Overlap MoE expert-parallel all-to-all "

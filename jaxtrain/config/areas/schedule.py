@@ -55,9 +55,9 @@ KNOBS = [
 
     # --- scheduler state on resume ---
     K("override_opt_param_scheduler", "bool", True, "On resume, take the schedule settings from "
-      "this config and ignore those saved in the checkpoint.", _MEGATRON, issue=7),
+      "this config and ignore those saved in the checkpoint.", _MEGATRON, status=HONORED),
     K("use_checkpoint_opt_param_scheduler", "bool", False, "On resume, take the schedule "
-      "settings from the checkpoint and ignore this config's.", _MEGATRON, issue=7),
+      "settings from the checkpoint and ignore this config's.", _MEGATRON, status=HONORED),
 
     # --- other model families ---
     K("head_lr_mult", "float", 1.0, "Megatron vision fine-tuning: LR multiplier for the "

@@ -10,7 +10,7 @@ _TOKENIZER_TYPES = (
     "DeepSeekV3Tokenizer", "DeepSeekV4Tokenizer", "Lfm2Tokenizer", "KimiK2Tokenizer",
 )
 
-_BUILT = ("HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer")
+_BUILT = ("HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer", "TikTokenizer")
 
 
 def _none_if_empty(value):
@@ -31,7 +31,7 @@ KNOBS = [
     K("vocab_file", "str", None, "Path to the vocabulary that BPE and WordPiece tokenizers load.",
       "megatron", status=HONORED),
     K("trust_remote_code", "bool", False, "Allow a Hugging Face tokenizer or model config to run "
-      "the Python code shipped with it.", "megatron", issue=6,
+      "the Python code shipped with it.", "megatron", status=HONORED,
       doc_defaults={"pgs-train": True},
       aliases=(Alias("model.trust_remote_code", "pgs-train"),)),
     K("legacy_tokenizer", "bool", False, "Use Megatron's older tokenizer classes instead of the "
@@ -49,9 +49,9 @@ KNOBS = [
 
     # tiktoken settings
     K("tiktoken_pattern", "str", None, "Pre-tokenisation regex of a tiktoken tokenizer: v1 or v2.",
-      "megatron", choices=("v1", "v2"), issue=6),
+      "megatron", choices=("v1", "v2"), status=HONORED),
     K("tiktoken_num_special_tokens", "int", 1000, "Number of ids reserved for special tokens at "
-      "the start of a tiktoken vocabulary.", "megatron", issue=6),
+      "the start of a tiktoken vocabulary.", "megatron", status=HONORED),
     K("tiktoken_special_tokens", "list[str]", None, "Special-token strings of a tiktoken "
-      "tokenizer (must include <unk>, <s>, </s>, ...).", "megatron", issue=6),
+      "tokenizer (must include <unk>, <s>, </s>, ...).", "megatron", status=HONORED),
 ]

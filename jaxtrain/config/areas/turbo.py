@@ -16,13 +16,21 @@ KNOBS = [
       "Primus-Turbo's attention is a ROCm PyTorch kernel; with enable_primus_turbo also on, "
       "true selects jaxtrain's Pallas flash kernel (other attention knobs set must agree)"),
     K("enable_turbo_attention_float8", "bool", False, "Compute attention in FP8 inside the Turbo "
-      "attention kernel.", _M, issue=11),
+      "attention kernel.", _M, REJECTED, "Primus-Turbo's FP8 attention is a ROCm PyTorch "
+      "kernel; jaxtrain's attention kernels compute in the compute dtype and have no FP8 path "
+      "(FP8 covers the projections: fp8)"),
     K("use_sink_attention", "bool", False, "Add a learned per-head sink logit to the attention "
-      "softmax (GPT-OSS style); switched off with a warning when CP > 1.", _M, issue=9),
+      "softmax (GPT-OSS style); switched off with a warning when CP > 1.", _M, HONORED,
+      "an fp32 zero-initialised logit per head on the xla and flash paths, whichever attention "
+      "knob picks the kernel (cuDNN is refused at config time); it stays on with CP > 1, where "
+      "XLA partitions the same attention (Primus drops it only for want of a CP kernel)"),
     K("sink_sliding_window", "int", 0, "Sliding-window length in tokens for sink attention layers; "
-      "0 means full causal attention (GPT-OSS uses 128).", _M, issue=9),
+      "0 means full causal attention (GPT-OSS uses 128).", _M, HONORED,
+      "read only with use_sink_attention, as in Primus; Primus hands flash-attn the window "
+      "(W, 0), W keys back plus the query's own, so it becomes a W + 1-key sliding_window"),
     K("sink_window_even_layers_only", "bool", True, "Apply the sink sliding window only to even "
-      "(0-based) layers, the others attending fully, as GPT-OSS alternates.", _M, issue=9),
+      "(0-based) layers, the others attending fully, as GPT-OSS alternates.", _M, HONORED,
+      "a per-layer window pattern read by layer index inside the layer scan"),
 
     # Dense and grouped GEMMs (turbo grouped GEMM → our grouped expert matmul)
     K("use_turbo_gemm", "bool", False, "Run the dense linear layers' GEMMs with Turbo kernels.", _M,
