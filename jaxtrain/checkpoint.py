@@ -602,12 +602,17 @@ class Checkpointer:
             return {k: stored.get(k, set()) for k in items}
         ocp, where = _ocp(), self.where(root, step)
         out = {}
-        for item in items:
-            try:
-                out[item] = set(ocp.PyTreeCheckpointHandler().metadata(where / item).keys())
-            except Exception as e:  # noqa: BLE001
-                raise ConfigError(f"checkpoint {where} is corrupt or incomplete: cannot read "
-                                  f"the metadata of {item} ({type(e).__name__}: {e})") from None
+        handler = ocp.PyTreeCheckpointHandler()
+        try:
+            for item in items:
+                try:
+                    out[item] = set(handler.metadata(where / item).keys())
+                except Exception as e:  # noqa: BLE001
+                    raise ConfigError(f"checkpoint {where} is corrupt or incomplete: cannot "
+                                      f"read the metadata of {item} ({type(e).__name__}: "
+                                      f"{e})") from None
+        finally:
+            handler.close()
         return out
 
     def _reconcile(self, where, requested: dict[str, set], stored: dict[str, set]

@@ -7,11 +7,11 @@ disk, ``<non_persistent_local_ckpt_dir>/process_<i>/step_<N>``:
     layout.json   per leaf: global shape, dtype, and each shard's index and device ids
     meta.json     the same metadata a global checkpoint carries
 
-A step is written into a temporary directory and renamed when complete, then older steps
-are deleted (the newest ``keep`` stay). A local checkpoint restores only onto the same
-devices with the same shardings (a restarted job on the same nodes); anything else raises
-:class:`Unusable` and the caller falls back to a global checkpoint. In a job of several
-processes a step counts only when every process has it.
+A step is written (synchronously, even with async_save) into a temporary directory and
+renamed when complete, then older steps are deleted (the newest ``keep`` stay). A local
+checkpoint restores only onto the same devices with the same shardings (a restarted job on
+the same nodes); anything else raises :class:`Unusable` and the caller falls back to a global
+checkpoint. In a job of several processes a step counts only when every process has it.
 """
 from __future__ import annotations
 

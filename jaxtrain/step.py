@@ -21,8 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxtrain import loss_scale as ls
-from jaxtrain import quant
-from jaxtrain import spikes
+from jaxtrain import quant, spikes
 from jaxtrain.loss import row_losses
 from jaxtrain.models import moe
 from jaxtrain.models import params as model_params
@@ -46,7 +45,8 @@ class TrainState:
 
 def init_state(params, optimizer, tcfg, rng, fp8=None) -> TrainState:
     return TrainState(
-        step=jnp.int32(0), opt_step=jnp.int32(0), params=params, opt_state=optimizer.init(moe.trainable(params)), rng=rng,
+        step=jnp.int32(0), opt_step=jnp.int32(0), params=params,
+        opt_state=optimizer.init(moe.trainable(params)), rng=rng,   # no expert bias: not trained
         loss_scale=tcfg.loss_scale.init() if tcfg.loss_scale else None,
         spike_stats=spikes.init() if tcfg.spike_detection else None, fp8=fp8)
 

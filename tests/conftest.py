@@ -1,6 +1,7 @@
 """Shared test setup: JAX on the CPU, and helpers to write configs and run the CLIs."""
 import contextlib
 import io
+import logging
 import os
 import pathlib
 import subprocess
@@ -10,7 +11,22 @@ import textwrap
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The test programs are tiny: compile them quickly (the backend optimises less, numerics hold).
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _fresh_jaxtrain_logger():
+    """Undo what a CLI run's setup_logging did to the ``jaxtrain`` logger (own handlers, no
+    propagation), so later tests' caplog sees jaxtrain's records."""
+    yield
+    logger = logging.getLogger("jaxtrain")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
 
 
 @pytest.fixture

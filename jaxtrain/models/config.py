@@ -608,7 +608,10 @@ def _moe_config(cfg: Mapping[str, Any]):
     if etp not in (None, 1, tp):
         raise ConfigError(f"expert_tensor_parallel_size {etp}: jaxtrain splits each expert over "
                           f"the whole tensor axis ({tp}) or not at all (1)")
+    turbo = g("enable_primus_turbo", False)
     dispatcher = g("moe_token_dispatcher_type", "allgather")
+    if dispatcher == "alltoall_seq" or (turbo and g("use_turbo_deepep", False)):
+        dispatcher = "alltoall"   # Primus's older name; Turbo DeepEP is an all-to-all dispatch
     factor = g("moe_expert_capacity_factor")
     return MoEConfig(
         num_experts=g("num_experts"), topk=g("moe_router_topk", 2),
@@ -630,7 +633,7 @@ def _moe_config(cfg: Mapping[str, Any]):
         capacity_factor=None if factor is None or factor < 0 else float(factor),
         pad_to_capacity=g("moe_pad_expert_input_to_capacity", False),
         drop_policy=g("moe_token_drop_policy", "probs"),
-        dispatcher="alltoall" if dispatcher == "alltoall_seq" else dispatcher,
-        grouped_gemm=g("moe_grouped_gemm", False),
+        dispatcher=dispatcher,
+        grouped_gemm=g("moe_grouped_gemm", False) or (turbo and g("use_turbo_grouped_gemm", False)),
         per_layer_logging=g("moe_per_layer_logging", False),
         expert_tensor_parallel=etp in (None, tp))

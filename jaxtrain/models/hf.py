@@ -2,8 +2,8 @@
 
 Families: Llama (2, 3.x with llama3 rope scaling), Mistral (sliding window), Qwen2 (qkv bias),
 Qwen3 (qk norm), GPT-2 (learned positions, LayerNorm, biases, Conv1D weights stored [in, out]),
-DeepSeek-V3 (multi-latent attention with YaRN; its MoE layers need the MoE model) and gpt-oss's
-attention (sinks, alternating sliding windows, biases; its expert layers need the MoE model),
+DeepSeek-V3 (multi-latent attention with YaRN; all-dense configs so far), gpt-oss (sinks,
+alternating sliding windows, biases, YaRN; biased router and clamped-GLU experts with biases),
 Mixtral and Qwen3-MoE (MoE layers: router + experts [E, ...], dense layers where Qwen3-MoE's
 mlp_only_layers/decoder_sparse_step say).
 A config.json value these models cannot reproduce raises ``ValueError`` naming the field; a
@@ -269,11 +269,15 @@ def _deepseek_fields(hf: dict) -> dict:
 
 def _gpt_oss_fields(hf: dict) -> dict:
     """gpt-oss: GQA with q/k/v/o biases, a learned sink per head, sliding windows on the
-    ``sliding_attention`` layers, YaRN. Its expert layers need the MoE model, so a config
-    with experts (num_local_experts) is refused here."""
+    ``sliding_attention`` layers, YaRN; every layer MoE: a biased router, softmax over the top-k
+    logits, experts with biases and the clamped GLU (swiglu_oai). Experts always have biases,
+    so attention_bias must be true with experts (add_bias_linear covers both)."""
     experts = hf.get("num_local_experts", hf.get("num_experts"))
-    if experts:
-        raise _bad("num_local_experts", experts, "gpt-oss's expert layers need the MoE model")
+    if experts and not hf.get("attention_bias", True):
+        raise _bad("attention_bias", False, "gpt-oss experts have biases and add_bias_linear "
+                   "puts biases on the attention projections too")
+    if experts and hf.get("swiglu_alpha", 1.702) != 1.702:
+        raise _bad("swiglu_alpha", hf["swiglu_alpha"], "the MoE model's clamped GLU has 1.702")
     n, d, heads = hf["num_hidden_layers"], hf["hidden_size"], hf["num_attention_heads"]
     types = hf.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
                                       for i in range(n)]
@@ -297,6 +301,12 @@ def _gpt_oss_fields(hf: dict) -> dict:
         sliding_window_layers=sliding if windowed else None,
     )
     fields.update(_rope_fields(hf))
+    if experts:
+        from jaxtrain.models.moe import MoEConfig
+        fields["moe"] = MoEConfig(num_experts=experts, topk=hf.get("num_experts_per_tok", 4),
+                                  ffn_hidden_size=hf["intermediate_size"], router_bias=True,
+                                  activation="swiglu_oai",
+                                  glu_limit=float(hf.get("swiglu_limit", 7.0)))
     return fields
 
 
@@ -375,6 +385,8 @@ def _moe_from_hf(t: _Tensors, pre: str, cfg, family: str) -> dict:
     """One MoE layer's router and experts from either checkpoint layout: per expert
     (``experts.{e}.<gate/up/down>.weight``, what save_pretrained writes) or fused
     (``experts.gate_up_proj`` [E, 2F, D], ``experts.down_proj`` [E, D, F])."""
+    if family == "gpt_oss":
+        return _gpt_oss_moe_from_hf(t, pre + "mlp.")
     m = cfg.moe
     base = pre + ("block_sparse_moe." if pre + "block_sparse_moe.gate.weight" in t.left
                   else "mlp.")
@@ -390,6 +402,17 @@ def _moe_from_hf(t: _Tensors, pre: str, cfg, family: str) -> dict:
         experts = {ours: np.stack([w(e, n) for e in range(m.num_experts)])
                    for ours, n in zip(("wi_0", "wi_1", "wo"), names)}
     return {"router": {"w": t(base + "gate.weight").T}, "experts": experts}
+
+
+def _gpt_oss_moe_from_hf(t: _Tensors, base: str) -> dict:
+    """gpt-oss's biased router (weight [E, D]) and fused experts: gate_up_proj [E, D, 2F] with
+    gate and up interleaved (columns 2f, 2f + 1), down_proj [E, F, D], all with biases."""
+    gate_up, gate_up_bias = t(base + "experts.gate_up_proj"), t(base + "experts.gate_up_proj_bias")
+    return {"router": {"w": t(base + "router.weight").T, "bias": t(base + "router.bias")},
+            "experts": {"wi_0": gate_up[..., 0::2], "wi_1": gate_up[..., 1::2],
+                        "bi_0": gate_up_bias[:, 0::2], "bi_1": gate_up_bias[:, 1::2],
+                        "wo": t(base + "experts.down_proj"),
+                        "bo": t(base + "experts.down_proj_bias")}}
 
 
 def _llama_params(t: _Tensors, cfg, family: str = "llama") -> dict:
@@ -582,8 +605,7 @@ def _moe_export_problems(cfg: ModelConfig, family: str) -> dict:
 
 def _check_exportable_mla_sinks(cfg: ModelConfig, family: str):
     if family == "gpt_oss":
-        raise ValueError("cannot export to HF 'gpt_oss': its checkpoints have expert layers, "
-                         "which need the MoE model")
+        return _check_gpt_oss_exportable(cfg)
     rope_yarn = cfg.rope_type == "yarn" and not cfg.use_rope_scaling
     hf_softmax = (_mscale(cfg.yarn_scaling_factor, cfg.yarn_mscale_all_dim)
                   if rope_yarn and cfg.yarn_mscale and cfg.yarn_mscale_all_dim else 1.0)
@@ -609,6 +631,62 @@ def _check_exportable_mla_sinks(cfg: ModelConfig, family: str):
     if bad:
         raise ValueError(f"cannot export to HF {family!r}: ModelConfig fields {bad} have no "
                          "equivalent there")
+
+
+def _check_gpt_oss_exportable(cfg: ModelConfig):
+    from jaxtrain.models.moe import moe_pattern
+    m = cfg.moe
+    problems = {
+        "moe": m is None or not all(moe_pattern(m, cfg.num_layers)),
+        "attention_sinks": not cfg.attention_sinks,
+        "add_bias_linear": not cfg.add_bias_linear,
+        "position_embedding_type": cfg.position_embedding_type != "rope",
+        "normalization": cfg.normalization != "RMSNorm",
+        "gated_linear_unit": not cfg.gated_linear_unit,
+        "rotary_percent": cfg.rotary_percent != 1.0,
+        "rotary_seq_len_interpolation_factor": bool(cfg.rotary_seq_len_interpolation_factor),
+        "use_rope_scaling": cfg.use_rope_scaling,
+        "qk_layernorm": cfg.qk_layernorm, "qk_l2_norm": cfg.qk_l2_norm,
+        "multi_latent_attention": cfg.multi_latent_attention,
+        "attn_logit_softcapping": bool(cfg.attn_logit_softcapping),
+        "final_logit_softcapping": bool(cfg.final_logit_softcapping),
+        "apply_residual_connection_post_layernorm": cfg.apply_residual_connection_post_layernorm,
+    }
+    if m is not None:
+        problems.update({
+            "moe.activation": m.activation != "swiglu_oai",
+            "moe.router_bias": not m.router_bias,
+            "moe.score_function": m.score_function != "softmax",
+            "moe.pre_softmax": m.pre_softmax and m.topk > 1,
+            "moe.shared_expert_size": bool(m.shared_expert_size),
+            "moe.num_groups": bool(m.num_groups),
+            "moe.topk_scaling_factor": m.topk_scaling_factor not in (None, 1.0),
+            "moe.expert_bias": m.expert_bias,
+            "moe.router_softcap": bool(m.router_softcap),
+            "moe.capacity_factor": m.capacity_factor is not None,
+        })
+    bad = [k for k, v in problems.items() if v]
+    if bad:
+        raise ValueError(f"cannot export to HF 'gpt_oss': ModelConfig fields {bad} have no "
+                         "equivalent there")
+
+
+def _gpt_oss_config(cfg: ModelConfig, common: dict) -> dict:
+    rope = _rope_hf(cfg)   # written as rope_parameters: gpt-oss reads a missing one as YaRN
+    params = {**(rope["rope_scaling"] or {"rope_type": "default"}),
+              "rope_theta": rope["rope_theta"]}
+    return {**common, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+            "intermediate_size": cfg.moe.ffn_hidden_size,
+            "num_local_experts": cfg.moe.num_experts, "num_experts_per_tok": cfg.moe.topk,
+            "swiglu_limit": cfg.moe.glu_limit if cfg.moe.glu_limit is not None else 7.0,
+            "sliding_window": cfg.sliding_window,
+            "layer_types": ["sliding_attention" if cfg.window_of_layer(i) else "full_attention"
+                            for i in range(cfg.num_layers)],
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "rms_norm_eps": cfg.norm_epsilon, "hidden_act": "silu", "attention_bias": True,
+            "attention_dropout": cfg.attention_dropout, "rope_parameters": params}
 
 
 def _deepseek_config(cfg: ModelConfig, common: dict) -> dict:
@@ -702,6 +780,8 @@ def hf_config(cfg: ModelConfig, family: str | None = None) -> dict:
                                  "qwen3_moe": "Qwen3MoeForCausalLM"}[family]]}
     if family == "deepseek_v3":
         return _deepseek_config(cfg, common)
+    if family == "gpt_oss":
+        return _gpt_oss_config(cfg, common)
     if family == "gpt2":
         return {**common, "n_embd": cfg.hidden_size, "n_layer": cfg.num_layers,
                 "n_head": cfg.num_attention_heads, "n_inner": cfg.ffn_hidden_size,
@@ -801,6 +881,7 @@ def _hf_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.nda
                 out[pre + f"mlp.{theirs}.weight"] = lin(m[ours])
         if cfg.add_bias_linear:
             out[pre + "self_attn.o_proj.bias"] = np_(a["bo"])
+        if cfg.add_bias_linear and m is not None:
             for ours, theirs in (("bi_0", "gate_proj"), ("bi_1", "up_proj"), ("bo", "down_proj")):
                 out[pre + f"mlp.{theirs}.bias"] = np_(m[ours])
         out[pre + "input_layernorm.weight"] = scale(p["attn_norm"])
@@ -820,12 +901,24 @@ def _hf_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.nda
 
 def _moe_to_hf(p: dict, pre: str, family: str) -> dict[str, np.ndarray]:
     """One MoE layer in the per-expert layout that save_pretrained writes."""
+    if family == "gpt_oss":
+        return _gpt_oss_moe_to_hf(p, pre + "mlp.")
     base = pre + ("block_sparse_moe." if family == "mixtral" else "mlp.")
     out = {base + "gate.weight": np.asarray(p["router"]["w"]).T}
     for ours, theirs in zip(("wi_0", "wi_1", "wo"), _EXPERT_NAMES[family]):
         for e, w in enumerate(np.asarray(p["experts"][ours])):
             out[f"{base}experts.{e}.{theirs}.weight"] = w.T
     return out
+
+
+def _gpt_oss_moe_to_hf(p: dict, base: str) -> dict[str, np.ndarray]:
+    e = {k: np.asarray(v) for k, v in p["experts"].items()}
+    interleave = lambda a, b: np.stack([a, b], -1).reshape(*a.shape[:-1], -1)  # noqa: E731
+    return {base + "router.weight": np.asarray(p["router"]["w"]).T,
+            base + "router.bias": np.asarray(p["router"]["bias"]),
+            base + "experts.gate_up_proj": interleave(e["wi_0"], e["wi_1"]),
+            base + "experts.gate_up_proj_bias": interleave(e["bi_0"], e["bi_1"]),
+            base + "experts.down_proj": e["wo"], base + "experts.down_proj_bias": e["bo"]}
 
 
 def to_hf(params: dict, cfg: ModelConfig, path, family: str | None = None) -> pathlib.Path:

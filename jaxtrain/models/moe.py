@@ -2,8 +2,11 @@
 dispatch with a grouped matmul, shared experts, and expert parallelism.
 
 Formulas: shared/notes/knob-semantics.md §1.3. Router order (Megatron's): input jitter (router
-input only) -> gating in ``router_dtype`` -> Primus soft-cap -> z-loss -> routing (top-k, group
-limit, expert bias, sinkhorn) -> capacity dropping -> aux losses -> expert-load counting.
+input only) -> gating in ``router_dtype`` -> forced-uniform random logits (straight-through)
+-> Primus soft-cap (differentiable here) -> z-loss -> routing (top-k, group limit, expert bias,
+sinkhorn) -> capacity dropping -> aux losses -> expert-load counting -> forced-even round-robin
+slots (Primus: the real top-k weights on slots (n·k + j) mod E). Capacity ``position`` keeps
+each expert's earliest tokens (Megatron's tie order there is unspecified).
 
 Where a statistic is "per rank" in Megatron (aux losses, z-loss, capacity, sinkhorn) it is
 computed here over the tokens one data-parallel rank holds: the whole batch without a layout,
@@ -17,7 +20,9 @@ unsorted and combined with the routing weights. ``pad_to_capacity`` instead gath
 part runs in a ``shard_map`` over the whole mesh: each device routes its own tokens; with
 expert parallelism the ``allgather`` dispatcher gathers the expert group's tokens, runs its
 local experts on them and reduce-scatters the outputs back, the ``alltoall`` dispatcher sends
-each token only to the devices owning its experts (fixed-size ``all_to_all`` slots) and back.
+each token only to the devices owning its experts and back (``all_to_all`` with fixed slots of
+the worst-case size, or capacity-sized slots with pad_to_capacity: ``ragged_all_to_all`` has no
+CPU lowering).
 The experts' FFN dimension is split over the tensor axis (expert tensor parallelism = TP),
 with a psum after the down projection; ETP = 1 keeps whole experts on every tensor rank.
 
@@ -26,6 +31,11 @@ optimizer never sees (:data:`NON_TRAINABLE`); the train step adds
 ``rate * sign(mean(c) - c)`` once per global batch from the loads ``c`` counted by the forward
 (:func:`update_expert_bias`). Keeping it among the parameters makes checkpoints, evaluation
 and HF export (DeepSeek's ``e_score_correction_bias``) see it without extra state.
+
+The aux and z losses join the objective averaged over microbatches (also with
+calculate_per_token_loss, where Megatron's scaling divides them by the token count instead) and
+are reported without their coefficients as ``moe_aux_loss``, ``moe_seq_aux_loss``,
+``moe_global_aux_loss``, ``moe_z_loss`` (:func:`metrics`).
 
 Legend: B batch, T length, D hidden, E experts, k top-k, F expert FFN hidden, N tokens.
 """
@@ -121,7 +131,9 @@ class MoEConfig:
             raise ValueError("MoEConfig: " + "; ".join(problems))
 
     def problems(self) -> list[str]:
-        """What Megatron's validation refuses in this combination (empty: fine)."""
+        """What Megatron's validation refuses in this combination (empty: fine). Megatron's
+        "top-1 softmax needs pre_softmax" stays a config rule (config/rules.py): a top-1
+        router with weight 1 is what HF Mixtral checkpoints with one expert per token do."""
         out, E, k = [], self.num_experts, self.topk
 
         def need(ok, msg):
@@ -143,9 +155,6 @@ class MoEConfig:
                  "sinkhorn routing cannot be combined with aux-loss balancing types")
             need(not any(self.aux_loss_coeff), "sinkhorn needs moe_aux_loss_coeff 0")
             need(self.capacity_factor is None, "sinkhorn takes no capacity factor")
-        need(not (k == 1 and self.score_function == "softmax" and not self.pre_softmax
-                  and not sinkhorn),
-             "topk 1 with softmax scores needs pre_softmax (softmax over one expert is 1)")
         need(not self.expert_bias or self.score_function in ("sigmoid", "sqrtsoftplus"),
              "expert bias needs the sigmoid or sqrtsoftplus score function")
         if self.group_topk is not None or self.num_groups is not None:
@@ -404,10 +413,10 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
     (tokens kept per expert, all ranks) and ``aux_counts`` (global_aux_loss's map).
     """
     N, E = logits.shape
+    if rand_logits is not None:   # forced balancing 'uniform': random logits, straight-through
+        logits = logits + jax.lax.stop_gradient(rand_logits.astype(logits.dtype) - logits)
     if m.router_softcap:
         logits = m.router_softcap * jnp.tanh(logits / m.router_softcap)
-    if rand_logits is not None:
-        logits = logits + jax.lax.stop_gradient(rand_logits.astype(logits.dtype) - logits)
     f32 = jnp.float32
     stats = {"lb": jnp.zeros((len(m.load_balancing),), f32), "z": f32(0.0),
              "objective": f32(0.0)}
@@ -839,3 +848,41 @@ def zero_stats(cfg):
     if "global_aux_loss" in m.load_balancing:
         stats["aux_counts"] = jnp.zeros((n, m.num_experts), f32)
     return stats
+
+
+def upcycle(dense_params: dict, cfg, key) -> dict:
+    """MoE parameters for ``cfg`` from the parameters of its dense counterpart
+    (``cfg.replace(moe=None)``), Megatron's upcycling: every expert of an MoE layer starts as
+    that layer's dense FFN, the router is freshly initialised (``key``), everything else is
+    copied. With weights summing to 1 (softmax routing) the model computes what the dense one
+    did. The loop does not call it yet (moe_use_upcycling stays planned)."""
+    from jaxtrain.models.params import layer_slots, param_specs
+
+    m = cfg.moe
+    if m.shared_expert_size or m.ffn_hidden_size != cfg.ffn_hidden_size:
+        raise ValueError("upcycling copies the dense FFN into each expert: it needs "
+                         "moe_ffn_hidden_size = ffn_hidden_size and no shared expert")
+    specs = param_specs(cfg)["moe_layers"]["moe"]["router"]
+    router = {name: spec.make(jax.random.fold_in(key, j))
+              for j, (name, spec) in enumerate(sorted(specs.items()))}
+    ax = cfg.param_scan_axis
+    dense = dense_params["layers"]
+    out = {k: v for k, v in dense_params.items() if k != "layers"}
+    for kind in ("layers", "moe_layers"):
+        ids = [i for i, (k, _) in enumerate(layer_slots(cfg)) if k == kind]
+        if not ids:
+            continue
+        take = jax.tree.map(lambda a: jnp.take(a, jnp.asarray(ids), axis=ax), dense)
+        if kind == "layers":
+            out[kind] = take
+            continue
+
+        def copies(a):   # dense [.., L at ax, ..] -> experts: L at ax of [E, ...]
+            a = jnp.moveaxis(a, ax, 0)                                       # [L, ...]
+            a = jnp.broadcast_to(a[None], (m.num_experts, *a.shape))         # [E, L, ...]
+            return a if ax == 1 else jnp.swapaxes(a, 0, 1)
+
+        experts = jax.tree.map(copies, take["mlp"])
+        rest = {k: v for k, v in take.items() if k != "mlp"}
+        out[kind] = {**rest, "moe": {"router": router, "experts": experts}}
+    return out

@@ -2,7 +2,9 @@
 
 Layers run under ``jax.lax.scan`` over the stacked parameters when ``cfg.scan_layers``, else in
 a Python loop; remat wraps a layer (or a group of layers, Megatron 'uniform') in
-``jax.checkpoint`` with the policy of ``cfg.remat_policy`` (see ``remat.py``).
+``jax.checkpoint`` with the policy of ``cfg.remat_policy`` (see ``remat.py``). Dense and MoE
+layers live in two stacks (params.py); where they alternate, one scan step runs a repeating
+block of both kinds (`_layer_blocks`), so a periodic pattern is still one scan.
 
 Legend: B batch, T length, D hidden, V vocab, N query heads, K kv heads, H head dim.
 """
@@ -101,7 +103,8 @@ def _with_layer_window(run, i, kv_len: int, cfg):
 
 
 def decoder_layer(p: dict, x, i, ctx: dict, cfg):
-    """One pre-norm layer on the residual stream x [B,T,D]; i is the 0-based layer index."""
+    """One pre-norm layer on the residual stream x [B,T,D]; i is the 0-based layer index.
+    An MoE layer (``p`` has ``moe`` for ``mlp``) returns (x, router statistics)."""
     x = checkpoint_name(constrain(x, "act_batch", "act_layer_seq", "act_embed"),
                         "decoder_layer_input")
     rng = jax.random.fold_in(ctx["rng"], i) if ctx["rng"] is not None else None

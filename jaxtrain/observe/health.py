@@ -34,9 +34,11 @@ Like pgs, everything is measured at logged steps only (multiples of ``log_interv
   first tier-3 step (pgs's snapshot; only norms are kept). ``warnings`` counts stable rank < 3,
   norm ratio > 100 and drift > 0.5, each also logged.
 
-The gradients are taken after the step's update (the train step's own are gone by then). The
-knobs' pgs defaults (10 and 100) apply to pgs configs only; in other dialects the tiers run when
-their knob is set, so Megatron and MaxText runs pay nothing unasked.
+The gradients are taken after the step's update (the train step's own are gone by then); the
+tier-2 pass holds two float32 gradient copies besides the state, and its time shows in the
+step_time of the step that follows it. The knobs' pgs defaults (10 and 100) apply to pgs configs
+only; in other dialects the tiers run when their knob is set, so Megatron and MaxText runs pay
+nothing unasked.
 """
 from __future__ import annotations
 
@@ -186,7 +188,7 @@ def _cosine(dot, sq_a, sq_b):
 @functools.lru_cache(maxsize=8)
 def _functions(model_cfg, loss_chunks: int, half_precision: bool, layout, params_memory,
                seed: int):
-    """(tier2, tier3, entropy), jitted; shared by monitors of the same model."""
+    """(tier2, compare, tier3, entropy), jitted; shared by monitors of the same model."""
     to_device = params_memory[0] if params_memory else (lambda t: t)
     ctx = layout.activations if layout is not None else contextlib.nullcontext
     jit = (functools.partial(jax.jit, out_shardings=layout.replicated()) if layout is not None
@@ -216,7 +218,7 @@ def _functions(model_cfg, loss_chunks: int, half_precision: bool, layout, params
             left -= parts[-1].size
         return jnp.concatenate(parts)
 
-    def tier2(params, batch, previous):
+    def tier2(params, batch):
         params = to_device(params)
         with ctx():
             M, B = batch["tokens"].shape[:2]
@@ -234,7 +236,7 @@ def _functions(model_cfg, loss_chunks: int, half_precision: bool, layout, params
             def body(carry, x):
                 micro, weights, which = x
                 g = grad(params, micro, weights)
-                return tuple(jax.tree.map(lambda a, b: a + jnp.where(which == h, b, 0.0),
+                return tuple(jax.tree.map(lambda a, b, h=h: a + jnp.where(which == h, b, 0.0),
                                           acc, g) for h, acc in enumerate(carry)), None
 
             zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
@@ -245,10 +247,10 @@ def _functions(model_cfg, loss_chunks: int, half_precision: bool, layout, params
             now = sample(g)
             sizes = (int((half == 0).sum()), int((half == 1).sum()))
             return {"health/grad_cosine_halves": _cosine(_dot(g1, g2), sq1, sq2),
-                    "health/gns": noise_scale((sq1, sq2), sq, sizes),
-                    "health/grad_cosine_sim": _cosine(jnp.sum(now * previous), _sq(now),
-                                                      _sq(previous)),
-                    "sample": now}
+                    "health/gns": noise_scale((sq1, sq2), sq, sizes), "sample": now}
+
+    def compare(now, previous):
+        return _cosine(jnp.sum(now * previous), _sq(now), _sq(previous))
 
     def tier3(params):
         params = to_device(params)
@@ -285,7 +287,7 @@ def _functions(model_cfg, loss_chunks: int, half_precision: bool, layout, params
             return {_ENTROPY: jnp.sum(jnp.where(valid, ent, 0.0)) / jnp.maximum(n, 1),
                     _ENTROPY_N: n}
 
-    return jit(tier2), jit(tier3), jit(entropy)
+    return jit(tier2), jit(compare), jit(tier3), jit(entropy)
 
 
 class Health:
@@ -344,20 +346,18 @@ class Health:
 
     def fields(self, step: int, params, batch: dict) -> dict:
         """Dispatch the metrics due at ``step`` for the step's ``params`` and ``batch``."""
-        tier2, tier3, entropy = _functions(*self._args)
+        tier2, compare, tier3, entropy = _functions(*self._args)
         out: dict[str, Any] = {}
         if self.rl_readiness and step % self.log_interval == 0:
             out.update(entropy(params, batch, jnp.int32(step)))
         if self.tier2_due(step):
             M, B = batch["tokens"].shape[:2]
             if M * B >= 2:
-                previous = (self._previous if self._previous is not None
-                            else jnp.zeros(min(SAMPLE, sum(x.size for x in jax.tree.leaves(
-                                params))), jnp.float32))
-                got = tier2(params, batch, previous)
-                if self._previous is None:
-                    del got["health/grad_cosine_sim"]
-                self._previous = got.pop("sample")
+                got = tier2(params, batch)
+                now = got.pop("sample")
+                if self._previous is not None:
+                    got["health/grad_cosine_sim"] = compare(now, self._previous)
+                self._previous = now
                 out.update(got)
             out.update(self.memory())
         if self.tier3_due(step):

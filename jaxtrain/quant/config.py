@@ -18,7 +18,8 @@ compute dtype, as in Megatron and MaxText):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from jaxtrain.config.errors import ConfigError
 
@@ -113,7 +114,7 @@ def from_config(cfg: Mapping[str, Any], accelerator: str = "cpu") -> QuantConfig
         return None
     bf16 = (int(g("num_layers_at_start_in_bf16", 1)), int(g("num_layers_at_end_in_bf16", 1))) \
         if g("first_last_layers_bf16") else (0, 0)
-    common = dict(bf16_start=bf16[0], bf16_end=bf16[1], source=chosen[0])
+    common = {"bf16_start": bf16[0], "bf16_end": bf16[1], "source": chosen[0]}
     if fp8:
         recipe = g("fp8_recipe") or "delayed"
         if recipe == "custom":

@@ -151,7 +151,8 @@ def _dimension_numbers(eq: str):
 
 
 def _qwix(eq, x, w, qc: QuantConfig):
-    from qwix._src.core import dot_general_qt as qt  # qwix's quantized-training dot_general
+    # qwix's quantized-training dot_general (what its QtProvider puts in place of dots)
+    from qwix._src.core import dot_general_qt as qt
 
     def dtype(name):
         if name is None:
@@ -166,7 +167,7 @@ def _qwix(eq, x, w, qc: QuantConfig):
     return jnp.transpose(y, perm).astype(x.dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def native_block_scaled() -> bool:
     """Whether the backend runs MXFP8 GEMMs natively (cuDNN on NVIDIA compute capability 10+,
     through ``jax.nn.scaled_dot_general``); elsewhere block scaling is emulated exactly."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import ml_dtypes
-import numpy as np
 
 # Element formats by name; "fnuz" variants are AMD MI300's (no negative zero, max 240 for e4m3).
 _FORMATS = {
@@ -133,8 +132,3 @@ def qdq_blocks(x, blocks: dict[int, int], dtype, kind: str):
     else:
         raise ValueError(f"unknown block scaling {kind!r}")
     return q.reshape(x.shape).astype(x.dtype)
-
-
-def e2m1_grid() -> np.ndarray:
-    """The non-negative values of FP4 e2m1."""
-    return np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)

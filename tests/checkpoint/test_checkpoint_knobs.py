@@ -34,8 +34,11 @@ def save(directory, state, step=3, *args, model=None):
     ckpt.close()
 
 
+LOG = logging.getLogger("ckpt_knobs_test")  # outside the jaxtrain tree, which runs reconfigure
+
+
 def restore(template, *args, model=None):
-    ckpt = Checkpointer.from_config(config(*args), "unused-run-dir", model or _model())
+    ckpt = Checkpointer.from_config(config(*args), "unused-run-dir", model or _model(), LOG)
     try:
         return ckpt.restore(template), ckpt
     finally:
@@ -96,7 +99,7 @@ def test_dist_ckpt_strictness(tmp_path, caplog):
     with pytest.raises(ConfigError, match=f"in the checkpoint but not in this run: params: "
                                           f"{dropped}"):
         run("raise_all")
-    caplog.set_level(logging.WARNING, logger="jaxtrain.checkpoint")
+    caplog.set_level(logging.WARNING, logger=LOG.name)
     for mode in ("log_unexpected", "log_all", "return_unexpected", "return_all", "ignore_all"):
         state, mismatch, text = run(mode)
         assert np.array_equal(state.params["extra_w"], np.full(3, 7.0)), mode  # kept initial
@@ -235,7 +238,7 @@ def test_non_persistent_retention_choice_and_local_fallback(tmp_path, caplog):
             for shard in entry["shards"]:
                 shard["devices"] = [d + 100 for d in shard["devices"]]
     layout.write_text(json.dumps(text))
-    caplog.set_level(logging.WARNING, logger="jaxtrain.checkpoint")
+    caplog.set_level(logging.WARNING, logger=LOG.name)
     (state, consumed), _ = restore(_state(mc), *resume)  # not this layout: the global step 4
     assert consumed == 16 and "does not fit this run" in caplog.text
     ckpt = Checkpointer.from_config(config(*args), tmp_path, mc)

@@ -47,7 +47,7 @@ CASES = {
                              "teachers.big must be a mapping"),
     "cli not override": ("run.yml", GOOD, ["lr"], "'lr' is not an override"),
     "cli flag needs value": ("run.yml", GOOD, ["--lr"], "lr (in command line): needs a value"),
-    "multiprocess": ("run.yml", "hardware: gpu_multiprocess\n", [], "not implemented yet: hardware"),
+    "planned value": ("run.yml", "profiler: nsys\n", [], "not implemented yet: profiler"),
 }
 
 

@@ -49,8 +49,12 @@ def pgs_file(tmp_path_factory):
 
 
 def pgs_config(pgs_file, workspace, *extra):
-    return load_config(str(pgs_file), [*TINY, f"workspace={workspace}", *extra], world_size=1,
-                       enforce_status=False)
+    """The tiny run in pgs's dialect; it writes to ``workspace``/run (pgs's own default is
+    ./checkpoints) and validates nothing."""
+    return load_config(str(pgs_file), [*TINY, f"workspace={workspace}",
+                                       f"save={workspace}/run", "eval_iters=0",
+                                       "full_validation=false", *extra],
+                       world_size=1, enforce_status=False)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +150,7 @@ def test_tier2_gradient_metrics_match_hand_computation(run, batches, row_fn):
 
 
 def test_tier2_with_one_microbatch_splits_sequences(run, batches, row_fn):
-    params, (first, second) = run.state.params, batches
+    params, (first, _) = run.state.params, batches
     one = {k: jnp.concatenate([v[0], v[1]])[None] for k, v in first.items()}  # [1, 4, T]
     row = measure(monitor(run, tier2_every=1), 1, params, one)
     g1, g2, g = hand_gradients(row_fn, params, one, np.array([[0, 1, 0, 1]]))

@@ -23,6 +23,13 @@ TINY = ["mock_data=true", "vocab_size=128", "make_vocab_size_divisible_by=32", "
         "attention_dropout=0", "log_interval=1", "exp_name=run", "train_iters=5",
         "use_distributed_optimizer=false"]
 
+MOE = ["num_layers=1", "num_experts=8", "moe_router_topk=2", "moe_ffn_hidden_size=32",
+       "moe_router_score_function=sigmoid", "moe_router_enable_expert_bias=true",
+       "moe_aux_loss_coeff=0.01", "moe_z_loss_coeff=0.001",
+       "moe_shared_expert_intermediate_size=16"]
+MOE_MIXED = MOE + ["num_layers=2", "moe_layer_freq=[1,0]"]   # an MoE and a dense layer
+MOE_CAPACITY = ["moe_expert_capacity_factor=1.0", "moe_pad_expert_input_to_capacity=true"]
+
 LAYOUTS = {
     "one": (1, []),
     "dp": (8, []),
@@ -48,6 +55,22 @@ LAYOUTS = {
                           "recompute_granularity=full", "recompute_method=uniform",
                           "recompute_num_layers=1", "distribute_saved_activations=true"]),
     "tp_pp_dp": (8, ["tensor_model_parallel_size=2", "use_tp_pp_dp_mapping=true"]),
+    # MoE: expert parallelism must not change the losses
+    "moe": (8, MOE),
+    "moe_ep2": (8, MOE + ["expert_model_parallel_size=2"]),
+    "moe_ep4": (8, MOE + ["expert_model_parallel_size=4", "moe_token_dispatcher_type=alltoall"]),
+    "moe_capacity": (8, MOE + MOE_CAPACITY),
+    "moe_ep4_capacity": (8, MOE + MOE_CAPACITY + ["expert_model_parallel_size=4"]),
+    "moe_ep2_a2a_capacity": (8, MOE + MOE_CAPACITY + ["expert_model_parallel_size=2",
+                                                      "moe_token_dispatcher_type=alltoall"]),
+    "moe_tp": (8, MOE + ["tensor_model_parallel_size=2"]),
+    "moe_ep2_tp": (8, MOE + ["tensor_model_parallel_size=2", "expert_model_parallel_size=2"]),
+    "moe_ep2_fsdp": (8, MOE + ["expert_model_parallel_size=2", "use_torch_fsdp2=true"]),
+    "moe_mixed": (8, MOE_MIXED),
+    "moe_mixed_ep4_recompute": (8, MOE_MIXED + ["expert_model_parallel_size=4",
+                                                "recompute_granularity=full",
+                                                "recompute_method=uniform",
+                                                "recompute_num_layers=2"]),
 }
 
 
@@ -106,6 +129,8 @@ def main(workdir: str, names: list[str], mode: str = "train") -> dict:
             loop.train(cfg, devices=devices)
             rows = (pathlib.Path(workdir) / name / "run" / "metrics.jsonl").read_text()
             out[name]["losses"] = [json.loads(r)["loss"] for r in rows.splitlines()]
+            out[name]["moe_aux_loss"] = [json.loads(r).get("moe_aux_loss")
+                                         for r in rows.splitlines()]
     return out
 
 

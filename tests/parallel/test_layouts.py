@@ -16,7 +16,8 @@ from tests.parallel.layout_worker import LAYOUTS
 TRAINED = ["one", "zero1", "fsdp", "tp_sp", "tp_fsdp"]  # tp_fsdp: data x tensor, SP on
 GATHERS = ["torch_fsdp2", "fsdp_keep", "tp_recompute", "tp_distribute"]
 REPLICAS = ["tp"]
-BUILT = [n for n in LAYOUTS if n not in TRAINED + GATHERS + REPLICAS]
+MOE = [n for n in LAYOUTS if n.startswith("moe")]   # compared among themselves
+BUILT = [n for n in LAYOUTS if n not in TRAINED + GATHERS + REPLICAS + MOE]
 # Compile quickly: these programs are tiny and run a few steps (both sides of each comparison).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 WQ = "['layers']['attn']['wq']"  # [D, L, N, H]: embed, layers, q_heads, kv
@@ -144,3 +145,50 @@ def test_distribute_saved_activations_splits_the_saved_layer_inputs(layouts):
     """Full recompute saves each layer's input; split over the tensor axis it must be gathered
     again where the layer (and its recomputation) starts."""
     assert layouts["tp_distribute"]["all_gathers"] > layouts["tp_recompute"]["all_gathers"]
+
+
+# ---------------------------------------------------------------- MoE: expert parallelism
+
+EXPERTS = "['moe_layers']['moe']['experts']['wi_0']"   # [E, L, D, F]: exp, layers, embed, mlp
+EXPERT_BIAS = "['moe_layers']['moe']['router']['expert_bias']"
+
+
+@pytest.fixture(scope="module")
+def moe_layouts(tmp_path_factory):
+    return _worker(tmp_path_factory.mktemp("moe"), "train:moe,moe_ep2,moe_ep4")
+
+
+@pytest.mark.parametrize("name", ["moe_ep2", "moe_ep4"])
+def test_expert_parallel_same_losses_as_ep1(moe_layouts, name):
+    """EP 2 (allgather dispatch) and EP 4 (alltoall) on 8 devices (DP 8 either way): the
+    losses, and the aux loss (per data-parallel rank, like Megatron's), of EP = 1."""
+    got, ref = moe_layouts[name], moe_layouts["moe"]
+    assert len(got["losses"]) == 5
+    assert got["losses"] == pytest.approx(ref["losses"], rel=2e-6)
+    assert got["moe_aux_loss"] == pytest.approx(ref["moe_aux_loss"], rel=2e-6)
+    ep = moe_layouts[name]["mesh"]["expert"]
+    assert ep == int(name[-1]) and moe_layouts[name]["mesh"]["data"] == 8 // ep
+    assert _param(moe_layouts, name, EXPERTS)["spec"] == ["expert", None, None, None]
+    assert _param(moe_layouts, "moe", EXPERTS)["spec"] == [None] * 4
+
+
+def test_expert_bias_is_state_outside_the_optimizer(moe_layouts):
+    assert EXPERT_BIAS in moe_layouts["moe"]["params"]
+    assert not any(k.endswith(EXPERT_BIAS) for k in moe_layouts["moe"]["opt_state"])
+    assert len(_opt(moe_layouts, "moe", EXPERTS)) == 2
+
+
+@pytest.mark.slow
+def test_expert_parallel_with_capacity_and_tensor_parallel(tmp_path):
+    """Capacity with padded buffers under EP 4 (allgather) and EP 2 (alltoall) against EP 1;
+    EP 2 x TP 2 (expert FFNs split over the tensor axis) against TP 2 (both DP 4); EP with
+    FSDP against EP 1; an MoE layer and a dense layer (two stacks scanned as one block) with
+    full recompute of both under EP 4 against EP 1."""
+    got = _worker(tmp_path, "train:moe,moe_capacity,moe_ep4_capacity,moe_ep2_a2a_capacity,"
+                            "moe_tp,moe_ep2_tp,moe_ep2_fsdp,moe_mixed,moe_mixed_ep4_recompute")
+    for name, ref in (("moe_ep4_capacity", "moe_capacity"),
+                      ("moe_ep2_a2a_capacity", "moe_capacity"), ("moe_ep2_tp", "moe_tp"),
+                      ("moe_ep2_fsdp", "moe"), ("moe_mixed_ep4_recompute", "moe_mixed")):
+        assert got[name]["losses"] == pytest.approx(got[ref]["losses"], rel=2e-6), name
+    assert _param(got, "moe_ep2_tp", EXPERTS)["spec"] == ["expert", None, None, "tensor"]
+    assert _param(got, "moe_ep2_fsdp", EXPERTS)["spec"] == ["expert", None, "data", None]

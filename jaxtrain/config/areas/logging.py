@@ -107,14 +107,17 @@ KNOBS = [
       "failure only warns.", "pgs-train", status=HONORED),
 
     # pgs training-health monitors
-    K("logging.health_tier2_every", "int", 10, "Steps between mid-cost health metrics: gradient "
-      "cosine similarity, noise scale, device memory.", "pgs-train", issue=10),
-    K("logging.health_tier3_every", "int", 100, "Steps between costly health metrics: weight "
-      "norms, stable rank, drift from the initial weights.", "pgs-train", issue=10),
+    K("logging.health_tier2_every", "int", 10, "Steps between health/* gradient cosine "
+      "similarity and noise scale (an extra forward/backward) and device memory, at logged "
+      "steps. On in pgs configs, elsewhere when set; 0: off.", "pgs-train", status=HONORED),
+    K("logging.health_tier3_every", "int", 100, "Steps between health/* weight norms, stable "
+      "rank and drift from the first tier-3 step, at logged steps. On in pgs configs, elsewhere "
+      "when set; 0: off.", "pgs-train", status=HONORED),
     K("logging.rl_readiness", "bool", False, "Track the entropy of the model's output distribution "
-      "and warn when it collapses (SFT before RL).", "pgs-train", issue=10),
+      "at logged steps (health/output_entropy) and warn when it collapses (SFT before RL).",
+      "pgs-train", status=HONORED),
     K("logging.rl_entropy_floor", "float", 1.0, "Mean output entropy (nats) below which "
-      "logging.rl_readiness warns.", "pgs-train", issue=10),
+      "logging.rl_readiness warns.", "pgs-train", status=HONORED),
 
     # NVIDIA OneLogger / application tags
     K("enable_one_logger", "bool", True, "Send run telemetry to NVIDIA OneLogger.", _M, INERT,

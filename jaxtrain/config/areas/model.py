@@ -158,7 +158,7 @@ KNOBS = [
     K("attn_logit_softcapping", "float", None, "Soft-cap attention scores to c*tanh(x/c) before "
       "the softmax; null disables.", "megatron", status=HONORED),
     K("router_logit_softcapping", "float", None, "Soft-cap MoE router logits to c*tanh(x/c); null "
-      "disables.", "megatron", issue=9),
+      "disables.", "megatron", status=HONORED),
 
     # Initialisation
     K("init_method_std", "float", 0.02, "Sigma of the normal distribution that initial weights "

@@ -18,9 +18,9 @@ KNOBS = [
     K("sequence_parallel", "bool", True, "With TP > 1, also shard norms/dropout activations along "
       "the sequence over the tensor axis; off when TP = 1.", "megatron", status=HONORED),
     K("expert_model_parallel_size", "int", 1, "Expert-parallel degree: how many devices the MoE "
-      "experts are spread over.", "megatron", issue=9),
+      "experts are spread over.", "megatron", status=HONORED),
     K("expert_tensor_parallel_size", "int", None, "Tensor-parallel degree inside each expert; null "
-      "means the same as tensor_model_parallel_size.", "megatron", issue=9),
+      "means the same as tensor_model_parallel_size.", "megatron", status=HONORED),
     K("high_priority_stream_groups", "list[str]", [], "Communicator groups (e.g. ep, tp) whose "
       "collectives get high-priority CUDA streams.", "megatron", INERT,
       "CUDA stream priority of torch process groups; XLA issues its async collectives on its own "

@@ -41,7 +41,7 @@ KNOBS = [
     K("distribute_saved_activations", "bool", False, "Split the saved checkpoint inputs across "
       "tensor-parallel ranks instead of replicating them.", "megatron", status=HONORED),
     K("moe_layer_recompute", "bool", False, "Recompute the MoE block of each layer in the "
-      "backward pass.", "megatron", issue=9),
+      "backward pass.", "megatron", status=HONORED),
 
     # MaxText remat and scan
     K("remat_policy", "str", "none", "Which named activations each layer keeps for the backward "

@@ -37,7 +37,9 @@ KNOBS = [
       INERT, "dense matmuls are XLA dot_generals lowered to the platform BLAS library; there is "
       "no alternative GEMM kernel to select, and the math is unchanged"),
     K("use_turbo_grouped_gemm", "bool", False, "Compute MoE experts with the Turbo grouped GEMM; "
-      "here, with jaxtrain's grouped expert matmul.", _M, issue=9),
+      "here, with jaxtrain's grouped expert matmul.", _M, MAPPED,
+      "with enable_primus_turbo on, true selects jaxtrain's Pallas grouped GEMM for the experts, "
+      "as moe_grouped_gemm does"),
     K("use_turbo_parallel_linear", "bool", None, "Former name of use_turbo_gemm.", _M, REJECTED,
       _REMOVED.format("use_turbo_gemm")),
     K("use_turbo_grouped_mlp", "bool", None, "Former name of use_turbo_grouped_gemm.", _M, REJECTED,
@@ -61,7 +63,9 @@ KNOBS = [
 
     # DeepEP
     K("use_turbo_deepep", "bool", False, "Dispatch MoE tokens with Turbo's DeepEP communication "
-      "kernels; served by our own all-to-all expert dispatch.", _M, issue=9),
+      "kernels; served by our own all-to-all expert dispatch.", _M, MAPPED,
+      "with enable_primus_turbo on, true selects jaxtrain's all-to-all expert dispatch "
+      "(moe_token_dispatcher_type alltoall); DeepEP's GPU kernels have no JAX counterpart"),
     K("turbo_deepep_num_cu", "int", 32, "GPU compute units DeepEP reserves for its communication "
       "kernels.", _M, INERT,
       "only tunes the DeepEP kernels, which jaxtrain never runs"),

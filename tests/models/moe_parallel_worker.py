@@ -1,0 +1,61 @@
+"""Subprocess for test_moe_parallel.py: the MoE model's loss, router statistics and gradients
+under meshes of 8 CPU devices, for several dispatch variants. Prints one JSON object."""
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtrain.models import ModelConfig, init
+from jaxtrain.models.moe import MoEConfig
+from jaxtrain.models.transformer import hidden_states
+from jaxtrain.parallel.mesh import MeshConfig, make_mesh
+from jaxtrain.parallel.sharding import Layout
+
+MOE = dict(num_experts=8, topk=2, shared_expert_size=16, z_loss_coeff=1e-3,
+           load_balancing=("aux_loss", "seq_aux_loss", "global_aux_loss"),
+           aux_loss_coeff=(0.01, 0.01, 0.01))
+VARIANTS = {"dropless": {}, "alltoall": dict(dispatcher="alltoall"),
+            "capacity": dict(capacity_factor=1.0),
+            "padded": dict(capacity_factor=1.0, pad_to_capacity=True),
+            "padded_alltoall": dict(capacity_factor=1.0, pad_to_capacity=True,
+                                    dispatcher="alltoall"),
+            "position": dict(capacity_factor=0.5, drop_policy="position"),
+            "etp1": dict(expert_tensor_parallel=False)}
+MESHES = {"dp8": dict(data=8), "ep2": dict(data=4, expert=2), "ep4": dict(data=2, expert=4),
+          "ep8": dict(expert=8), "tp2": dict(data=4, tensor=2),
+          "ep2_tp2": dict(data=2, expert=2, tensor=2),
+          "ep2_cp2": dict(data=2, expert=2, context=2)}
+
+
+def run(variant: str, mesh: str) -> dict:
+    cfg = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
+                      vocab_size=97, moe=MoEConfig(**MOE, **VARIANTS[variant]))
+    params = init(cfg, jax.random.key(0))
+    toks = jnp.asarray(np.random.RandomState(0).randint(0, 97, (8, 16)), jnp.int32)
+    mc = MeshConfig(**MESHES[mesh])
+    layout = Layout(make_mesh(mc), mc)
+
+    def loss(p):
+        h, st = hidden_states(p, toks, cfg, deterministic=False, rngs=jax.random.key(3),
+                              with_moe_stats=True)
+        return jnp.mean(h * h) + jnp.sum(st["objective"]), st
+
+    def step(p):
+        with layout.activations():
+            return jax.value_and_grad(loss, has_aux=True)(p)
+
+    (value, stats), grads = jax.jit(step)(params)
+    flat = lambda t: np.concatenate([np.ravel(np.asarray(a)) for a in jax.tree.leaves(t)])  # noqa: E731
+    return {"value": float(value), "stats": flat(stats).tolist(), "grads": flat(grads).tolist()}
+
+
+if __name__ == "__main__":
+    jax.config.update("jax_num_cpu_devices", 8)
+    jax.config.update("jax_default_matmul_precision", "highest")
+    out = {}
+    for pair in sys.argv[1:]:
+        variant, mesh = pair.split(":")
+        out[pair] = run(variant, mesh)
+    print(json.dumps(out))

@@ -1,0 +1,55 @@
+"""Expert parallelism at the model level on 8 CPU devices (a subprocess): every dispatcher and
+capacity mode gives the loss, router statistics and gradients of pure data parallelism when
+the data-parallel size is the same (8), and layouts with the same data-parallel size agree with
+each other (Megatron's aux losses and capacity are per data-parallel rank). The train-loop
+version (EP 2/4 losses equal EP 1) is in tests/parallel/test_layouts.py."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+DP8 = ["ep2", "ep4", "ep8"]
+DP4 = ["ep2_tp2", "ep2_cp2"]      # compared with tp2
+# Capacity is per device's tokens, as in Megatron (per rank, after the CP split): a context-
+# parallel split changes which tokens compete for a slot, so those runs differ on purpose.
+CAPACITY = ("capacity", "padded", "padded_alltoall", "position")
+
+
+def _worker(pairs):
+    out = subprocess.run([sys.executable, str(ROOT / "tests/models/moe_parallel_worker.py"),
+                          *pairs], capture_output=True, text=True, cwd=ROOT, timeout=3000,
+                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin",
+                              "PYTHONPATH": f"{ROOT}:{ROOT / 'tests/models'}",
+                              "XLA_FLAGS": "--xla_backend_optimization_level=0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def _close(a, b, name):
+    np.testing.assert_allclose(a["value"], b["value"], rtol=2e-6, err_msg=name)
+    np.testing.assert_allclose(a["stats"], b["stats"], rtol=1e-5, atol=1e-6, err_msg=name)
+    g, h = np.asarray(a["grads"]), np.asarray(b["grads"])
+    assert np.max(np.abs(g - h)) <= 1e-4 * np.max(np.abs(h)), name
+
+
+@pytest.mark.parametrize("variant", ["dropless", "alltoall", "capacity", "padded",
+                                     "padded_alltoall", "position"])
+def test_expert_parallel_matches_data_parallel(variant):
+    dp4 = [m for m in DP4 if not (variant in CAPACITY and m.endswith("cp2"))]
+    got = _worker([f"{variant}:{m}" for m in ["dp8", *DP8, "tp2", *dp4]])
+    for m in DP8:
+        _close(got[f"{variant}:{m}"], got[f"{variant}:dp8"], f"{variant}:{m}")
+    for m in dp4:
+        _close(got[f"{variant}:{m}"], got[f"{variant}:tp2"], f"{variant}:{m}")
+
+
+def test_expert_tensor_parallel_1_replicates_experts_over_tensor():
+    got = _worker(["etp1:tp2", "etp1:ep2_tp2", "dropless:tp2"])
+    _close(got["etp1:ep2_tp2"], got["etp1:tp2"], "etp1")
+    _close(got["etp1:tp2"], got["dropless:tp2"], "etp1 vs etp=tp")
