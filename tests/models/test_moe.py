@@ -278,8 +278,9 @@ def test_mixed_layers_are_two_stacks_scanned_in_blocks():
     ref = fwd(p, tokens(), c)
     axis0 = {k: jax.tree.map(lambda a: jnp.moveaxis(a, 1, 0), v) if k.endswith("layers")
              else v for k, v in p.items()}
-    for changes in (dict(scan_layers=False), dict(param_scan_axis=0),
-                    dict(remat_policy="full", recompute_method="uniform", recompute_num_layers=2)):
+    for changes in (dict(scan_layers=False, param_scan_axis=0),
+                    dict(remat_policy="full", recompute_method="uniform", recompute_num_layers=2),
+                    dict(recompute_modules=("moe", "moe_act"))):
         c2 = c.replace(**changes)
         p2 = axis0 if "param_scan_axis" in changes else p
         assert max_diff(fwd(p2, tokens(), c2), ref) < 1e-4, changes
@@ -436,3 +437,18 @@ def test_upcycled_model_computes_what_the_dense_one_did(axis):
     pm = M.upcycle(pd, moe, jax.random.key(0))
     assert jax.tree.map(lambda a: a.shape, pm) == jax.tree.map(lambda a: a.shape, abstract(moe))
     assert max_diff(fwd(pm, tokens(), moe), fwd(pd, tokens(), dense)) < 1e-4
+
+
+def test_hooks_for_other_families_router_bias_and_clamped_glu():
+    """GPT-OSS needs a learned router bias and its clamped GLU (alpha 1.702, (up + 1))."""
+    c = tiny(num_layers=1, moe=cfg_(router_bias=True, activation="swiglu_oai", glu_limit=1.5))
+    p = _layer_params(c)
+    assert p["router"]["bias"].shape == (E,)
+    x = jnp.ones((3, 32))
+    np.testing.assert_allclose(M._gate(p["router"], x, c.moe, c),
+                               x @ p["router"]["w"] + p["router"]["bias"], rtol=1e-5)
+    g, u = np.array([-3.0, 0.5, 4.0]), np.array([-4.0, 0.5, 2.0])
+    want = np.minimum(g, 1.5) / (1 + np.exp(-1.702 * np.minimum(g, 1.5))) * (np.clip(u, -1.5,
+                                                                                     1.5) + 1)
+    np.testing.assert_allclose(M._glu(jnp.asarray(g), jnp.asarray(u), None, c.moe), want,
+                               rtol=1e-5)

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from jaxtrain import models
+from jaxtrain.loss import row_losses
 from jaxtrain.models.transformer import hidden_states
 from jaxtrain.step import init_state, make_train_step
 from tests.train.test_step import batch, model_cfg, train_cfg
@@ -37,35 +38,51 @@ def _run(mcfg, steps):
 
 @pytest.fixture(scope="module")
 def runs():
-    return {"plain": _run(PLAIN, 1), "aux": _run(AUX, 2)}
+    return {"aux": _run(AUX, 2)}
+
+
+def _forward(state, mcfg):
+    """(MoE statistics, mean token loss) of each microbatch of the step from ``state``."""
+    b = batch(M, 8 // M)
+    step_rng = jax.random.split(state.rng)[1]
+
+    def fn(p, t, y, r):
+        h, stats = hidden_states(p, t, mcfg, deterministic=False, rngs=r, with_moe_stats=True)
+        sums, counts = row_losses(p, h, y, jnp.ones(y.shape), mcfg)
+        return stats, jnp.sum(sums) / jnp.sum(counts)
+
+    fn = jax.jit(fn, compiler_options=FAST)
+    return [fn(state.params, b["tokens"][i], b["targets"][i], jax.random.fold_in(step_rng, i))
+            for i in range(M)]
 
 
 def _stats(state, mcfg):
-    """The forward's MoE statistics for each microbatch of the step from ``state``."""
-    b = batch(M, 8 // M)
-    step_rng = jax.random.split(state.rng)[1]
-    fn = jax.jit(lambda p, t, r: hidden_states(p, t, mcfg, deterministic=False, rngs=r,
-                                               with_moe_stats=True)[1],
-                 compiler_options=FAST)
-    return [fn(state.params, b["tokens"][i], jax.random.fold_in(step_rng, i)) for i in range(M)]
+    return [st for st, _ in _forward(state, mcfg)]
 
 
 def _bias(state):
     return np.asarray(state.params["moe_layers"]["moe"]["router"]["expert_bias"])
 
 
-def test_aux_losses_join_the_objective_and_are_reported_apart(runs):
-    (_, s0, m0), = runs["plain"]
-    old, s1, m1 = runs["aux"][0]
-    assert "moe_aux_loss" not in m0 and {"moe_aux_loss", "moe_z_loss"} <= set(m1)
-    np.testing.assert_allclose(m1["loss"], m0["loss"], rtol=1e-6)    # the LM loss only
+def test_aux_losses_are_reported_apart_from_the_lm_loss(runs):
+    old, _, m1 = runs["aux"][0]
+    assert {"moe_aux_loss", "moe_z_loss"} <= set(m1)
+    out = _forward(old, AUX)   # reported: means over microbatches (and MoE layers)
+    np.testing.assert_allclose(m1["loss"], np.mean([lm for _, lm in out]), rtol=1e-5)
+    np.testing.assert_allclose(m1["moe_aux_loss"],
+                               np.mean([np.mean(st["lb"][:, 0]) for st, _ in out]), rtol=1e-5)
+    np.testing.assert_allclose(m1["moe_z_loss"],
+                               np.mean([np.mean(st["z"]) for st, _ in out]), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_aux_losses_join_the_objective(runs):
+    (_, s0, m0), = _run(PLAIN, 1)
+    _, s1, m1 = runs["aux"][0]
+    assert "moe_aux_loss" not in m0
+    np.testing.assert_allclose(m1["loss"], m0["loss"], rtol=1e-6)    # the same LM loss
     router = lambda s: s.params["moe_layers"]["moe"]["router"]["w"]  # noqa: E731
     assert float(jnp.max(jnp.abs(router(s1) - router(s0)))) > 1e-4     # aux gradients
-    stats = _stats(old, AUX)   # reported: the mean over microbatches and MoE layers
-    np.testing.assert_allclose(m1["moe_aux_loss"],
-                               np.mean([np.mean(st["lb"][:, 0]) for st in stats]), rtol=1e-5)
-    np.testing.assert_allclose(m1["moe_z_loss"], np.mean([np.mean(st["z"]) for st in stats]),
-                               rtol=1e-5)
 
 
 def test_expert_bias_moves_by_the_sign_rule_outside_the_optimizer(runs):
