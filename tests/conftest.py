@@ -16,6 +16,23 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="module")
+def persistent_compilation_cache(tmp_path_factory):
+    """A module whose runs compile the same steps again: cache the executables on disk for the
+    module (use with ``pytestmark = pytest.mark.usefixtures(...)``)."""
+    import jax
+
+    settings = {"jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
+                "jax_persistent_cache_min_compile_time_secs": 0,
+                "jax_persistent_cache_min_entry_size_bytes": 0}
+    before = {k: getattr(jax.config, k) for k in settings}
+    for key, value in settings.items():
+        jax.config.update(key, value)
+    yield
+    for key, value in before.items():
+        jax.config.update(key, value)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_jaxtrain_logger():
     """Undo what a CLI run's setup_logging did to the ``jaxtrain`` logger (own handlers, no

@@ -28,17 +28,7 @@ PGS = ("model: {torch_dtype: float32}\nlogging: {use_wandb: false, use_trackio: 
        "train: {gradient_accumulation_steps: 2, save_final: false}\n")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    settings = {"jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
-                "jax_persistent_cache_min_compile_time_secs": 0,
-                "jax_persistent_cache_min_entry_size_bytes": 0}
-    before = {k: getattr(jax.config, k) for k in settings}
-    for key, value in settings.items():
-        jax.config.update(key, value)
-    yield
-    for key, value in before.items():
-        jax.config.update(key, value)
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
 
 
 @pytest.fixture(scope="module")

@@ -28,18 +28,7 @@ STEPS = 12
 MARGIN = 0.05
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """The resume runs compile the same step again: a persistent XLA cache makes it cheap."""
-    settings = {"jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
-                "jax_persistent_cache_min_compile_time_secs": 0,
-                "jax_persistent_cache_min_entry_size_bytes": 0}
-    before = {k: getattr(jax.config, k) for k in settings}
-    for key, value in settings.items():
-        jax.config.update(key, value)
-    yield
-    for key, value in before.items():
-        jax.config.update(key, value)
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
 
 
 def train(directory, *extra, steps=STEPS) -> dict:

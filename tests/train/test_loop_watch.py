@@ -10,7 +10,6 @@ import json
 import pathlib
 import time
 
-import jax
 import numpy as np
 import pytest
 
@@ -30,18 +29,7 @@ WATCH = ["timing_log_level=1", "log_progress=true", "profile=true", "profile_ste
          "profile_step_end=2"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """Every run here compiles the same tiny step: cache the executables across runs."""
-    settings = {"jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
-                "jax_persistent_cache_min_compile_time_secs": 0,
-                "jax_persistent_cache_min_entry_size_bytes": 0}
-    before = {k: getattr(jax.config, k) for k in settings}
-    for key, value in settings.items():
-        jax.config.update(key, value)
-    yield
-    for key, value in before.items():
-        jax.config.update(key, value)
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
 
 
 def config(*extra):
