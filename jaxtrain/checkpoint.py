@@ -530,6 +530,27 @@ class Checkpointer:
             self.log.warning("load %s holds no checkpoint; starting from scratch", c.load)
         return []
 
+    def upcycle_source(self) -> tuple:
+        """(root, step) of the dense checkpoint moe_use_upcycling converts: load's newest (or
+        ckpt_step), else pretrained_checkpoint's. Megatron upcycles on a run's first start
+        only: a save directory that already holds checkpoints is refused."""
+        c = self.ccfg
+        saved = self.steps(c.save_dir) if c.save_dir is not None else []
+        if saved:
+            raise ConfigError(f"moe_use_upcycling converts a dense checkpoint on the first start "
+                              f"of an MoE run, but save {c.save_dir} already holds checkpoints "
+                              f"(steps {saved}); to continue that run, remove moe_use_upcycling "
+                              "(Megatron's rule), or save somewhere else")
+        for path, what in ((c.load, "load"), (c.pretrained, "pretrained_checkpoint")):
+            found = self._locate(path, c.load_step, what) if path is not None else None
+            if found:
+                return found
+        named = " or ".join(f"{what} {path}" for path, what in
+                            ((c.load, "load"), (c.pretrained, "pretrained_checkpoint")) if path)
+        raise ConfigError(f"moe_use_upcycling: no dense checkpoint to convert in "
+                          f"{named or 'load (unset)'}; point load at the dense model's "
+                          "checkpoint directory")
+
     def plan(self):
         """(root, step, mode) to restore first, mode 'full' or 'params'; None to start fresh."""
         found = self.candidates()

@@ -15,16 +15,18 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxtrain import models
 from jaxtrain.checkpoint import Checkpointer
 from jaxtrain.checks import Checks, TrainingError
+from jaxtrain.config.errors import ConfigError
 from jaxtrain.data.batches import global_batches
 from jaxtrain.data.sources import training_data
 from jaxtrain.evaluation import Evaluator
 from jaxtrain.logs import run_dir
 from jaxtrain.metrics import Meter, MetricsLog
-from jaxtrain.models.moe import trainable
+from jaxtrain.models.moe import moe_pattern, trainable, upcycle
 from jaxtrain.observe import (MemoryProfile, MemoryReport, Observers, ProfileWindow,
                               ProgressLog, Stragglers, Timers, check_trackers)
 from jaxtrain.observe.health import Health
@@ -35,8 +37,8 @@ from jaxtrain.optim.schedules import (ScheduleConfig, batch_size_at, make_lr_sch
 from jaxtrain.parallel.mesh import MeshConfig, make_mesh
 from jaxtrain.parallel.replicas import replica_mismatches
 from jaxtrain.parallel.sharding import Layout
-from jaxtrain.step import (TrainState, abstract_state, create_state, make_train_step,
-                           memory_movers, state_shardings)
+from jaxtrain.step import (TrainState, _device_memory, abstract_state, create_state,
+                           make_train_step, memory_movers, state_shardings)
 from jaxtrain.train_config import TrainConfig
 
 log = logging.getLogger("jaxtrain.loop")
@@ -168,6 +170,58 @@ def build(cfg, devices=None, tcfg: TrainConfig | None = None, materialize: bool 
                  state, step_fn)
 
 
+def upcycled_state(run: Setup, ckpt: Checkpointer, logger) -> TrainState:
+    """moe_use_upcycling (Megatron): the dense checkpoint at load (else pretrained_checkpoint)
+    is read with the dense model's structure (this model without MoE), turned into this MoE
+    model's parameters by :func:`jaxtrain.models.moe.upcycle`, and training starts from them
+    at iteration 0 with a fresh optimizer state, like a pretrained start. The caller saves the
+    converted state as step 0 when there is a save directory (Megatron saves the upcycled model
+    before training too); a later run continues from there without the knob."""
+    mc = run.model_cfg
+    if mc.moe is None or not any(moe_pattern(mc.moe, mc.num_layers)):
+        raise ConfigError("moe_use_upcycling turns a dense checkpoint into an MoE model, but "
+                          "this model has no MoE layers (num_experts, moe_layer_freq)")
+    dense = mc.replace(moe=None)
+    root, step = ckpt.upcycle_source()
+    abstract = models.abstract(dense)
+    shardings = run.layout.params(models.logical_axes(dense), abstract)
+
+    def zeros(a, sharding):   # built shard by shard (no compile): the restore's target
+        def shard(index):
+            return np.zeros([len(range(*i.indices(n))) for i, n in zip(index, a.shape)],
+                            a.dtype)
+        return jax.make_array_from_callback(a.shape, sharding, shard)
+
+    template = jax.tree.map(zeros, abstract, shardings)
+    reader = Checkpointer(dataclasses.replace(ckpt.ccfg, final_dir=None), dense, ckpt.config,
+                          ckpt.dialect, logger)
+    try:
+        loaded, _ = reader.restore_from(root, step, dataclasses.replace(run.state,
+                                                                        params=template),
+                                        mode="params")
+    finally:
+        reader.close()
+    on_device = jax.tree.map(_device_memory, run.shardings)
+    key = jax.random.fold_in(jax.random.key(run.tcfg.seed), 2)
+
+    def convert(dense_params, key):
+        params = upcycle(dense_params, mc, key)
+        return params, run.optimizer.init(trainable(params))
+
+    try:
+        params, opt_state = jax.jit(convert, out_shardings=(
+            on_device.params, on_device.opt_state))(loaded.params, key)
+    except ValueError as e:
+        raise ConfigError(f"moe_use_upcycling: {e}") from None
+    state = dataclasses.replace(run.state, params=params, opt_state=opt_state)
+    if on_device != run.shardings:
+        state = jax.device_put(state, run.shardings)
+    logger.info("moe_use_upcycling: %s (step %d) upcycled into %d experts per MoE layer; "
+                "training starts at iteration 0 with a fresh optimizer", reader.where(root, step),
+                step, mc.moe.num_experts)
+    return state
+
+
 def _train(cfg, tcfg, logger, devices) -> dict:
     run = build(cfg, devices, tcfg)
     state, steps, mcfg = run.state, run.steps, run.layout.mcfg
@@ -177,7 +231,12 @@ def _train(cfg, tcfg, logger, devices) -> dict:
         cfg, run.model_cfg, tcfg=tcfg, put_batch=run.put_batch,
         rows=run.layout.local_rows(run.rows), layout=run.layout,
         params_memory=memory_movers(run.shardings.params), logger=logger)
-    restored = ckpt.restore(state)
+    restored = None
+    if cfg.get("moe_use_upcycling"):
+        state = upcycled_state(run, ckpt, logger)
+        ckpt.maybe_save(0, state, 0, force=True, extra={"eval": evaluator.state()})
+    else:
+        restored = ckpt.restore(state)
     first, consumed = 1, 0
     if restored is not None:
         state, consumed = restored

@@ -2,12 +2,17 @@
 
 Model FLOPs per token (Megatron's convention, no causal discount, no recompute counted):
 
-    6 * N_matmul + 12 * L * T * (heads * head_dim)
+    6 * N_active + 6 * L * T * heads * (head_dim + v_head_dim)
 
-N_matmul counts the weights of every matrix multiply (attention, MLP and the output layer;
-an embedding lookup is not a matmul, a tied output layer is); the second term is the
-attention scores and weighted sum, forward and backward, for sequence length T. TFLOP/s per
-device = FLOPs per token x tokens per second / devices; MFU = that / the device's peak.
+N_active counts the weights of every matrix multiply a token goes through: attention
+projections (MLA's down/up projections included), dense MLPs, the output layer (an embedding
+lookup is not a matmul, a tied output layer is), and in MoE layers the router (D x E), the
+shared expert and k of the E routed experts (each routed expert weight counts k/E of its
+size); biases, norms and sinks are not matmuls. The second term is the attention scores
+(q.k over head_dim, MLA's no-RoPE plus RoPE part) and the weighted sum of values
+(v_head_dim; head_dim without MLA), forward and backward, for sequence length T: with
+head_dim = v_head_dim it is Megatron's 12 * L * T * heads * head_dim. TFLOP/s per device =
+FLOPs per token x tokens per second / devices; MFU = that / the device's peak.
 """
 from __future__ import annotations
 
@@ -27,18 +32,26 @@ PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "MI300X": 1307.0, "M
 
 
 def flop_terms(model_cfg, params) -> tuple[float, float]:
-    """(6 * N_matmul, 12 * L * heads * head_dim): FLOPs per token is the first plus the second
-    times the sequence length (the module docstring's formula)."""
-    n_matmul = 0
+    """(6 * N_active, 6 * L * heads * (head_dim + v_head_dim)): FLOPs per token is the first
+    plus the second times the sequence length (the module docstring's formula). ``params``:
+    the parameter tree or its shapes; matmul weights are the leaves named ``w*`` and
+    ``output`` (``embedding`` when the output layer is tied)."""
+    moe = getattr(model_cfg, "moe", None)
+    routed = moe.topk / moe.num_experts if moe is not None else 1.0
+    n_active = 0.0
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        name = jax.tree_util.keystr(path)
-        if leaf.ndim < 2 or "norm" in name or "position_embedding" in name:
+        keys = [getattr(k, "key", None) for k in path]
+        name = keys[-1] if isinstance(keys[-1], str) else ""
+        if name == "embedding":
+            if model_cfg.untie_embeddings_and_output_weights:
+                continue
+        elif name != "output" and not name.startswith("w"):
             continue
-        if "'embedding'" in name and model_cfg.untie_embeddings_and_output_weights:
-            continue
-        n_matmul += math.prod(leaf.shape)
-    attn = 12 * model_cfg.num_layers * model_cfg.num_attention_heads * model_cfg.head_dim
-    return 6.0 * n_matmul, float(attn)
+        n_active += math.prod(leaf.shape) * (routed if "experts" in keys else 1.0)
+    v_dim = model_cfg.v_head_dim if model_cfg.multi_latent_attention else model_cfg.head_dim
+    attn = 6 * model_cfg.num_layers * model_cfg.num_attention_heads * (model_cfg.head_dim
+                                                                        + v_dim)
+    return 6.0 * n_active, float(attn)
 
 
 def peak_tflops(device) -> float | None:

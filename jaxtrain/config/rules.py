@@ -69,6 +69,14 @@ def precision(c: Context):
     if c.get("fp8") and c.get("fp4"):
         c.error(f"fp8 and fp4 are exclusive: {c.where('fp8')} and {c.where('fp4')}")
     quantization(c)
+    kv_cache_quantization(c)
+
+
+def kv_cache_quantization(c: Context):
+    """MaxText's rule: a quantized KV cache needs the axes its scales are taken over."""
+    if c.get("quantize_kvcache") and not c.get("kv_quant_axis"):
+        c.error(f"kv_quant_axis cannot be empty when quantize_kvcache is on: "
+                f"{c.where('kv_quant_axis')}; use dkv or heads_and_dkv")
 
 
 # MaxText quantization values that scale by an amax history (Flax's fp8 ops, TE delayed).
@@ -76,8 +84,7 @@ _DELAYED_MAXTEXT = ("fp8", "fp8_gpu", "nanoo_fp8", "fp8_nanoo", "te_fp8_delayeds
 
 
 def quantization(c: Context):
-    """Quantized training: one knob picks the recipe; Megatron's layer rules; what the
-    quantized matmuls do not cover (jaxtrain.quant)."""
+    """Quantized training: one knob picks the recipe; Megatron's layer rules."""
     chosen = [k for k in ("fp8", "fp4", "quantization", "memory.float8_training") if c.get(k)]
     if len(chosen) > 1:
         c.error("quantization knobs are exclusive, each picks the recipe: "
@@ -96,10 +103,6 @@ def quantization(c: Context):
             n = c.get(k, 1)
             if n < 0 or (layers and n > layers):
                 c.error(f"{k} ({n}) must lie in [0, num_layers = {layers}]")
-    if c.get("num_experts"):
-        c.error(f"{chosen[0]} quantizes the dense projections; the MoE expert GEMMs "
-                f"(num_experts = {c.get('num_experts')}) have no quantized path yet: turn "
-                f"{chosen[0]} off for MoE models")
 
 
 def tensor_parallel(c: Context):
@@ -314,6 +317,28 @@ def moe_router(c: Context):
                     f"moe_router_num_groups ({groups})")
 
 
+def upcycling(c: Context):
+    """moe_use_upcycling converts a dense checkpoint into this MoE model at the first start."""
+    if not c.get("moe_use_upcycling"):
+        return
+    freq = c.get("moe_layer_freq", 1)
+    if isinstance(freq, str):
+        from jaxtrain.models.moe import parse_layer_freq
+        try:
+            freq = parse_layer_freq(freq)
+        except ValueError:
+            freq = 1   # reported where the model is built
+    if not c.get("num_experts"):
+        c.error("moe_use_upcycling turns a dense checkpoint into an MoE model: set num_experts "
+                "(the model has no MoE layers)")
+    elif isinstance(freq, (list, tuple)) and not any(freq):
+        c.error(f"moe_use_upcycling turns a dense checkpoint into an MoE model, but "
+                f"{c.where('moe_layer_freq')} makes no layer an MoE layer")
+    if not (c.get("load") or c.get("pretrained_checkpoint")):
+        c.error("moe_use_upcycling reads the dense checkpoint to convert from load (or "
+                "pretrained_checkpoint): set one of them")
+
+
 def evaluate_only(c: Context):
     """Primus ``trainable: false`` runs no training step: Megatron's ``skip_train``."""
     if c.get("trainable", True) is False and not c.get("skip_train"):
@@ -357,7 +382,7 @@ def pgs(c: Context):
 
 
 RULES = (precision, tensor_parallel, context_and_experts, model_shape, learning_rate,
-         iterations, batch, recompute, moe_router, pgs, evaluate_only)
+         iterations, batch, recompute, moe_router, upcycling, pgs, evaluate_only)
 
 
 def apply(c: Context):

@@ -4,7 +4,8 @@ A sample is ``seq_length + 1`` consecutive tokens (inputs and next-token targets
 Megatron's GPT datasets. ``TokenData.samples`` is any random-access source (``len`` and
 ``[i]``): an in-memory array, a memory-mapped :class:`~jaxtrain.data.gpt_dataset.GPTDataset`
 or blend, or packed documents. A sample is an int array of ``T + 1`` tokens, or a dict with
-``tokens`` and ``segment_ids`` (packed documents: 0 marks padding).
+``tokens`` and ``segment_ids`` (packed documents: 0 marks padding), and optionally ``keep``
+(0 keeps the whole sample out of the loss).
 
 Order: ``dataloader_type: cyclic`` (the default) is a seeded grain shuffle, reshuffled every
 epoch; ``single`` serves the samples in the source's own order (Megatron's GPT datasets are
@@ -122,6 +123,8 @@ def make_batch(rows, data: TokenData, per_micro: int) -> dict:
                  "segment_ids": s_in.astype(np.int32), "positions": segment_positions(s_in)}
         if data.eod_mask_loss:
             batch["loss_mask"][inputs == data.eod] = 0.0
+        if "keep" in rows:             # a sample kept out of the loss entirely (keep 0)
+            batch["loss_mask"] *= np.asarray(rows["keep"], np.float32).reshape(n, 1)
     else:
         n = rows.shape[0]
         batch = {"tokens": rows[:, :-1], "targets": rows[:, 1:], **document_masks(rows[:, :-1],

@@ -1,8 +1,10 @@
 """Tokenise a JSON-lines corpus into Megatron indexed files (``.bin``/``.idx``).
 
     python -m jaxtrain.data.preprocess --input FILE.jsonl --tokenizer PATH --output-prefix P
-        [--tokenizer-type HuggingFaceTokenizer|GPT2BPETokenizer|NullTokenizer|TikTokenizer]
-        [--vocab-file F --merge-file F] [--vocab-size N] [--json-key text] [--append-eod]
+        [--tokenizer-type HuggingFaceTokenizer|GPT2BPETokenizer|NullTokenizer|TikTokenizer|
+                          SentencePieceTokenizer|Llama2Tokenizer|BertWordPieceCase|...]
+        [--vocab-file F --merge-file F] [--vocab-size N] [--vocab-extra-ids N]
+        [--json-key text] [--append-eod]
         [--tiktoken-pattern v1|v2 --tiktoken-num-special-tokens N
          --tiktoken-special-tokens T ...] [--workers N]
 
@@ -24,7 +26,7 @@ import time
 
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.data.indexed import IndexedDatasetBuilder, optimal_dtype
-from jaxtrain.data.tokenizers import load_tokenizer
+from jaxtrain.data.tokenizers import BUILT, load_tokenizer
 
 _TOKENIZER = None
 _ARGS = None
@@ -36,7 +38,8 @@ def _tokenizer(args):
                           trust_remote_code=args.trust_remote_code,
                           tiktoken_pattern=args.tiktoken_pattern,
                           tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
-                          tiktoken_special_tokens=args.tiktoken_special_tokens)
+                          tiktoken_special_tokens=args.tiktoken_special_tokens,
+                          vocab_extra_ids=args.vocab_extra_ids)
 
 
 def _init(args):
@@ -120,12 +123,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output-prefix", required=True)
     p.add_argument("--tokenizer", "--tokenizer-model", dest="tokenizer", default=None,
                    help="tokenizer directory or tokenizer.json (HuggingFaceTokenizer)")
-    p.add_argument("--tokenizer-type", default=None,
-                   choices=("HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer",
-                            "TikTokenizer"))
+    p.add_argument("--tokenizer-type", default=None, choices=BUILT)
     p.add_argument("--vocab-file", default=None)
     p.add_argument("--merge-file", default=None)
     p.add_argument("--vocab-size", type=int, default=None)
+    p.add_argument("--vocab-extra-ids", type=int, default=0)
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--tiktoken-pattern", choices=("v1", "v2"), default=None)
     p.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)

@@ -15,6 +15,12 @@
   tokenised once at start-up (there is no streaming reader: ``data.streaming`` changes
   nothing; corpora larger than host memory go through ``python -m jaxtrain.data.preprocess``
   into memory-mapped indexed files). pgs ``data.seed`` orders the training samples;
+- MaxText ``dataset_type: grain``: ``grain_train_files`` (a glob, or a weighted mixture;
+  or ``grain_train_mixture_config_path``) of ArrayRecord/Parquet/TFRecord files
+  (``grain_file_type``; :mod:`jaxtrain.data.grain_files`): their documents are tokenised and
+  packed like hf files, by ``grain_packing_type``; ``grain_eval_files`` is the validation set;
+- MaxText ``dataset_type: olmo_grain``: fixed windows of AI2's OLMo token files through
+  ``olmo_index_path`` (:mod:`jaxtrain.data.olmo`); validation reads them in another order;
 - ``dataset_type: corpus``: jaxtrain's generated text corpus with its own BPE tokenizer.
 
 ``dataloader_type`` sets the sample order (:mod:`jaxtrain.data.batches`);
@@ -43,7 +49,7 @@ import re
 import numpy as np
 
 from jaxtrain.config.errors import ConfigError
-from jaxtrain.data import corpus, gpt_dataset, text_files
+from jaxtrain.data import corpus, gpt_dataset, grain_files, olmo, text_files
 from jaxtrain.data.batches import TokenData, windows
 from jaxtrain.data.tokenizers import build_tokenizer
 
@@ -171,27 +177,95 @@ def _megatron(cfg) -> TokenData:
     return TokenData(train, vocab, "indexed", **_loader(cfg, tok.eod if tok else None))
 
 
-def _text(cfg, files: list[str], name: str, limit: int | None = None) -> TokenData:
-    """Documents of ``files`` (the first ``limit`` of them), tokenised, packed or padded."""
+def _text_tokenizer(cfg, name: str):
     tok = build_tokenizer(cfg)
     if tok is None:
         raise ConfigError(f"{name}: text data needs a tokenizer: set tokenizer_type and "
                           "tokenizer_model (MaxText tokenizer_path)")
+    return tok
+
+
+def _text_field(cfg) -> str:
     columns = cfg["train_data_columns"]
-    field = columns if isinstance(columns, str) else columns[0]
-    texts = list(itertools.islice(text_files.read_documents(files, field), limit))
+    return columns if isinstance(columns, str) else columns[0]
+
+
+def _encode(tok, texts) -> list:
+    texts = list(texts)
     encode_batch = getattr(tok, "encode_batch", None)
-    docs = encode_batch(texts) if encode_batch else [tok.encode(t) for t in texts]
+    return encode_batch(texts) if encode_batch else [tok.encode(t) for t in texts]
+
+
+def _packed(cfg, tok, docs, name: str, packing_type: str = "first_fit",
+            **loader) -> TokenData:
+    """Token lists packed (``packing_type``: first_fit, best_fit, concat_then_split) or padded
+    into samples of seq_length + 1 tokens; with packing each document ends with the EOD."""
     if cfg["packing"] and tok.eod is not None:
         docs = [list(d) + [tok.eod] for d in docs]
     length = cfg["seq_length"] + 1
-    arrays = text_files.pack(docs, length) if cfg["packing"] else \
-        text_files.pad_rows(docs, length)
+    if not cfg["packing"]:
+        arrays = text_files.pad_rows(docs, length)
+    elif packing_type == "concat_then_split":
+        arrays = text_files.concat_split(docs, length)
+    else:
+        arrays = text_files.pack(docs, length, "best" if packing_type == "best_fit" else "first")
     if len(arrays["tokens"]) == 0:
         raise ConfigError(f"{name}: the documents hold no tokens")
     return TokenData(text_files.Rows(arrays), tok.vocab_size, name,
                      **{**_loader(cfg, tok.eod), "reset_position_ids": False,
-                        "reset_attention_mask": False})
+                        "reset_attention_mask": False, **loader})
+
+
+def _text(cfg, files: list[str], name: str, limit: int | None = None) -> TokenData:
+    """Documents of ``files`` (the first ``limit`` of them), tokenised, packed or padded."""
+    tok = _text_tokenizer(cfg, name)
+    texts = itertools.islice(text_files.read_documents(files, _text_field(cfg)), limit)
+    return _packed(cfg, tok, _encode(tok, texts), name)
+
+
+def _grain(cfg, key: str, name: str, workers_key: str) -> TokenData:
+    """MaxText's grain files (:mod:`jaxtrain.data.grain_files`) of ``key``, tokenised and
+    packed as hf files are, by ``grain_packing_type``."""
+    tok = _text_tokenizer(cfg, name)
+    mixture = cfg["grain_train_mixture_config_path"] if key == "grain_train_files" else ""
+    if mixture:
+        key, sources = "grain_train_mixture_config_path", grain_files.mixture_file(mixture)
+    elif not cfg[key]:
+        raise ConfigError(f"dataset_type grain needs {key} (a glob of "
+                          f"{cfg['grain_file_type']} files)")
+    else:
+        sources = grain_files.parse_sources(cfg[key], key)
+    field = _text_field(cfg)
+    docs = [_encode(tok, grain_files.read_texts(grain_files.find_files(pattern, key),
+                                                cfg["grain_file_type"], field))
+            for pattern, _ in sources]
+    if len(docs) > 1 or sources[0][1] is not None:
+        seed = _order_seed(cfg)
+        docs = grain_files.mix(docs, [w for _, w in sources],
+                               cfg["seed"] if seed is None else seed)
+    else:
+        docs = docs[0]
+    return _packed(cfg, tok, docs, name, cfg["grain_packing_type"],
+                   **_workers(cfg, workers_key))
+
+
+def _workers(cfg, key: str) -> dict:
+    """grain_worker_count(_eval) as the set's loader threads (-1 keeps num_workers)."""
+    workers = cfg[key]
+    if workers < -1:
+        raise ConfigError(f"{key} {workers}: give a count of 0 or more, or -1")
+    return {"num_workers": workers} if workers >= 0 else {}
+
+
+def _olmo(cfg, name: str, workers_key: str, eval_seed: int | None = None) -> TokenData:
+    """MaxText's olmo_grain instances (:mod:`jaxtrain.data.olmo`); ``eval_seed`` orders a
+    validation pass over them (always shuffled)."""
+    source = olmo.instances(cfg)
+    tok = build_tokenizer(cfg)
+    loader = {**_loader(cfg, tok.eod if tok else None), **_workers(cfg, workers_key)}
+    if eval_seed is not None:
+        loader.update(dataloader_type="cyclic", seed=eval_seed)
+    return TokenData(source, _vocab(cfg, tok, "dataset_type olmo_grain"), name, **loader)
 
 
 def _hf_files(cfg) -> list[str]:
@@ -249,17 +323,28 @@ def _training_data(cfg) -> TokenData:
         return _megatron(cfg)
     if cfg.is_set("data.dataset"):
         return _text(cfg, _dataset_files(cfg), "data.dataset")
-    if cfg.is_set("dataset_type") or cfg.dialect == "maxtext":
-        kind = cfg["dataset_type"]
-        if kind == "synthetic":
-            return _random_tokens(cfg, "dataset_type synthetic")
-        if kind == "corpus":
-            return _corpus(cfg)
-        if kind == "hf":
-            return _text(cfg, _hf_files(cfg), "dataset_type hf")
+    kind = _dataset_type(cfg)
+    if kind == "synthetic":
+        return _random_tokens(cfg, "dataset_type synthetic")
+    if kind == "corpus":
+        return _corpus(cfg)
+    if kind == "hf":
+        return _text(cfg, _hf_files(cfg), "dataset_type hf")
+    if kind == "grain":
+        return _grain(cfg, "grain_train_files", "dataset_type grain", "grain_worker_count")
+    if kind == "olmo_grain":
+        return _olmo(cfg, "dataset_type olmo_grain", "grain_worker_count")
     raise ConfigError("no training data configured: set data_path (Megatron indexed files), "
                       "mock_data: true, dataset_type: hf with hf_path/hf_train_files, "
-                      "dataset_type: synthetic or dataset_type: corpus")
+                      "dataset_type: grain with grain_train_files, dataset_type: olmo_grain "
+                      "with olmo_index_path, dataset_type: synthetic or dataset_type: corpus")
+
+
+def _dataset_type(cfg) -> str | None:
+    """MaxText's dataset_type when the config chooses it (set, or a MaxText config)."""
+    if cfg.is_set("dataset_type") or cfg.dialect == "maxtext":
+        return cfg["dataset_type"]
+    return None
 
 
 def _eval_iters_per_set(cfg, n: int) -> list[int]:
@@ -340,8 +425,7 @@ def _has_megatron_eval_paths(cfg) -> bool:
 
 
 def _synthetic(cfg) -> bool:
-    return (cfg.is_set("dataset_type") or cfg.dialect == "maxtext") and \
-        cfg["dataset_type"] == "synthetic"
+    return _dataset_type(cfg) == "synthetic"
 
 
 def validation_data(cfg) -> list[TokenData] | None:
@@ -358,6 +442,13 @@ def validation_data(cfg) -> list[TokenData] | None:
                               "subset needs at least one sample")
         files = eval_files(cfg["data.eval_dataset"], cfg["data.eval_split"])
         return [_text(cfg, files, "data.eval_dataset", limit=cfg["data.eval_samples"])]
+    kind = None if cfg.is_set("data.dataset") else _dataset_type(cfg)
+    if kind == "grain" and cfg["grain_eval_files"]:
+        return [_grain(cfg, "grain_eval_files", "grain_eval_files", "grain_worker_count_eval")]
+    if kind == "olmo_grain":
+        seed = _order_seed(cfg)
+        seed = (cfg["seed"] if seed is None else seed) ^ olmo.EVAL_SEED_MASK
+        return [_olmo(cfg, "olmo_grain validation", "grain_worker_count_eval", seed)]
     if _synthetic(cfg):
         return [_random_tokens(cfg, "dataset_type synthetic validation", split=1)]
     return None

@@ -100,10 +100,11 @@ def read_documents(paths: list[str], field: str):
             raise ConfigError(f"{path}: the file holds no rows")
 
 
-def pack(docs, length: int) -> dict:
+def pack(docs, length: int, fit: str = "first") -> dict:
     """First-fit packing of token lists into rows of ``length``: {"tokens", "segment_ids"}
     [N, length] int32. Rows stay open for later documents while they have room (the oldest
-    of more than 256 open rows is closed first)."""
+    of more than 256 open rows is closed first). ``fit="best"`` puts each piece in the open
+    row it fills most tightly instead of the first one it fits in."""
     rows_tok: list[list[int]] = []
     rows_seg: list[list[int]] = []
     room: list[int] = []     # free slots of the open rows
@@ -115,7 +116,7 @@ def pack(docs, length: int) -> dict:
             free = np.asarray(room)
             fits = np.nonzero(free >= len(piece))[0] if len(room) else []
             if len(fits):
-                j = int(fits[0])
+                j = int(fits[0] if fit == "first" else fits[np.argmin(free[fits])])
                 r = which[j]
                 room[j] -= len(piece)
             else:
@@ -138,6 +139,24 @@ def pack(docs, length: int) -> dict:
     for i, (t, s) in enumerate(zip(rows_tok, rows_seg)):
         tokens[i, :len(t)] = t
         segs[i, :len(s)] = s
+    return {"tokens": tokens, "segment_ids": segs}
+
+
+def concat_split(docs, length: int) -> dict:
+    """The documents end to end, cut into rows of ``length`` (the last row padded): a document
+    crossing a row end continues in the next row; each piece has its own segment id."""
+    docs = [np.asarray(d, np.int32).ravel() for d in docs]
+    total = sum(len(d) for d in docs)
+    n = -(-total // length)
+    tokens = np.zeros(n * length, np.int32)
+    owner = np.full(n * length, -1, np.int64)
+    if total:
+        tokens[:total] = np.concatenate(docs)
+        owner[:total] = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+    tokens, owner = tokens.reshape(n, length), owner.reshape(n, length)
+    starts = np.ones(owner.shape, np.int32)
+    starts[:, 1:] = owner[:, 1:] != owner[:, :-1]
+    segs = np.where(owner >= 0, np.cumsum(starts, axis=1), 0).astype(np.int32)
     return {"tokens": tokens, "segment_ids": segs}
 
 

@@ -21,6 +21,24 @@ Nothing is downloaded: a path that does not exist is a ConfigError.
   ``<unk> <s> </s>``, then ``<SPECIAL_i>`` fillers), the file's ranks following them. The
   vocabulary holds ``vocab_size`` ids (Megatron's 2**17 when unset): the file's first
   ``vocab_size - tiktoken_num_special_tokens`` ranks are kept; ``eod`` is ``</s>``.
+- ``SentencePieceTokenizer``, ``GPTSentencePieceTokenizer``, ``Llama2Tokenizer``,
+  ``BertWordPieceLowerCase``, ``BertWordPieceCase``: Megatron's own classes, with its special
+  ids and ``vocab_extra_ids`` (:mod:`jaxtrain.data.megatron_tokenizers`). A
+  ``Llama2Tokenizer`` whose ``tokenizer_model`` is a directory or a tokenizer.json is loaded
+  as Primus loads it, like ``HuggingFaceTokenizer``.
+- Primus's ``Llama3Tokenizer``, ``Llama4Tokenizer``, ``MixtralTokenizer``,
+  ``DeepSeekV2/V3/V4Tokenizer``, ``Lfm2Tokenizer``, ``KimiK2Tokenizer``: Primus builds each
+  as Megatron's ``HuggingFaceTokenizer`` over ``tokenizer_model``, and so does jaxtrain (the
+  code shipped with a tokenizer runs only with ``trust_remote_code``).
+- MaxText's ``tokenizer_type`` values over ``tokenizer_path``: ``huggingface`` (as
+  ``HuggingFaceTokenizer``), ``sentencepiece`` (the model's own pieces and BOS/EOS ids, as
+  ``GPTSentencePieceTokenizer``) and ``tiktoken`` (:class:`MaxTextTikToken`: a ``.tiktoken``
+  rank file followed by Llama 3's 256 special tokens). MaxText's hf pipeline always loads
+  an AutoTokenizer; :func:`build_tokenizer` does so there when the path is a folder or a
+  tokenizer.json, and infers the kind from the path when the type is left at its default.
+
+Every tokenizer has ``bos`` (None when it has no BOS); the MaxText pipelines add it and the
+EOD per document by ``add_bos``/``add_eos`` (:mod:`jaxtrain.data.sources`).
 """
 from __future__ import annotations
 
@@ -30,9 +48,19 @@ import json
 import os
 
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.data import megatron_tokenizers as mt
 
 EOD_TEXT = "<|endoftext|>"
-BUILT = ("HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer", "TikTokenizer")
+# Primus's tokenizer types: each is Hugging Face's AutoTokenizer over tokenizer_model.
+PRIMUS_HF = ("Llama3Tokenizer", "Llama4Tokenizer", "MixtralTokenizer", "DeepSeekV2Tokenizer",
+             "DeepSeekV3Tokenizer", "DeepSeekV4Tokenizer", "Lfm2Tokenizer", "KimiK2Tokenizer")
+SENTENCEPIECE = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+WORDPIECE = ("BertWordPieceLowerCase", "BertWordPieceCase")
+EXTRA_IDS = ("SentencePieceTokenizer",) + WORDPIECE     # the types that read vocab_extra_ids
+MAXTEXT_TYPES = ("sentencepiece", "tiktoken", "huggingface")    # MaxText's own spellings
+BUILT = ("HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer", "TikTokenizer",
+         *SENTENCEPIECE, *WORDPIECE, *PRIMUS_HF, *MAXTEXT_TYPES)
+BOS_TEXTS = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
 
 # Megatron's two tiktoken pre-tokenisation regexes (PATTERN_TIKTOKEN and PATTERN_TIKTOKEN_V2).
 TIKTOKEN_PATTERNS = {
@@ -46,6 +74,8 @@ TIKTOKEN_VOCAB = 2 ** 17   # Megatron's vocabulary size when vocab_size is unset
 
 
 class NullTokenizer:
+    bos = None
+
     def __init__(self, vocab_size: int):
         self._n = int(vocab_size)
 
@@ -76,6 +106,7 @@ class _TokenizersTokenizer:
                 if eod is not None:
                     break
         self._eod = eod
+        self.bos = next((i for i in map(tok.token_to_id, BOS_TEXTS) if i is not None), None)
 
     @property
     def vocab_size(self) -> int:
@@ -107,6 +138,7 @@ class HFTokenizer:
         except Exception as e:  # noqa: BLE001 - transformers raises many kinds
             raise ConfigError(f"tokenizer {path!r}: cannot load it with AutoTokenizer: "
                               f"{type(e).__name__}: {e}") from e
+        self.bos = self._tok.bos_token_id
 
     @property
     def vocab_size(self) -> int:
@@ -227,6 +259,10 @@ class TikTokenizer:
     def eod(self) -> int:
         return self.special_ids["</s>"]
 
+    @property
+    def bos(self) -> int:
+        return self.special_ids["<s>"]
+
     def encode(self, text: str) -> list[int]:
         return self._model.encode_ordinary(text)
 
@@ -235,6 +271,66 @@ class TikTokenizer:
 
     def decode(self, ids) -> str:
         return self._model.decode([int(i) for i in ids])
+
+
+# Llama 3's pre-tokenisation regex (contractions, letters, 1-3 digit groups, punctuation runs).
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPECIALS = 256
+
+
+def llama3_special_tokens() -> list[str]:
+    """Llama 3's 256 special tokens, in id order after the base vocabulary."""
+    named = ["<|begin_of_text|>", "<|end_of_text|>"]
+    named += [f"<|reserved_special_token_{i}|>" for i in range(4)]
+    named += ["<|start_header_id|>", "<|end_header_id|>", "<|reserved_special_token_4|>",
+              "<|eot_id|>"]
+    return named + [f"<|reserved_special_token_{i}|>"
+                    for i in range(5, LLAMA3_SPECIALS - len(named) + 5)]
+
+
+class MaxTextTikToken:
+    """MaxText's ``tokenizer_type: tiktoken``: a tiktoken rank file (``base64 rank`` lines),
+    then Llama 3's special tokens numbered after it; BOS ``<|begin_of_text|>``, EOS/EOD
+    ``<|end_of_text|>``. Special-token text in a document is encoded as ordinary text."""
+
+    def __init__(self, path: str):
+        try:
+            import tiktoken
+        except ImportError as e:
+            raise ConfigError("tokenizer_type tiktoken needs the tiktoken package "
+                              "(pip install tiktoken)") from e
+        if not os.path.isfile(path):
+            raise ConfigError(f"tokenizer_path {path!r}: tokenizer_type tiktoken reads a "
+                              "tiktoken rank file, not a directory")
+        ranks = read_tiktoken_ranks(path)
+        self.special_ids = {t: len(ranks) + i for i, t in enumerate(llama3_special_tokens())}
+        self._model = tiktoken.Encoding(name=os.path.basename(path), pat_str=LLAMA3_PATTERN,
+                                        mergeable_ranks=ranks, special_tokens=self.special_ids)
+        self.bos = self.special_ids["<|begin_of_text|>"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._model.n_vocab
+
+    @property
+    def eod(self) -> int:
+        return self.special_ids["<|end_of_text|>"]
+
+    def encode(self, text: str) -> list[int]:
+        return self._model.encode_ordinary(text)
+
+    def encode_batch(self, texts) -> list[list[int]]:
+        return self._model.encode_ordinary_batch(list(texts))
+
+    def decode(self, ids) -> str:
+        return self._model.decode([int(i) for i in ids])
+
+
+class MaxTextSentencePiece(mt.GPTSentencePieceTokenizer):
+    """MaxText's ``tokenizer_type: sentencepiece``: the model's pieces, BOS and EOS."""
+
+    kind = "sentencepiece"
 
 
 def _need_path(path, what: str) -> str:
@@ -250,11 +346,38 @@ def load_tokenizer(tokenizer_type: str | None, model: str | None = None, *,
                    vocab_file: str | None = None, merge_file: str | None = None,
                    vocab_size: int | None = None, trust_remote_code: bool = False,
                    tiktoken_pattern: str | None = None, tiktoken_num_special_tokens: int = 1000,
-                   tiktoken_special_tokens: list[str] | None = None):
+                   tiktoken_special_tokens: list[str] | None = None,
+                   vocab_extra_ids: int = 0):
     """The tokenizer of this type from these files (the config-free entry point)."""
     if tokenizer_type is None:
         tokenizer_type = "HuggingFaceTokenizer" if model else (
             "GPT2BPETokenizer" if vocab_file else None)
+    if vocab_extra_ids and tokenizer_type not in EXTRA_IDS:
+        raise ConfigError(f"vocab_extra_ids {vocab_extra_ids}: only {', '.join(EXTRA_IDS)} add "
+                          f"sentinel tokens (tokenizer_type is {tokenizer_type}); set it to 0")
+    if vocab_extra_ids < 0:
+        raise ConfigError(f"vocab_extra_ids {vocab_extra_ids}: give 0 or more")
+    if tokenizer_type == "sentencepiece":
+        return MaxTextSentencePiece(_need_path(model, "tokenizer_path"))
+    if tokenizer_type == "tiktoken":
+        return MaxTextTikToken(_need_path(model, "tokenizer_path"))
+    if tokenizer_type == "huggingface":
+        tokenizer_type = "HuggingFaceTokenizer"
+    if tokenizer_type in WORDPIECE:
+        return mt.BertWordPieceTokenizer(_need_path(vocab_file, "vocab_file"),
+                                         tokenizer_type == "BertWordPieceLowerCase",
+                                         vocab_extra_ids)
+    if tokenizer_type == "SentencePieceTokenizer":
+        return mt.SentencePieceTokenizer(_need_path(model, "tokenizer_model"), vocab_extra_ids)
+    if tokenizer_type == "GPTSentencePieceTokenizer":
+        return mt.GPTSentencePieceTokenizer(_need_path(model, "tokenizer_model"))
+    if tokenizer_type == "Llama2Tokenizer":
+        path = _need_path(model, "tokenizer_model")
+        if os.path.isfile(path) and not path.endswith(".json"):
+            return mt.Llama2Tokenizer(path)
+        tokenizer_type = "HuggingFaceTokenizer"        # Primus's Llama2Tokenizer
+    if tokenizer_type in PRIMUS_HF:
+        tokenizer_type = "HuggingFaceTokenizer"
     if tokenizer_type == "NullTokenizer":
         if not vocab_size:
             raise ConfigError("NullTokenizer needs vocab_size")
@@ -295,14 +418,36 @@ def load_tokenizer(tokenizer_type: str | None, model: str | None = None, *,
                       f"{', '.join(BUILT)})")
 
 
+def _maxtext_type(cfg, ttype: str, model: str) -> str:
+    """MaxText's type for ``model``: its hf pipeline always reads an AutoTokenizer, and a type
+    left at MaxText's default follows the path (a folder or tokenizer.json is Hugging Face's,
+    a *.tiktoken file tiktoken's)."""
+    hf_files = os.path.isdir(model) or model.endswith(".json")
+    hf_data = cfg["dataset_type"] == "hf" and (cfg.is_set("dataset_type") or
+                                               cfg.dialect == "maxtext")
+    if hf_files and (hf_data or not cfg.is_set("tokenizer_type")):
+        return "huggingface"
+    if not cfg.is_set("tokenizer_type") and model.endswith(".tiktoken"):
+        return "tiktoken"
+    return ttype
+
+
 def build_tokenizer(cfg):
     """The tokenizer the config names, or None when it names none."""
     ttype, model = cfg["tokenizer_type"], cfg["tokenizer_model"]
+    if ttype in MAXTEXT_TYPES:
+        if not model:
+            return None     # MaxText's default type with no tokenizer_path: no tokenizer
+        ttype = _maxtext_type(cfg, ttype, str(model))
     if ttype is None and not model and not cfg["vocab_file"]:
+        if cfg["vocab_extra_ids"]:
+            raise ConfigError("vocab_extra_ids adds sentinel tokens to a SentencePieceTokenizer "
+                              "or BertWordPiece* tokenizer, and no tokenizer is configured")
         return None
     return load_tokenizer(ttype, model, vocab_file=cfg["vocab_file"],
                           merge_file=cfg["merge_file"], vocab_size=cfg["vocab_size"],
                           trust_remote_code=cfg["trust_remote_code"],
                           tiktoken_pattern=cfg["tiktoken_pattern"],
                           tiktoken_num_special_tokens=cfg["tiktoken_num_special_tokens"],
-                          tiktoken_special_tokens=cfg["tiktoken_special_tokens"])
+                          tiktoken_special_tokens=cfg["tiktoken_special_tokens"],
+                          vocab_extra_ids=cfg["vocab_extra_ids"])

@@ -19,7 +19,7 @@ ATTENTION_IMPLS = ("xla", "flash", "cudnn")
 def attention(q, k, v, *, impl: str = "xla", causal: bool = True, segment_ids=None,
               sliding_window=None, softcap: float | None = None, scale=None,
               softmax_fp32: bool = True, dropout_rate: float = 0.0, dropout_rng=None,
-              sinks=None, block_sizes=None):
+              sinks=None, block_sizes=None, q_offset=None):
     """Attention of q [B,T,N,H] over k [B,S,K,H], v [B,S,K,Hv] -> [B,T,N,Hv] by ``impl``.
 
     Arguments mean what they mean for `dot_product_attention`. "flash" and "cudnn" take a
@@ -29,15 +29,19 @@ def attention(q, k, v, *, impl: str = "xla", causal: bool = True, segment_ids=No
     runs the Pallas interpreter when the default backend is the CPU; ``block_sizes`` (a
     `kernels.flash_attention.BlockSizes`) tunes it. "cudnn" receives segment ids as a dense
     [B,1,T,S] mask (cuDNN's packed layout is not reachable through `jax.nn`), so it costs
-    O(B*T*S) memory when sequences are packed.
+    O(B*T*S) memory when sequences are packed. ``q_offset`` (decoding over a KV cache) is
+    "xla" only.
     """
     if impl == "xla":
         return dot_product_attention(
             q, k, v, causal=causal, segment_ids=segment_ids, sliding_window=sliding_window,
             softcap=softcap, scale=scale, softmax_fp32=softmax_fp32,
-            dropout_rate=dropout_rate, dropout_rng=dropout_rng, sinks=sinks)
+            dropout_rate=dropout_rate, dropout_rng=dropout_rng, sinks=sinks, q_offset=q_offset)
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention impl {impl!r} is not one of {ATTENTION_IMPLS}")
+    if q_offset is not None:
+        raise ValueError(f"attention impl {impl!r} takes no q_offset (KV-cache decoding); "
+                         "use 'xla'")
     if dropout_rate > 0.0:
         raise ValueError(f"attention impl {impl!r} has no attention dropout; use 'xla'")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -72,10 +76,13 @@ def attention(q, k, v, *, impl: str = "xla", causal: bool = True, segment_ids=No
 def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
                           sliding_window=None, softcap: float | None = None,
                           scale: float | None = None, softmax_fp32: bool = True,
-                          dropout_rate: float = 0.0, dropout_rng=None, sinks=None):
+                          dropout_rate: float = 0.0, dropout_rng=None, sinks=None,
+                          q_offset=None):
     """Grouped-query attention: q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv] -> [B,T,N,Hv] in q's dtype.
 
     causal: key s is visible to query t only if s <= t (q and k aligned at the end when T < S).
+    q_offset: the key position of query 0 (default S - T, aligned at the end); may be traced,
+      e.g. the fill level of a KV cache whose later keys are not written yet (causal hides them).
     segment_ids: [B,T] ints (T == S); a query sees only keys of the same segment (packing).
     sliding_window: W; a query sees the W most recent keys including itself (t - s < W). W may
       be a traced scalar (a per-layer window inside a scan); W >= S means no limit.
@@ -94,7 +101,7 @@ def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
     s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=acc) * jnp.asarray(scale, acc)
     if softcap:
         s = jnp.tanh(s / softcap) * softcap
-    mask = _mask(T, S, causal, sliding_window, segment_ids)
+    mask = _mask(T, S, causal, sliding_window, segment_ids, q_offset)
     if mask is not None:
         s = jnp.where(mask, s, jnp.finfo(acc).min)
     if sinks is None:
@@ -109,9 +116,9 @@ def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
     return out.reshape(B, T, N, v.shape[-1]).astype(q.dtype)
 
 
-def _mask(T, S, causal, sliding_window, segment_ids):
+def _mask(T, S, causal, sliding_window, segment_ids, q_offset=None):
     """Boolean [B|1, 1, 1, T, S] visibility mask, or None when everything is visible."""
-    t = jnp.arange(T)[:, None] + (S - T)
+    t = jnp.arange(T)[:, None] + (S - T if q_offset is None else q_offset)
     s = jnp.arange(S)[None, :]
     mask = None
     if causal:

@@ -17,6 +17,7 @@ from jaxtrain.config.errors import ConfigError
 from jaxtrain.models.attention import ATTENTION_IMPLS
 from jaxtrain.models.remat import REMAT_POLICIES
 from jaxtrain.quant.config import from_config as quant_config
+from jaxtrain.quant.kvcache import KV_QUANT_AXES, KV_QUANT_DTYPES
 
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
 ROPE_TYPES = ("rope", "yarn")
@@ -118,6 +119,12 @@ class ModelConfig:
     # Quantized projections (fp8 / fp4 / MaxText quantization / pgs float8): a
     # jaxtrain.quant.QuantConfig, or None for none.
     quant: Any = None
+    # Quantized KV cache of decoding (models/decode.py, quant/kvcache.py; training has no cache):
+    # kv_quant_axis "dkv" (a scale per token and kv head) or "heads_and_dkv" (per token; "" only
+    # with the cache unquantized), kv_quant_dtype "int8" or "int4".
+    quantize_kvcache: bool = False
+    kv_quant_axis: str = "heads_and_dkv"
+    kv_quant_dtype: str = "int8"
     logits_dot_in_fp32: bool = False
     use_iota_embed: bool = False
 
@@ -205,6 +212,10 @@ class ModelConfig:
                   "picks the layers that use sliding_window, which is None")
         if self.multi_latent_attention:
             self._validate_mla(check)
+        choice("kv_quant_axis", ("",) + KV_QUANT_AXES)
+        choice("kv_quant_dtype", tuple(KV_QUANT_DTYPES))
+        check(not (self.quantize_kvcache and not self.kv_quant_axis), "kv_quant_axis",
+              "cannot be empty when quantize_kvcache is on (use 'dkv' or 'heads_and_dkv')")
         check(self.param_scan_axis in (0, 1), "param_scan_axis", "must be 0 or 1")
         choice("remat_policy", REMAT_POLICIES)
         for name, mode in self.remat_tensors:
@@ -393,8 +404,11 @@ class ModelConfig:
             final_logit_softcapping=g("final_logit_softcapping") or None,
             attn_logit_softcapping=g("attn_logit_softcapping") or None,
             attention_impl=attention_impl,
-            dtype=dtype, weight_dtype=g("weight_dtype", "float32"),
+            dtype=dtype, weight_dtype=_weight_dtype(cfg, dtype),
             quant=quant_config(cfg, accelerator()),
+            quantize_kvcache=g("quantize_kvcache", False),
+            kv_quant_axis=g("kv_quant_axis", "heads_and_dkv") or "",
+            kv_quant_dtype=g("kv_quant_dtype", "int8"),
             logits_dot_in_fp32=g("logits_dot_in_fp32", False),
             use_iota_embed=g("use_iota_embed", False), scan_layers=g("scan_layers", True),
             param_scan_axis=g("param_scan_axis", 1), remat_policy=remat, remat_tensors=custom,
@@ -524,6 +538,15 @@ def _attention_choice(cfg: Mapping[str, Any]) -> tuple[str, str, bool]:
     impl = impls.pop()
     unfused = impl == "xla" and any(k in _MEGATRON_ATTENTION_KNOBS for k, _, _ in named)
     return impl, ", ".join(f"{k} = {v!r}" for k, v, _ in named), unfused
+
+
+def _weight_dtype(cfg: Mapping[str, Any], dtype: str) -> str:
+    """The parameters' storage dtype: MaxText's ``weight_dtype``, or the training dtype when
+    the optimizer keeps the master weights itself (Megatron ``main_params_dtype`` fp16)."""
+    if cfg.get("use_precision_aware_optimizer") and cfg.get("main_params_dtype",
+                                                            "fp32") != "fp32":
+        return dtype
+    return cfg.get("weight_dtype", "float32")
 
 
 def _sink_fields(cfg: Mapping[str, Any]) -> dict:

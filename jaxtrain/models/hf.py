@@ -2,7 +2,8 @@
 
 Families: Llama (2, 3.x with llama3 rope scaling), Mistral (sliding window), Qwen2 (qkv bias),
 Qwen3 (qk norm), GPT-2 (learned positions, LayerNorm, biases, Conv1D weights stored [in, out]),
-DeepSeek-V3 (multi-latent attention with YaRN; all-dense configs so far), gpt-oss (sinks,
+DeepSeek-V3 (multi-latent attention with YaRN; dense layers first, then MoE layers with
+group-limited sigmoid routing, e_score_correction_bias and a shared expert), gpt-oss (sinks,
 alternating sliding windows, biases, YaRN; biased router and clamped-GLU experts with biases),
 Mixtral and Qwen3-MoE (MoE layers: router + experts [E, ...], dense layers where Qwen3-MoE's
 mlp_only_layers/decoder_sparse_step say).
@@ -35,7 +36,8 @@ _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 _MOE_FAMILIES = ("mixtral", "qwen3_moe")
 # Expert tensor names (gate, up, down) of the per-expert checkpoint layout.
 _EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2"),
-                 "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
+                 "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
+                 "deepseek_v3": ("gate_proj", "up_proj", "down_proj")}
 _HF_ACT = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
            "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu",
            "quick_gelu": "quick_gelu"}
@@ -222,7 +224,8 @@ def _mscale(factor: float, coefficient: float) -> float:
 
 def _deepseek_fields(hf: dict) -> dict:
     """DeepSeek-V3: multi-latent attention (latent norms, interleaved RoPE on the shared key),
-    YaRN whose mscale_all_dim also scales the softmax, and (here) dense MLP layers only."""
+    YaRN whose mscale_all_dim also scales the softmax, first_k_dense_replace dense MLP layers
+    and MoE layers after them (:func:`_deepseek_moe_fields`)."""
     act = hf.get("hidden_act", "silu")
     if act not in _HF_ACT:
         raise _bad("hidden_act", act, f"supported values are {sorted(_HF_ACT)}")
@@ -231,10 +234,6 @@ def _deepseek_fields(hf: dict) -> dict:
     if kv_heads != heads:
         raise _bad("num_key_value_heads", kv_heads, "multi-latent attention has one key/value "
                    f"head per query head ({heads})")
-    dense = hf.get("first_k_dense_replace", 3)
-    if dense < n:
-        raise _bad("first_k_dense_replace", dense, f"layers {dense}..{n - 1} are MoE layers, "
-                   "which need the MoE model; only all-dense configs load here")
     if hf.get("attention_bias", False):
         raise _bad("attention_bias", True, "biases on the MLA projections are not supported")
     fields = dict(
@@ -252,6 +251,8 @@ def _deepseek_fields(hf: dict) -> dict:
         qk_head_dim=hf["qk_nope_head_dim"], qk_pos_emb_head_dim=hf["qk_rope_head_dim"],
         v_head_dim=hf["v_head_dim"], qk_layernorm=True,
     )
+    if hf.get("first_k_dense_replace", 3) < n:
+        fields["moe"] = _deepseek_moe_fields(hf)
     fields.update(_rope_fields(hf))
     # HF multiplies the softmax scale by m(factor, mscale_all_dim)^2 for any non-default RoPE
     # that names mscale_all_dim; ours is m(yarn factor, yarn_mscale_all_dim)^2.
@@ -265,6 +266,44 @@ def _deepseek_fields(hf: dict) -> dict:
         raise _bad("rope_parameters", rp, "the softmax scale's mscale_all_dim needs YaRN with "
                    "both mscale and mscale_all_dim (and no other attention_factor)")
     return fields
+
+
+def _deepseek_moe_fields(hf: dict):
+    """DeepSeek-V3's MoE layers (every layer from first_k_dense_replace on): sigmoid scores,
+    experts chosen on score + e_score_correction_bias (our expert_bias leaf) within the best
+    topk_group of n_group groups (a group scored by its top-2 biased scores), the unbiased
+    scores of the chosen experts renormalised (norm_topk_prob) and scaled by
+    routed_scaling_factor, gating in fp32, plus n_shared_experts x moe_intermediate_size
+    always-on shared expert. Evaluation is dropless there, as here without a capacity."""
+    from jaxtrain.models.moe import MoEConfig
+
+    # Missing fields take DeepseekV3Config's defaults (what transformers would build).
+    n, k = hf["num_hidden_layers"], hf.get("num_experts_per_tok", 8)
+    experts = hf.get("n_routed_experts", 256)
+    for field, ok in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
+        if hf.get(field, ok) != ok:
+            raise _bad(field, hf[field], f"DeepSeek-V3 routing is {field}={ok!r}")
+    if hf.get("moe_layer_freq", 1) != 1:
+        raise _bad("moe_layer_freq", hf["moe_layer_freq"], "transformers makes every layer "
+                   "from first_k_dense_replace on an MoE layer (frequency 1)")
+    if hf.get("norm_topk_prob", True) != (k > 1):
+        raise _bad("norm_topk_prob", hf.get("norm_topk_prob", True), "sigmoid routing "
+                   "renormalises the top-k weights exactly when top-k > 1 (Megatron's rule)")
+    groups, group_topk = hf.get("n_group", 8) or 1, hf.get("topk_group", 4) or 1
+    if groups > 1 and group_topk < groups and k // group_topk != 2:
+        raise _bad("topk_group", group_topk, f"HF scores a group by its top-2 experts, jaxtrain "
+                   f"(Megatron) by its top num_experts_per_tok // topk_group = {k // group_topk}")
+    limited = groups > 1 and group_topk < groups
+    first = hf.get("first_k_dense_replace", 3)
+    width = hf.get("moe_intermediate_size", 2048)
+    shared = (hf.get("n_shared_experts", 1) or 0) * width
+    scale = float(hf.get("routed_scaling_factor", 2.5))
+    return MoEConfig(num_experts=experts, topk=k, ffn_hidden_size=width,
+                     layer_freq=1 if first <= 0 else (0,) * first + (1,) * (n - first),
+                     shared_expert_size=shared or None, score_function="sigmoid",
+                     router_dtype="float32", topk_scaling_factor=None if scale == 1.0 else scale,
+                     num_groups=groups if limited else None,
+                     group_topk=group_topk if limited else None, expert_bias=True)
 
 
 def _gpt_oss_fields(hf: dict) -> dict:
@@ -355,7 +394,9 @@ def from_hf(path, **overrides) -> tuple[ModelConfig, dict]:
     cfg = config_from_hf(hf, **overrides)
     t = _Tensors(_read_tensors(path))
     if hf["model_type"] == "deepseek_v3":
-        params = _deepseek_params(t, cfg, hf.get("rope_interleave", True))
+        params = _deepseek_params(t, cfg, hf.get("rope_interleave", True),
+                                  hf.get("num_nextn_predict_layers",
+                                         hf.get("num_mtp_layers", 0)) or 0)
     else:
         params = (_gpt2_params(t, cfg) if hf["model_type"] == "gpt2"
                   else _llama_params(t, cfg, hf["model_type"]))
@@ -402,6 +443,22 @@ def _moe_from_hf(t: _Tensors, pre: str, cfg, family: str) -> dict:
         experts = {ours: np.stack([w(e, n) for e in range(m.num_experts)])
                    for ours, n in zip(("wi_0", "wi_1", "wo"), names)}
     return {"router": {"w": t(base + "gate.weight").T}, "experts": experts}
+
+
+def _deepseek_moe_from_hf(t: _Tensors, pre: str, cfg) -> dict:
+    """A DeepSeek-V3 MoE layer: router (+ e_score_correction_bias as expert_bias), routed
+    experts in either layout, and the shared expert (absent when n_shared_experts is 0)."""
+    tree = _moe_from_hf(t, pre, cfg, "deepseek_v3")
+    base = pre + "mlp."
+    tree["router"]["expert_bias"] = t(base + "gate.e_score_correction_bias")
+    names = ("gate_proj", "up_proj", "down_proj")
+    if cfg.moe.shared_expert_size:
+        tree["shared"] = {ours: t(f"{base}shared_experts.{n}.weight").T
+                          for ours, n in zip(("wi_0", "wi_1", "wo"), names)}
+    else:   # zero-width shared expert
+        for n in names:
+            t.drop(f"{base}shared_experts.{n}.weight")
+    return tree
 
 
 def _gpt_oss_moe_from_hf(t: _Tensors, base: str) -> dict:
@@ -461,10 +518,12 @@ def _rope_pair_order(P: int) -> np.ndarray:
     return np.stack([np.arange(P // 2), np.arange(P // 2) + P // 2], -1).reshape(-1)
 
 
-def _deepseek_params(t: _Tensors, cfg, rope_interleave: bool = True) -> dict:
+def _deepseek_params(t: _Tensors, cfg, rope_interleave: bool = True,
+                     mtp_layers: int = 0) -> dict:
     """DeepSeek-V3 tensors (kv_b_proj split into wk_b/wv_b). A checkpoint with
     ``rope_interleave`` false rotates half-split RoPE slices; their channels are reordered
-    into the interleaved pairs this model rotates (scores are unchanged)."""
+    into the interleaved pairs this model rotates (scores are unchanged). The
+    ``mtp_layers`` multi-token-prediction layers stored after the decoder are skipped."""
     D, N, Hn, Hv = cfg.hidden_size, cfg.num_attention_heads, cfg.qk_head_dim, cfg.v_head_dim
     Hq, Rkv, P = cfg.head_dim, cfg.kv_lora_rank, cfg.qk_pos_emb_head_dim
     q_order = np.arange(Hq)
@@ -487,11 +546,18 @@ def _deepseek_params(t: _Tensors, cfg, rope_interleave: bool = True) -> dict:
                     kv_a_norm={"scale": t(pre + "self_attn.kv_a_layernorm.weight")},
                     wk_b=kv_b[..., :Hn], wv_b=kv_b[..., Hn:],
                     wo=w("self_attn.o_proj").reshape(N, Hv, D))
-        mlp = {"wi_0": w("mlp.gate_proj"), "wi_1": w("mlp.up_proj"), "wo": w("mlp.down_proj")}
-        return {"attn_norm": {"scale": t(pre + "input_layernorm.weight")}, "attn": attn,
-                "mlp_norm": {"scale": t(pre + "post_attention_layernorm.weight")}, "mlp": mlp}
+        tree = {"attn_norm": {"scale": t(pre + "input_layernorm.weight")}, "attn": attn,
+                "mlp_norm": {"scale": t(pre + "post_attention_layernorm.weight")}}
+        if layer_slots(cfg)[i][0] == MOE_STACK:
+            return {**tree, "moe": _deepseek_moe_from_hf(t, pre, cfg)}
+        return {**tree, "mlp": {"wi_0": w("mlp.gate_proj"), "wi_1": w("mlp.up_proj"),
+                                "wo": w("mlp.down_proj")}}
 
-    params = {"embedding": t("model.embed_tokens.weight"), "layers": _layers(layer, cfg),
+    # Multi-token-prediction layers after the last decoder layer: transformers skips them too.
+    mtp = tuple(f"model.layers.{cfg.num_layers + j}." for j in range(mtp_layers))
+    for name in [k for k in t.left if k.startswith(mtp)]:
+        t.drop(name)
+    params = {"embedding": t("model.embed_tokens.weight"), **_stacks(layer, cfg),
               "final_norm": {"scale": t("model.norm.weight")}}
     if cfg.untie_embeddings_and_output_weights:
         params["output"] = t("lm_head.weight").T
@@ -627,6 +693,8 @@ def _check_exportable_mla_sinks(cfg: ModelConfig, family: str):
         "yarn_mscale_all_dim": not math.isclose(
             hf_softmax, _mscale(cfg.yarn_scaling_factor, cfg.yarn_mscale_all_dim)),
     }
+    if cfg.moe is not None:
+        problems.update(_deepseek_moe_problems(cfg))
     bad = [k for k, v in problems.items() if v]
     if bad:
         raise ValueError(f"cannot export to HF {family!r}: ModelConfig fields {bad} have no "
@@ -693,13 +761,51 @@ def _deepseek_config(cfg: ModelConfig, common: dict) -> dict:
     return {**common, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
             "num_attention_heads": cfg.num_attention_heads,
             "num_key_value_heads": cfg.num_attention_heads,
-            "intermediate_size": cfg.ffn_hidden_size, "first_k_dense_replace": cfg.num_layers,
+            "intermediate_size": cfg.ffn_hidden_size, **_deepseek_moe_config(cfg),
             "q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank,
             "qk_nope_head_dim": cfg.qk_head_dim, "qk_rope_head_dim": cfg.qk_pos_emb_head_dim,
             "v_head_dim": cfg.v_head_dim, "rope_interleave": True, "attention_bias": False,
             "max_position_embeddings": cfg.max_position_embeddings,
             "rms_norm_eps": cfg.norm_epsilon, "hidden_act": _ACT_HF[cfg.activation],
             "attention_dropout": cfg.attention_dropout, **_rope_hf(cfg)}
+
+
+def _deepseek_moe_config(cfg: ModelConfig) -> dict:
+    """first_k_dense_replace and the routing fields (checked by _deepseek_moe_problems)."""
+    m = cfg.moe
+    pattern = moe_pattern(m, cfg.num_layers)
+    if m is None or not any(pattern):
+        return {"first_k_dense_replace": cfg.num_layers}
+    grouped = bool(m.num_groups) and m.group_topk < m.num_groups   # else no group limit
+    return {"first_k_dense_replace": pattern.index(True), "moe_layer_freq": 1,
+            "n_routed_experts": m.num_experts, "num_experts_per_tok": m.topk,
+            "moe_intermediate_size": m.ffn_hidden_size,
+            "n_shared_experts": (m.shared_expert_size or 0) // m.ffn_hidden_size,
+            "routed_scaling_factor": m.topk_scaling_factor or 1.0,
+            "n_group": m.num_groups if grouped else 1,
+            "topk_group": m.group_topk if grouped else 1, "norm_topk_prob": m.topk > 1,
+            "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+
+
+def _deepseek_moe_problems(cfg: ModelConfig) -> dict:
+    """MoE settings DeepSeek-V3's router cannot reproduce (training-only knobs are not
+    checked; a missing expert bias is written as zeros)."""
+    m = cfg.moe
+    pattern = moe_pattern(m, cfg.num_layers)
+    first = pattern.index(True) if any(pattern) else cfg.num_layers
+    return {
+        "moe.layer_freq": any(pattern) and not all(pattern[first:]),
+        "moe.score_function": m.score_function != "sigmoid",
+        "moe.num_groups": bool(m.num_groups) and m.group_topk < m.num_groups
+        and m.topk // m.group_topk != 2,
+        "moe.shared_expert_size": bool(m.shared_expert_size)
+        and m.shared_expert_size % m.ffn_hidden_size != 0,
+        "moe.router_bias": m.router_bias,
+        "moe.router_softcap": bool(m.router_softcap),
+        "moe.force_balancing": m.force_balancing is not None,
+        "moe.activation": m.activation is not None,
+        "moe.load_balancing": "sinkhorn" in m.load_balancing,
+    }
 
 
 def _deepseek_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
@@ -715,8 +821,8 @@ def _deepseek_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, 
 
     out: dict[str, np.ndarray] = {}
     for i in range(cfg.num_layers):
-        p = jax.tree.map(lambda a: np.take(a, i, cfg.param_scan_axis), params["layers"])
-        a, m, pre = p["attn"], p["mlp"], f"model.layers.{i}."
+        p = layer_tree(params, cfg, i)
+        a, m, pre = p["attn"], p.get("mlp"), f"model.layers.{i}."
         if "wq" in a:
             out[pre + "self_attn.q_proj.weight"] = lin(a["wq"])
         else:
@@ -727,8 +833,19 @@ def _deepseek_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, 
         out[pre + "self_attn.kv_a_layernorm.weight"] = scale(a["kv_a_norm"])
         out[pre + "self_attn.kv_b_proj.weight"] = lin(np.concatenate([a["wk_b"], a["wv_b"]], -1))
         out[pre + "self_attn.o_proj.weight"] = np_(a["wo"]).reshape(-1, D).T
-        for ours, theirs in (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj")):
-            out[pre + f"mlp.{theirs}.weight"] = lin(m[ours])
+        names = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
+        if m is None:
+            moe = p["moe"]
+            out.update(_moe_to_hf(moe, pre, family))
+            bias = moe["router"].get("expert_bias")
+            out[pre + "mlp.gate.e_score_correction_bias"] = (
+                np.zeros(cfg.moe.num_experts, np.float32) if bias is None
+                else np_(bias).astype(np.float32))
+            for ours, theirs in names if "shared" in moe else ():
+                out[pre + f"mlp.shared_experts.{theirs}.weight"] = lin(moe["shared"][ours])
+        else:
+            for ours, theirs in names:
+                out[pre + f"mlp.{theirs}.weight"] = lin(m[ours])
         out[pre + "input_layernorm.weight"] = scale(p["attn_norm"])
         out[pre + "post_attention_layernorm.weight"] = scale(p["mlp_norm"])
     out["model.embed_tokens.weight"] = np_(params["embedding"])

@@ -489,7 +489,7 @@ def _ffn_rows(pe, xs, key, sizes, cfg, m: MoEConfig):
     from jaxtrain.models.layers import activation
 
     dt = cfg.compute_dtype
-    gmm = functools.partial(grouped_matmul, group_sizes=sizes, kernel=m.grouped_gemm)
+    gmm = _expert_matmul(pe, sizes, cfg, m)
     act = functools.partial(activation, cfg.activation)
     E_loc = sizes.shape[0]
     live = key < E_loc
@@ -501,12 +501,24 @@ def _ffn_rows(pe, xs, key, sizes, cfg, m: MoEConfig):
 
     xs = xs.astype(dt)
     if cfg.gated_linear_unit:
-        h0 = gmm(xs, pe["wi_0"].astype(dt)) + bias("bi_0")
-        h1 = gmm(xs, pe["wi_1"].astype(dt)) + bias("bi_1")
+        h0 = gmm(xs, "wi_0") + bias("bi_0")
+        h1 = gmm(xs, "wi_1") + bias("bi_1")
         h = _maybe_remat_act(lambda a, b: _glu(a, b, act, m), cfg)(h0, h1)
     else:
-        h = _maybe_remat_act(act, cfg)(gmm(xs, pe["wi"].astype(dt)) + bias("bi"))
-    return gmm(h.astype(dt), pe["wo"].astype(dt))
+        h = _maybe_remat_act(act, cfg)(gmm(xs, "wi") + bias("bi"))
+    return gmm(h.astype(dt), "wo")
+
+
+def _expert_matmul(pe, sizes, cfg, m: MoEConfig):
+    """(rows, weight name) -> the grouped matmul with that expert weight, quantized when the
+    config quantizes the projections (jaxtrain.quant)."""
+    dt = cfg.compute_dtype
+    if getattr(cfg, "quant", None) is not None:
+        from jaxtrain import quant
+        return lambda x, name: quant.grouped_project(x, pe[name], sizes, cfg,
+                                                     kernel=m.grouped_gemm)
+    return lambda x, name: grouped_matmul(x.astype(dt), pe[name].astype(dt), sizes,
+                                          kernel=m.grouped_gemm)
 
 
 def _ffn_buffers(pe, xe, cfg, m: MoEConfig):
@@ -514,15 +526,21 @@ def _ffn_buffers(pe, xe, cfg, m: MoEConfig):
     from jaxtrain.models.layers import activation
 
     dt = cfg.compute_dtype
-    mm = lambda x, w: jnp.einsum("ecd,edf->ecf", x.astype(dt), w.astype(dt))  # noqa: E731
+    E, C, _ = xe.shape
+    if getattr(cfg, "quant", None) is not None:   # the buffers as E groups of C rows
+        gmm = _expert_matmul(pe, jnp.full((E,), C, jnp.int32), cfg, m)
+        mm = lambda x, n: gmm(x.reshape(E * C, -1), n).reshape(E, C, -1)  # noqa: E731
+    else:
+        mm = lambda x, n: jnp.einsum("ecd,edf->ecf", x.astype(dt),  # noqa: E731
+                                     pe[n].astype(dt))
     bias = lambda n: 0.0 if n not in pe else pe[n].astype(dt)[:, None, :]  # noqa: E731
     act = functools.partial(activation, cfg.activation)
     if cfg.gated_linear_unit:
-        h0, h1 = mm(xe, pe["wi_0"]) + bias("bi_0"), mm(xe, pe["wi_1"]) + bias("bi_1")
+        h0, h1 = mm(xe, "wi_0") + bias("bi_0"), mm(xe, "wi_1") + bias("bi_1")
         h = _maybe_remat_act(lambda a, b: _glu(a, b, act, m), cfg)(h0, h1)
     else:
-        h = _maybe_remat_act(act, cfg)(mm(xe, pe["wi"]) + bias("bi"))
-    return mm(h, pe["wo"])
+        h = _maybe_remat_act(act, cfg)(mm(xe, "wi") + bias("bi"))
+    return mm(h, "wo")
 
 
 def _maybe_remat_act(fn, cfg):
@@ -743,12 +761,18 @@ def _sharded(layout, routed, x, xr, rand, prev, steps, cfg, train, spec_for):
               "bo": ("exp", "embed")}
 
     def wspec(name, a):
+        from jaxtrain.quant import QWeight
         names = tuple(None if n == "mlp" and not m.expert_tensor_parallel else n
                       for n in wnames[name])
-        return spec_for(names, a.shape, rules, shape)
+        spec = spec_for(names, a.shape, rules, shape)
+        if isinstance(a, QWeight):   # quantized: its scaling state and switch are replicated
+            return QWeight(spec, jax.tree.map(lambda _: P(), a.meta),
+                           None if a.on is None else P())
+        return spec
 
     espec = {n: wspec(n, a) for n, a in routed["experts"].items()}
-    ep_axes, tensor = _axes(espec["wo"][0]), _axes(espec["wo"][1])
+    wo = getattr(espec["wo"], "w", espec["wo"])
+    ep_axes, tensor = _axes(wo[0]), _axes(wo[1])
     if len(ep_axes) > 1:
         raise ValueError(f"experts split over several mesh axes {ep_axes}; expected one")
     expert = ep_axes[0] if ep_axes else None
@@ -851,20 +875,56 @@ def zero_stats(cfg):
 
 
 def upcycle(dense_params: dict, cfg, key) -> dict:
-    """MoE parameters for ``cfg`` from the parameters of its dense counterpart
-    (``cfg.replace(moe=None)``), Megatron's upcycling: every expert of an MoE layer starts as
-    that layer's dense FFN, the router is freshly initialised (``key``), everything else is
-    copied. With weights summing to 1 (softmax routing) the model computes what the dense one
-    did. The loop does not call it yet (moe_use_upcycling stays planned)."""
-    from jaxtrain.models.params import layer_slots, param_specs
+    """MoE parameters for ``cfg`` from those of its dense counterpart (``cfg.replace(moe=None)``):
+    Megatron's upcycling (moe_use_upcycling; the train loop calls it at the start of a run).
+
+    Granularity g = ffn_hidden_size / moe ffn_hidden_size: each dense FFN's hidden units are cut
+    into g consecutive slices and expert e starts as slice e mod g. Expert weights (both
+    up-projections, their biases, the down projection) are multiplied by s^(1/3) for gated or
+    squared-ReLU units, s^(1/2) otherwise, with s = E·g/k under pre_softmax and s = g without
+    (Megatron's compensation for the routing weights, arXiv:2410.07524); the down bias is
+    copied. The router is freshly initialised from ``key`` with experts e and e' sharing a
+    column when e // g = e' // g; router bias, expert bias and the shared expert keep their
+    fresh initial values (Megatron copies nothing into them). Attention, norms, embeddings and
+    the layers that stay dense are copied.
+
+    With g = 1, no pre_softmax, no shared expert, no topk_scaling_factor and routing weights
+    that sum to 1 (softmax over the top k; sigmoid/sqrtsoftplus renormalised, k > 1) every
+    expert is the dense FFN and the MoE model computes exactly what the dense one did.
+    """
+    from jaxtrain.models.params import ParamSpec, _leaf_key, layer_slots, param_specs
 
     m = cfg.moe
-    if m.shared_expert_size or m.ffn_hidden_size != cfg.ffn_hidden_size:
-        raise ValueError("upcycling copies the dense FFN into each expert: it needs "
-                         "moe_ffn_hidden_size = ffn_hidden_size and no shared expert")
-    specs = param_specs(cfg)["moe_layers"]["moe"]["router"]
-    router = {name: spec.make(jax.random.fold_in(key, j))
-              for j, (name, spec) in enumerate(sorted(specs.items()))}
+    F, Fe, E = cfg.ffn_hidden_size, m.ffn_hidden_size, m.num_experts
+    if F % Fe or E % (F // Fe):
+        raise ValueError(f"upcycling cuts the dense FFN ({F} hidden units) into experts of "
+                         f"moe_ffn_hidden_size {Fe}: it must divide ffn_hidden_size, and "
+                         f"num_experts ({E}) must be a multiple of the {F // max(Fe, 1)} slices")
+    g = F // Fe
+    act_scale = E * g / m.topk if m.pre_softmax else float(g)
+    cube = cfg.gated_linear_unit or cfg.activation == "squared_relu"
+    w_scale = act_scale ** (1 / 3 if cube else 1 / 2)
+    slice_of = jnp.arange(E) % g                  # expert -> dense slice
+    column_of = jnp.arange(E) // g                # expert -> router column
+
+    specs = param_specs(cfg)["moe_layers"]["moe"]
+    fresh = jax.tree_util.tree_map_with_path(
+        lambda path, s: s.make(_leaf_key(key, path)),
+        {k: specs[k] for k in ("router", "shared") if k in specs},
+        is_leaf=lambda x: isinstance(x, ParamSpec))
+    fresh["router"]["w"] = jnp.take(fresh["router"]["w"], column_of, axis=-1)
+
+    def expert_leaf(name, a):   # a: one dense leaf, layers first -> [L, E, ...]
+        if name == "bo":
+            return jnp.broadcast_to(a[:, None], (a.shape[0], E, *a.shape[1:]))
+        a = a * jnp.asarray(w_scale, a.dtype)
+        if name == "wo":                                                    # [L, F, D]
+            return jnp.take(a.reshape(a.shape[0], g, Fe, -1), slice_of, axis=1)
+        if name.startswith("bi"):                                           # [L, F]
+            return jnp.take(a.reshape(a.shape[0], g, Fe), slice_of, axis=1)
+        a = a.reshape(*a.shape[:2], g, Fe)                                  # [L, D, g, Fe]
+        return jnp.moveaxis(jnp.take(a, slice_of, axis=2), 2, 1)
+
     ax = cfg.param_scan_axis
     dense = dense_params["layers"]
     out = {k: v for k, v in dense_params.items() if k != "layers"}
@@ -876,13 +936,10 @@ def upcycle(dense_params: dict, cfg, key) -> dict:
         if kind == "layers":
             out[kind] = take
             continue
-
-        def copies(a):   # dense [.., L at ax, ..] -> experts: L at ax of [E, ...]
-            a = jnp.moveaxis(a, ax, 0)                                       # [L, ...]
-            a = jnp.broadcast_to(a[None], (m.num_experts, *a.shape))         # [E, L, ...]
-            return a if ax == 1 else jnp.swapaxes(a, 0, 1)
-
-        experts = jax.tree.map(copies, take["mlp"])
+        experts = {}
+        for name, a in take["mlp"].items():
+            a = expert_leaf(name, jnp.moveaxis(a, ax, 0))                   # [L, E, ...]
+            experts[name] = a if ax == 0 else jnp.swapaxes(a, 0, 1)        # L at ax of [E, ...]
         rest = {k: v for k, v in take.items() if k != "mlp"}
-        out[kind] = {**rest, "moe": {"router": router, "experts": experts}}
+        out[kind] = {**rest, "moe": {**fresh, "experts": experts}}
     return out

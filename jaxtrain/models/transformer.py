@@ -40,11 +40,26 @@ def _need(rng, what):
     return rng
 
 
-def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg):
-    """Self-attention over x [B,T,D] -> [B,T,D] (before the residual add)."""
+def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg, cache=None):
+    """Self-attention over x [B,T,D] -> [B,T,D] (before the residual add).
+
+    Decoding (decode.py) passes this layer's KV ``cache``: ``ctx['kv_cache'](cache, k, v)``
+    stores the step's keys and values and returns (keys, values to attend over, new cache);
+    the result is then (out, new cache).
+    """
+    q, k, v, scale = project_qkv(p, x, ctx, cfg)
+    if cache is not None:
+        k, v, cache = ctx["kv_cache"](cache, k, v)
+    out = attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, scale)
+    return out if cache is None else (out, cache)
+
+
+def project_qkv(p: dict, x, ctx: dict, cfg):
+    """(q [B,T,N,H], k [B,T,K,H], v [B,T,K,Hv], softmax scale) from x [B,T,D]: the projections,
+    q/k norms and RoPE (MLA: `mla_qkv`, K = N)."""
     if cfg.multi_latent_attention:
         q, k, v = mla_qkv(p, x, ctx, cfg)
-        return attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, cfg.mla_softmax_scale)
+        return q, k, v, cfg.mla_softmax_scale
     q = L.dense(x, p["wq"], p.get("bq"), "btd,dnh->btnh", "query_proj", cfg)
     k = L.dense(x, p["wk"], p.get("bk"), "btd,dkh->btkh", "key_proj", cfg)
     v = L.dense(x, p["wv"], p.get("bv"), "btd,dkh->btkh", "value_proj", cfg)
@@ -57,14 +72,18 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg):
         q, k = L.l2_norm(q, cfg.norm_epsilon), L.l2_norm(k, cfg.norm_epsilon)
     if cfg.position_embedding_type == "rope":
         q, k = L.apply_rope(q, *ctx["rope"], cfg), L.apply_rope(k, *ctx["rope"], cfg)
-    return attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, cfg.head_dim ** -0.5)
+    return q, k, v, cfg.head_dim ** -0.5
 
 
 def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scale):
-    """Core attention (this layer's window, the sinks in ``p``) and the output projection."""
+    """Core attention (this layer's window, the sinks in ``p``) and the output projection.
+    ``ctx['q_offset']`` (decoding: the cache position of q's first token) selects the xla
+    attention with that offset."""
+    q_offset = ctx.get("q_offset")
+    impl = cfg.attention_impl if q_offset is None else "xla"
     # Query-key layer scaling guards fp16 scores from overflow; the fused kernels accumulate
     # q.k in fp32 with a static scale, so only the xla path needs it (same math either way).
-    if cfg.apply_query_key_layer_scaling and cfg.attention_impl == "xla":
+    if cfg.apply_query_key_layer_scaling and impl == "xla":
         q = q / layer_number.astype(q.dtype)
         scale = scale * layer_number.astype(jnp.float32)
     drop = not ctx["deterministic"] and cfg.attention_dropout > 0
@@ -72,14 +91,14 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
     def attend(q, k, v, sinks):
         def run(window):
             return attention(
-                q, k, v, impl=cfg.attention_impl, causal=True, segment_ids=ctx["segment_ids"],
+                q, k, v, impl=impl, causal=True, segment_ids=ctx["segment_ids"],
                 sliding_window=window, softcap=cfg.attn_logit_softcapping, scale=scale,
                 softmax_fp32=cfg.attention_softmax_in_fp32,
                 dropout_rate=cfg.attention_dropout if drop else 0.0,
                 dropout_rng=_need(rng, "attention dropout") if drop else None,
-                sinks=sinks, block_sizes=cfg.flash_block_sizes)
+                sinks=sinks, block_sizes=cfg.flash_block_sizes, q_offset=q_offset)
 
-        return _with_layer_window(run, layer_number - 1, k.shape[1], cfg)
+        return _with_layer_window(run, layer_number - 1, k.shape[1], cfg, impl)
 
     attend = _maybe_remat(attend, "core_attn" in cfg.recompute_modules)
     out = checkpoint_name(attend(q, k, v, p.get("sinks")), "context")
@@ -87,7 +106,7 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
     return L.dense(out, p["wo"], p.get("bo"), "btnh,nhd->btd", "out_proj", cfg)
 
 
-def _with_layer_window(run, i, kv_len: int, cfg):
+def _with_layer_window(run, i, kv_len: int, cfg, impl: str):
     """``run(window)`` with 0-based layer i's sliding window; i may be traced (scanned layers).
 
     With per-layer windows (``sliding_window_layers``) the xla path masks with a traced window
@@ -97,14 +116,15 @@ def _with_layer_window(run, i, kv_len: int, cfg):
     if cfg.sliding_window_layers is None:
         return run(cfg.sliding_window)
     on = jnp.asarray(cfg.sliding_window_layers)[i]
-    if cfg.attention_impl == "xla":
+    if impl == "xla":
         return run(jnp.where(on, cfg.sliding_window, kv_len))
     return jax.lax.cond(on, lambda: run(cfg.sliding_window), lambda: run(None))
 
 
-def decoder_layer(p: dict, x, i, ctx: dict, cfg):
+def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     """One pre-norm layer on the residual stream x [B,T,D]; i is the 0-based layer index.
-    An MoE layer (``p`` has ``moe`` for ``mlp``) returns (x, router statistics)."""
+    An MoE layer (``p`` has ``moe`` for ``mlp``) returns (x, router statistics). With a KV
+    ``cache`` (decoding; see `attention_block`) it returns (x, statistics or None, new cache)."""
     x = checkpoint_name(constrain(x, "act_batch", "act_layer_seq", "act_embed"),
                         "decoder_layer_input")
     rng = jax.random.fold_in(ctx["rng"], i) if ctx["rng"] is not None else None
@@ -115,7 +135,9 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg):
 
     h = norm(p["attn_norm"], x)
     with jax.named_scope("attention"):
-        a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg)
+        a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, cache)
+    if cache is not None:
+        a, cache = a
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
          ).astype(cfg.residual_dtype)
@@ -131,6 +153,8 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg):
     m = constrain(m, *RESIDUAL)
     out = constrain((resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)
                      ).astype(cfg.residual_dtype), *RESIDUAL)
+    if cache is not None:
+        return out, stats, cache
     return out if stats is None else (out, stats)
 
 
@@ -292,6 +316,18 @@ def logits_head(params: dict, x, cfg):
     return logits
 
 
+def embed_inputs(params: dict, tokens, positions, cfg):
+    """(x [B,T,D]: token plus learned position embeddings, RoPE (cos, sin) tables or None) for
+    tokens and positions [B,T]."""
+    with jax.named_scope("embed"):
+        x = embed(params, tokens, cfg)
+    if cfg.position_embedding_type == "learned_absolute":
+        x = x + jnp.take(params["position_embedding"].astype(x.dtype), positions, axis=0)
+    rope = (L.rope_tables(positions, cfg) if cfg.position_embedding_type == "rope"
+            or cfg.multi_latent_attention else None)   # MLA always rotates (Megatron)
+    return x, rope
+
+
 def forward(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
             deterministic: bool = True, rngs=None, quant_state=None):
     """Logits [B,T,V] (float32) for int tokens [B,T].
@@ -319,16 +355,12 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
     B, T = tokens.shape
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    with jax.named_scope("embed"):
-        x = embed(params, tokens, cfg)
-    if cfg.position_embedding_type == "learned_absolute":
-        x = x + jnp.take(params["position_embedding"].astype(x.dtype), positions, axis=0)
+    x, rope = embed_inputs(params, tokens, positions, cfg)
     ctx = {
         "segment_ids": segment_ids,
         "deterministic": deterministic,
         "rng": rngs,
-        "rope": (L.rope_tables(positions, cfg) if cfg.position_embedding_type == "rope"
-                 or cfg.multi_latent_attention else None),   # MLA always rotates (Megatron)
+        "rope": rope,
         "moe_state": moe_state,
     }
     emb_rng = jax.random.fold_in(rngs, cfg.num_layers) if rngs is not None else None

@@ -67,8 +67,9 @@ Shared knobs: ``clip_grad`` (global L2 norm, ``max / (norm + 1e-6)`` as Megatron
 ``decoupled_lr`` (embedding and output layer on ``decoupled_lr_schedule``),
 ``use_precision_aware_optimizer`` with ``exp_avg_dtype``/``exp_avg_sq_dtype`` (Adam moments
 stored as TE's FusedAdam does: bf16 cast, fp16/fp8 per-layer scaled) and ``main_grads_dtype``
-(the optimizer reads gradients rounded to it). ``main_params_dtype`` is carried for the train
-state (the optimizer does not own the parameters). ``optimizer_memory_host_offload`` (MaxText)
+(the optimizer reads gradients rounded to it). ``main_params_dtype`` fp16 keeps the master
+weights in the optimizer state (:func:`keep_master_copy`) while the parameters are held in the
+training dtype. ``optimizer_memory_host_offload`` (MaxText)
 puts the state in pinned host memory like ``paged_adamw8bit``.
 """
 from __future__ import annotations
@@ -756,6 +757,42 @@ def _schedule_free(opt: OptimConfig, plan, wd) -> optax.GradientTransformation:
                                        b1=opt.adam_beta1)
 
 
+class MasterState(NamedTuple):
+    master: Any  # per leaf: the master weight in main_params_dtype storage
+    inner: Any
+
+
+def keep_master_copy(inner: optax.GradientTransformation, codec: q.Codec,
+                     batch_axes: Callable[[Path], tuple] = lambda p: ()
+                     ) -> optax.GradientTransformation:
+    """Megatron's ``main_params_dtype`` (Transformer Engine FusedAdam's master weights): the
+    optimizer keeps its own copy of the weights stored in ``codec`` (fp16 with an fp32 scale per
+    tensor, amax -> fp16_max / 2), runs ``inner`` on that copy in float32 (weight decay
+    included) and sets each parameter, held in its own (training) dtype, to the new copy
+    rounded to that dtype."""
+    def init(params):
+        master = jax.tree_util.tree_map_with_path(
+            lambda kp, p: q.encode(codec, p, batch_axes(_path(kp))), params)
+        return MasterState(master, inner.init(params))
+
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("keep_master_copy needs the parameters")
+        leaf = lambda x: isinstance(x, (q.Scaled, jax.Array))  # noqa: E731
+        main = jax.tree_util.tree_map_with_path(
+            lambda kp, m: q.decode(codec, m, batch_axes(_path(kp))), state.master, is_leaf=leaf)
+        u, inner_state = inner.update(updates, state.inner, main)
+        new = jax.tree.map(lambda m, d: m + d.astype(jnp.float32), main, u)
+        stored = jax.tree_util.tree_map_with_path(
+            lambda kp, n: q.encode(codec, n, batch_axes(_path(kp))), new)
+        # the step that lands each parameter on the new master copy in its own dtype
+        out = jax.tree.map(lambda n, p: n.astype(p.dtype).astype(jnp.float32)
+                           - p.astype(jnp.float32), new, params)
+        return out, MasterState(stored, inner_state)
+
+    return optax.GradientTransformation(init, update)
+
+
 def build_optimizer(opt_cfg: OptimConfig, lr_schedule, params_axes, *, wd_schedule=None,
                     decoupled_lr_schedule=None) -> optax.GradientTransformation:
     """The optax transformation for ``opt_cfg``.
@@ -774,6 +811,9 @@ def build_optimizer(opt_cfg: OptimConfig, lr_schedule, params_axes, *, wd_schedu
     if opt_cfg.clip_grad > 0:
         pre.append(clip_by_global_norm(opt_cfg.clip_grad))
     if opt_cfg.schedule_free:
+        if opt_cfg.main_params_dtype != "fp32":
+            raise ValueError("main_params_dtype fp16 keeps a master copy for Megatron's Adam/SGD/"
+                             "Muon; the schedule-free optimizers keep their own weights: use fp32")
         return optax.chain(*pre, _schedule_free(opt_cfg, plan, wd))
 
     muon_member = _muon_member(opt_cfg) if opt_cfg.uses_muon else (lambda leaf: False)
@@ -802,6 +842,9 @@ def build_optimizer(opt_cfg: OptimConfig, lr_schedule, params_axes, *, wd_schedu
                                          optax.add_decayed_weights(wd),
                                          optax.scale_by_learning_rate(lr))
     core = optax.partition(transforms, _by_path(plan, label))
+    if opt_cfg.use_precision_aware_optimizer and opt_cfg.main_params_dtype != "fp32":
+        core = keep_master_copy(core, q.Codec.for_dtype(_DTYPES[opt_cfg.main_params_dtype]),
+                                lambda path: plan[path].batch_axes)
     return optax.chain(*pre, core)
 
 

@@ -38,9 +38,18 @@ def cast(x, dtype):
     return jnp.clip(x, -m, m).astype(dtype)
 
 
+def _varying(x) -> tuple[str, ...]:
+    """The shard_map mesh axes x differs over (none outside a shard_map)."""
+    kind = getattr(jax.typeof(x), "manual_axis_type", None)
+    return tuple(sorted(getattr(kind, "varying", ()) or ()))
+
+
 def amax(x) -> jax.Array:
-    """max |x| as float32 (a scalar)."""
-    return jnp.max(jnp.abs(x)).astype(jnp.float32)
+    """max |x| as float32 (a scalar): of the whole tensor, so inside a shard_map it is also
+    maximised over the mesh axes x is split over, and every shard scales alike."""
+    a = jnp.max(jnp.abs(x)).astype(jnp.float32)
+    axes = _varying(a)
+    return jax.lax.pmax(a, axes) if axes else a
 
 
 # ------------------------------------------------------------------ per-tensor scaling
@@ -114,21 +123,25 @@ def qdq_blocks(x, blocks: dict[int, int], dtype, kind: str):
     an e4m3 scale per block of 16 rounded to nearest: the two-level NVFP4 scheme).
     """
     y, red = _split(x.astype(jnp.float32), blocks)
-    m = fmax(dtype)
     block_amax = jnp.max(jnp.abs(y), axis=red, keepdims=True)
+    return qdq_scaled(y, block_amax, dtype, kind, amax(x)).reshape(x.shape).astype(x.dtype)
+
+
+def qdq_scaled(y, block_amax, dtype, kind: str, tensor_amax=None):
+    """Quantize-dequantize float32 ``y`` given each element's block amax (broadcastable to
+    y) by :func:`qdq_blocks`' rules; ``tensor_amax`` is nvfp4's per-tensor amax."""
+    m = fmax(dtype)
     if kind == "mxfp8":
         dq = _e8m0_up(block_amax / m)           # dequant multiplier per block
-        q = cast(y / dq, dtype).astype(jnp.float32) * dq
-    elif kind == "pow2":
+        return cast(y / dq, dtype).astype(jnp.float32) * dq
+    if kind == "pow2":
         s = jnp.exp2(jnp.floor(jnp.log2(m / jnp.where(block_amax > 0, block_amax, m))))
-        q = cast(y * s, dtype).astype(jnp.float32) / s
-    elif kind == "nvfp4":
+        return cast(y * s, dtype).astype(jnp.float32) / s
+    if kind == "nvfp4":
         e4m3_max = fmax(jnp.float8_e4m3fn)
-        g = amax(x) / (e4m3_max * m)
+        g = tensor_amax / (e4m3_max * m)
         g = jnp.where(g > 0, g, 1.0)
         bs = cast(block_amax / m / g, jnp.float8_e4m3fn).astype(jnp.float32)
         dq = bs * g
-        q = cast(y / jnp.where(dq > 0, dq, 1.0), dtype).astype(jnp.float32) * dq
-    else:
-        raise ValueError(f"unknown block scaling {kind!r}")
-    return q.reshape(x.shape).astype(x.dtype)
+        return cast(y / jnp.where(dq > 0, dq, 1.0), dtype).astype(jnp.float32) * dq
+    raise ValueError(f"unknown block scaling {kind!r}")

@@ -1,15 +1,19 @@
-"""Which weights are quantized, their delayed-scaling state, and the hook ``dense`` calls.
+"""Which weights are quantized, their delayed-scaling state, and the hooks the layers call.
 
-The state is a tree beside the parameters (``TrainState.fp8``), not inside them:
+The state is a tree beside the parameters (``TrainState.fp8``), not inside them, one subtree
+per layer stack (dense ``layers``, ``moe_layers``):
 
     {"layers": {"attn": {"wq": {"x": {"amax_history": [L, H], "scale": [L, 1]},
                                 "w": {...}, "g": {...}}, ...},
-                "mlp":  {"wi_0": {...}, ...}}}
+                "mlp":  {"wi_0": {...}, ...}},
+     "moe_layers": {"attn": {...}, "moe": {"experts": {"wi_0": {...}, ...}, "shared": {...}}}}
 
 (layer axis first, H = history length). :func:`attach` puts each projection's slice of it next
-to its weight as a :class:`QWeight` before the layer stack runs, so it rides through the layer
-scan and remat with the weight; ``dense`` unwraps it. The quantized projections are the ``w*``
-weights under ``layers`` without an experts axis (attention and MLP projections, MLA's too).
+to its weight as a :class:`QWeight` before the layer stacks run, so it rides through the layer
+scan and remat with the weight; ``dense`` and the MoE experts unwrap it. The quantized
+projections are the ``w*`` weights of the layer stacks: attention (MLA's too), MLP, the
+experts and the shared expert; the router, embedding and output layer stay in the compute
+dtype (as in Megatron and MaxText).
 """
 from __future__ import annotations
 
@@ -48,21 +52,32 @@ class QWeight:
 
 
 def quantized_paths(cfg) -> list[tuple[str, ...]]:
-    """Paths (under ``layers``) of the weights the quantized matmuls take."""
+    """Paths (the layer stack first) of the weights the quantized matmuls take."""
     # imported here: the models import this module
-    from jaxtrain.models.params import MOE_STACK, ParamSpec, layer_kinds, param_specs
+    from jaxtrain.models.params import STACKS, ParamSpec, param_specs
 
-    if MOE_STACK in layer_kinds(cfg):
-        raise ConfigError("quantization covers dense models: the MoE expert GEMMs have no "
-                          "quantized path yet (and MoE layers no scaling state)")
+    specs = param_specs(cfg)
     found = []
-    leaves = jax.tree_util.tree_flatten_with_path(
-        param_specs(cfg)["layers"], is_leaf=lambda s: isinstance(s, ParamSpec))[0]
-    for path, spec in leaves:
-        keys = tuple(k.key for k in path)
-        if keys[-1].startswith("w") and len(spec.shape) >= 3 and "exp" not in spec.axes:
-            found.append(keys)
+    for stack in STACKS:
+        if stack not in specs:
+            continue
+        leaves = jax.tree_util.tree_flatten_with_path(
+            specs[stack], is_leaf=lambda s: isinstance(s, ParamSpec))[0]
+        for path, spec in leaves:
+            keys = (stack, *(k.key for k in path))
+            if keys[-1].startswith("w") and len(spec.shape) >= 3 and "router" not in keys:
+                found.append(keys)
     return found
+
+
+def _stack_layers(cfg) -> dict[str, list[int]]:
+    """Each layer stack's layers (0-based model layer numbers, in stack order)."""
+    from jaxtrain.models.params import layer_slots
+
+    out: dict[str, list[int]] = {}
+    for i, (stack, _) in enumerate(layer_slots(cfg)):
+        out.setdefault(stack, []).append(i)
+    return out
 
 
 def _get(tree, path):
@@ -83,11 +98,12 @@ def init_state(cfg) -> dict | None:
     if qc is None or not qc.stateful:
         return None
     one = {role: nx.delayed_init(qc.history_len) for role in ("x", "w", "g")}
-    stacked = jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_layers, *a.shape)), one)
+    count = {k: len(v) for k, v in _stack_layers(cfg).items()}
     tree: dict = {}
     for path in quantized_paths(cfg):
-        tree = _put(tree, path, stacked)
-    return {"layers": tree}
+        n = count[path[0]]
+        tree = _put(tree, path, jax.tree.map(lambda a: jnp.broadcast_to(a, (n, *a.shape)), one))
+    return tree
 
 
 def _check_layout():
@@ -102,9 +118,9 @@ def _check_layout():
 
 
 def attach(params: dict, cfg, state: dict | None = None) -> dict:
-    """``params`` with each quantized weight under ``layers`` wrapped as a :class:`QWeight`
-    holding its slice of ``state`` (layer axis moved to ``cfg.param_scan_axis`` like the
-    weights') and its layers' switches. Unchanged when nothing needs attaching."""
+    """``params`` with each quantized weight wrapped as a :class:`QWeight` holding its slice
+    of ``state`` (layer axis moved to ``cfg.param_scan_axis`` like the weights') and its
+    layers' switches. Unchanged when nothing needs attaching."""
     qc = getattr(cfg, "quant", None)
     switches = qc is not None and (qc.bf16_start or qc.bf16_end)
     stateful = qc is not None and qc.stateful and state is not None
@@ -112,16 +128,19 @@ def attach(params: dict, cfg, state: dict | None = None) -> dict:
         return params
     _check_layout()
     ax = cfg.param_scan_axis
-    on = None
+    on = {}
     if switches:
-        on = jnp.moveaxis(jnp.asarray(qc.layer_quantized(cfg.num_layers)).reshape(-1, 1), 0, ax)
-    layers = params["layers"]
+        quantized = qc.layer_quantized(cfg.num_layers)
+        on = {stack: jnp.moveaxis(jnp.asarray([quantized[i] for i in layers]).reshape(-1, 1),
+                                  0, ax)
+              for stack, layers in _stack_layers(cfg).items()}
+    out = dict(params)
     for path in quantized_paths(cfg):
         meta = None
         if stateful:
-            meta = jax.tree.map(lambda a: jnp.moveaxis(a, 0, ax), _get(state["layers"], path))
-        layers = _put(layers, path, QWeight(_get(layers, path), meta, on))
-    return {**params, "layers": layers}
+            meta = jax.tree.map(lambda a: jnp.moveaxis(a, 0, ax), _get(state, path))
+        out = _put(out, path, QWeight(_get(params, path), meta, on.get(path[0])))
+    return out
 
 
 def project(eq: str, x, w, cfg):
@@ -135,3 +154,21 @@ def project(eq: str, x, w, cfg):
         return qeinsum(eq, x, w, cfg.quant, meta)
     return jax.lax.cond(jnp.reshape(on, ()), lambda a, b: qeinsum(eq, a, b, cfg.quant),
                         lambda a, b: jnp.einsum(eq, a, b), x, w)
+
+
+def grouped_project(x, w, sizes, cfg, *, kernel: bool = False):
+    """The quantized grouped matmul of the MoE experts (rows x [M, K] sorted by expert, w
+    [G, K, N] or its :class:`QWeight`) in the compute dtype; see jaxtrain.quant.grouped."""
+    from jaxtrain.models.moe import grouped_matmul
+    from jaxtrain.quant.grouped import qgrouped
+
+    dt = cfg.compute_dtype
+    meta = on = None
+    if isinstance(w, QWeight):
+        w, meta, on = w.w, w.meta, w.on
+    x, w = x.astype(dt), w.astype(dt)
+    if on is None:
+        return qgrouped(x, w, sizes, cfg.quant, meta, kernel=kernel)
+    return jax.lax.cond(jnp.reshape(on, ()),
+                        lambda a, b: qgrouped(a, b, sizes, cfg.quant, kernel=kernel),
+                        lambda a, b: grouped_matmul(a, b, sizes, kernel=kernel), x, w)

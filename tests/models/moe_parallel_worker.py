@@ -12,6 +12,7 @@ from jaxtrain.models.moe import MoEConfig
 from jaxtrain.models.transformer import hidden_states
 from jaxtrain.parallel.mesh import MeshConfig, make_mesh
 from jaxtrain.parallel.sharding import Layout
+from jaxtrain.quant import QuantConfig, init_state
 
 MOE = dict(num_experts=8, topk=2, shared_expert_size=16, z_loss_coeff=1e-3,
            load_balancing=("aux_loss", "seq_aux_loss", "global_aux_loss"),
@@ -22,7 +23,11 @@ VARIANTS = {"dropless": {}, "alltoall": dict(dispatcher="alltoall"),
             "padded_alltoall": dict(capacity_factor=1.0, pad_to_capacity=True,
                                     dispatcher="alltoall"),
             "position": dict(capacity_factor=0.5, drop_policy="position"),
-            "etp1": dict(expert_tensor_parallel=False)}
+            "etp1": dict(expert_tensor_parallel=False),
+            "fp8": {}, "fp8_alltoall": dict(dispatcher="alltoall"),
+            "fp8_padded": dict(capacity_factor=1.0, pad_to_capacity=True)}
+# fp8 variants: hybrid delayed scaling with its state (the new state is compared too)
+FP8 = QuantConfig("delayed", "e4m3", "e4m3", "e5m2", history_len=4)
 MESHES = {"dp8": dict(data=8), "ep2": dict(data=4, expert=2), "ep4": dict(data=2, expert=4),
           "ep8": dict(expert=8), "tp2": dict(data=4, tensor=2),
           "ep2_tp2": dict(data=2, expert=2, tensor=2),
@@ -31,22 +36,23 @@ MESHES = {"dp8": dict(data=8), "ep2": dict(data=4, expert=2), "ep4": dict(data=2
 
 def run(variant: str, mesh: str) -> dict:
     cfg = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
-                      vocab_size=97, moe=MoEConfig(**MOE, **VARIANTS[variant]))
-    params = init(cfg, jax.random.key(0))
+                      vocab_size=97, moe=MoEConfig(**MOE, **VARIANTS[variant]),
+                      quant=FP8 if variant.startswith("fp8") else None)
+    params, qstate = init(cfg, jax.random.key(0)), init_state(cfg)
     toks = jnp.asarray(np.random.RandomState(0).randint(0, 97, (8, 16)), jnp.int32)
     mc = MeshConfig(**MESHES[mesh])
     layout = Layout(make_mesh(mc), mc)
 
-    def loss(p):
+    def loss(p, q):
         h, st = hidden_states(p, toks, cfg, deterministic=False, rngs=jax.random.key(3),
-                              with_moe_stats=True)
+                              with_moe_stats=True, quant_state=q)
         return jnp.mean(h * h) + jnp.sum(st["objective"]), st
 
-    def step(p):
+    def step(p, q):
         with layout.activations():
-            return jax.value_and_grad(loss, has_aux=True)(p)
+            return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(p, q)
 
-    (value, stats), grads = jax.jit(step)(params)
+    (value, stats), grads = jax.jit(step)(params, qstate)
     flat = lambda t: np.concatenate([np.ravel(np.asarray(a)) for a in jax.tree.leaves(t)])  # noqa: E731
     return {"value": float(value), "stats": flat(stats).tolist(), "grads": flat(grads).tolist()}
 

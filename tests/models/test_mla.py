@@ -86,7 +86,6 @@ def test_native_mla_exports_and_matches_hf(tmp_path):
 
 
 @pytest.mark.parametrize("patch,field", [
-    ({"first_k_dense_replace": 1}, "first_k_dense_replace"),
     ({"num_key_value_heads": 2}, "num_key_value_heads"),
     ({"attention_bias": True}, "attention_bias"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": 1.0,

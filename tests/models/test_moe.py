@@ -439,6 +439,38 @@ def test_upcycled_model_computes_what_the_dense_one_did(axis):
     assert max_diff(fwd(pm, tokens(), moe), fwd(pd, tokens(), dense)) < 1e-4
 
 
+@pytest.mark.parametrize("gated, pre_softmax, exponent, scale", [
+    (True, False, 1 / 3, 2.0),           # s = g
+    (False, True, 1 / 2, E * 2 / 2),     # s = E·g/k under pre_softmax
+])
+def test_fine_grained_upcycling_slices_and_scales_like_megatron(gated, pre_softmax, exponent,
+                                                                scale):
+    """g = ffn / moe_ffn = 2: expert e is dense slice e mod 2 times s^(1/3) (gated) or s^(1/2);
+    experts 2i and 2i+1 share router column i; the shared expert starts fresh."""
+    dense = tiny(num_layers=2, gated_linear_unit=gated, activation="silu" if gated else "gelu")
+    moe = dense.replace(moe=cfg_(ffn_hidden_size=32, pre_softmax=pre_softmax,
+                                 shared_expert_size=16))
+    pd = random_params(dense)
+    pm = M.upcycle(pd, moe, jax.random.key(0))
+    assert jax.tree.map(lambda a: a.shape, pm) == jax.tree.map(lambda a: a.shape, abstract(moe))
+    w = scale ** exponent
+    up = "wi_0" if gated else "wi"
+    dense_up, dense_down = pd["layers"]["mlp"][up][:, 1], pd["layers"]["mlp"]["wo"][:, 1]
+    ex = pm["moe_layers"]["moe"]["experts"]
+    for e in range(E):
+        s = e % 2
+        np.testing.assert_allclose(ex[up][e, 1], dense_up[:, 32 * s:32 * (s + 1)] * w, rtol=1e-6)
+        np.testing.assert_allclose(ex["wo"][e, 1], dense_down[32 * s:32 * (s + 1)] * w,
+                                   rtol=1e-6)
+    router = np.asarray(pm["moe_layers"]["moe"]["router"]["w"][:, 1])     # [D, E]
+    np.testing.assert_array_equal(router[:, 0::2], router[:, 1::2])
+    assert np.abs(router[:, 0] - router[:, 2]).max() > 0
+    assert set(pm["moe_layers"]["moe"]["shared"]) == ({"wi_0", "wi_1", "wo"} if gated
+                                                      else {"wi", "wo"})
+    with pytest.raises(ValueError, match="must divide ffn_hidden_size"):
+        M.upcycle(pd, dense.replace(moe=cfg_(ffn_hidden_size=24)), jax.random.key(0))
+
+
 def test_hooks_for_other_families_router_bias_and_clamped_glu():
     """GPT-OSS needs a learned router bias and its clamped GLU (alpha 1.702, (up + 1))."""
     c = tiny(num_layers=1, moe=cfg_(router_bias=True, activation="swiglu_oai", glu_limit=1.5))

@@ -121,3 +121,66 @@ def test_jitter_and_positions(tmp_path):
     ours = jax.jit(lambda p, x, pos: forward(p, x, cfg, positions=pos))(params, tokens(),
                                                                        positions)
     assert max_diff(ours, ref) <= TOL
+
+
+# DeepSeek-V3: one dense layer, then MoE layers with 4 groups of 4 experts (2 kept), top-4,
+# two shared-expert widths, routed_scaling_factor, MLA with q and kv latents.
+_DSV3 = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=12,
+             qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, max_position_embeddings=64,
+             first_k_dense_replace=1, n_routed_experts=16, num_experts_per_tok=4, n_group=4,
+             topk_group=2, moe_intermediate_size=8, n_shared_experts=2,
+             routed_scaling_factor=2.5, norm_topk_prob=True)
+
+
+def _deepseek_moe_model(path):
+    model = tr.DeepseekV3ForCausalLM(tr.DeepseekV3Config(**_DSV3,
+                                                         attn_implementation="eager")).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3 + (1.0 if "norm" in name else 0.0))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):   # large enough to reroute tokens
+                b.copy_(torch.randn(b.shape, generator=gen) * 0.3)
+    model.save_pretrained(path)
+    return model
+
+
+def test_deepseek_v3_moe_parity_and_round_trip(tmp_path):
+    """Group-limited sigmoid routing on score + e_score_correction_bias, renormalised and
+    scaled top-k weights, shared experts, a dense first layer; eval is dropless on both sides."""
+    model = _deepseek_moe_model(tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    m = cfg.moe
+    assert (m.layer_freq, m.num_groups, m.group_topk, m.topk) == ((0, 1, 1), 4, 2, 4)
+    assert (m.score_function, m.expert_bias, m.topk_scaling_factor, m.shared_expert_size,
+            m.capacity_factor) == ("sigmoid", True, 2.5, 16, None)
+    bias = params["moe_layers"]["moe"]["router"]["expert_bias"]
+    assert bias.dtype == np.float32 and float(np.abs(bias).min()) > 0
+    ref = _logits(model, tokens())
+    assert max_diff(fwd(params, tokens(), cfg), ref) <= TOL
+    # The bias changes which experts run (it is not in the weights): without it, other logits.
+    unbiased = jax.tree_util.tree_map_with_path(
+        lambda p, a: a * 0 if "expert_bias" in jax.tree_util.keystr(p) else a, params)
+    assert max_diff(fwd(unbiased, tokens(), cfg), ref) > 1e-2
+
+    to_hf(params, cfg, tmp_path / "out")
+    back = tr.AutoModelForCausalLM.from_pretrained(tmp_path / "out",
+                                                   attn_implementation="eager").eval()
+    assert max_diff(_logits(back, tokens()), ref) <= TOL
+    cfg2, params2 = from_hf(tmp_path / "out")
+    assert cfg2 == cfg
+    jax.tree.map(np.testing.assert_array_equal, params2, params)
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(norm_topk_prob=False), "norm_topk_prob"),
+    (dict(topk_method="group_limited_greedy"), "topk_method"),
+    (dict(moe_layer_freq=2), "moe_layer_freq"),
+    (dict(num_experts_per_tok=6), "topk_group"),    # groups scored by top-3, HF by top-2
+])
+def test_deepseek_v3_moe_refusals(change, field):
+    from jaxtrain.models.hf import config_from_hf
+    with pytest.raises(ValueError, match=field):
+        config_from_hf({**_DSV3, "model_type": "deepseek_v3", **change})

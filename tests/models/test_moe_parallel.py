@@ -53,3 +53,13 @@ def test_expert_tensor_parallel_1_replicates_experts_over_tensor():
     got = _worker(["etp1:tp2", "etp1:ep2_tp2", "dropless:tp2"])
     _close(got["etp1:ep2_tp2"], got["etp1:tp2"], "etp1")
     _close(got["etp1:tp2"], got["dropless:tp2"], "etp1 vs etp=tp")
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp8_alltoall", "fp8_padded"])
+def test_fp8_expert_gemms_match_data_parallel(variant):
+    """Quantized expert GEMMs (delayed scaling) under EP: the amaxes are of the whole tensor,
+    so losses, gradients and the new amax histories and scales (compared with the gradients)
+    are those of pure data parallelism."""
+    got = _worker([f"{variant}:{m}" for m in ["dp8", "ep2", "ep4"]])
+    for m in ("ep2", "ep4"):
+        _close(got[f"{variant}:{m}"], got[f"{variant}:dp8"], f"{variant}:{m}")

@@ -645,6 +645,39 @@ def test_main_grads_dtype_rounds_what_the_optimizer_reads():
     assert not np.allclose(u["embedding"], plain["embedding"], rtol=1e-6, atol=1e-12)
 
 
+def test_main_params_fp16_keeps_a_scaled_master_copy():
+    """main_params_dtype fp16: the optimizer steps its own fp16 copy of the weights (one fp32
+    scale per layer, amax -> fp16_max / 2, as TE's FusedAdam) and the bf16 parameters follow
+    it. Updates far below bf16's resolution still accumulate in the master copy, and the
+    parameters move once it has drifted by a bf16 step; without the copy they never move."""
+    params = jax.tree.map(lambda x: (1.0 + 0.0 * x).astype(jnp.bfloat16), tree(0))
+    grads = [jax.tree.map(jnp.ones_like, tree(0))] * 6
+    oc = cfg(name="sgd", sgd_momentum=0.0, use_precision_aware_optimizer=True,
+             main_params_dtype="fp16")
+    _, out, state = run(build_optimizer(oc, 1e-3, AXES), params, grads)
+    master = state[-1].master["layers"]["mlp"]["wi_0"]
+    assert isinstance(master, q.Scaled) and master.data.dtype == jnp.float16
+    assert master.scale.shape == (1, L, 1)
+    decoded = np.asarray(q.decode(q.Codec.for_dtype(jnp.float16), master))
+    np.testing.assert_allclose(decoded, 1.0 - 6e-3, rtol=1e-3)   # 1 - 6 x lr, kept in fp16
+    assert out["layers"]["mlp"]["wi_0"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out["layers"]["mlp"]["wi_0"], np.float32),
+                                  decoded.astype(jnp.bfloat16).astype(np.float32))
+    assert np.all(np.asarray(out["layers"]["mlp"]["wi_0"], np.float32) < 1.0)
+    plain = run(build_optimizer(cfg(name="sgd", sgd_momentum=0.0), 1e-3, AXES), params,
+                grads)[1]
+    np.testing.assert_array_equal(np.asarray(plain["layers"]["mlp"]["wi_0"], np.float32), 1.0)
+
+
+def test_main_params_fp16_holds_the_model_weights_in_the_training_dtype():
+    from jaxtrain.models import ModelConfig
+    base = ["bf16=true", "use_precision_aware_optimizer=true", "vocab_size=64"]
+    fp16 = load_config(None, [*base, "main_params_dtype=fp16"], world_size=1)
+    fp32 = load_config(None, base, world_size=1)
+    assert ModelConfig.from_config(fp16).param_dtype == jnp.bfloat16
+    assert ModelConfig.from_config(fp32).param_dtype == jnp.float32
+
+
 # ----------------------------------------------------------------------------- torch cross-check
 
 def test_against_torch_adamw_sgd_and_muon():

@@ -117,8 +117,8 @@ def test_delayed_state_rides_along_the_weights():
                              quant=QuantConfig("delayed", "e4m3", "e4m3", "e5m2",
                                                history_len=8))
     paths = quant.quantized_paths(cfg)
-    assert sorted(paths) == sorted([("attn", w) for w in ("wq", "wk", "wv", "wo")]
-                                   + [("mlp", w) for w in ("wi_0", "wi_1", "wo")])
+    assert sorted(paths) == sorted([("layers", "attn", w) for w in ("wq", "wk", "wv", "wo")]
+                                   + [("layers", "mlp", w) for w in ("wi_0", "wi_1", "wo")])
     state = quant.init_state(cfg)
     shapes = jax.tree.map(lambda a: a.shape, state["layers"]["mlp"]["wo"])
     assert shapes == {r: {"amax_history": (3, 8), "scale": (3, 1)} for r in "xwg"}

@@ -11,6 +11,17 @@ _EXTERNAL = ("external hands batching to iterators that a Python training script
              "provider returns; jaxtrain is driven by its config alone: write the data as "
              "indexed files (data_path) or .jsonl/.parquet files, and pick single or cyclic")
 _DATASET_TYPES = ("synthetic", "hf", "grain", "tfds", "c4_mlperf", "olmo_grain")
+_NEEDS_TF = ("needs TensorFlow and tensorflow_datasets, which jaxtrain does not depend on: "
+             "export the data once to ArrayRecord or Parquet files and use dataset_type: grain "
+             "(grain_train_files, grain_file_type), or to .jsonl/.parquet with dataset_type: hf")
+_GRAIN_FILE_TYPES = ("arrayrecord", "parquet", "tfrecord")
+_GRAIN_PACKING = ("first_fit", "best_fit", "concat_then_split")
+_IN_MEMORY = ("jaxtrain reads the grain files whole at start-up, tokenises and packs them in host "
+              "memory and serves batches from there (as for hf files); there is no streaming "
+              "reader whose buffers or threads this would size")
+_GRAIN_WORKERS = ("the samples of this set are read by that many threads of the host process "
+                  "(jaxtrain's loader threads; 0 reads in the loop itself) instead of num_workers; "
+                  "-1 (auto-tune) keeps num_workers")
 _MIX_EPOCH = ("total", "first_exhausted")
 _TURN_SCALING = ("uniform", "progressive", "last_heavy")
 
@@ -97,7 +108,8 @@ KNOBS = [
     K("dataset_type", "str", "hf", "Input pipeline: synthetic, hf (Hugging Face datasets), grain, "
       "tfds, c4_mlperf, olmo_grain, or jaxtrain's bundled text corpus.", "maxtext", HONORED,
       choices=_DATASET_TYPES + ("corpus",),
-      planned_values={t: 6 for t in _DATASET_TYPES if t not in ("synthetic", "hf")}),
+      rejected_values={"tfds": "tfds " + _NEEDS_TF, "c4_mlperf": "c4_mlperf reads C4 through "
+                       "tfds and " + _NEEDS_TF}),
     K("hf_path", "str", "allenai/c4", "Dataset read when dataset_type is hf: jaxtrain reads a "
       "local directory or file (hub ids are not downloaded).", "maxtext", status=HONORED),
     K("hf_data_dir", "str", "en", "Sub-directory/configuration of the Hugging Face dataset to "
@@ -107,8 +119,63 @@ KNOBS = [
     K("packing", "bool", True, "Concatenate several documents into each sequence, masking "
       "attention between them, instead of padding.", "maxtext", status=HONORED,
       aliases=(Alias("data.packing", "pgs-train"),), doc_defaults={"pgs-train": False}),
-    K("train_data_columns", "list[str]|str", ["text"], "MaxText: the row field holding each "
-      "document's text in hf/local data files (the first one is read).", "jaxtrain", HONORED),
+    K("train_data_columns", "list[str]|str", ["text"], "MaxText: the row or record field holding "
+      "each document's text in hf, grain and local files (the first one is read).", "jaxtrain", HONORED),
+
+    # MaxText grain pipeline (dataset_type: grain): ArrayRecord/Parquet/TFRecord documents
+    K("grain_train_files", "str", "", "Glob of the training files for dataset_type grain, or a "
+      "weighted mixture 'glob,weight;glob,weight'.", "maxtext", HONORED),
+    K("grain_eval_files", "str", "", "Glob (or weighted mixture) of the validation files for "
+      "dataset_type grain; empty means no validation set.", "maxtext", HONORED),
+    K("grain_train_mixture_config_path", "str", "", "JSON file naming the training sources, "
+      "{name: {path, weight}}; used instead of grain_train_files.", "maxtext", HONORED),
+    K("grain_file_type", "str", "arrayrecord", "Format of the grain files: arrayrecord, parquet "
+      "or tfrecord (records: tf.train.Example protos).", "maxtext", HONORED,
+      choices=_GRAIN_FILE_TYPES),
+    K("grain_packing_type", "str", "first_fit", "How grain packs documents into sequences: "
+      "first_fit, best_fit, or concat_then_split (documents cut at row ends).", "maxtext",
+      HONORED, choices=_GRAIN_PACKING),
+    K("grain_worker_count", "int", 1, "Worker processes grain reads training data with (-1 "
+      "picks a count automatically).", "maxtext", MAPPED, _GRAIN_WORKERS),
+    K("grain_worker_count_eval", "int", 1, "Worker processes grain reads validation data with.",
+      "maxtext", MAPPED, _GRAIN_WORKERS),
+    K("grain_per_worker_buffer_size", "int", 1, "Batches each grain training worker keeps "
+      "ready ahead of the step.", "maxtext", INERT, _IN_MEMORY),
+    K("grain_per_worker_buffer_size_eval", "int", 1, "Batches each grain validation worker "
+      "keeps ready.", "maxtext", INERT, _IN_MEMORY),
+    K("grain_num_threads", "int", 16, "Threads per grain worker reading records (parquet: files "
+      "read and interleaved at once).", "maxtext", INERT, _IN_MEMORY),
+    K("grain_num_threads_eval", "int", 16, "grain_num_threads for the validation data.",
+      "maxtext", INERT, _IN_MEMORY),
+    K("grain_prefetch_buffer_size", "int", 500, "Records each grain worker reads ahead.",
+      "maxtext", INERT, _IN_MEMORY),
+    K("grain_prefetch_buffer_size_eval", "int", 500, "grain_prefetch_buffer_size for the "
+      "validation data.", "maxtext", INERT, _IN_MEMORY),
+    K("grain_ram_budget_mb", "int", 1024, "Host memory budget used when grain picks its worker "
+      "count itself (grain_worker_count -1).", "maxtext", INERT, _IN_MEMORY),
+    K("grain_data_source_max_workers", "int", 16, "Threads that open the sources of a grain "
+      "mixture in parallel.", "maxtext", INERT, _IN_MEMORY),
+    K("grain_index_storage_option", "str", None, "Where the ArrayRecord reader keeps record "
+      "indices: in_memory or offloaded (null: reader default).", "maxtext", INERT, _IN_MEMORY),
+    K("grain_shuffle_buffer_size", "int", 100, "Window of the shuffle grain applies to "
+      "sequential formats (parquet, tfrecord).", "maxtext", MAPPED,
+      "every format is served in one seeded shuffle of all its packed samples (a global "
+      "shuffle, as grain gives ArrayRecord), so no shuffle window is needed"),
+    K("grain_use_elastic_iterator", "bool", False, "Use grain's elastic iterator so a run can "
+      "resume on a different number of hosts.", "maxtext", MAPPED,
+      "jaxtrain's global batches do not depend on the number of hosts and resume from the "
+      "count of samples consumed, so every run can resume on another host count; either value "
+      "behaves so"),
+
+    # MaxText OLMo numpy pipeline (dataset_type: olmo_grain)
+    K("olmo_index_path", "str", "", "dataset_type olmo_grain: JSON index of the OLMo token files "
+      "(MaxText's build_olmo_npy_index.py writes it).", "maxtext", HONORED),
+    K("olmo_path_remap_from", "str", "", "Prefix of the index's file paths to replace (e.g. a "
+      "gs:// bucket)...", "maxtext", HONORED),
+    K("olmo_path_remap_to", "str", "", "...and what replaces it (e.g. the local mount of that "
+      "bucket).", "maxtext", HONORED),
+    K("olmo_apply_ngram_filter", "bool", True, "Drop from the loss every OLMo instance in which "
+      "a 1-13 token pattern repeats 32 times or more.", "maxtext", HONORED),
 
     # pgs: dataset files and validation set
     K("data.dataset", "str", "HuggingFaceH4/ultrachat_200k", "Training data: pgs takes a Hugging "

@@ -30,7 +30,7 @@ KNOBS = [
       "XLA's scheduler is free to run it while the dispatch collectives are in flight; there is "
       "no separate stream to request, and the result is the same"),
     K("moe_use_upcycling", "bool", False, "Build the MoE model by copying a dense checkpoint's FFN "
-      "into every expert, then save the converted model.", _M, issue=9),
+      "into every expert, then save the converted model.", _M, status=HONORED),
 
     # Expert GEMM implementation
     K("moe_grouped_gemm", "bool", False, "Compute all local experts with one grouped matmul "

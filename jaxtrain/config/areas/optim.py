@@ -113,7 +113,10 @@ KNOBS = [
       "for master weights, gradients and Adam moments.", _MEGATRON, status=HONORED),
     K("main_grads_dtype", "str", "fp32", "Dtype of the gradients the optimizer reads.",
       _MEGATRON, choices=("fp32", "bf16"), value_aliases=_DTYPE_SPELLINGS, status=HONORED),
-    K("main_params_dtype", "str", "fp32", "Dtype of the master copy of the weights.", _MEGATRON, choices=("fp32", "fp16"), value_aliases=_DTYPE_SPELLINGS, issue=11),
+    K("main_params_dtype", "str", "fp32", "Dtype of the master copy of the weights; fp16 (with "
+      "use_precision_aware_optimizer) keeps a per-tensor-scaled fp16 copy in the optimizer and "
+      "holds the model weights in the training dtype.", _MEGATRON, choices=("fp32", "fp16"),
+      value_aliases=_DTYPE_SPELLINGS, status=HONORED),
     K("exp_avg_dtype", "str", "fp32", "Dtype of Adam's first moment.", _MEGATRON,
       choices=("fp32", "fp16", "bf16", "fp8"), value_aliases=_DTYPE_SPELLINGS, status=HONORED),
     K("exp_avg_sq_dtype", "str", "fp32", "Dtype of Adam's second moment.", _MEGATRON,

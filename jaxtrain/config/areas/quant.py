@@ -103,11 +103,12 @@ KNOBS = [
       "the matmuls"),
 
     # KV-cache quantization (inference)
-    K("quantize_kvcache", "bool", False, "Store the attention KV cache quantized during "
-      "decoding.", "maxtext", issue=11),
+    K("quantize_kvcache", "bool", False, "Store the attention KV cache quantized while decoding "
+      "(jaxtrain.models.generate); training has no KV cache and is unchanged.", "maxtext",
+      HONORED),
     K("kv_quant_axis", "str", "heads_and_dkv", "Axes each KV-cache scale is taken over: the head "
-      "dim only (dkv), or heads and head dim together.", "maxtext", choices=_KV_AXES,
-      issue=11),
-    K("kv_quant_dtype", "str", "int8", "Integer type of the quantized KV cache.", "maxtext",
-      choices=_KV_DTYPES, issue=11),
+      "dim only (dkv: a scale per token and kv head), or heads and head dim (one per token).",
+      "maxtext", HONORED, choices=_KV_AXES),
+    K("kv_quant_dtype", "str", "int8", "Integer type of the quantized KV cache (keys and values "
+      "alike, symmetric absmax scales).", "maxtext", HONORED, choices=_KV_DTYPES),
 ]

@@ -1,5 +1,8 @@
 """Tokenizer and vocabulary: which tokenizer to load, from where, and its special tokens."""
-from jaxtrain.config.knob import Alias, HONORED, INERT, K, REJECTED
+from jaxtrain.config.knob import Alias, HONORED, INERT, K
+
+# MaxText's spellings (its base.yml default is sentencepiece).
+_MAXTEXT_TYPES = ("sentencepiece", "tiktoken", "huggingface")
 
 # Megatron's own tokenizer classes plus the ones Primus adds (all HF-backed on the Primus side).
 _TOKENIZER_TYPES = (
@@ -10,7 +13,9 @@ _TOKENIZER_TYPES = (
     "DeepSeekV3Tokenizer", "DeepSeekV4Tokenizer", "Lfm2Tokenizer", "KimiK2Tokenizer",
 )
 
-_BUILT = ("HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer", "TikTokenizer")
+_MULTIMODAL = ("builds the prompts of vision-language models (image tokens and chat formats); "
+               "jaxtrain trains text-only decoder models: use the text tokenizer's own type "
+               "(e.g. HuggingFaceTokenizer, or NullTokenizer for token-id data)")
 
 
 def _none_if_empty(value):
@@ -21,15 +26,28 @@ def _none_if_empty(value):
 KNOBS = [
     # Which tokenizer, and where it comes from
     K("tokenizer_type", "str", None, "Which tokenizer implementation to build, e.g. "
-      "GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer or NullTokenizer.", "megatron",
-      choices=_TOKENIZER_TYPES, status=HONORED,
-      planned_values={t: 6 for t in _TOKENIZER_TYPES if t not in _BUILT}),
+      "GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer, NullTokenizer (MaxText: "
+      "sentencepiece, tiktoken, huggingface).", ("megatron", "maxtext"),
+      choices=_TOKENIZER_TYPES + _MAXTEXT_TYPES, status=HONORED,
+      doc_defaults={"maxtext": "sentencepiece"},
+      rejected_values={"MultimodalTokenizer": "MultimodalTokenizer " + _MULTIMODAL,
+                       "NullMultimodalTokenizer": "NullMultimodalTokenizer " + _MULTIMODAL},
+      # SFTTokenizer formats chat conversations by prompt format for SFT data (not built yet)
+      planned_values={"SFTTokenizer": None}),
     K("tokenizer_model", "str", None, "Tokenizer file or Hugging Face id/directory to load the "
       "tokenizer from.", "megatron", status=HONORED,
       aliases=(Alias("tokenizer_path", "maxtext", to_canonical=_none_if_empty,
                      note="an empty string means unset"),)),
     K("vocab_file", "str", None, "Path to the vocabulary that BPE and WordPiece tokenizers load.",
       "megatron", status=HONORED),
+    K("add_bos", "bool", True, "MaxText hf/grain text data: start every document with the "
+      "tokenizer's BOS token (when it has one).", "maxtext", HONORED),
+    K("add_eos", "bool", True, "MaxText hf/grain text data: end every document with the "
+      "tokenizer's EOS (end-of-document) token.", "maxtext", HONORED),
+    K("hf_access_token", "str", "", "Hugging Face Hub token for gated datasets and "
+      "tokenizers.", "maxtext", INERT,
+      "jaxtrain reads datasets and tokenizers from local files only and never contacts the "
+      "Hub, so there is nothing to authenticate; download gated files beforehand"),
     K("trust_remote_code", "bool", False, "Allow a Hugging Face tokenizer or model config to run "
       "the Python code shipped with it.", "megatron", status=HONORED,
       doc_defaults={"pgs-train": True},
@@ -43,9 +61,8 @@ KNOBS = [
     K("vocab_size", "int", None, "Vocabulary size before padding; needed when the tokenizer "
       "cannot report it (NullTokenizer).", "megatron", status=HONORED),
     K("vocab_extra_ids", "int", 0, "Number of <extra_id_N> sentinel tokens appended to the "
-      "vocabulary.", "megatron", REJECTED,
-      "the sentinels serve T5-style span-corruption pretraining of encoder-decoder models, "
-      "which jaxtrain does not train; add tokens to the tokenizer itself instead"),
+      "vocabulary (SentencePieceTokenizer and BertWordPiece* tokenizers).", "megatron",
+      status=HONORED),
 
     # tiktoken settings
     K("tiktoken_pattern", "str", None, "Pre-tokenisation regex of a tiktoken tokenizer: v1 or v2.",

@@ -1,0 +1,237 @@
+"""KV-cached decoding: `init_cache`, `prefill`, `decode_step` and `generate`.
+
+The layers are the training model's own (`transformer.decoder_layer` with a cache): the same
+projections, norms, RoPE or learned positions, per-layer sliding windows, soft-capping, sinks,
+MLA and MoE layers (the expert FFN is per token). Only attention differs: each layer stores
+the step's keys and values in its slice of the cache, and a decode step attends over the cache
+(the xla attention with the cache position as the query offset).
+
+The cache is a dict with the layer axis first (the same for scanned and unrolled layers):
+
+    k [L,B,S,K,H], v [L,B,S,K,Hv]   compute dtype, or kv_quant_dtype when quantize_kvcache
+    k_scale, v_scale                 only when quantized: [L,B,S,K,1] (kv_quant_axis dkv) or
+                                     [L,B,S,1,1] (heads_and_dkv); see jaxtrain.quant.kvcache
+    length []                        int32, positions filled so far
+
+S is the longest sequence the cache holds. MLA caches the expanded per-head keys and values
+(K = N heads, H = qk_head_dim + qk_pos_emb_head_dim, Hv = v_head_dim), not the compressed
+latent. Sliding windows keep the whole sequence and mask (no ring buffer). As in MaxText,
+`prefill` attends over the prompt's own keys and values (unquantized, with the model's
+attention_impl) and stores them; `decode_step` attends over the cache read back (dequantized),
+its own tokens included. All rows of a batch share one length (no padding or ragged prompts).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxtrain import quant
+from jaxtrain.models import layers as L
+from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
+from jaxtrain.models.transformer import (RESIDUAL, _periodic_runs, decoder_layer, embed_inputs,
+                                         logits_head)
+from jaxtrain.parallel.sharding import constrain, gather_weights
+from jaxtrain.quant.kvcache import KV_QUANT_DTYPES, dequantize_kv, quantize_kv, scale_shape
+
+
+def init_cache(cfg, batch: int, max_len: int, *, dtype=None) -> dict:
+    """An empty cache for ``batch`` sequences of up to ``max_len`` tokens; keys and values in
+    ``dtype`` (default: the compute dtype) unless ``cfg.quantize_kvcache`` stores them as
+    ``cfg.kv_quant_dtype`` with scales in ``dtype``."""
+    dt = jnp.dtype(dtype or cfg.compute_dtype)
+    K = cfg.num_kv_heads
+    Hv = cfg.v_head_dim if cfg.multi_latent_attention else cfg.kv_channels
+    shapes = {"k": (cfg.num_layers, batch, max_len, K, cfg.head_dim),
+              "v": (cfg.num_layers, batch, max_len, K, Hv)}
+    if not cfg.quantize_kvcache:
+        cache = {n: jnp.zeros(s, dt) for n, s in shapes.items()}
+    else:
+        int_dtype = KV_QUANT_DTYPES[cfg.kv_quant_dtype][0]
+        cache = {n: jnp.zeros(s, int_dtype) for n, s in shapes.items()}
+        cache.update({f"{n}_scale": jnp.zeros(scale_shape(s, cfg.kv_quant_axis), dt)
+                      for n, s in shapes.items()})
+    cache["length"] = jnp.zeros((), jnp.int32)
+    return cache
+
+
+def _store(cache: dict, k, v, start, cfg) -> dict:
+    """One layer's cache with k, v [B,T,K,*] written at positions start..start+T-1."""
+    if cfg.quantize_kvcache:
+        (qk, sk), (qv, sv) = (quantize_kv(x, cfg.kv_quant_axis, cfg.kv_quant_dtype)
+                              for x in (k, v))
+        new = {"k": qk, "v": qv, "k_scale": sk, "v_scale": sv}
+    else:
+        new = {"k": k, "v": v}
+    return {n: jax.lax.dynamic_update_slice_in_dim(c, new[n].astype(c.dtype), start, axis=1)
+            for n, c in cache.items()}
+
+
+def _load(cache: dict, cfg, dtype):
+    """One layer's cached keys and values [B,S,K,*] in ``dtype``."""
+    if not cfg.quantize_kvcache:
+        return cache["k"].astype(dtype), cache["v"].astype(dtype)
+    return tuple(dequantize_kv(cache[n], cache[f"{n}_scale"], cfg.kv_quant_dtype, dtype)
+                 for n in ("k", "v"))
+
+
+def _check(cfg, tokens, cache):
+    if tokens.ndim != 2 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens must be [batch, length >= 1] ints, got shape {tokens.shape}")
+    if tokens.shape[0] != cache["k"].shape[1]:
+        raise ValueError(f"tokens have batch {tokens.shape[0]}, the cache "
+                         f"{cache['k'].shape[1]}")
+    quantized = "k_scale" in cache
+    if quantized != cfg.quantize_kvcache or quantized and (
+            cache["k"].dtype != KV_QUANT_DTYPES[cfg.kv_quant_dtype][0]
+            or cache["k_scale"].shape != scale_shape(cache["k"].shape, cfg.kv_quant_axis)):
+        raise ValueError("the cache does not follow the config's quantize_kvcache / "
+                         "kv_quant_axis / kv_quant_dtype; build it with init_cache(cfg, ...)")
+
+
+def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None):
+    """tokens [B,T] at positions cache['length']..+T-1 through every layer: (logits [B,V] of
+    the last token, cache with the tokens' keys and values stored and the length advanced)."""
+    _check(cfg, tokens, cache)
+    B, T = tokens.shape
+    start = cache["length"]
+    positions = jnp.broadcast_to(start + jnp.arange(T, dtype=jnp.int32), (B, T))
+    x, rope = embed_inputs(params, tokens, positions, cfg)
+    x = constrain(x, *RESIDUAL).astype(cfg.residual_dtype)
+
+    def kv_cache(c, k, v):
+        c = _store(c, k, v, start, cfg)
+        return (*_load(c, cfg, k.dtype), c) if attend_cache else (k, v, c)
+
+    ctx = {"segment_ids": None, "deterministic": True, "rng": None, "rope": rope,
+           "moe_state": None, "kv_cache": kv_cache}
+    if attend_cache:
+        ctx["q_offset"] = start
+    layers_cache = {n: a for n, a in cache.items() if n != "length"}
+    x, layers_cache = _layers(params, x, layers_cache, ctx, cfg, quant_state)
+    hidden = L.norm(params["final_norm"], x[:, -1:], cfg)
+    logits = logits_head(params, hidden, cfg)[:, 0]
+    return logits, {**layers_cache, "length": start + T}
+
+
+def _layers(params, x, cache, ctx, cfg, quant_state):
+    """Every layer over x with its cache slice: a scan over each periodic run of layer kinds
+    (dense/MoE) when ``cfg.scan_layers``, else a Python loop. Returns (x, cache)."""
+    attached = quant.attach(params, cfg, quant_state)
+    stacks = {k: jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), attached[k])
+              for k in STACKS if k in attached}
+    axes = {k: layer_axes(cfg, k) for k in stacks}
+    kinds = layer_kinds(cfg)
+    used = dict.fromkeys(stacks, 0)
+    pieces = []
+    for off, period, reps in _periodic_runs(list(kinds)):
+        sig = kinds[off:off + period]
+        ps = {}
+        for k in stacks:
+            c = sig.count(k)
+            if c:
+                lo, used[k] = used[k], used[k] + reps * c
+                ps[k] = jax.tree.map(lambda a: a[lo:lo + reps * c].reshape(reps, c, *a.shape[1:]),
+                                     stacks[k])
+        cs = jax.tree.map(lambda a: a[off:off + reps * period].reshape(reps, period, *a.shape[1:]),
+                          cache)
+        idx = jnp.arange(off, off + reps * period).reshape(reps, period)
+
+        def step(h, xs, sig=sig):
+            pb, cb, ib = xs
+            cursor = dict.fromkeys(pb, 0)
+            out = []
+            for j, kind in enumerate(sig):
+                p = jax.tree.map(lambda a, c=cursor[kind]: a[c], pb[kind])
+                cursor[kind] += 1
+                h, _, c = decoder_layer(gather_weights(p, axes[kind]), h, ib[j], ctx, cfg,
+                                        cache=jax.tree.map(lambda a: a[j], cb))
+                out.append(c)
+            return h, jax.tree.map(lambda *a: jnp.stack(a), *out)
+
+        if cfg.scan_layers:
+            x, ys = jax.lax.scan(step, x, (ps, cs, idx))
+        else:
+            outs = []
+            for r in range(reps):
+                x, y = step(x, jax.tree.map(lambda a: a[r], (ps, cs, idx)))
+                outs.append(y)
+            ys = jax.tree.map(lambda *a: jnp.stack(a), *outs)
+        pieces.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), ys))
+    return x, jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
+
+
+def prefill(params, cfg, tokens, cache, *, quant_state=None):
+    """Run the prompt tokens [B,T] into an empty ``cache``: (logits [B,V] float32 of the last
+    token, the filled cache). Attention is over the prompt itself (``cfg.attention_impl``)."""
+    return _run(params, tokens, cache, cfg, attend_cache=False, quant_state=quant_state)
+
+
+def decode_step(params, cfg, tokens, cache, *, quant_state=None):
+    """Append tokens [B,T] (usually T = 1) after the cached ones, attending over the cache:
+    (logits [B,V] float32 of the last token, the extended cache). The cache must have room
+    for them (the length is traced: a write past the end would be clamped, not refused)."""
+    return _run(params, tokens, cache, cfg, attend_cache=True, quant_state=quant_state)
+
+
+def generate(params, cfg, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
+             key=None, eos_id: int | None = None, quant_state=None, return_logits: bool = False):
+    """``max_new_tokens`` tokens [B, max_new_tokens] continuing prompt_ids [B,P], under jit.
+
+    temperature 0 picks the most likely token (greedy); above 0 samples from
+    softmax(logits / temperature) with PRNG ``key``. With ``eos_id`` a row that produced it
+    keeps producing it. ``return_logits`` also returns each step's float32 logits
+    [B, max_new_tokens, V] (the distribution each new token was picked from). The cache
+    follows ``cfg.quantize_kvcache`` / ``kv_quant_axis`` / ``kv_quant_dtype``.
+    """
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    if prompt_ids.ndim != 2 or prompt_ids.shape[1] < 1:
+        raise ValueError(f"prompt_ids must be [batch, length >= 1] ints, got shape "
+                         f"{prompt_ids.shape}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature > 0 and key is None:
+        raise ValueError("sampling (temperature > 0) needs a PRNG key")
+    total = prompt_ids.shape[1] + max_new_tokens - 1
+    if cfg.position_embedding_type == "learned_absolute" and total > cfg.max_position_embeddings:
+        raise ValueError(f"learned position embeddings reach {cfg.max_position_embeddings} "
+                         f"positions; prompt + max_new_tokens - 1 = {total}")
+    if key is None:
+        key = jax.random.key(0)
+    out = _generate(params, prompt_ids, key, jnp.float32(temperature),
+                    jnp.int32(-1 if eos_id is None else eos_id), quant_state, cfg=cfg,
+                    n=max_new_tokens)
+    return out if return_logits else out[0]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "n"))
+def _generate(params, prompt_ids, key, temperature, eos_id, quant_state, *, cfg, n):
+    """`generate` under jit; temperature and eos_id (-1: none) are traced, so changing them
+    does not recompile."""
+    B, P = prompt_ids.shape
+    cache = init_cache(cfg, B, P + n - 1)
+    keys = jax.random.split(key, n)
+    inv_t = 1.0 / jnp.where(temperature > 0, temperature, 1.0)
+
+    def pick(logits, k, done):
+        sampled = jax.random.categorical(k, logits * inv_t, -1)
+        tok = jnp.where(temperature > 0, sampled, jnp.argmax(logits, -1)).astype(jnp.int32)
+        tok = jnp.where(done, eos_id, tok)
+        return tok, done | ((tok == eos_id) & (eos_id >= 0))
+
+    logits, cache = prefill(params, cfg, prompt_ids, cache, quant_state=quant_state)
+    first, done = pick(logits, keys[0], jnp.zeros((B,), bool))
+
+    def body(carry, k):
+        tok, cache, done = carry
+        logits, cache = decode_step(params, cfg, tok[:, None], cache, quant_state=quant_state)
+        nxt, done = pick(logits, k, done)
+        return (nxt, cache, done), (nxt, logits)
+
+    _, (toks, step_logits) = jax.lax.scan(body, (first, cache, done), keys[1:])
+    tokens = jnp.concatenate([first[:, None], toks.T], 1)
+    all_logits = jnp.concatenate([logits[:, None], jnp.moveaxis(step_logits, 0, 1)], 1)
+    return tokens, all_logits

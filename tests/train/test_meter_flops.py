@@ -1,0 +1,43 @@
+"""Model FLOPs per token (metrics.flop_terms) against hand counts: only matmul weights, k of E
+routed experts plus router and shared expert in MoE layers, MLA's projections and head dims."""
+import pytest
+
+from jaxtrain.metrics import flop_terms
+from jaxtrain.models import ModelConfig, abstract
+from jaxtrain.models.moe import MoEConfig
+
+D, V, T = 32, 97, 16
+BASE = dict(num_layers=2, hidden_size=D, num_attention_heads=4, vocab_size=V,
+            max_position_embeddings=64, ffn_hidden_size=64)
+
+
+def per_token(cfg):
+    dense, attn = flop_terms(cfg, abstract(cfg))
+    return dense + attn * T
+
+
+@pytest.mark.parametrize("bias", [False, True])   # biases are not matmuls: same count
+def test_dense_gqa(bias):
+    cfg = ModelConfig(**BASE, num_query_groups=2, add_bias_linear=bias,
+                      untie_embeddings_and_output_weights=False)
+    attn = D * 4 * 8 + 2 * D * 2 * 8 + 4 * 8 * D        # q, k and v (2 groups), o; head dim 8
+    mlp = 3 * D * 64                                    # gated: gate, up, down
+    n = 2 * (attn + mlp) + D * V                        # tied output layer counts
+    assert per_token(cfg) == 6 * n + 12 * 2 * 4 * 8 * T
+
+
+def test_moe_with_mla_and_a_dense_layer():
+    cfg = ModelConfig(**BASE, num_query_groups=None, multi_latent_attention=True,
+                      q_lora_rank=16, kv_lora_rank=8, qk_head_dim=8, qk_pos_emb_head_dim=4,
+                      v_head_dim=6, qk_layernorm=True,
+                      moe=MoEConfig(num_experts=8, topk=2, ffn_hidden_size=16,
+                                    shared_expert_size=16, layer_freq=(0, 1),
+                                    score_function="sigmoid", expert_bias=True))
+    mla = (D * 16 + 16 * 4 * 12            # q down, q up (4 heads x (8 + 4))
+           + D * (8 + 4) + 8 * 4 * 8 + 8 * 4 * 6    # kv down (+ shared RoPE key), k up, v up
+           + 4 * 6 * D)                    # o
+    dense_mlp = 3 * D * 64
+    moe = D * 8 + 2 * 3 * D * 16 + 3 * D * 16   # router, 2 of 8 experts, shared expert
+    n = 2 * mla + dense_mlp + moe + D * V       # untied: the output layer, not the embedding
+    assert (mla, moe, n) == (2880, 4864, 19872)
+    assert per_token(cfg) == 6 * n + 6 * 2 * 4 * (12 + 6) * T == 133056
