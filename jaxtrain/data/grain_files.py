@@ -10,6 +10,8 @@ datasets hold them, decoded here without TensorFlow (the message classes are bui
 time from a descriptor that is wire-compatible with TensorFlow's); a record may also be a JSON
 object or plain UTF-8 text (the whole record is the document). The document is the record's
 ``field`` feature (a ``bytes_list``; its first value). Parquet files give the ``field`` column.
+With MaxText's ``tokenize_train_data: false`` the field holds token ids instead: an
+``int64_list`` feature, a list-of-integers parquet column or JSON list (:func:`read_ids`).
 
 A mixture draws documents from its sources by weight (Megatron's greedy blending order), as
 many as all sources hold together; each source is walked in a seeded order that is drawn
@@ -102,7 +104,43 @@ def _example_features(record: bytes):
     return ex.features.feature if len(ex.features.feature) else None
 
 
-def record_text(record: bytes, field: str, where: str) -> str:
+def _ids_hint(key: str) -> str:
+    return f"{key} is false (token ids expected); set it to true"
+
+
+def record_ids(record: bytes, field: str, where: str, key: str = "tokenize_train_data"):
+    """The token ids of one record: an Example's int64_list feature or a JSON list field."""
+    if record[:1] == b"{":
+        try:
+            row = json.loads(record)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            row = None
+        if isinstance(row, dict):
+            value = row.get(field)
+            if not isinstance(value, list) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise ConfigError(f"{where}: JSON field {field!r} is not a list of token ids "
+                                  f"({_ids_hint(key)} if it holds text)")
+            return value
+    features = _example_features(record)
+    if features is None:
+        raise ConfigError(f"{where}: not a tf.train.Example or JSON record, so it holds no "
+                          f"token ids ({_ids_hint(key)} for text records)")
+    if field not in features:
+        raise ConfigError(f"{where}: the tf.train.Example has no {field!r} feature (it has "
+                          f"{sorted(features)}); train_data_columns names the feature to read")
+    feat = features[field]
+    kind = feat.WhichOneof("kind")
+    if kind == "bytes_list":
+        raise ConfigError(f"{where}: feature {field!r} holds text, and {_ids_hint(key)}")
+    if kind != "int64_list":
+        raise ConfigError(f"{where}: feature {field!r} is not token ids (an int64_list; it is "
+                          f"{kind or 'empty'})")
+    return list(feat.int64_list.value)
+
+
+def record_text(record: bytes, field: str, where: str,
+                key: str = "tokenize_train_data") -> str:
     """The document text of one record (an Example, a JSON object or UTF-8 text)."""
     if record[:1] == b"{":
         try:
@@ -126,8 +164,7 @@ def record_text(record: bytes, field: str, where: str) -> str:
         kind = feat.WhichOneof("kind")
         if kind == "int64_list":
             raise ConfigError(f"{where}: feature {field!r} holds token ids (int64_list); "
-                              "jaxtrain reads text features and tokenises them (pre-tokenised "
-                              "grain data, MaxText's tokenize_train_data: false, is not read)")
+                              f"set {key}: false to read them as they are")
         if kind != "bytes_list" or not feat.bytes_list.value:
             raise ConfigError(f"{where}: feature {field!r} is not text (a non-empty "
                               f"bytes_list; it is {kind or 'empty'})")
@@ -225,8 +262,7 @@ def _tfrecord(path: str):
         pos, i = start + length + 4, i + 1
 
 
-def _parquet_texts(path: str, field: str):
-    import pyarrow as pa
+def _parquet_column(path: str, field: str):
     import pyarrow.parquet as pq
 
     try:
@@ -235,15 +271,32 @@ def _parquet_texts(path: str, field: str):
         if field not in names:
             raise ConfigError(f"{path}: the parquet file has no {field!r} column (it has "
                               f"{names}); train_data_columns names the column to read")
-        column = pf.read(columns=[field]).column(field)
+        return pf.read(columns=[field]).column(field)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"{path}: not a readable parquet file: {e}") from e
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
-            or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
-        raise ConfigError(f"{path}: column {field!r} is {column.type}, not text (pre-tokenised "
-                          "grain data, MaxText's tokenize_train_data: false, is not read)")
+
+
+def _is_text(type_) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_string(type_) or pa.types.is_large_string(type_)
+            or pa.types.is_binary(type_) or pa.types.is_large_binary(type_))
+
+
+def _is_ids(type_) -> bool:
+    import pyarrow as pa
+
+    return ((pa.types.is_list(type_) or pa.types.is_large_list(type_))
+            and pa.types.is_integer(type_.value_type))
+
+
+def _parquet_texts(path: str, field: str, key: str = "tokenize_train_data"):
+    column = _parquet_column(path, field)
+    if not _is_text(column.type):
+        raise ConfigError(f"{path}: column {field!r} is {column.type}, not text" + (
+            f" (it holds token ids: set {key}: false)" if _is_ids(column.type) else ""))
     for i, value in enumerate(column.to_pylist()):
         if value is None:
             raise ConfigError(f"{path}: row {i + 1}: column {field!r} is null")
@@ -256,20 +309,37 @@ def _parquet_texts(path: str, field: str):
         yield value
 
 
-def read_texts(files: list[str], file_type: str, field: str):
-    """Every document of ``files``, in order; a ConfigError names a bad file or record."""
+def _parquet_ids(path: str, field: str, key: str):
+    column = _parquet_column(path, field)
+    if not _is_ids(column.type):
+        raise ConfigError(f"{path}: column {field!r} is {column.type}, not token ids (a list "
+                          "of integers)" + (f"; {_ids_hint(key)}" if _is_text(column.type)
+                                            else ""))
+    for i, value in enumerate(column.to_pylist()):
+        if value is None:
+            raise ConfigError(f"{path}: row {i + 1}: column {field!r} is null")
+        yield value
+
+
+def read_texts(files: list[str], file_type: str, field: str, token_ids: bool = False,
+               tokenize_key: str = "tokenize_train_data"):
+    """Every document of ``files``, in order: its text, or with ``token_ids`` its list of
+    token ids; a ConfigError names a bad file or record (and ``tokenize_key`` when the field
+    holds the other kind)."""
     if file_type not in FILE_TYPES:
         raise ConfigError(f"grain_file_type {file_type!r}: expected one of {FILE_TYPES}")
     for path in files:
         n = 0
         if file_type == "parquet":
-            texts = _parquet_texts(path, field)
+            docs = (_parquet_ids if token_ids else _parquet_texts)(path, field, tokenize_key)
         else:
             records = _arrayrecord(path) if file_type == "arrayrecord" else _tfrecord(path)
-            texts = (record_text(r, field, f"{path}: record {i}") for i, r in enumerate(records))
-        for text in texts:
+            read = record_ids if token_ids else record_text
+            docs = (read(r, field, f"{path}: record {i}", tokenize_key)
+                    for i, r in enumerate(records))
+        for doc in docs:
             n += 1
-            yield text
+            yield doc
         if n == 0:
             raise ConfigError(f"{path}: the file holds no records")
 

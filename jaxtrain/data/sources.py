@@ -7,18 +7,30 @@
   (``data_args_path``) or per-split blends (``per_split_data_args_path``): GPT samples built
   as Megatron builds them (:mod:`jaxtrain.data.gpt_dataset`);
 - MaxText ``dataset_type: hf`` with ``hf_path`` (a local directory or file; its
-  ``hf_data_dir`` sub-folder when there is one) and/or ``hf_train_files`` (globs of
+  ``hf_data_dir`` sub-folder when there is one; of a directory, the files of split
+  ``train_split``, named as Hugging Face names them) and/or ``hf_train_files`` (globs of
   .jsonl/.json/.parquet), and pgs ``data.dataset`` as a local file or folder (a folder's
-  files of split ``data.dataset_split``, named as Hugging Face names them): plain-text
-  documents tokenised with the configured tokenizer, packed first-fit into ``seq_length + 1``
-  tokens when ``packing`` is on (else one padded document per row). The files are read and
-  tokenised once at start-up (there is no streaming reader: ``data.streaming`` changes
-  nothing; corpora larger than host memory go through ``python -m jaxtrain.data.preprocess``
-  into memory-mapped indexed files). pgs ``data.seed`` orders the training samples;
+  files of split ``data.dataset_split``): documents tokenised with the configured tokenizer,
+  packed first-fit into ``seq_length + 1`` tokens when ``packing`` is on (else one padded
+  document per row). The files are read and tokenised once at start-up (there is no
+  streaming reader: ``data.streaming`` changes nothing; corpora larger than host memory go
+  through ``python -m jaxtrain.data.preprocess`` into memory-mapped indexed files). pgs
+  ``data.seed`` orders the training samples; pgs documents end with the EOD when packed;
 - MaxText ``dataset_type: grain``: ``grain_train_files`` (a glob, or a weighted mixture;
   or ``grain_train_mixture_config_path``) of ArrayRecord/Parquet/TFRecord files
-  (``grain_file_type``; :mod:`jaxtrain.data.grain_files`): their documents are tokenised and
-  packed like hf files, by ``grain_packing_type``; ``grain_eval_files`` is the validation set;
+  (``grain_file_type``; :mod:`jaxtrain.data.grain_files`), packed by ``grain_packing_type``;
+  ``grain_eval_files`` is the validation set (hf: ``hf_eval_files`` or ``hf_eval_split``);
+
+  MaxText's hf and grain documents are framed as MaxText frames them: the column
+  ``train_data_columns`` (``eval_data_columns``) is tokenised (or read as token ids with
+  ``tokenize_train_data``/``tokenize_eval_data`` false), BOS and EOS are added by ``add_bos``
+  / ``add_eos`` (the EOS is the only separator between packed documents: attention and
+  targets stay inside a document through its segment id, so add_eos false packs documents
+  with nothing between them, as MaxText does), then a document longer than a sample is cut
+  to one (``use_truncation``; hf keeps BOS/EOS and shortens the text, as Hugging Face's
+  truncation does, grain cuts the framed ids) or split into sample-sized pieces. The samples
+  are shuffled with ``data_shuffle_seed`` (MaxText files, or when set), or kept in file order
+  (``enable_data_shuffling`` false);
 - MaxText ``dataset_type: olmo_grain``: fixed windows of AI2's OLMo token files through
   ``olmo_index_path`` (:mod:`jaxtrain.data.olmo`); validation reads them in another order;
 - ``dataset_type: corpus``: jaxtrain's generated text corpus with its own BPE tokenizer.
@@ -196,37 +208,94 @@ def _encode(tok, texts) -> list:
     return encode_batch(texts) if encode_batch else [tok.encode(t) for t in texts]
 
 
-def _packed(cfg, tok, docs, name: str, packing_type: str = "first_fit",
-            **loader) -> TokenData:
+def _packed(cfg, tok, docs, name: str, packing_type: str = "first_fit", eod_sep: bool = True,
+            bos: int | None = None, vocab: int | None = None, **loader) -> TokenData:
     """Token lists packed (``packing_type``: first_fit, best_fit, concat_then_split) or padded
-    into samples of seq_length + 1 tokens; with packing each document ends with the EOD."""
-    if cfg["packing"] and tok.eod is not None:
-        docs = [list(d) + [tok.eod] for d in docs]
+    into samples of seq_length + 1 tokens; with ``eod_sep`` and packing each document ends
+    with the EOD (the MaxText pipelines frame documents themselves: :func:`_framed`)."""
+    eod = tok.eod if tok is not None else None
+    if eod_sep and cfg["packing"] and eod is not None:
+        docs = [list(d) + [eod] for d in docs]
     length = cfg["seq_length"] + 1
     if not cfg["packing"]:
         arrays = text_files.pad_rows(docs, length)
     elif packing_type == "concat_then_split":
-        arrays = text_files.concat_split(docs, length)
+        arrays = text_files.concat_split(docs, length, bos)
     else:
         arrays = text_files.pack(docs, length, "best" if packing_type == "best_fit" else "first")
     if len(arrays["tokens"]) == 0:
         raise ConfigError(f"{name}: the documents hold no tokens")
-    return TokenData(text_files.Rows(arrays), tok.vocab_size, name,
-                     **{**_loader(cfg, tok.eod), "reset_position_ids": False,
+    return TokenData(text_files.Rows(arrays), vocab or tok.vocab_size, name,
+                     **{**_loader(cfg, eod), "reset_position_ids": False,
                         "reset_attention_mask": False, **loader})
 
 
 def _text(cfg, files: list[str], name: str, limit: int | None = None) -> TokenData:
-    """Documents of ``files`` (the first ``limit`` of them), tokenised, packed or padded."""
+    """pgs data.dataset documents of ``files`` (the first ``limit``), tokenised, packed or
+    padded (an EOD after each document when packing; long documents split)."""
     tok = _text_tokenizer(cfg, name)
     texts = itertools.islice(text_files.read_documents(files, _text_field(cfg)), limit)
     return _packed(cfg, tok, _encode(tok, texts), name)
 
 
+def _columns(cfg, split: str) -> tuple[str, bool, str]:
+    """(field, tokenize, tokenize key) of MaxText's training or validation files."""
+    key = "train_data_columns" if split == "train" else "eval_data_columns"
+    columns = cfg[key]
+    if isinstance(columns, list):
+        if len(columns) != 1:
+            raise ConfigError(f"{key} {columns}: pretraining data is read from one column; "
+                              "name exactly one")
+        columns = columns[0]
+    tkey = "tokenize_train_data" if split == "train" else "tokenize_eval_data"
+    return columns, cfg[tkey], tkey
+
+
+def _framed(cfg, tok, docs, tokenize: bool, hf: bool) -> list[list[int]]:
+    """MaxText's documents: token ids (``tokenize``: the texts encoded, BOS/EOS added by
+    add_bos/add_eos when the tokenizer has them; else the ids as stored, framed by nothing),
+    then cut to one sample (use_truncation; hf keeps BOS/EOS and shortens the text between,
+    grain cuts the framed ids) or split into sample-sized pieces."""
+    length = cfg["seq_length"] + 1
+    head, tail = [], []
+    if tokenize:
+        docs = _encode(tok, docs)
+        if cfg["add_bos"] and getattr(tok, "bos", None) is not None:
+            head = [tok.bos]
+        if cfg["add_eos"] and tok.eod is not None:
+            tail = [tok.eod]
+    out = []
+    for ids in docs:
+        ids = [int(i) for i in ids]
+        start = head if not (head and ids[:1] == head) else []   # a tokenizer's own BOS
+        if cfg["use_truncation"]:
+            if hf:
+                ids = start + ids[:max(0, length - len(start) - len(tail))] + tail
+            else:
+                ids = (start + ids + tail)[:length]
+            out.append(ids)
+        else:
+            ids = start + ids + tail
+            out += [ids[i:i + length] for i in range(0, len(ids), length)]
+    return [d for d in out if d]
+
+
+def _hf(cfg, files: list[str], name: str, split: str = "train") -> TokenData:
+    """MaxText hf files: documents framed by :func:`_framed`, packed first-fit or padded."""
+    field, tokenize, tkey = _columns(cfg, split)
+    tok = _text_tokenizer(cfg, name) if tokenize else build_tokenizer(cfg)
+    docs = _framed(cfg, tok, text_files.read_documents(files, field, not tokenize, tkey),
+                   tokenize, hf=True)
+    return _packed(cfg, tok, docs, name, eod_sep=False,
+                   vocab=_vocab(cfg, tok, f"{name} (token ids)"))
+
+
 def _grain(cfg, key: str, name: str, workers_key: str) -> TokenData:
-    """MaxText's grain files (:mod:`jaxtrain.data.grain_files`) of ``key``, tokenised and
-    packed as hf files are, by ``grain_packing_type``."""
-    tok = _text_tokenizer(cfg, name)
+    """MaxText's grain files (:mod:`jaxtrain.data.grain_files`) of ``key``, framed as hf
+    files are (but cut after BOS/EOS are added) and packed by ``grain_packing_type``."""
+    split = "train" if key == "grain_train_files" else "eval"
+    field, tokenize, tkey = _columns(cfg, split)
+    tok = _text_tokenizer(cfg, name) if tokenize else build_tokenizer(cfg)
     mixture = cfg["grain_train_mixture_config_path"] if key == "grain_train_files" else ""
     if mixture:
         key, sources = "grain_train_mixture_config_path", grain_files.mixture_file(mixture)
@@ -235,9 +304,9 @@ def _grain(cfg, key: str, name: str, workers_key: str) -> TokenData:
                           f"{cfg['grain_file_type']} files)")
     else:
         sources = grain_files.parse_sources(cfg[key], key)
-    field = _text_field(cfg)
-    docs = [_encode(tok, grain_files.read_texts(grain_files.find_files(pattern, key),
-                                                cfg["grain_file_type"], field))
+    docs = [_framed(cfg, tok, grain_files.read_texts(grain_files.find_files(pattern, key),
+                                                     cfg["grain_file_type"], field,
+                                                     not tokenize, tkey), tokenize, hf=False)
             for pattern, _ in sources]
     if len(docs) > 1 or sources[0][1] is not None:
         seed = _order_seed(cfg)
@@ -245,8 +314,9 @@ def _grain(cfg, key: str, name: str, workers_key: str) -> TokenData:
                                cfg["seed"] if seed is None else seed)
     else:
         docs = docs[0]
-    return _packed(cfg, tok, docs, name, cfg["grain_packing_type"],
-                   **_workers(cfg, workers_key))
+    bos = getattr(tok, "bos", None) if tokenize and cfg["add_bos"] else None
+    return _packed(cfg, tok, docs, name, cfg["grain_packing_type"], eod_sep=False, bos=bos,
+                   vocab=_vocab(cfg, tok, f"{name} (token ids)"), **_workers(cfg, workers_key))
 
 
 def _workers(cfg, key: str) -> dict:
@@ -268,21 +338,39 @@ def _olmo(cfg, name: str, workers_key: str, eval_seed: int | None = None) -> Tok
     return TokenData(source, _vocab(cfg, tok, "dataset_type olmo_grain"), name, **loader)
 
 
+def _hf_dir(cfg) -> str:
+    """hf_path/hf_data_dir (hf_path itself when the default hf_data_dir "en" is not a folder
+    of it; a chosen one must exist)."""
+    path, sub = cfg["hf_path"], cfg["hf_data_dir"]
+    if sub and os.path.isdir(os.path.join(path, sub)):
+        path = os.path.join(path, sub)
+    elif sub and cfg.is_set("hf_data_dir"):
+        raise ConfigError(f"hf_data_dir {sub!r}: {os.path.join(path, sub)} is not a folder; "
+                          "set it to a sub-folder of hf_path, or to '' to read all of it")
+    return path
+
+
 def _hf_files(cfg) -> list[str]:
-    """hf_train_files, else the files under hf_path/hf_data_dir (hf_path itself when the
-    default hf_data_dir "en" is not a folder of it; a chosen one must exist)."""
-    files = []
+    """hf_train_files, else the files of split train_split under :func:`_hf_dir` (all of a
+    folder whose files name no split, for the split "train")."""
     if cfg["hf_train_files"]:
-        files = text_files.expand(cfg["hf_train_files"], "hf_train_files")
-    elif cfg["hf_path"]:
-        path, sub = cfg["hf_path"], cfg["hf_data_dir"]
-        if sub and os.path.isdir(os.path.join(path, sub)):
-            path = os.path.join(path, sub)
-        elif sub and cfg.is_set("hf_data_dir"):
-            raise ConfigError(f"hf_data_dir {sub!r}: {os.path.join(path, sub)} is not a folder; "
-                              "set it to a sub-folder of hf_path, or to '' to read all of it")
-        files = text_files.expand(path, "hf_path")
-    return files
+        return text_files.expand(cfg["hf_train_files"], "hf_train_files")
+    if cfg["hf_path"]:
+        return eval_files(_hf_dir(cfg), cfg["train_split"], "hf_path", "train_split")
+    return []
+
+
+def _hf_eval_files(cfg) -> list[str] | None:
+    """hf_eval_files, else the files of split hf_eval_split under :func:`_hf_dir`; None
+    when neither is set."""
+    if cfg["hf_eval_files"]:
+        return text_files.expand(cfg["hf_eval_files"], "hf_eval_files")
+    if cfg["hf_eval_split"]:
+        if not cfg["hf_path"]:
+            raise ConfigError("hf_eval_split needs hf_path (the folder holding the split), or "
+                              "give hf_eval_files")
+        return eval_files(_hf_dir(cfg), cfg["hf_eval_split"], "hf_path", "hf_eval_split")
+    return None
 
 
 def _dataset_files(cfg) -> list[str]:
@@ -297,10 +385,12 @@ def _dataset_files(cfg) -> list[str]:
 
 
 def _order_seed(cfg) -> int | None:
-    """pgs data.seed orders the training samples (the model seed does not); other dialects
-    use seed unless data.seed is chosen."""
+    """pgs data.seed orders the training samples (the model seed does not), and so does
+    MaxText's data_shuffle_seed in MaxText files or when set; otherwise seed does."""
     if cfg.dialect == "pgs-train" or cfg.is_set("data.seed"):
         return cfg["data.seed"]
+    if cfg.dialect == "maxtext" or cfg.is_set("data_shuffle_seed"):
+        return cfg["data_shuffle_seed"]
     return None
 
 
@@ -313,7 +403,12 @@ def training_data(cfg) -> TokenData:
     """The training set the config asks for, or a ConfigError saying how to ask for one."""
     data = _training_data(cfg)
     seed = _order_seed(cfg)
-    return data if seed is None else dataclasses.replace(data, seed=seed)
+    if seed is not None:
+        data = dataclasses.replace(data, seed=seed)
+    if not cfg["enable_data_shuffling"] and data.name in ("dataset_type hf",
+                                                          "dataset_type grain"):
+        data = dataclasses.replace(data, dataloader_type="single")
+    return data
 
 
 def _training_data(cfg) -> TokenData:
@@ -329,7 +424,7 @@ def _training_data(cfg) -> TokenData:
     if kind == "corpus":
         return _corpus(cfg)
     if kind == "hf":
-        return _text(cfg, _hf_files(cfg), "dataset_type hf")
+        return _hf(cfg, _hf_files(cfg), "dataset_type hf")
     if kind == "grain":
         return _grain(cfg, "grain_train_files", "dataset_type grain", "grain_worker_count")
     if kind == "olmo_grain":
@@ -443,6 +538,9 @@ def validation_data(cfg) -> list[TokenData] | None:
         files = eval_files(cfg["data.eval_dataset"], cfg["data.eval_split"])
         return [_text(cfg, files, "data.eval_dataset", limit=cfg["data.eval_samples"])]
     kind = None if cfg.is_set("data.dataset") else _dataset_type(cfg)
+    if kind == "hf":
+        files = _hf_eval_files(cfg)
+        return [_hf(cfg, files, "hf validation", "eval")] if files else None
     if kind == "grain" and cfg["grain_eval_files"]:
         return [_grain(cfg, "grain_eval_files", "grain_eval_files", "grain_worker_count_eval")]
     if kind == "olmo_grain":

@@ -80,8 +80,16 @@ def _rows(path: str):
                     raise ConfigError(f"{path}:{i}: not a JSON object: {e}") from e
 
 
-def read_documents(paths: list[str], field: str):
-    """Every row's ``field`` text, in file order; a ConfigError names a bad file or row."""
+def _token_ids(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def read_documents(paths: list[str], field: str, token_ids: bool = False,
+                   tokenize_key: str = "tokenize_train_data"):
+    """Every row's ``field`` text (or, with ``token_ids``, its list of token ids), in file
+    order; a ConfigError names a bad file or row (and ``tokenize_key`` when the field holds
+    the other kind)."""
     for path in paths:
         n = 0
         for where, row in _rows(path):
@@ -91,11 +99,19 @@ def read_documents(paths: list[str], field: str):
                     "; it holds chat turns, and chat (SFT) data is not trained yet: give "
                     "plain-text rows" if chat else
                     " (train_data_columns names the field to read)"))
-            text = row[field]
-            if not isinstance(text, str):
-                raise ConfigError(f"{where}: field {field!r} is not a string")
+            value = row[field]
+            if token_ids:
+                if isinstance(value, str):
+                    raise ConfigError(f"{where}: field {field!r} holds text, and {tokenize_key} "
+                                      "is false (token ids expected); set it to true")
+                if not _token_ids(value):
+                    raise ConfigError(f"{where}: field {field!r} is not a list of token ids")
+            elif not isinstance(value, str):
+                raise ConfigError(f"{where}: field {field!r} is not a string" + (
+                    f" (it holds token ids: set {tokenize_key}: false)"
+                    if _token_ids(value) else ""))
             n += 1
-            yield text
+            yield value
         if n == 0:
             raise ConfigError(f"{path}: the file holds no rows")
 
@@ -142,9 +158,11 @@ def pack(docs, length: int, fit: str = "first") -> dict:
     return {"tokens": tokens, "segment_ids": segs}
 
 
-def concat_split(docs, length: int) -> dict:
+def concat_split(docs, length: int, bos: int | None = None) -> dict:
     """The documents end to end, cut into rows of ``length`` (the last row padded): a document
-    crossing a row end continues in the next row; each piece has its own segment id."""
+    crossing a row end continues in the next row; each piece has its own segment id. With
+    ``bos``, every piece starts with it (a continuing piece's first token becomes BOS, as
+    grain's REPLACE_FIRST_TOKEN_WITH_BOS does)."""
     docs = [np.asarray(d, np.int32).ravel() for d in docs]
     total = sum(len(d) for d in docs)
     n = -(-total // length)
@@ -157,6 +175,8 @@ def concat_split(docs, length: int) -> dict:
     starts = np.ones(owner.shape, np.int32)
     starts[:, 1:] = owner[:, 1:] != owner[:, :-1]
     segs = np.where(owner >= 0, np.cumsum(starts, axis=1), 0).astype(np.int32)
+    if bos is not None:
+        tokens[(starts == 1) & (owner >= 0)] = bos
     return {"tokens": tokens, "segment_ids": segs}
 
 

@@ -68,7 +68,7 @@ def test_grain_files_pack_like_hf_files(tmp_path):
     texts = helpers.texts(40)
     write_arrayrecord(tmp_path / "d.array_record", examples(texts, field="body"))
     helpers.write_jsonl(tmp_path / "d.jsonl", [{"body": t} for t in texts])
-    common = ("train_data_columns=[body]", "packing=true")
+    common = ("train_data_columns=[body]", "packing=true", "use_truncation=false")
     ar = training_data(grain(tmp_path, f"grain_train_files={tmp_path}/*.array_record", *common))
     hf = training_data(grain(tmp_path, f"grain_train_files={tmp_path}/*.array_record", *common,
                              "dataset_type=hf", f"hf_train_files={tmp_path}/d.jsonl"))
@@ -98,7 +98,7 @@ def test_packing_types(tmp_path):
     rows = {}
     for kind in ("first_fit", "best_fit", "concat_then_split"):
         data = training_data(grain(tmp_path, f"grain_train_files={tmp_path}/d.array_record",
-                                   f"grain_packing_type={kind}"))
+                                   f"grain_packing_type={kind}", "use_truncation=false"))
         assert sorted(real_tokens(data)) == want, kind          # no token lost
         rows[kind] = data.samples.arrays
     cts = rows["concat_then_split"]

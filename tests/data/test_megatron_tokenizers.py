@@ -48,7 +48,8 @@ def test_sentencepiece_types_follow_megatron(tmp_path):
 def test_sentencepiece_through_the_config(tmp_path):
     path, sp = sp_model(tmp_path)
     src = helpers.write_jsonl(tmp_path / "d.jsonl", [{"text": "the cat"}] * 8)
-    common = ["dataset_type=hf", f"hf_train_files={src}", f"tokenizer_model={path}"]
+    common = ["dataset_type=hf", f"hf_train_files={src}", f"tokenizer_model={path}",
+              "add_bos=false"]
     full = training_data(config(*common, "tokenizer_type=SentencePieceTokenizer",
                                 "vocab_extra_ids=3"))
     n = len(sp)

@@ -199,13 +199,14 @@ def test_hf_files_packing_and_parquet(tmp_path):
     (tmp_path / "ds").mkdir()
     helpers.write_jsonl(tmp_path / "ds" / "a.jsonl", [{"body": t} for t in texts[:30]])
     helpers.write_jsonl(tmp_path / "ds" / "b.jsonl", [{"body": t} for t in texts[30:]])
-    common = ["dataset_type=hf", f"tokenizer_model={tok}", "train_data_columns=[body]"]
+    common = ["dataset_type=hf", f"tokenizer_model={tok}", "train_data_columns=[body]",
+              "use_truncation=false"]
     packed = training_data(config(*common, f"hf_path={tmp_path / 'ds'}", "packing=true"))
     n_tokens = sum(len(t.split()) + 1 for t in texts)
     arrays = packed.samples.arrays
     assert int((arrays["segment_ids"] > 0).sum()) == n_tokens
     padded = training_data(config(*common, f"hf_train_files={tmp_path / 'ds' / '*.jsonl'}",
-                                  "packing=false"))
+                                  "packing=false", "use_truncation=true"))
     assert len(padded.samples) == 60 and len(packed.samples) < 60
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa

@@ -96,7 +96,7 @@ def test_tiktoken_knobs_reach_the_data(tmp_path):
     js, _, n = vocab_files(tmp_path)
     src = helpers.write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in helpers.texts(30)])
     common = ["dataset_type=hf", f"hf_train_files={src}", "tokenizer_type=TikTokenizer",
-              f"tokenizer_model={js}", "packing=true"]
+              f"tokenizer_model={js}", "packing=true", "add_bos=false"]
     data = training_data(config(*common, "tiktoken_pattern=v2", f"vocab_size={n + 16}",
                                 "tiktoken_num_special_tokens=16"))
     assert data.vocab_size == n + 16 and data.eod == 2

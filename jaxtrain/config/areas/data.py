@@ -55,8 +55,9 @@ KNOBS = [
     # Sequence length
     K("seq_length", "int", 1024, "Tokens per training sequence.", "megatron",
       aliases=(Alias("data.max_seq_length", "pgs-train",
-                     note="pgs packs up to, or truncates at, this many tokens"),),
-      doc_defaults={"pgs-train": 8192}, status=HONORED),
+                     note="pgs packs up to, or truncates at, this many tokens"),
+               Alias("max_target_length", "maxtext")),
+      doc_defaults={"pgs-train": 8192, "maxtext": 2048}, status=HONORED),
     K("encoder_seq_length", "int", None, "Encoder length of an encoder-decoder model (Megatron "
       "copies seq_length into it for GPT).", "megatron", REJECTED,
       "encoder-decoder (T5/BERT) length; jaxtrain models are decoder-only: set seq_length"),
@@ -119,8 +120,45 @@ KNOBS = [
     K("packing", "bool", True, "Concatenate several documents into each sequence, masking "
       "attention between them, instead of padding.", "maxtext", status=HONORED,
       aliases=(Alias("data.packing", "pgs-train"),), doc_defaults={"pgs-train": False}),
-    K("train_data_columns", "list[str]|str", ["text"], "MaxText: the row or record field holding "
-      "each document's text in hf, grain and local files (the first one is read).", "jaxtrain", HONORED),
+    K("train_data_columns", "list[str]|str", ["text"], "The row or record field holding each "
+      "training document (text, or token ids without tokenize_train_data); one field.",
+      "maxtext", HONORED),
+    K("eval_data_columns", "list[str]|str", ["text"], "The row or record field holding each "
+      "validation document (hf_eval_*/grain_eval_files); one field.", "maxtext", HONORED),
+    K("tokenize_train_data", "bool", True, "Tokenise the training column; false reads it as "
+      "token ids already (int lists in jsonl/parquet, int64 features in records).", "maxtext",
+      HONORED),
+    K("tokenize_eval_data", "bool", True, "tokenize_train_data for the validation files.",
+      "maxtext", HONORED),
+    K("use_truncation", "bool", True, "hf/grain: cut a document longer than a sample to the "
+      "sample's length; false splits it into sample-sized pieces instead.", "maxtext",
+      HONORED),
+    K("enable_data_shuffling", "bool", True, "hf/grain: serve the training samples in a seeded "
+      "shuffled order; false keeps the files' order.", "maxtext", HONORED),
+    K("data_shuffle_seed", "int", 0, "Seed of the training data order (and of grain mixtures), "
+      "apart from the model's seed; read for MaxText files or when set.", "maxtext", HONORED),
+    K("train_split", "str", "train", "hf: the split whose files (named as Hugging Face names "
+      "them) are read under hf_path; a folder naming no split is all 'train'.", "maxtext",
+      HONORED),
+    K("hf_eval_split", "str", "", "hf: the split of hf_path read as the validation set; empty "
+      "means none unless hf_eval_files is set.", "maxtext", HONORED),
+    K("hf_eval_files", "str", "", "hf: data files (path or glob) of the validation set.",
+      "maxtext", HONORED),
+    K("hf_name", "str", "", "Named configuration of the Hugging Face dataset to load.",
+      "maxtext", INERT, "a local folder of data files has no named configurations (they live "
+      "in a Hub dataset's loading script or card); pick files with hf_data_dir, "
+      "hf_train_files or train_split"),
+    K("expansion_factor_real_data", "float", -1.0, "Let only some hosts read data, each reading "
+      "this factor more (0..1: rebuild a larger job's grain iterators).", "maxtext", MAPPED,
+      "each process reads exactly the rows of the global batch its devices hold, and the data "
+      "iterator's state is the count of samples consumed, so a run resumes on any host count; "
+      "the batches are the same for every value"),
+    K("colocated_python_data_input", "bool", False, "Run the grain pipeline in Pathways' "
+      "colocated Python workers on the TPU hosts.", "maxtext", INERT,
+      "a Pathways/TPU feature; jaxtrain's processes each read their own rows on the host "
+      "they run on, which gives the same batches"),
+    K("eval_per_device_batch_size", "float", 0.0, "Validation batch per device; 0 uses "
+      "per_device_batch_size.", "maxtext", issue=6),
 
     # MaxText grain pipeline (dataset_type: grain): ArrayRecord/Parquet/TFRecord documents
     K("grain_train_files", "str", "", "Glob of the training files for dataset_type grain, or a "
