@@ -145,6 +145,13 @@ class Evaluator:
                                "no validation split: no validation runs")
         step = jitted_eval_step(model_cfg, tcfg.loss_chunks, tcfg.half_precision_loss, layout,
                                 params_memory)
+        eval_rows = _eval_rows(cfg, tcfg, layout)
+        if eval_rows is not None:   # MaxText's eval batch: one micro-step of its own size
+            tcfg = dataclasses.replace(tcfg, micro_batch_size=eval_rows // tcfg.data_parallel_size,
+                                       global_batch_size=eval_rows, num_microbatches=1)
+            if layout is not None:
+                put_batch = functools.partial(layout.put_batch, rows=eval_rows)
+                rows = layout.local_rows(eval_rows)
         return cls(sets, step, tcfg, test=test, put_batch=put_batch, rows=rows,
                    multiple=tcfg.multiple_validation_sets, logger=logger)
 
@@ -261,6 +268,22 @@ class Evaluator:
             real = (np.asarray(idx) < n).reshape(batch["loss_mask"].shape[:2])
             batch["loss_mask"] = batch["loss_mask"] * real[..., None]
             yield batch
+
+
+def _eval_rows(cfg, tcfg, layout) -> int | None:
+    """Rows of a validation batch under MaxText's eval_per_device_batch_size (x devices), or
+    None to evaluate with the training batch (the knob at 0)."""
+    per_device = cfg.get("eval_per_device_batch_size") or 0
+    if per_device <= 0:
+        return None
+    devices = layout.mesh.size if layout is not None else jax.device_count()
+    rows = per_device * devices
+    dp = tcfg.data_parallel_size
+    if rows != int(rows) or int(rows) % dp:
+        raise ConfigError(f"eval_per_device_batch_size {per_device:g} x {devices} devices = "
+                          f"{rows:g} sequences, which the {dp} data-parallel replicas cannot "
+                          f"share evenly; use a value that makes it a multiple of {dp}")
+    return int(rows)
 
 
 def _blank(sample):

@@ -46,7 +46,15 @@ log = logging.getLogger("jaxtrain.loop")
 
 def total_steps(tcfg, num_samples: int) -> int:
     """Steps of the run: train_iters, train_samples / global batch (with the ramp-up's smaller
-    early batches counted), or pgs epochs."""
+    early batches counted), or pgs epochs; MaxText's num_epoch ends it sooner when the data
+    runs out first."""
+    steps = _planned_steps(tcfg, num_samples)
+    if tcfg.data_epochs is not None:
+        steps = min(steps, tcfg.data_epochs * num_samples // tcfg.global_batch_size)
+    return steps
+
+
+def _planned_steps(tcfg, num_samples: int) -> int:
     if tcfg.train_iters is not None:
         return tcfg.train_iters
     if tcfg.train_samples is not None:
@@ -142,6 +150,10 @@ def build(cfg, devices=None, tcfg: TrainConfig | None = None, materialize: bool 
     data = training_data(cfg)
     model_cfg = models.ModelConfig.from_config({**cfg, "vocab_size": data.vocab_size})
     steps = total_steps(tcfg, data.num_samples)
+    if steps < _planned_steps(tcfg, data.num_samples):
+        log.info("num_epoch %d: the training data (%d samples) runs out after %d steps of "
+                 "%d sequences; the run ends there", tcfg.data_epochs, data.num_samples, steps,
+                 tcfg.global_batch_size)
     mcfg = MeshConfig.from_config(cfg, len(devices))
     layout = Layout(make_mesh(mcfg, devices), mcfg)
     sched_cfg = ScheduleConfig.from_config(cfg, total_steps=steps)

@@ -96,17 +96,20 @@ class MetricsLog:
     (:class:`jaxtrain.observe.Observers`) each row also goes to the experiment trackers.
 
     ``grad_norm=False`` (pgs ``logging.log_grad_norm: false``) leaves the gradient norm out of
-    the rows. The ETA uses the rate measured from the first written row on, so the compile
+    the rows. ``copy_to`` (MaxText ``metrics_file``) is a second file that gets every row. The ETA uses the rate measured from the first written row on, so the compile
     step and the steps before a resume do not skew it.
     """
 
     def __init__(self, directory: pathlib.Path, logger, total_steps: int | None,
                  throughput: bool = True, observers=None, grad_norm: bool = True,
-                 main: bool = True):
+                 main: bool = True, copy_to: pathlib.Path | None = None):
         self.main = main  # only process 0 of a multi-process job writes
         if main:
             directory.mkdir(parents=True, exist_ok=True)
+            if copy_to is not None:
+                copy_to.parent.mkdir(parents=True, exist_ok=True)
         self.path = directory / "metrics.jsonl"
+        self.paths = [self.path] + ([copy_to] if copy_to is not None else [])
         self.logger, self.total, self.throughput = logger, total_steps, throughput
         self.observers, self.grad_norm = observers, grad_norm
         self.start = time.perf_counter()
@@ -115,8 +118,10 @@ class MetricsLog:
     @classmethod
     def from_config(cls, cfg, directory: pathlib.Path, logger, total_steps: int | None,
                     observers=None, main: bool = True) -> MetricsLog:
+        copy_to = cfg.get("metrics_file") or None
         return cls(directory, logger, total_steps, throughput=cfg["log_throughput"],
-                   observers=observers, grad_norm=cfg["logging.log_grad_norm"], main=main)
+                   observers=observers, grad_norm=cfg["logging.log_grad_norm"], main=main,
+                   copy_to=pathlib.Path(copy_to) if copy_to else None)
 
     def _clean(self, row: dict) -> dict:
         return {k: (float(v) if isinstance(v, (np.floating, np.integer, float)) and
@@ -125,8 +130,10 @@ class MetricsLog:
 
     def _append(self, row: dict):
         if self.main:
-            with self.path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            line = json.dumps(row) + "\n"
+            for path in self.paths:
+                with path.open("a") as f:
+                    f.write(line)
         if self.observers is not None:
             self.observers.write(row)
 

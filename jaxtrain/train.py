@@ -97,6 +97,10 @@ def _train(cfg, args, logger) -> int:
     try:
         platform = xla_flags.platform_kind(cfg)
         xla_flags.apply(cfg, platform)
+        if cfg.get("jax_cache_dir"):  # MaxText: JAX's persistent compilation cache
+            import os
+            jax.config.update("jax_compilation_cache_dir",
+                              os.path.expanduser(cfg["jax_cache_dir"]))
         setup = distributed.initialize(cfg, platform)
         if setup.process_id == 0:  # only process 0 writes the run directory's log and config
             logger = setup_logging(cfg, run_dir(cfg))

@@ -30,6 +30,23 @@ def _eval_iters(cfg) -> int | tuple[int, ...]:
     return tuple(counts)
 
 
+# the pipelines whose data runs out after num_epoch passes in MaxText (its synthetic data does
+# not; Megatron's indexed data has its own epochs)
+_FINITE_TEXT = ("hf", "grain", "olmo_grain")
+
+
+def _data_epochs(cfg) -> int | None:
+    """MaxText's num_epoch for its file pipelines (in MaxText configs, or when set)."""
+    if cfg.get("dataset_type") not in _FINITE_TEXT or cfg.get("mock_data"):
+        return None
+    if getattr(cfg, "dialect", None) != "maxtext" and not cfg.is_set("num_epoch"):
+        return None
+    epochs = cfg.get("num_epoch")
+    if epochs is None or epochs < 1:
+        raise ConfigError(f"num_epoch must be at least 1, got {epochs}")
+    return epochs
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     seq_length: int
@@ -70,6 +87,8 @@ class TrainConfig:
     skip_train: bool = False
     manual_gc_eval: bool = False
     weight_hash_interval: int | None = None
+    # MaxText num_epoch: the run ends when the text data has been read this many times
+    data_epochs: int | None = None
 
     @classmethod
     def from_config(cls, cfg) -> "TrainConfig":
@@ -95,6 +114,7 @@ class TrainConfig:
             num_microbatches=cfg.derived["num_microbatches"],
             data_parallel_size=cfg.derived["data_parallel_size"],
             train_iters=cfg["train_iters"], train_samples=cfg["train_samples"],
+            data_epochs=_data_epochs(cfg),
             epochs=cfg["train.epochs"], per_token_loss=cfg["calculate_per_token_loss"],
             loss_chunks=chunks, half_precision_loss=cfg["fp16_lm_cross_entropy"],
             accum_dtype=accum, loss_scale=loss_scale,

@@ -11,7 +11,8 @@ import re
 from typing import Any
 
 from jaxtrain.config.errors import ConfigError
-from jaxtrain.config.files import CONFIGS_DIR, find_file, parse_scalar, read_chain
+from jaxtrain.config.files import (BUILTIN_BASES, CONFIGS_DIR, find_file, parse_scalar,
+                                   read_chain, read_yaml)
 
 PGS_SECTIONS = ("model", "data", "train", "parallel", "memory", "plugins", "preprocess", "dpo",
                 "logging", "rollout", "loss")
@@ -146,6 +147,8 @@ def _primus_layers(path: pathlib.Path, data: dict) -> tuple[list[Layer], str | N
 def file_sources(path: str | pathlib.Path) -> Sources:
     """Layers from one config file of any dialect, with its base chain."""
     path = pathlib.Path(path)
+    if path.name in BUILTIN_BASES and not path.exists():
+        return Sources([], "maxtext")  # MaxText's own base.yml: the registry's MaxText defaults
     chain = read_chain(path)
     main_path, main = chain[-1]
     layers = []
@@ -159,10 +162,16 @@ def file_sources(path: str | pathlib.Path) -> Sources:
     layer = Layer(str(path), "file")
     _flatten(main, layer, str(path))
     dialect = _pgs_dialect(main)
-    for _, data in chain:
-        if data.get("framework") == "maxtext":
+    for file, data in chain:
+        if data.get("framework") == "maxtext" or _extends_maxtext_base(file):
             dialect = dialect or "maxtext"
     return Sources(layers + [layer], dialect)
+
+
+def _extends_maxtext_base(file: pathlib.Path) -> bool:
+    """A file whose base_config is MaxText's base.yml (played by the registry's defaults)."""
+    base = read_yaml(file).get("base_config")
+    return isinstance(base, str) and base in BUILTIN_BASES and not find_file(base, file.parent)
 
 
 def cli_layer(args: list[str]) -> Layer:

@@ -11,6 +11,7 @@ import pathlib
 from jaxtrain.config import rules
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.config.knob import INERT, ISSUES, PLANNED, REJECTED, CoerceError, coerce
+from jaxtrain.config.areas.model import MAXTEXT_MODEL_KEYS
 from jaxtrain.config.layers import FLAG, Layer, Sources, cli_layer, file_sources, preset_layers
 from jaxtrain.config.registry import registry
 from jaxtrain.config.resolved import Config
@@ -73,6 +74,32 @@ def _model_name_layers(layers: list[Layer], problems: list[str]) -> list[Layer]:
         return []
 
 
+# MaxText keys that no other document writes. A flat file (or command line) without a dialect
+# is a MaxText config, and takes MaxText's defaults, when every name in it is one MaxText uses
+# and at least one is MaxText's alone (one of these, an ici_/dcn_ size, a MaxText model key, or
+# MaxText's spelling of a shared knob: steps, learning_rate, base_emb_dim, ...). A name from
+# another document (seq_length, num_layers, ...) keeps it a Megatron config.
+MAXTEXT_MARKERS = ("per_device_batch_size", "opt_type", "lr_schedule_type",
+                   "learning_rate_final_fraction", "adam_eps_root")
+
+
+def _maxtext_spelling(layers: list[Layer]) -> bool:
+    reg = registry()
+    maxtext_only = False
+    for layer in layers:
+        for entry in layer.entries:
+            match = reg.lookup(entry.key)
+            if match is None:
+                continue
+            docs = match.alias.docs if match.alias is not None else match.knob.sources
+            if "maxtext" not in docs:
+                return False
+            if entry.key in MAXTEXT_MARKERS or entry.key in MAXTEXT_MODEL_KEYS or \
+                    entry.key.startswith(("ici_", "dcn_")) or tuple(docs) == ("maxtext",):
+                maxtext_only = True
+    return maxtext_only
+
+
 def _status_problems(key, knob, value, default, origin, problems, warnings):
     if value == default or (knob.type == "bool" and default is None and value is False):
         return  # a null-defaulted switch written as false means the same as unset
@@ -111,7 +138,7 @@ def resolve(sources: Sources, world_size: int | None = None, enforce_status: boo
         for key, (value, origin) in _layer_values(layer, problems).items():
             merged[key], origins[key] = value, origin
             by_kind.setdefault(layer.kind, set()).add(key)
-    if merged.get("framework") == "maxtext":
+    if merged.get("framework") == "maxtext" or (dialect is None and _maxtext_spelling(layers)):
         dialect = dialect or "maxtext"
     if merged.get("override_model_config") is False:
         clash = sorted(by_kind.get("preset", set()) & (by_kind.get("file", set())
@@ -130,7 +157,8 @@ def resolve(sources: Sources, world_size: int | None = None, enforce_status: boo
         default = knob.default_for(dialect)
         _status_problems(key, knob, values[key], default, origins[key], problems, warnings)
     derived = {}
-    context = rules.Context(values, origins, derived, problems, warnings, world_size)
+    context = rules.Context(values, origins, derived, problems, warnings, world_size,
+                            dialect=dialect)
     rules.apply(context)
     if problems:
         raise ConfigError(problems)

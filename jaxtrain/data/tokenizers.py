@@ -209,7 +209,21 @@ def read_tiktoken_ranks(path: str) -> dict[bytes, int]:
     return ranks
 
 
-class TikTokenizer:
+class _TiktokenText:
+    """Text <-> ids through a ``tiktoken.Encoding`` in ``self._model`` (special-token text in a
+    document is encoded as ordinary text)."""
+
+    def encode(self, text: str) -> list[int]:
+        return self._model.encode_ordinary(text)
+
+    def encode_batch(self, texts) -> list[list[int]]:
+        return self._model.encode_ordinary_batch(list(texts))
+
+    def decode(self, ids) -> str:
+        return self._model.decode([int(i) for i in ids])
+
+
+class TikTokenizer(_TiktokenText):
     """Megatron's ``CustomTikTokenizer``: special tokens first, then the file's ranks."""
 
     def __init__(self, path: str, pattern: str | None, vocab_size: int | None = None,
@@ -263,15 +277,6 @@ class TikTokenizer:
     def bos(self) -> int:
         return self.special_ids["<s>"]
 
-    def encode(self, text: str) -> list[int]:
-        return self._model.encode_ordinary(text)
-
-    def encode_batch(self, texts) -> list[list[int]]:
-        return self._model.encode_ordinary_batch(list(texts))
-
-    def decode(self, ids) -> str:
-        return self._model.decode([int(i) for i in ids])
-
 
 # Llama 3's pre-tokenisation regex (contractions, letters, 1-3 digit groups, punctuation runs).
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -289,7 +294,7 @@ def llama3_special_tokens() -> list[str]:
                     for i in range(5, LLAMA3_SPECIALS - len(named) + 5)]
 
 
-class MaxTextTikToken:
+class MaxTextTikToken(_TiktokenText):
     """MaxText's ``tokenizer_type: tiktoken``: a tiktoken rank file (``base64 rank`` lines),
     then Llama 3's special tokens numbered after it; BOS ``<|begin_of_text|>``, EOS/EOD
     ``<|end_of_text|>``. Special-token text in a document is encoded as ordinary text."""
@@ -316,15 +321,6 @@ class MaxTextTikToken:
     @property
     def eod(self) -> int:
         return self.special_ids["<|end_of_text|>"]
-
-    def encode(self, text: str) -> list[int]:
-        return self._model.encode_ordinary(text)
-
-    def encode_batch(self, texts) -> list[list[int]]:
-        return self._model.encode_ordinary_batch(list(texts))
-
-    def decode(self, ids) -> str:
-        return self._model.decode([int(i) for i in ids])
 
 
 class MaxTextSentencePiece(mt.GPTSentencePieceTokenizer):

@@ -327,16 +327,14 @@ class ModelConfig:
         h = g("hidden_size", 1024)
         heads = g("num_attention_heads", 16)
         groups = g("num_query_groups") if g("group_query_attention", False) else None
-        flags = [k for k in ("swiglu", "quick_geglu", "openai_gelu", "squared_relu")
-                 if g(k, k == "swiglu")]
-        if len(flags) > 1:
-            raise ValueError(f"activation knobs {flags} are exclusive; set only one")
-        activation, gated = {
-            "swiglu": ("silu", True), "quick_geglu": ("quick_gelu", True),
-            "openai_gelu": ("gelu_tanh", False), "squared_relu": ("squared_relu", False),
-        }.get(flags[0] if flags else None, ("gelu", False))
-        if activation == "gelu" and g("add_bias_linear", False) and g("bias_gelu_fusion", True):
-            activation = "gelu_tanh"  # Megatron's fused bias-GeLU is the tanh approximation
+        if g("mlp_activations") is not None:    # MaxText's spelling decides when it is set
+            from jaxtrain.config.maxtext_model import mlp_from_activations
+            try:
+                activation, gated = mlp_from_activations(g("mlp_activations"))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        else:
+            activation, gated = _megatron_activation(g)
 
         vocab = g("vocab_size")
         if vocab is None:
@@ -358,6 +356,14 @@ class ModelConfig:
         attention_impl, chosen_by, megatron_unfused = _attention_choice(cfg)
         softmax_fp32 = (g("attention_softmax_in_fp32", False) or not megatron_unfused
                         or g("apply_query_key_layer_scaling", False))
+        f32_product, f32_logits = g("float32_qk_product"), g("float32_logits")
+        if g("attention") == "dot_product" and not megatron_unfused and (
+                f32_product is not None or f32_logits is not None):
+            # MaxText's dot_product attention (its knobs set, as in every MaxText file) keeps
+            # scores and softmax in the compute dtype unless float32_qk_product (an fp32
+            # product, hence fp32 scores) or float32_logits asks for float32.
+            softmax_fp32 = bool(f32_product or f32_logits
+                                or g("apply_query_key_layer_scaling", False))
 
         remat, method, nlayers, layer_ids, modules = _recompute(cfg)
         if g("moe_layer_recompute", False):   # Megatron: selective recompute of the MoE block
@@ -368,20 +374,20 @@ class ModelConfig:
         custom = tuple((name, g(name)) for name in _REMAT_TENSOR_NAMES if g(name) is not None)
         mla = bool(g("multi_latent_attention", False))
         rope_type = g("rope_type") or ("yarn" if mla else "rope")   # Megatron: MLA takes yarn
+        rope = _rope_fields(g, rope_type)
+        hidden_dropout, attention_dropout = (float(g("hidden_dropout", 0.1)),
+                                             float(g("attention_dropout", 0.1)))
+        if g("enable_dropout", True) is False:    # MaxText: no dropout anywhere
+            hidden_dropout = attention_dropout = 0.0
 
         fields = dict(
             num_layers=g("num_layers", 24), hidden_size=h, num_attention_heads=heads,
             num_query_groups=groups, kv_channels=g("kv_channels"),
             ffn_hidden_size=g("ffn_hidden_size"), vocab_size=vocab,
             max_position_embeddings=g("max_position_embeddings") or g("seq_length", 4096),
-            position_embedding_type=pos, rotary_base=float(g("rotary_base", 10000)),
-            rotary_percent=float(g("rotary_percent", 1.0)),
-            rotary_interleaved=g("rotary_interleaved", False),
-            rotary_seq_len_interpolation_factor=g("rotary_seq_len_interpolation_factor"),
-            use_rope_scaling=g("use_rope_scaling", False),
-            rope_scaling_factor=float(g("rope_scaling_factor", 8.0)),
-            original_max_position_embeddings=g("original_max_position_embeddings"),
-            rope_type=rope_type, yarn_scaling_factor=float(g("rotary_scaling_factor", 1.0)),
+            position_embedding_type=pos, rotary_percent=float(g("rotary_percent", 1.0)),
+            rotary_interleaved=g("rotary_interleaved", False), **rope,
+            yarn_scaling_factor=float(g("rotary_scaling_factor", 1.0)),
             yarn_mscale=float(g("mscale", 1.0)),
             yarn_mscale_all_dim=float(g("mscale_all_dim", 1.0)),
             normalization=norm, norm_epsilon=float(g("norm_epsilon", 1e-5)),
@@ -390,8 +396,7 @@ class ModelConfig:
             activation=activation, gated_linear_unit=gated,
             add_bias_linear=g("add_bias_linear", False),
             add_qkv_bias=g("add_qkv_bias", False) or (g("add_bias_linear", False) and not mla),
-            hidden_dropout=float(g("hidden_dropout", 0.1)),
-            attention_dropout=float(g("attention_dropout", 0.1)),
+            hidden_dropout=hidden_dropout, attention_dropout=attention_dropout,
             untie_embeddings_and_output_weights=g("untie_embeddings_and_output_weights", True),
             fp32_residual_connection=g("fp32_residual_connection", False),
             apply_residual_connection_post_layernorm=g(
@@ -540,6 +545,48 @@ def _attention_choice(cfg: Mapping[str, Any]) -> tuple[str, str, bool]:
     return impl, ", ".join(f"{k} = {v!r}" for k, v, _ in named), unfused
 
 
+def _megatron_activation(g) -> tuple[str, bool]:
+    """(activation, gated) from Megatron's exclusive activation switches."""
+    flags = [k for k in ("swiglu", "quick_geglu", "openai_gelu", "squared_relu")
+             if g(k, k == "swiglu")]
+    if len(flags) > 1:
+        raise ValueError(f"activation knobs {flags} are exclusive; set only one")
+    activation, gated = {
+        "swiglu": ("silu", True), "quick_geglu": ("quick_gelu", True),
+        "openai_gelu": ("gelu_tanh", False), "squared_relu": ("squared_relu", False),
+    }.get(flags[0] if flags else None, ("gelu", False))
+    if activation == "gelu" and g("add_bias_linear", False) and g("bias_gelu_fusion", True):
+        activation = "gelu_tanh"  # Megatron's fused bias-GeLU is the tanh approximation
+    return activation, gated
+
+
+def _rope_fields(g, rope_type: str) -> dict:
+    """RoPE fields from Megatron's knobs and MaxText's timescales.
+
+    MaxText's timescales run geometrically from rope_min_timescale m to rope_max_timescale M
+    (the rotary_base alias) and rope_linear_scaling_factor s multiplies them: the angle of
+    channel pair i is pos / (s m (M/m)^(2i/R)), which is RoPE with base M/m on positions
+    divided by s*m. MaxText's llama3.1 rope_type is Llama-3.1 scaling with fixed constants."""
+    low, factor = float(g("rope_min_timescale", 1.0)), float(g("rope_linear_scaling_factor", 1.0))
+    if low <= 0 or factor <= 0:
+        raise ConfigError(f"rope_min_timescale ({low}) and rope_linear_scaling_factor ({factor}) "
+                          "must be positive")
+    interpolation = (g("rotary_seq_len_interpolation_factor") or 1.0) * low * factor
+    fields = dict(rotary_base=float(g("rotary_base", 10000)) / low,
+                  rotary_seq_len_interpolation_factor=(None if interpolation == 1.0
+                                                       else interpolation),
+                  use_rope_scaling=g("use_rope_scaling", False),
+                  rope_scaling_factor=float(g("rope_scaling_factor", 8.0)),
+                  original_max_position_embeddings=g("original_max_position_embeddings"),
+                  rope_type=rope_type)
+    if rope_type == "llama3.1":
+        fields.update(rope_type="rope")
+        if g("rope_use_scale", True):   # MaxText's constants: factor 8, 1/4, 8192 tokens
+            fields.update(use_rope_scaling=True, rope_scaling_factor=8.0,
+                          original_max_position_embeddings=8192)
+    return fields
+
+
 def _weight_dtype(cfg: Mapping[str, Any], dtype: str) -> str:
     """The parameters' storage dtype: MaxText's ``weight_dtype``, or the training dtype when
     the optimizer keeps the master weights itself (Megatron ``main_params_dtype`` fp16)."""
@@ -579,7 +626,7 @@ def _mla_fields(cfg: Mapping[str, Any]) -> dict:
     g = cfg.get
     if not g("multi_latent_attention", False):
         return {}
-    return dict(multi_latent_attention=True, q_lora_rank=g("q_lora_rank"),
+    return dict(multi_latent_attention=True, q_lora_rank=g("q_lora_rank") or None,
                 kv_lora_rank=g("kv_lora_rank", 32), qk_head_dim=g("qk_head_dim", 128),
                 qk_pos_emb_head_dim=g("qk_pos_emb_head_dim", 64),
                 v_head_dim=g("v_head_dim", 128))

@@ -132,6 +132,8 @@ class OptimConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
+    adam_eps_root: float = 0.0  # MaxText: added to the second moment inside the root
+    decay_all: bool = False  # MaxText: weight decay on every parameter (empty adamw_mask)
     sgd_momentum: float = 0.9
     weight_decay: float = 0.0
     weight_decay_incr_style: str = "constant"
@@ -232,7 +234,10 @@ class OptimConfig:
             decoupled_lr=_opt_float(get("decoupled_lr")),
             decoupled_min_lr=_opt_float(get("decoupled_min_lr")),
             adam_beta1=float(get("adam_beta1", 0.9)), adam_beta2=float(get("adam_beta2", 0.999)),
-            adam_eps=float(get("adam_eps", 1e-8)), sgd_momentum=float(get("sgd_momentum", 0.9)),
+            adam_eps=float(get("adam_eps", 1e-8)),
+            adam_eps_root=float(get("adam_eps_root") or 0.0),
+            decay_all=dialect == "maxtext" and flavour == MEGATRON,
+            sgd_momentum=float(get("sgd_momentum", 0.9)),
             weight_decay=float(get("weight_decay") or 0.0),
             weight_decay_incr_style=get("weight_decay_incr_style") or "constant",
             clip_grad=float(get("clip_grad") or 0.0),
@@ -377,6 +382,8 @@ def _by_path(plan: Mapping[Path, Any], fn: Callable[[Leaf], Any]) -> Callable:
 def _decayed(opt_cfg: OptimConfig, part: str) -> Callable[[Leaf], bool]:
     """Which leaves get weight decay: Megatron skips biases, norms and vectors; pgs also skips
     the embedding (names containing 'embed'), except in its Muon+AdamW hybrid."""
+    if opt_cfg.decay_all:
+        return lambda leaf: True
     if opt_cfg.flavour == PGS and part != "muon-adam":
         kinds = ("matrix", "output")
     else:
@@ -416,10 +423,10 @@ class AdamState(NamedTuple):
 
 
 def scale_by_adam_stored(b1: float, b2: float, eps: float, mu_codec: q.Codec,
-                         nu_codec: q.Codec, batch_axes: Callable[[Path], tuple] = lambda p: ()
-                         ) -> optax.GradientTransformation:
-    """``optax.scale_by_adam`` (eps outside the root, bias-corrected) whose moments are kept in
-    ``mu_codec``/``nu_codec`` storage and computed in float32."""
+                         nu_codec: q.Codec, batch_axes: Callable[[Path], tuple] = lambda p: (),
+                         eps_root: float = 0.0) -> optax.GradientTransformation:
+    """``optax.scale_by_adam`` (eps outside the root, ``eps_root`` inside, bias-corrected) whose
+    moments are kept in ``mu_codec``/``nu_codec`` storage and computed in float32."""
     def init(params):
         def zeros(codec):
             return jax.tree_util.tree_map_with_path(
@@ -440,7 +447,7 @@ def scale_by_adam_stored(b1: float, b2: float, eps: float, mu_codec: q.Codec,
             v = q.decode(nu_codec, nu, ba)
             m = b1 * m + (1.0 - b1) * g32
             v = b2 * v + (1.0 - b2) * g32 * g32
-            u = (m / bc1) / (jnp.sqrt(v / bc2) + eps)
+            u = (m / bc1) / (jnp.sqrt(v / bc2 + eps_root) + eps)
             return u.astype(g.dtype), q.encode(mu_codec, m, ba), q.encode(nu_codec, v, ba)
 
         out = jax.tree_util.tree_map_with_path(step, updates, state.mu, state.nu)
@@ -734,7 +741,7 @@ def _base(opt: OptimConfig, plan, lr, wd, part: str) -> optax.GradientTransforma
     else:  # adam / adamw / 8-bit adamw / Muon's Adam
         mu_codec, nu_codec = _stored_codecs(opt)
         direction = scale_by_adam_stored(opt.adam_beta1, opt.adam_beta2, opt.adam_eps,
-                                         mu_codec, nu_codec, batch_axes)
+                                         mu_codec, nu_codec, batch_axes, opt.adam_eps_root)
     return optax.chain(direction, optax.add_decayed_weights(wd, mask),
                        optax.scale_by_learning_rate(lr))
 

@@ -13,6 +13,15 @@ Two families (see shared/notes/knob-semantics.md §1.6, §1.7, §4.4):
   WSD), cosine, linear or constant, floored at ``min_learning_rate``. pgs distill files warm up
   over ``train.warmup_steps`` with ``(step + 1) / warmup``, as its trainer does.
 
+- **maxtext** (MaxText files, unless ``lr_decay_style`` is set; ``lr_schedule_type``): MaxText's
+  schedule over optimizer steps, with ``S`` = learning_rate_schedule_steps (``lr_decay_iters``,
+  else the run) and ``W = int(S * warmup_steps_fraction)``: ``lr * k / W`` for ``k < W`` (from
+  0); cosine: ``final + (lr - final) * (1 + cos(pi * (k - W) / (S - W - 1))) / 2`` up to
+  ``S``; wsd: ``lr`` until ``S - D`` (``D = int(S * wsd_decay_steps_fraction)``), then linear
+  over ``D - 1`` steps or the cosine over ``D`` down to ``final``; and 0 from ``S`` on when the
+  run is longer. ``final = lr * learning_rate_final_fraction`` (an explicit ``min_lr``
+  replaces it).
+
 ``ScheduleConfig.from_config`` picks the family and converts the knobs into the family's unit;
 ``lr_at`` / ``pgs_lr_at`` / ``weight_decay_at`` are pure ``jnp`` functions (jit-safe, float64
 under ``jax.enable_x64``); ``make_lr_schedule`` gives an ``optax.Schedule`` of the optimizer
@@ -33,6 +42,9 @@ from jaxtrain.config.areas import schedule as _schedule_knobs
 
 MEGATRON = "megatron"
 PGS = "pgs"
+MAXTEXT = "maxtext"
+MAXTEXT_STYLES = _schedule_knobs._MAXTEXT_SCHEDULES
+MAXTEXT_WSD_STYLES = _schedule_knobs._MAXTEXT_WSD_STYLES
 PGS_DIALECTS = ("pgs-train", "pgs-distill")
 
 # The accepted values are the registry's (jaxtrain/config/areas/schedule.py, optim.py).
@@ -76,13 +88,14 @@ class ScheduleConfig:
     wd_incr: float = 1.0
     decoupled_lr: float | None = None
     decoupled_min_lr: float | None = None
+    run: float | None = None  # maxtext: steps of the run (LR 0 from ``decay`` to here)
 
     def __post_init__(self):
         _check(self)
 
     @property
     def unit(self) -> str:
-        """What the schedule counts: 'samples' (megatron) or 'steps' (pgs)."""
+        """What the schedule counts: 'samples' (megatron) or 'steps' (pgs, maxtext)."""
         return "samples" if self.family == MEGATRON else "steps"
 
     @property
@@ -116,6 +129,8 @@ class ScheduleConfig:
             **_weight_decay_knobs(cfg))
         if _uses_pgs(cfg, dialect, is_set):
             return cls(**common, **_pgs_knobs(cfg, dialect, total_steps))
+        if _uses_maxtext(cfg, dialect, is_set):
+            return cls(**{**common, **_maxtext_knobs(cfg, is_set, total_steps)})
         return cls(**common, **_megatron_knobs(cfg, is_set, total_steps))
 
 
@@ -145,6 +160,38 @@ def _uses_pgs(cfg, dialect, is_set) -> bool:
             f"train.lr_scheduler ({cfg.get('train.lr_scheduler')!r}, pgs) and lr_decay_style "
             f"({cfg.get('lr_decay_style')!r}, Megatron) both choose the LR schedule; keep one")
     return chose_pgs or (dialect in PGS_DIALECTS and not chose_megatron)
+
+
+def _uses_maxtext(cfg, dialect, is_set) -> bool:
+    """MaxText files use MaxText's schedule unless they name a Megatron decay style; other files
+    only when lr_schedule_type is set explicitly."""
+    chose_maxtext, chose_megatron = is_set("lr_schedule_type"), is_set("lr_decay_style")
+    if chose_maxtext and chose_megatron:
+        raise ValueError(
+            f"lr_schedule_type ({cfg.get('lr_schedule_type')!r}, MaxText) and lr_decay_style "
+            f"({cfg.get('lr_decay_style')!r}, Megatron) both choose the LR schedule; keep one")
+    return chose_maxtext or (dialect == MAXTEXT and not chose_megatron)
+
+
+def _maxtext_knobs(cfg, is_set, total_steps) -> dict:
+    """MaxText's create_learning_rate_schedule inputs, in optimizer steps."""
+    get = cfg.get
+    run = total_steps if total_steps is not None else get("train_iters")
+    if not run or run <= 0:
+        raise ValueError("MaxText's LR schedule needs the run length (steps)")
+    horizon = get("lr_decay_iters") or run
+    fraction = get("lr_warmup_fraction")
+    warmup = int(horizon * (0.1 if fraction is None else fraction))
+    lr = _float(cfg, "lr")
+    final = (_float(cfg, "min_lr") if is_set("min_lr")
+             else lr * float(get("learning_rate_final_fraction", 0.1)))
+    style = get("lr_schedule_type") or "cosine"
+    wsd = int(horizon * float(get("wsd_decay_steps_fraction", 0.1))) if style == "wsd" else None
+    return dict(family=MAXTEXT, style=style, min_lr=final, warmup_init=0.0,
+                warmup=float(warmup), decay=float(horizon),
+                wsd_decay=None if wsd is None else float(wsd),
+                wsd_style=get("wsd_decay_style") or "linear", run=float(run),
+                wd_incr=float(run), global_batch_size=_batch(cfg))
 
 
 def _weight_decay_knobs(cfg) -> dict:
@@ -289,6 +336,19 @@ def _check(s: ScheduleConfig):
             if s.wsd_style not in WSD_STYLES:
                 raise ValueError(f"lr_wsd_decay_style {s.wsd_style!r} is not one of "
                                  f"{WSD_STYLES}")
+    elif s.family == MAXTEXT:
+        if s.style not in MAXTEXT_STYLES:
+            raise ValueError(f"lr_schedule_type {s.style!r} is not one of {MAXTEXT_STYLES}")
+        if s.decay <= 0 or s.warmup < 0 or s.warmup > s.decay:
+            raise ValueError(f"MaxText schedule: need 0 <= warmup ({s.warmup}) <= "
+                             f"learning_rate_schedule_steps ({s.decay}) and a positive schedule")
+        if s.style == "wsd":
+            if s.wsd_style not in MAXTEXT_WSD_STYLES:
+                raise ValueError(f"wsd_decay_style {s.wsd_style!r} is not one of "
+                                 f"{MAXTEXT_WSD_STYLES}")
+            if s.warmup + (s.wsd_decay or 0) > s.decay:
+                raise ValueError("wsd: warmup_steps_fraction + wsd_decay_steps_fraction must "
+                                 "not exceed 1")
     elif s.family == PGS:
         if s.style not in PGS_STYLES:
             raise ValueError(f"train.lr_scheduler {s.style!r} is not one of {PGS_STYLES}")
@@ -298,7 +358,8 @@ def _check(s: ScheduleConfig):
         if s.warmup_offset not in (0, 1):
             raise ValueError(f"warmup_offset must be 0 or 1, got {s.warmup_offset}")
     else:
-        raise ValueError(f"schedule family {s.family!r} is not {MEGATRON!r} or {PGS!r}")
+        raise ValueError(f"schedule family {s.family!r} is not {MEGATRON!r}, {PGS!r} or "
+                         f"{MAXTEXT!r}")
     if s.min_lr < 0:
         raise ValueError(f"min_lr must not be negative, got {s.min_lr}")
     if s.min_lr > s.lr:
@@ -402,6 +463,49 @@ def pgs_lr_at(sched: ScheduleConfig, step, *, decoupled: bool = False):
     return after
 
 
+def maxtext_lr_at(sched: ScheduleConfig, step, *, decoupled: bool = False):
+    """MaxText's LR for optimizer step ``step`` (0-based): its pieces joined at their
+    boundaries, each evaluated at the steps since its start (see the module docstring)."""
+    _family(sched, MAXTEXT, "maxtext_lr_at")
+    hi, lo = sched.peak_and_floor(decoupled)
+    k = _real(step)
+    warmup, horizon = int(sched.warmup), int(sched.decay)
+
+    def cosine(j, length):  # from hi down to lo over `length` steps (j from 0)
+        pct = j / (length - 1) if length > 1 else jnp.ones_like(j)
+        a = 0.5 * (jnp.cos(jnp.pi * pct) + 1.0)
+        return hi * a + lo * (1.0 - a)
+
+    pieces = []  # (first step, fn of the steps since it)
+    if warmup > 0:
+        pieces.append((0, lambda j: hi * jnp.clip(j / warmup, 0.0, 1.0)))
+    if sched.style == "cosine":
+        length = horizon - warmup
+        if length > 0:
+            pieces.append((warmup, lambda j: cosine(j, length)))
+    else:  # wsd
+        decay = int(sched.wsd_decay or 0)
+        stable = horizon - warmup - decay
+        if stable > 0:
+            pieces.append((warmup, lambda j: jnp.full_like(j, hi)))
+        if decay > 0:
+            if sched.wsd_style == "linear":
+                span = decay - 1
+                fn = ((lambda j: hi + (lo - hi) * jnp.clip(j / span, 0.0, 1.0)) if span > 0
+                      else (lambda j: jnp.full_like(j, hi)))
+            else:
+                fn = lambda j: cosine(j, decay)  # noqa: E731
+            pieces.append((warmup + max(stable, 0), fn))
+    if sched.run is not None and sched.run > horizon:
+        pieces.append((horizon, lambda j: jnp.zeros_like(j)))
+    if not pieces:
+        return jnp.full_like(k, hi)
+    out = pieces[0][1](k - pieces[0][0])
+    for start, fn in pieces[1:]:
+        out = jnp.where(k < start, out, fn(k - start))
+    return out
+
+
 def weight_decay_at(sched: ScheduleConfig, count):
     """Weight decay after ``count`` units of the schedule (samples for megatron, steps for
     pgs): start_weight_decay → end_weight_decay over the run, then end_weight_decay."""
@@ -435,6 +539,8 @@ def make_lr_schedule(sched: ScheduleConfig, *, decoupled: bool = False) -> optax
     gives the embedding/output layer's schedule (the main one when decoupled_lr is unset)."""
     if sched.family == PGS:
         return functools.partial(_pgs_step_lr, sched, decoupled)
+    if sched.family == MAXTEXT:
+        return functools.partial(_maxtext_step_lr, sched, decoupled)
     _need_batch(sched.global_batch_size, "converting optimizer steps to samples")
     if sched.rampup is not None:
         _rampup_stages(sched.global_batch_size, sched.rampup, sched.running_multiple)
@@ -443,7 +549,7 @@ def make_lr_schedule(sched: ScheduleConfig, *, decoupled: bool = False) -> optax
 
 def make_weight_decay_schedule(sched: ScheduleConfig) -> optax.Schedule:
     """optax schedule: optimizer step → weight decay."""
-    if sched.family == PGS:
+    if sched.family in (PGS, MAXTEXT):
         return functools.partial(weight_decay_at, sched)
     _need_batch(sched.global_batch_size, "converting optimizer steps to samples")
     return functools.partial(_megatron_step_wd, sched)
@@ -451,6 +557,10 @@ def make_weight_decay_schedule(sched: ScheduleConfig) -> optax.Schedule:
 
 def _pgs_step_lr(sched, decoupled, step):
     return pgs_lr_at(sched, step, decoupled=decoupled)
+
+
+def _maxtext_step_lr(sched, decoupled, step):
+    return maxtext_lr_at(sched, step, decoupled=decoupled)
 
 
 def _megatron_step_lr(sched, decoupled, step):

@@ -267,6 +267,8 @@ def initialize(cfg: Mapping[str, Any] | None = None, platform: str | None = None
                             global_state.coordinator_address, None, True)
     setup = detect(kind, coordinator=coordinator, num_processes=num_processes,
                    process_id=process_id)
+    if (cfg or {}).get("skip_jax_distributed_system"):  # MaxText: one process, whatever the env
+        setup = ProcessSetup("single", 0, 1, None, None, False)
     if setup.source == "single":
         if (cfg or {}).get("hardware") == "gpu_multiprocess":
             raise ConfigError("hardware=gpu_multiprocess asks for a multi-process run, but no "

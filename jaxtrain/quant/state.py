@@ -143,17 +143,23 @@ def attach(params: dict, cfg, state: dict | None = None) -> dict:
     return out
 
 
-def project(eq: str, x, w, cfg):
-    """The quantized form of ``einsum(eq, x, w)`` in the compute dtype (``dense``'s hook)."""
+def _switched(x, w, cfg, quantized, plain):
+    """``quantized(x, w, meta)`` in the compute dtype, or ``plain(x, w)`` in the layers that
+    first_last_layers_bf16 keeps unquantized (w a :class:`QWeight` with a switch)."""
     dt = cfg.compute_dtype
     meta = on = None
     if isinstance(w, QWeight):
         w, meta, on = w.w, w.meta, w.on
     x, w = x.astype(dt), w.astype(dt)
     if on is None:
-        return qeinsum(eq, x, w, cfg.quant, meta)
-    return jax.lax.cond(jnp.reshape(on, ()), lambda a, b: qeinsum(eq, a, b, cfg.quant),
-                        lambda a, b: jnp.einsum(eq, a, b), x, w)
+        return quantized(x, w, meta)
+    return jax.lax.cond(jnp.reshape(on, ()), lambda a, b: quantized(a, b, None), plain, x, w)
+
+
+def project(eq: str, x, w, cfg):
+    """The quantized form of ``einsum(eq, x, w)`` in the compute dtype (``dense``'s hook)."""
+    return _switched(x, w, cfg, lambda a, b, meta: qeinsum(eq, a, b, cfg.quant, meta),
+                     lambda a, b: jnp.einsum(eq, a, b))
 
 
 def grouped_project(x, w, sizes, cfg, *, kernel: bool = False):
@@ -162,13 +168,6 @@ def grouped_project(x, w, sizes, cfg, *, kernel: bool = False):
     from jaxtrain.models.moe import grouped_matmul
     from jaxtrain.quant.grouped import qgrouped
 
-    dt = cfg.compute_dtype
-    meta = on = None
-    if isinstance(w, QWeight):
-        w, meta, on = w.w, w.meta, w.on
-    x, w = x.astype(dt), w.astype(dt)
-    if on is None:
-        return qgrouped(x, w, sizes, cfg.quant, meta, kernel=kernel)
-    return jax.lax.cond(jnp.reshape(on, ()),
-                        lambda a, b: qgrouped(a, b, sizes, cfg.quant, kernel=kernel),
-                        lambda a, b: grouped_matmul(a, b, sizes, kernel=kernel), x, w)
+    return _switched(x, w, cfg,
+                     lambda a, b, meta: qgrouped(a, b, sizes, cfg.quant, meta, kernel=kernel),
+                     lambda a, b: grouped_matmul(a, b, sizes, kernel=kernel))

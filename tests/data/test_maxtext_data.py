@@ -133,7 +133,8 @@ def test_data_shuffle_seed_and_enable_data_shuffling(tmp_path):
     tok = hf_dir(tmp_path)
 
     def first(*extra):
-        cfg = load_config(None, [*BASE, "framework=maxtext", "dataset_type=hf",
+        cfg = load_config(None, [*BASE, "framework=maxtext", "num_query_groups=2",
+                                 "dataset_type=hf",
                                  f"hf_train_files={src}", f"tokenizer_model={tok}", *extra],
                           world_size=1, enforce_status=False)
         data = training_data(cfg)
@@ -159,8 +160,8 @@ def test_maxtext_tokenizer_types(tmp_path):
     from tests.data.test_tiktoken import vocab_files
 
     def tok(*extra, maxtext=True):
-        return build_tokenizer(load_config(None, [*BASE, *(["framework=maxtext"] if maxtext
-                                                           else []), *extra], world_size=1))
+        dialect = ["framework=maxtext", "num_query_groups=2"] if maxtext else []
+        return build_tokenizer(load_config(None, [*BASE, *dialect, *extra], world_size=1))
 
     folder = hf_dir(tmp_path)
     for extra in ([], ["tokenizer_type=huggingface"]):
@@ -216,5 +217,23 @@ def test_maxtext_data_file_loads_unchanged(tmp_path, write):
     assert (data.samples.arrays["tokens"][:, 0] == BOS).all()     # every row starts a document
     warned = load_config(path, ["hf_access_token=hf_x"], world_size=1)
     assert any("hf_access_token" in w for w in warned.warnings)
-    with pytest.raises(ConfigError, match="eval_per_device_batch_size"):
-        load_config(path, ["eval_per_device_batch_size=4"], world_size=1)
+    assert load_config(path, ["eval_per_device_batch_size=4"],
+                       world_size=1)["eval_per_device_batch_size"] == 4
+
+
+def test_num_epoch_ends_the_run_when_the_data_runs_out(tmp_path):
+    """MaxText's num_epoch caps the steps at num_epoch passes over hf/grain data: by default
+    (1) in MaxText configs, when set elsewhere; synthetic data and Megatron configs run on."""
+    from jaxtrain.loop import total_steps
+
+    def steps(*extra):
+        cfg = hf(tmp_path, helpers.texts(60), "train_iters=1000", *extra)
+        data = training_data(cfg)
+        return total_steps(TrainConfig.from_config(cfg), data.num_samples), data.num_samples
+
+    plain, n = steps()                               # a Megatron-style config: no cap
+    assert plain == 1000 and n // 4 < 1000           # GBS 4
+    assert steps("num_epoch=2")[0] == 2 * n // 4
+    assert steps("framework=maxtext", "num_query_groups=2")[0] == n // 4
+    with pytest.raises(ConfigError, match="num_epoch must be at least 1"):
+        steps("num_epoch=0")

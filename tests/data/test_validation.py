@@ -303,3 +303,25 @@ def test_mock_validation_and_test_draw_other_tokens(model):
     assert not np.array_equal(valid.samples[:4], test.samples[:4])
     ev = Evaluator.from_config(cfg, model[0])
     assert ev.final(model[1], 20)["test_tokens"] == GBS * T
+
+
+def test_eval_per_device_batch_size_sets_the_validation_batch(files, model):
+    """MaxText's eval_per_device_batch_size: validation batches of that many sequences per
+    device (one micro-step), whatever the training batch; 0 keeps the training batch."""
+    mcfg, params = model
+    common = (f"data_path={files['r']}", "split=80,20,0", "eval_iters=2")
+    shapes = []
+
+    def put(host):
+        shapes.append(host["tokens"].shape)
+        return {k: jax.numpy.asarray(v) for k, v in host.items()}
+
+    ev = Evaluator.from_config(config(*common, "eval_per_device_batch_size=3"), mcfg,
+                               put_batch=put)
+    out = ev.run(params, 5)
+    assert shapes == [(1, 3, T)] * 2 and out["val_tokens"] == 2 * 3 * T
+    rows = np.stack([ev.sets[0].data.samples[i] for i in range(6)])
+    assert out["val_loss"] == pytest.approx(hand_loss(params, mcfg, rows), rel=1e-5)
+    shapes.clear()
+    Evaluator.from_config(config(*common), mcfg, put_batch=put).run(params, 5)
+    assert shapes == [(GBS // 2, 2, T)] * 2

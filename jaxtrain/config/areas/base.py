@@ -1,8 +1,15 @@
 """Module plumbing, config-file mechanics and Primus experiment metadata."""
-from jaxtrain.config.knob import HONORED, K, REJECTED
+from jaxtrain.config.knob import HONORED, Alias, K, REJECTED
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _BOTH = ("megatron", "maxtext")
+
+
+
+def _maxtext_output(value):
+    """MaxText's empty base_output_directory means ./maxtext_output."""
+    return "maxtext_output" if value in ("", None) else value
+
 
 KNOBS = [
     K("trainable", "bool", True, "Whether this run trains; false evaluates only, like skip_train.",
@@ -30,11 +37,17 @@ KNOBS = [
     K("framework", "str", "megatron", "Primus backend whose key names and defaults the file uses.",
       "primus", HONORED, choices=("megatron", "maxtext")),
     K("workspace", "str", "./output", "Primus output root; the run directory is "
-      "workspace/work_group/user_name/exp_name.", "primus", HONORED),
+      "workspace/work_group/user_name/exp_name.", "primus", HONORED,
+      aliases=(Alias("base_output_directory", "maxtext", to_canonical=_maxtext_output,
+                     note="MaxText's output root; empty means ./maxtext_output"),),
+      doc_defaults={"maxtext": "maxtext_output"}),
     K("work_group", "str", "", "Primus team name, one level of the run directory.", "primus",
       HONORED),
     K("user_name", "str", "", "Primus user name, one level of the run directory.", "primus",
       HONORED),
     K("exp_name", "str", "", "Experiment name, the last level of the run directory.", "primus",
-      HONORED),
+      HONORED, aliases=(Alias("run_name", "maxtext",
+                              note="the run directory is base_output_directory/run_name; "
+                                   "MaxText names an unnamed run by time, jaxtrain writes it "
+                                   "straight into base_output_directory"),)),
 ]

@@ -17,6 +17,21 @@ _TORCH_FORMAT = ("a PyTorch checkpoint format; jaxtrain reads and writes Orbax c
                  "it with jaxtrain.models.from_hf")
 
 
+def _none_if_empty(value):
+    """MaxText writes an empty path for "none"."""
+    return None if value in ("", "None", "none") else value
+
+
+def _keep_all_if_unset(value):
+    """MaxText's max_num_checkpoints_to_keep: None (or a negative count) keeps every one."""
+    if value in ("None", "none", "null"):
+        return 0
+    try:
+        return 0 if float(value) < 0 else value
+    except (TypeError, ValueError):
+        return value
+
+
 def _off_if_zero(value):
     """pgs's save_steps: 0 means no periodic checkpoints, which is null here."""
     return None if value in (0, "0") else value
@@ -30,12 +45,15 @@ KNOBS = [
     K("save_interval", "int", 1000, "Iterations between saved checkpoints; null saves only at the "
       "end.", "megatron", status=HONORED,
       aliases=(Alias("train.save_steps", _PGS, to_canonical=_off_if_zero,
-                     note="0 means no periodic saves"),),
-      doc_defaults={"pgs-train": 500, "pgs-distill": None}),
+                     note="0 means no periodic saves"),
+               Alias("checkpoint_period", "maxtext")),
+      doc_defaults={"pgs-train": 500, "pgs-distill": None, "maxtext": 10_000}),
     K("save_retain_interval", "int", None, "Keep every checkpoint whose iteration is a multiple "
       "of this; others but the newest are deleted.", "megatron", status=HONORED),
     K("train.keep_checkpoints", "int", 0, "How many newest step checkpoints to keep; older ones "
       "are deleted (0 keeps all; the final export is exempt).", "pgs-distill", status=HONORED,
+      aliases=(Alias("max_num_checkpoints_to_keep", "maxtext", to_canonical=_keep_all_if_unset,
+                     note="None keeps all (0 here)"),), nullable=True,
       doc_defaults={"pgs-train": 5, "pgs-distill": 3}),
     K("disable_last_saving", "bool", False, "Skip the checkpoint normally written when training "
       "ends.", "megatron", status=HONORED),
@@ -43,10 +61,11 @@ KNOBS = [
       "to <output_dir>/final (pgs configs, or any config that sets it).", "pgs-train",
       status=HONORED),
     K("enable_checkpointing", "bool", False, "MaxText switch for writing checkpoints and resuming "
-      "from the run's own latest one.", "maxtext", status=HONORED),
+      "from the run's own latest one.", "maxtext", status=HONORED,
+      doc_defaults={"maxtext": True}),
     K("async_save", "bool", None, "Write checkpoints in the background while training continues; "
       "null means synchronous.", "megatron", status=HONORED,
-      aliases=(Alias("async_checkpointing", "maxtext"),), doc_defaults={"maxtext": False}),
+      aliases=(Alias("async_checkpointing", "maxtext"),), doc_defaults={"maxtext": True}),
 
     # What a checkpoint holds
     K("no_save_optim", "bool", None, "Leave the optimizer state out of saved checkpoints.",
@@ -58,14 +77,20 @@ KNOBS = [
     K("load", "str", None, "Checkpoint directory to start from; null starts from fresh "
       "initialisation.", "megatron", status=HONORED),
     K("pretrained_checkpoint", "str", None, "Checkpoint to finetune from when `load` holds none "
-      "(forces finetune).", "megatron", status=HONORED),
+      "(forces finetune).", "megatron", status=HONORED,
+      aliases=(Alias("load_parameters_path", "maxtext", to_canonical=_none_if_empty,
+                     note="weights only, from a jaxtrain checkpoint (run or step directory); "
+                          "the run's own checkpoints are resumed first, as in MaxText"),)),
     K("ckpt_step", "int", None, "Iteration to load from the load directory instead of its "
       "latest.", "megatron", status=HONORED),
     K("auto_continue_train", "bool", False, "If the save directory already has checkpoints, "
       "training picks up from the most recent one.", "megatron", status=HONORED),
     K("train.resume_from", "str", None, "Checkpoint directory to resume from, or 'auto' for the "
       "newest in output_dir (fresh if none); null/'' = fresh.", ("pgs-train", "pgs-distill"),
-      status=HONORED),
+      status=HONORED,
+      aliases=(Alias("load_full_state_path", "maxtext", to_canonical=_none_if_empty,
+                     note="the full train state (weights, optimizer, step) of a jaxtrain "
+                          "checkpoint"),)),
     K("exit_on_missing_checkpoint", "bool", True, "Stop when `load` is set but holds no "
       "checkpoint, instead of initialising at random.", "megatron", status=HONORED),
     K("finetune", "bool", True, "Load only the weights: skip optimizer and RNG state and restart "
@@ -94,7 +119,8 @@ KNOBS = [
       "replica and broadcast it to the others.", "megatron", MAPPED,
       "Orbax always loads in parallel: every process reads from storage only the shards its own "
       "devices hold, concurrently through tensorstore, so no replica reads the whole checkpoint; "
-      "there is no torch_dist load strategy to wrap, and values are the same either way"),
+      "there is no torch_dist load strategy to wrap, and values are the same either way",
+      aliases=(Alias("enable_single_replica_ckpt_restoring", "maxtext"),)),
 
     # Checkpoint format
     K("ckpt_format", "str", "torch_dist", "Megatron checkpoint format; jaxtrain stores Orbax, and "
@@ -149,6 +175,22 @@ KNOBS = [
       "async saves instead of one per save.", "megatron", INERT,
       "a PyTorch process-pool detail; Orbax's async save runs in background threads of the "
       "training process"),
+
+    # MaxText storage options
+    K("checkpoint_storage_use_ocdbt", "bool", True, "MaxText: store checkpoint arrays in Orbax's "
+      "OCDBT key-value layout.", "maxtext", MAPPED,
+      "jaxtrain's Orbax checkpoints always use OCDBT (Orbax's default)",
+      rejected_values={False: "jaxtrain always writes OCDBT checkpoints (Orbax's default); "
+                       "a per-array file layout is not offered"}),
+    K("checkpoint_storage_use_zarr3", "bool", True, "MaxText: encode checkpoint arrays as Zarr "
+      "v3 instead of v2.", "maxtext", INERT,
+      "jaxtrain keeps Orbax's own array encoding and reads back what it writes; the stored "
+      "values are the same either way"),
+    K("enable_emergency_checkpoint", "bool", False, "MaxText: Orbax's emergency checkpointing "
+      "(frequent local saves plus slower persistent ones).", "maxtext", REJECTED,
+      "jaxtrain does not run Orbax's emergency checkpoint manager; for frequent local "
+      "crash-recovery saves use non_persistent_save_interval with non_persistent_ckpt_type "
+      "local"),
 
     # Non-persistent (ephemeral) checkpoints
     K("non_persistent_save_interval", "int", None, "Iterations between extra short-lived "

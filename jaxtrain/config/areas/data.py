@@ -157,8 +157,9 @@ KNOBS = [
       "colocated Python workers on the TPU hosts.", "maxtext", INERT,
       "a Pathways/TPU feature; jaxtrain's processes each read their own rows on the host "
       "they run on, which gives the same batches"),
-    K("eval_per_device_batch_size", "float", 0.0, "Validation batch per device; 0 uses "
-      "per_device_batch_size.", "maxtext", issue=6),
+    K("eval_per_device_batch_size", "float", 0.0, "Validation batch per device (one micro-step "
+      "of it x devices sequences); 0 validates with the training batch.", "maxtext",
+      status=HONORED),
 
     # MaxText grain pipeline (dataset_type: grain): ArrayRecord/Parquet/TFRecord documents
     K("grain_train_files", "str", "", "Glob of the training files for dataset_type grain, or a "

@@ -181,3 +181,17 @@ KNOBS = [
     K("decoder_pipeline_manual_split_list", "list[int]", None, "Layers per pipeline stage, "
       "given explicitly (Primus).", "megatron"),
 ]
+
+
+KNOBS += [
+    # MaxText runtime switches
+    K("skip_jax_distributed_system", "bool", False, "MaxText: never start jax.distributed; run "
+      "as one process even when a launcher describes several.", "maxtext", HONORED),
+    K("jax_cache_dir", "str", None, "Directory of JAX's persistent compilation cache (~ "
+      "expanded); null or empty leaves the cache as JAX has it.", "maxtext", HONORED,
+      doc_defaults={"maxtext": "~/jax_cache"}),
+    K("compile_topology", "str", "", "MaxText: compile ahead of time for a named TPU topology "
+      "(e.g. v5e-256) instead of running.", "maxtext", REJECTED,
+      "jaxtrain compiles for the devices it runs on; to check memory of a layout ahead of time "
+      "use benchmarks/aot_memory.py on the target machine"),
+]

@@ -1,5 +1,5 @@
 """Console log cadence, training metrics, TensorBoard/W&B/MLflow/trackio writers, telemetry."""
-from jaxtrain.config.knob import HONORED, INERT, MAPPED, Alias, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
 _M = "megatron"
 _PGS = ("pgs-train", "pgs-distill")
@@ -12,6 +12,13 @@ _MEM_STATS = ("served by JAX's Device.memory_stats() (bytes in use, peak, limit 
               "fields join the metrics row and a log line, and backends without stats add none")
 _APP_TAG = ("application tag for NVIDIA's OneLogger telemetry, which jaxtrain does not send; it "
             "cannot change training or its logs")
+
+
+def _negate(value):
+    """enable_* written for a disable_* knob."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"
+    return (not value) if isinstance(value, (bool, int)) else value
 
 
 def _empty_to_none(value):
@@ -57,7 +64,9 @@ KNOBS = [
 
     # TensorBoard
     K("disable_tensorboard", "bool", True, "Turn the TensorBoard writer off (Primus switch).", _M,
-      status=HONORED),
+      status=HONORED, doc_defaults={"maxtext": False},
+      aliases=(Alias("enable_tensorboard", "maxtext", to_canonical=_negate,
+                     note="the opposite switch: true writes TensorBoard events"),)),
     K("tensorboard_dir", "str", None, "Directory for TensorBoard event files; null puts them in "
       "the run directory.", _M, status=HONORED),
     K("tensorboard_log_interval", "int", 1, "Steps between scalar writes to TensorBoard.", _M,
@@ -131,4 +140,26 @@ KNOBS = [
       "telemetry.", _M, INERT, _APP_TAG),
     K("app_tag_run_version", "str", "0.0.0", "Version tag of the training application, for "
       "telemetry.", _M, INERT, _APP_TAG),
+]
+
+
+_GCP = "Google Cloud telemetry that jaxtrain does not send; training and its logs are the same"
+
+KNOBS += [
+    # MaxText metrics and telemetry
+    K("metrics_file", "str", "", "MaxText: a local file that also gets every metrics row "
+      "(jaxtrain's names, one JSON line per logged step, as metrics.jsonl); empty writes none.",
+      "maxtext", status=HONORED),
+    K("gcs_metrics", "bool", False, "MaxText: upload step metrics to Cloud Storage under the "
+      "run directory.", "maxtext", REJECTED,
+      "jaxtrain uploads nothing to Cloud Storage; metrics go to metrics.jsonl in the run "
+      "directory (and TensorBoard/W&B/MLflow when enabled)"),
+    K("save_config_to_gcs", "bool", False, "MaxText: upload the resolved config to Cloud "
+      "Storage under the run directory.", "maxtext", INERT,
+      "jaxtrain uploads nothing to Cloud Storage; the resolved config is stored in every "
+      "checkpoint's metadata"),
+    K("enable_goodput_recording", "bool", False, "MaxText: record Goodput events for Google "
+      "Cloud's ML Goodput service.", "maxtext", INERT, _GCP),
+    K("monitor_goodput", "bool", False, "MaxText: upload Goodput measurements while training.",
+      "maxtext", INERT, _GCP),
 ]

@@ -1,5 +1,5 @@
 """Model architecture: shape, attention, positions, norms, init, dtypes and the HF model source."""
-from jaxtrain.config.knob import Alias, HONORED, INERT, MAPPED, K, REJECTED
+from jaxtrain.config.knob import Alias, HONORED, INERT, MAPPED, K, REJECTED, _as_bool
 
 _DTYPES = ("bfloat16", "float32", "float16")
 _DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
@@ -9,6 +9,54 @@ _MAXTEXT_ATTENTION = ("autoselected", "dot_product", "flash", "cudnn_flash_te", 
 _HF_ATTENTION = ("sdpa", "flash_attention_2", "eager")
 _POSITION_EMBEDDINGS = ("learned_absolute", "rope", "mrope", "relative", "none")
 _PGS = ("pgs-train", "pgs-distill")
+_MT = "maxtext"
+_SCALED = "MaxText's base size; global_parameter_scale multiplies it"
+# MaxText's decoder blocks (common_types.DecoderBlockType); see jaxtrain/config/maxtext_model.py.
+SUPPORTED_DECODER_BLOCKS = ("llama2", "mistral", "mixtral")
+_DECODER_BLOCKS = ("default", "llama2", "mistral", "mixtral", "deepseek", "gemma", "gemma2",
+                   "gemma3", "gemma4", "gemma4_small", "qwen2", "qwen3", "qwen3_moe",
+                   "qwen3_custom_moe", "qwen3_next", "qwen3_5", "gpt3", "gpt_oss", "simple",
+                   "simple_mlp", "llama4", "olmo3", "deepseek4", "envy")
+_WHY_BLOCK = {
+    "default": "MaxText's default block runs attention and MLP in parallel on one norm output",
+    "deepseek": "MaxText's DeepSeek block (MLA, shared experts, dense first layers, "
+                "model_name-dependent routing) is not mapped; write the model with the Megatron "
+                "knobs (multi_latent_attention, moe_*)",
+    "gpt3": "MaxText's gpt3 block uses LayerNorm with biases and learned positions in its own "
+            "layout; write the model with the Megatron knobs",
+    "gpt_oss": "MaxText's gpt_oss block is not mapped; write the model with the Megatron and "
+               "Primus sink-attention knobs",
+}
+_REJECTED_BLOCKS = {
+    b: _WHY_BLOCK.get(b, f"MaxText's {b} block (its norms, embedding scaling or attention "
+                         f"pattern) is not built by jaxtrain; supported: "
+                         f"{', '.join(SUPPORTED_DECODER_BLOCKS)}")
+    for b in _DECODER_BLOCKS if b not in SUPPORTED_DECODER_BLOCKS}
+_DERIVED_SIZES = (("emb_dim", "model width", "base_emb_dim"),
+                  ("num_query_heads", "query-head count", "base_num_query_heads"),
+                  ("num_kv_heads", "key/value-head count", "base_num_kv_heads"),
+                  ("mlp_dim", "MLP width", "base_mlp_dim"),
+                  ("moe_mlp_dim", "expert MLP width", "base_moe_mlp_dim"),
+                  ("num_decoder_layers", "layer count", "base_num_decoder_layers"))
+
+
+# MaxText-only model knobs (not aliases, which mark a MaxText file already): a file or command
+# line using one is read with MaxText's defaults (see resolve._maxtext_spelling).
+MAXTEXT_MODEL_KEYS = frozenset({
+    "global_parameter_scale", "decoder_block", "mlp_activations", "emb_dim", "num_query_heads",
+    "num_kv_heads", "mlp_dim", "moe_mlp_dim", "num_decoder_layers", "rope_min_timescale",
+    "rope_linear_scaling_factor", "rope_use_scale", "enable_dropout", "dropout_rate", "fused_qkv",
+    "fused_mlp", "use_qk_norm", "use_post_attn_norm", "use_post_ffw_norm", "float32_qk_product",
+    "float32_logits", "cast_logits_to_fp32", "normalize_embedding_logits", "base_moe_mlp_dim",
+    "capacity_factor", "load_balance_loss_weight", "shared_experts", "first_num_dense_layers",
+    "routed_scaling_factor", "routed_score_func", "routed_bias", "routed_bias_update_rate",
+    "n_routing_groups", "topk_routing_group"})
+
+
+def _negate(value):
+    """MaxText logits_via_embedding (tied) is the inverse of untie_embeddings_and_output_weights."""
+    return not _as_bool(value)
+
 
 KNOBS = [
     # Model family and code path
@@ -40,17 +88,42 @@ KNOBS = [
       "num_layers, in Megatron as in jaxtrain"),
 
     # Transformer shape
-    K("num_layers", "int", 24, "Number of transformer layers.", "megatron", status=HONORED),
-    K("hidden_size", "int", 1024, "Model width: size of the residual stream.", "megatron", status=HONORED),
+    K("num_layers", "int", 24, "Number of transformer layers.", "megatron", status=HONORED,
+      aliases=(Alias("base_num_decoder_layers", _MT, note=_SCALED),),
+      doc_defaults={_MT: 16}),
+    K("hidden_size", "int", 1024, "Model width: size of the residual stream.", "megatron",
+      status=HONORED, aliases=(Alias("base_emb_dim", _MT, note=_SCALED),),
+      doc_defaults={_MT: 2048}),
     K("ffn_hidden_size", "int", None, "Inner width of the MLP; null means 4 x hidden_size "
-      "(8/3 x rounded down to 64 with SwiGLU).", "megatron", status=HONORED),
-    K("num_attention_heads", "int", 16, "Number of query heads per attention layer.", "megatron", status=HONORED),
+      "(8/3 x rounded down to 64 with SwiGLU).", "megatron", status=HONORED,
+      aliases=(Alias("base_mlp_dim", _MT, note=_SCALED),), doc_defaults={_MT: 7168}),
+    K("num_attention_heads", "int", 16, "Number of query heads per attention layer.", "megatron",
+      status=HONORED, aliases=(Alias("base_num_query_heads", _MT, note=_SCALED),),
+      doc_defaults={_MT: 16}),
     K("kv_channels", "int", None, "Width of each attention head; null means hidden_size / "
-      "num_attention_heads.", "megatron", status=HONORED),
+      "num_attention_heads.", "megatron", status=HONORED,
+      aliases=(Alias("head_dim", _MT, note="MaxText's width of one query/key/value head of "
+                     "ordinary attention; its default 128 does not follow base_emb_dim"),),
+      doc_defaults={_MT: 128}),
     K("group_query_attention", "bool", False, "Share each key/value head among a group of query "
-      "heads (GQA).", "megatron", status=HONORED),
+      "heads (GQA).", "megatron", status=HONORED, doc_defaults={_MT: True}),
     K("num_query_groups", "int", None, "Number of key/value heads under GQA; null means one per "
-      "query head.", "megatron", status=HONORED),
+      "query head.", "megatron", status=HONORED,
+      aliases=(Alias("base_num_kv_heads", _MT, note=_SCALED + "; MaxText files always use "
+                     "grouped-query attention (equal counts are plain multi-head)"),),
+      doc_defaults={_MT: 16}),
+
+    # MaxText's model size scaling and decoder block
+    K("global_parameter_scale", "int", 1, "MaxText size multiplier (a power of two) that grows "
+      "width, heads, MLP width and depth from their base_* values.", _MT, HONORED),
+    K("decoder_block", "str", None, "MaxText layer family; llama2, mistral and mixtral are "
+      "pre-norm RMSNorm + RoPE blocks (mixtral with MoE); null: the Megatron knobs decide.",
+      _MT, HONORED, choices=_DECODER_BLOCKS, doc_defaults={_MT: "llama2"},
+      rejected_values=_REJECTED_BLOCKS),
+    *[K(name, "int", None, f"MaxText's effective {what}: {base} x the global_parameter_scale "
+        "factor.", _MT, INERT, f"MaxText computes it from {base} and global_parameter_scale and "
+        f"overwrites any value written here; set {base} instead")
+      for name, what, base in _DERIVED_SIZES],
 
     # Attention details
     K("qk_layernorm", "bool", False, "Normalise queries and keys per head before the dot product.",
@@ -59,8 +132,24 @@ KNOBS = [
       "product.", "megatron", status=HONORED),
     K("add_qkv_bias", "bool", False, "Give the query/key/value projections a bias term.",
       "megatron", status=HONORED),
+    K("use_qk_norm", "bool", False, "MaxText: RMS-normalise queries and keys per head (read by its "
+      "qwen3 and llama4 blocks).", _MT, REJECTED, "MaxText's llama2/mistral/mixtral blocks do not "
+      "read it and jaxtrain does not build the qwen3/llama4 blocks that do; for per-head q/k norms "
+      "in jaxtrain set qk_layernorm: true"),
+    K("use_post_attn_norm", "bool", False, "MaxText: normalise the attention output before the "
+      "residual add (gemma2-style sandwich norm).", _MT, REJECTED, "post-sublayer norms are not "
+      "built in jaxtrain (MaxText reads this only in its gemma2 and envy blocks)"),
+    K("use_post_ffw_norm", "bool", False, "MaxText: normalise the MLP output before the residual "
+      "add (gemma2-style sandwich norm).", _MT, REJECTED, "post-sublayer norms are not built in "
+      "jaxtrain (MaxText reads this only in its gemma2 and envy blocks)"),
+    K("float32_qk_product", "bool", None, "MaxText dot_product attention: take the query-key "
+      "product in float32; null (non-MaxText files) keeps jaxtrain's float32 scores.", _MT,
+      HONORED, doc_defaults={_MT: False}),
+    K("float32_logits", "bool", None, "MaxText dot_product attention: take the softmax over the "
+      "scores in float32; null (non-MaxText files) keeps jaxtrain's float32 softmax.", _MT,
+      HONORED, doc_defaults={_MT: False}),
     K("attention_dropout", "float", 0.1, "Dropout probability on the attention weights.",
-      "megatron", status=HONORED),
+      "megatron", status=HONORED, doc_defaults={_MT: 0.0}),
     K("attention_softmax_in_fp32", "bool", False, "Compute the attention mask and softmax in "
       "float32 whatever the compute dtype.", "megatron", status=HONORED),
     K("apply_query_key_layer_scaling", "bool", False, "Divide attention scores by the layer index "
@@ -94,14 +183,17 @@ KNOBS = [
       "token embeddings.", "megatron", status=INERT, reason="read only by Megatron's legacy models (use_legacy_models is rejected); the core GPT model takes position_embedding_type"),
     K("position_embedding_type", "str", "learned_absolute", "How positions enter the model: "
       "learned table, RoPE, multimodal RoPE, relative bias or none.", "megatron",
-      choices=_POSITION_EMBEDDINGS, status=HONORED, planned_values={"mrope": None, "relative": None}),
+      choices=_POSITION_EMBEDDINGS, status=HONORED, planned_values={"mrope": None, "relative": None},
+      doc_defaults={_MT: "rope"}),
     K("max_position_embeddings", "int", None, "Longest sequence the position encoding is built "
       "for, in tokens.", "megatron", status=HONORED),
     K("original_max_position_embeddings", "int", None, "Context length the model was pretrained "
       "with, the base for RoPE scaling, in tokens.", "megatron", status=HONORED),
     K("use_rotary_position_embeddings", "bool", None, "Legacy switch: true forces "
       "position_embedding_type to rope.", "megatron", status=HONORED),
-    K("rotary_base", "int", 10000, "RoPE base period theta.", "megatron", status=HONORED),
+    K("rotary_base", "int", 10000, "RoPE base period theta.", "megatron", status=HONORED,
+      aliases=(Alias("rope_max_timescale", _MT, note="with rope_min_timescale 1 (the default) "
+                     "this is the RoPE base"),)),
     K("rotary_percent", "float", 1.0, "Fraction of each head's channels that RoPE rotates.",
       "megatron", status=HONORED),
     K("rotary_interleaved", "bool", False, "Rotate interleaved channel pairs (GPT-J layout) "
@@ -112,8 +204,16 @@ KNOBS = [
       "megatron", status=HONORED),
     K("rope_scaling_factor", "float", 8.0, "Stretch factor of the Llama-3.1 RoPE scaling.",
       "megatron", status=HONORED),
-    K("rope_type", "str", None, "RoPE variant: plain rope or YaRN; null lets the attention type "
-      "choose.", "megatron", choices=("rope", "yarn"), status=HONORED),
+    K("rope_type", "str", None, "RoPE variant: plain rope, YaRN or (MaxText) llama3.1 scaling; "
+      "null lets the attention type choose.", ("megatron", _MT),
+      choices=("rope", "yarn", "llama3.1"), value_aliases={"default": "rope"},
+      doc_defaults={_MT: "rope"}, status=HONORED),
+    K("rope_use_scale", "bool", True, "MaxText rope_type llama3.1: apply its frequency scaling "
+      "(factor 8, 8192-token original context).", _MT, HONORED),
+    K("rope_min_timescale", "float", 1.0, "MaxText RoPE: shortest wavelength scale; timescales "
+      "run geometrically from it to rope_max_timescale.", _MT, HONORED),
+    K("rope_linear_scaling_factor", "float", 1.0, "MaxText RoPE: divide positions by this factor "
+      "(linear position interpolation).", _MT, HONORED),
 
     # MLP and activations
     K("swiglu", "bool", True, "Gated SiLU MLP (SwiGLU) instead of a plain GELU MLP.", "megatron", status=HONORED),
@@ -123,12 +223,22 @@ KNOBS = [
     K("squared_relu", "bool", False, "Use relu(x)^2 as the MLP activation.", "megatron", status=HONORED),
     K("add_bias_linear", "bool", False, "Give every linear layer a bias term (implies "
       "add_qkv_bias).", "megatron", status=HONORED),
+    K("mlp_activations", "list[str]", None, "MaxText MLP: one input projection per entry, "
+      "multiplied together; [silu, linear] is SwiGLU, [gelu] a plain tanh-GELU MLP.", _MT,
+      HONORED, doc_defaults={_MT: ["silu", "linear"]}),
+    K("fused_qkv", "bool", False, "MaxText: compute the query/key/value projections as one "
+      "matmul.", _MT, MAPPED, "XLA fuses and schedules the three projections of one input "
+      "itself; the parameters stay separate wq/wk/wv and the result is the same"),
+    K("fused_mlp", "bool", False, "MaxText: compute the gated MLP's input projections as one "
+      "matmul.", _MT, MAPPED, "XLA fuses and schedules the MLP input projections itself; the "
+      "parameters stay separate wi_0/wi_1 and the result is the same"),
 
     # Norms, residuals and dropout
     K("normalization", "str", "LayerNorm", "Norm layer used throughout the model.", "megatron",
-      choices=("LayerNorm", "RMSNorm"), status=HONORED),
+      choices=("LayerNorm", "RMSNorm"), status=HONORED, doc_defaults={_MT: "RMSNorm"}),
     K("norm_epsilon", "float", 1e-5, "Epsilon added to the variance inside every norm.",
-      "megatron", status=HONORED),
+      "megatron", status=HONORED,
+      aliases=(Alias("normalization_layer_epsilon", _MT),)),
     K("apply_layernorm_1p", "bool", False, "Store norm scales as offsets from 1 (zero-centred "
       "gamma).", "megatron", status=HONORED),
     K("apply_residual_connection_post_layernorm", "bool", False, "Take the residual from the "
@@ -136,15 +246,30 @@ KNOBS = [
     K("fp32_residual_connection", "bool", False, "Keep the residual stream in float32.",
       "megatron", status=HONORED),
     K("hidden_dropout", "float", 0.1, "Dropout probability on each block's output before the "
-      "residual add.", "megatron", status=HONORED),
+      "residual add.", "megatron", status=HONORED, doc_defaults={_MT: 0.0}),
+    K("enable_dropout", "bool", True, "MaxText switch for all dropout; false makes the model "
+      "deterministic whatever the dropout rates.", _MT, HONORED),
+    K("dropout_rate", "float", 0.0, "MaxText dropout probability (after embeddings, inside the "
+      "MLP, after each residual add, shared over the sequence).", _MT, REJECTED,
+      "MaxText drops at other places than jaxtrain (after the residual add, with one mask for "
+      "all positions, and inside the MLP); for dropout in jaxtrain set hidden_dropout and "
+      "attention_dropout"),
 
     # Embeddings and output head
     K("untie_embeddings_and_output_weights", "bool", True, "Give the output head its own weights "
-      "instead of reusing the embedding table.", "megatron", status=HONORED),
+      "instead of reusing the embedding table.", "megatron", status=HONORED,
+      aliases=(Alias("logits_via_embedding", _MT, to_canonical=_negate,
+                     note="true ties the output head to the embedding (the inverse of "
+                     "untie_embeddings_and_output_weights)"),)),
+    K("normalize_embedding_logits", "bool", True, "MaxText: with logits_via_embedding, divide "
+      "the tied logits by sqrt(emb_dim).", _MT, HONORED),
     K("use_iota_embed", "bool", True, "Look up embeddings as a one-hot matmul built with iota "
-      "instead of a gather.", "maxtext", status=HONORED),
+      "instead of a gather.", "maxtext", status=HONORED, doc_defaults={_MT: False}),
     K("logits_dot_in_fp32", "bool", False, "Compute the output-head matmul in float32.",
       "maxtext", status=HONORED),
+    K("cast_logits_to_fp32", "bool", True, "MaxText: hand the loss float32 logits.", _MT, INERT,
+      "jaxtrain's output head always yields float32 logits; false (logits kept in the compute "
+      "dtype) is not reproduced"),
     K("final_logit_softcapping", "float", None, "Soft-cap the output logits to c*tanh(x/c); null "
       "disables.", "megatron", status=HONORED),
     K("clone_scatter_output_in_embedding", "bool", True, "Copy the embedding output after the "

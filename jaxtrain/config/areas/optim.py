@@ -2,6 +2,7 @@
 from jaxtrain.config.knob import HONORED, INERT, MAPPED, Alias, K
 
 _MEGATRON = "megatron"
+_MAXTEXT = "maxtext"
 _PGS = "pgs-train"
 _BOTH_PGS = ("pgs-train", "pgs-distill")
 
@@ -15,6 +16,17 @@ _MUON_TP_MODES = ("blockwise", "duplicated", "distributed")
 _WD_METHODS = ("decoupled", "independent", "l2")
 _DTYPE_SPELLINGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
                     "float8": "fp8"}
+# MaxText's opt_type values, and the Megatron optimizer each one is computed by.
+MAXTEXT_OPTIMIZERS = {"adamw": "adam", "adam_pax": "adam", "sgd": "sgd"}
+_MAXTEXT_MUON = ("MaxText's muon is optax's contrib Muon (its own scaling, Nesterov and "
+                 "weight-decay rules), which jaxtrain does not implement; use opt_type adamw, or "
+                 "Megatron's optimizer: muon in a Megatron-style file")
+
+
+def _mu_dtype(value):
+    """MaxText's empty mu_dtype inherits weight_dtype; jaxtrain's master weights are float32."""
+    return "fp32" if value in ("", None) else value
+
 
 KNOBS = [
     # --- optimizer choice ---
@@ -24,24 +36,33 @@ KNOBS = [
     K("train.optimizer", "str", "adamw", "pgs optimizer: adamw, muon (Adam for non-matrix "
       "params), 8-bit-state lion/adamw, or paged 8-bit adamw.", _PGS,
       choices=_PGS_OPTIMIZERS, status=HONORED),
+    K("opt_type", "str", "adamw", "MaxText optimizer: adamw, adam_pax (the same AdamW maths "
+      "written as Pax's), sgd (no momentum or decay) or muon.", _MAXTEXT, HONORED,
+      choices=("adamw", "adam_pax", "sgd", "muon"), rejected_values={"muon": _MAXTEXT_MUON}),
     K("plugins.schedule_free", "bool", False, "Use schedule-free AdamW (iterate averaging) in "
       "place of the optimizer plus LR decay schedule.", _PGS, status=HONORED),
 
     # --- Adam / SGD ---
     K("adam_beta1", "float", 0.9, "Adam decay rate of the first-moment (mean) estimate.",
-      _MEGATRON, status=HONORED),
+      _MEGATRON, aliases=(Alias("adam_b1", _MAXTEXT),), status=HONORED),
     K("adam_beta2", "float", 0.999, "Adam decay rate of the second-moment (variance) estimate.",
-      _MEGATRON, doc_defaults={"pgs-train": 0.95}, status=HONORED),
+      _MEGATRON, aliases=(Alias("adam_b2", _MAXTEXT),),
+      doc_defaults={"pgs-train": 0.95, "maxtext": 0.95}, status=HONORED),
     K("adam_eps", "float", 1e-8, "Adam term added to the root of the second moment for "
-      "stability.", _MEGATRON, status=HONORED),
+      "stability.", (_MEGATRON, _MAXTEXT), status=HONORED),
+    K("adam_eps_root", "float", 0.0, "Adam term added to the second moment inside the square "
+      "root.", _MAXTEXT, status=HONORED),
     K("sgd_momentum", "float", 0.9, "Velocity coefficient of plain SGD; other optimizers ignore "
-      "it.", _MEGATRON, status=HONORED),
+      "it.", _MEGATRON, doc_defaults={"maxtext": 0.0}, status=HONORED),
 
     # --- weight decay and clipping ---
     K("weight_decay", "float", 0.0, "Decoupled weight-decay coefficient for matrices (not biases, "
       "norms); fixed unless start/end_weight_decay are set.", _MEGATRON,
-      aliases=(Alias("train.weight_decay", _PGS),),
-      doc_defaults={"pgs-train": 0.1}, status=HONORED),
+      aliases=(Alias("train.weight_decay", _PGS),
+               Alias("adam_weight_decay", _MAXTEXT,
+                     note="MaxText decays every parameter (norms and biases too) and SGD "
+                          "not at all")),
+      doc_defaults={"pgs-train": 0.1, "maxtext": 0.1}, status=HONORED),
     K("start_weight_decay", "float", None, "Weight decay at step 0 when it follows a schedule "
       "(weight_decay_incr_style linear or cosine).", _MEGATRON, status=HONORED),
     K("end_weight_decay", "float", None, "Weight decay at the end of the run when it follows a "
@@ -51,7 +72,10 @@ KNOBS = [
       choices=_WD_INCR_STYLES, status=HONORED),
     K("clip_grad", "float", 1.0, "Clip the global L2 norm of the gradients to this value; 0 "
       "turns clipping off.", _MEGATRON,
-      aliases=(Alias("train.max_grad_norm", _BOTH_PGS),), status=HONORED),
+      aliases=(Alias("train.max_grad_norm", _BOTH_PGS),
+               Alias("gradient_clipping_threshold", _MAXTEXT,
+                     note="optax's clip_by_global_norm scales by max/norm, jaxtrain by "
+                          "max/(norm + 1e-6) as Megatron and torch do")), status=HONORED),
 
     # --- Muon ---
     K("muon_momentum", "float", 0.95, "Muon momentum coefficient before orthogonalization.",
@@ -118,7 +142,10 @@ KNOBS = [
       "holds the model weights in the training dtype.", _MEGATRON, choices=("fp32", "fp16"),
       value_aliases=_DTYPE_SPELLINGS, status=HONORED),
     K("exp_avg_dtype", "str", "fp32", "Dtype of Adam's first moment.", _MEGATRON,
-      choices=("fp32", "fp16", "bf16", "fp8"), value_aliases=_DTYPE_SPELLINGS, status=HONORED),
+      choices=("fp32", "fp16", "bf16", "fp8"), value_aliases=_DTYPE_SPELLINGS, status=HONORED,
+      aliases=(Alias("mu_dtype", _MAXTEXT, to_canonical=_mu_dtype,
+                     note="empty inherits the weights' dtype (fp32 unless weight_dtype says "
+                          "otherwise); another dtype turns use_precision_aware_optimizer on"),)),
     K("exp_avg_sq_dtype", "str", "fp32", "Dtype of Adam's second moment.", _MEGATRON,
       choices=("fp32", "fp16", "bf16", "fp8"), value_aliases=_DTYPE_SPELLINGS, status=HONORED),
 ]

@@ -86,3 +86,58 @@ KNOBS = [
       "sets jax_use_shardy_partitioner to this value for the run (false: GSPMD), as MaxText "
       "does"),
 ]
+
+
+# MaxText mesh axes: ici_<axis>_parallelism (inside a slice) x dcn_<axis>_parallelism (across
+# slices) is the axis's size; -1 fills the devices left over (rules.maxtext_mesh). One GPU job is
+# one slice, so a dcn -1 is 1. The axes map onto jaxtrain's mesh knobs:
+MAXTEXT_MESH = {
+    "data": "data-parallel replicas (parameters replicated)",
+    "fsdp": "data-parallel replicas that shard parameters, gradients and optimizer state",
+    "fsdp_transpose": "a second FSDP axis (sharding the MLP dimension)",
+    "tensor": "tensor parallelism",
+    "expert": "expert parallelism (MoE experts spread over it; batch for the dense layers)",
+    "sequence": "sequence parallelism of activations",
+    "context": "context parallelism",
+    "pipeline": "pipeline stages",
+}
+_MESH_MAPPED = ("sets jaxtrain's mesh: data x fsdp x fsdp_transpose x expert is the "
+                "data-parallel size (FSDP sharding when fsdp or fsdp_transpose > 1), tensor is "
+                "tensor_model_parallel_size, expert is expert_model_parallel_size; sequence and "
+                "context are context_parallel_size and pipeline is pipeline_model_parallel_size, "
+                "both refused above 1 until built")
+_MESH_REJECTED = {
+    "context_autoregressive": "an inference-only axis (autoregressive decoding)",
+    "context_usp_ulysses": "the Ulysses head-exchange part of MaxText's USP context "
+                           "parallelism, which jaxtrain does not implement",
+    "tensor_sequence": "MaxText's tensor-sequence axis, which jaxtrain does not implement; "
+                       "use ici_tensor_parallelism (sequence_parallel is automatic there)",
+    "autoregressive": "an inference-only axis (autoregressive decoding)",
+    "diloco": "DiLoCo replicas; jaxtrain has no DiLoCo trainer",
+}
+
+
+def _mesh_knobs():
+    knobs = []
+    for level, where, fill in (("ici", "within a slice (node)", "fsdp"),
+                               ("dcn", "across slices", "data")):
+        for axis, what in MAXTEXT_MESH.items():
+            knobs.append(K(f"{level}_{axis}_parallelism", "int", 1,
+                           f"MaxText: devices {where} on the {axis} axis ({what}); -1 fills.",
+                           "maxtext", MAPPED, _MESH_MAPPED,
+                           doc_defaults={"maxtext": -1} if axis == fill else None))
+        for axis, why in _MESH_REJECTED.items():
+            knobs.append(K(f"{level}_{axis}_parallelism", "int", 1,
+                           f"MaxText: devices {where} on its {axis} axis.", "maxtext", REJECTED,
+                           f"{why}; leave it at 1"))
+    return knobs
+
+
+KNOBS += _mesh_knobs() + [
+    K("mesh_axes", "list[str]", None, "MaxText: names and order of the device-mesh axes.",
+      "maxtext", REJECTED, "jaxtrain builds its own mesh axes from the parallel sizes "
+      "(ici_*/dcn_* or the Megatron sizes); a custom axis list cannot be honoured"),
+    K("logical_axis_rules", "list", None, "MaxText: table mapping logical tensor axes to mesh "
+      "axes.", "maxtext", REJECTED, "jaxtrain's logical-axis table follows the parallel sizes "
+      "(jaxtrain/parallel); a hand-written MaxText table cannot be honoured"),
+]

@@ -59,7 +59,8 @@ KNOBS = [
 
     # Vocabulary size and extra tokens
     K("vocab_size", "int", None, "Vocabulary size before padding; needed when the tokenizer "
-      "cannot report it (NullTokenizer).", "megatron", status=HONORED),
+      "cannot report it (NullTokenizer).", ("megatron", "maxtext"), status=HONORED,
+      doc_defaults={"maxtext": 32000}),
     K("vocab_extra_ids", "int", 0, "Number of <extra_id_N> sentinel tokens appended to the "
       "vocabulary (SentencePieceTokenizer and BertWordPiece* tokenizers).", "megatron",
       status=HONORED),

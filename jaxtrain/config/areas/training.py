@@ -30,11 +30,11 @@ KNOBS = [
     # --- run length ---
     K("train_iters", "int", 1000, "Number of optimizer steps to train for; null means the run is "
       "sized by train_samples (or by epochs in pgs files).", _MEGATRON,
-      aliases=(Alias("steps", "maxtext"),
+      aliases=(Alias("steps", "maxtext", note="-1 means learning_rate_schedule_steps"),
                Alias("train.max_steps", _PGS, to_canonical=_unset_if_negative,
                      note="-1 (any negative) means unset: the length comes from train.epochs"),
                Alias("train.steps", "pgs-distill")),
-      doc_defaults={"maxtext": 1000, "pgs-train": None, "pgs-distill": 1000}, status=HONORED),
+      doc_defaults={"maxtext": 150_001, "pgs-train": None, "pgs-distill": 1000}, status=HONORED),
     K("train_samples", "int", None, "Run length in samples instead of steps; needed by "
       "rampup_batch_size and exclusive with train_iters.", _MEGATRON, status=HONORED),
     K("train.epochs", "int", None, "Passes over the training data when no step count is given; "
@@ -49,11 +49,15 @@ KNOBS = [
       aliases=(Alias("batch_size", _MEGATRON, note="deprecated Megatron spelling"),
                Alias("train.per_device_batch_size", _PGS)),
       doc_defaults={"pgs-train": 1}, status=HONORED),
+    K("per_device_batch_size", "float", None, "MaxText batch: sequences per device per "
+      "micro-step; global batch = this x devices x gradient_accumulation_steps (may be < 1).",
+      "maxtext", doc_defaults={"maxtext": 12.0}, status=HONORED),
     K("global_batch_size", "int", 16, "Sequences per optimizer step over all replicas; "
       "accumulation steps = global / (micro x data-parallel size).", _MEGATRON,
       doc_defaults={"pgs-train": None, "pgs-distill": None}, status=HONORED),
     K("train.gradient_accumulation_steps", "int", None, "Micro-batches summed per optimizer step; "
       "null derives it from global_batch_size.", _PGS,
+      aliases=(Alias("gradient_accumulation_steps", "maxtext"),),
       doc_defaults={"pgs-train": 16}, status=HONORED),
     K("train.ga_ramp_start", "int", 0, "Start accumulation at this many micro-batches and grow it "
       "linearly to the full count over the run; 0 keeps it constant.", _PGS, issue=None),
@@ -70,9 +74,15 @@ KNOBS = [
                      note="0 means off (null)"),
                Alias("train.eval_every", "pgs-distill", to_canonical=_off_if_zero,
                      note="0 means off (null)")),
-      doc_defaults={"pgs-train": 100, "pgs-distill": 50}, status=HONORED),
+      doc_defaults={"pgs-train": 100, "pgs-distill": 50, "maxtext": None}, status=HONORED),
     K("eval_iters", "int|list[int]", 0, "Validation batches per validation run (a list gives one "
-      "count per validation set); 0 skips validation.", _MEGATRON, status=HONORED),
+      "count per validation set); 0 skips validation.", _MEGATRON, status=HONORED,
+      aliases=(Alias("eval_steps", "maxtext",
+                     note="-1 evaluates the whole validation split (full_validation)"),),
+      doc_defaults={"maxtext": -1}),
+    K("num_epoch", "int", 1, "MaxText: passes over the hf/grain/olmo_grain training data before "
+      "it runs out; the run ends then if its steps would go further (applied in MaxText "
+      "configs, or when set).", "maxtext", status=HONORED),
     K("full_validation", "bool", False, "Evaluate the whole validation split each time instead of "
       "eval_iters batches.", _MEGATRON, doc_defaults={"pgs-train": True}, status=HONORED),
     K("multiple_validation_sets", "bool", False, "Treat each validation dataset as its own set "
@@ -113,8 +123,11 @@ KNOBS = [
 
     # --- seeds and initialization ---
     K("seed", "int", 1234, "Base random seed for parameter init, dropout and data order.",
-      _MEGATRON, aliases=(Alias("train.seed", _BOTH_PGS),),
-      doc_defaults={"pgs-train": 42, "pgs-distill": 0}, status=HONORED),
+      _MEGATRON, aliases=(Alias("train.seed", _BOTH_PGS),
+                          Alias("init_weights_seed", "maxtext", note="MaxText's seed of the "
+                                "initial weights (and the dropout keys drawn from it); its data "
+                                "order has data_shuffle_seed")),
+      doc_defaults={"pgs-train": 42, "pgs-distill": 0, "maxtext": 0}, status=HONORED),
     K("data_parallel_random_init", "bool", False, "Megatron: seed each data-parallel rank's "
       "init differently.", _MEGATRON, INERT,
       "JAX creates each parameter once as one global array and draws dropout per example over "
@@ -122,7 +135,8 @@ KNOBS = [
     K("init_method_xavier_uniform", "bool", False, "Initialize weight matrices with Xavier-uniform "
       "instead of the normal(init_method_std) default.", _MEGATRON, status=HONORED),
     K("make_vocab_size_divisible_by", "int", 128, "Pad the embedding and output vocabulary up to "
-      "a multiple of this (times the tensor-parallel size).", _MEGATRON, status=HONORED),
+      "a multiple of this (times the tensor-parallel size).", _MEGATRON, status=HONORED,
+      doc_defaults={"maxtext": 1}),   # MaxText sizes the embedding by vocab_size as written
 
     # --- kernels ---
     K("use_flash_attn", "bool", True, "Use the fused flash-attention kernel instead of plain "
