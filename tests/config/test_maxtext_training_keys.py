@@ -3,6 +3,7 @@ files take MaxText's defaults and meanings (configs/base.yml, create_learning_ra
 import json
 import math
 
+import jax
 import pytest
 
 from jaxtrain.config import ConfigError, load_config
@@ -137,7 +138,16 @@ def test_megatron_and_maxtext_spellings_together_are_the_two_names_error(write):
         load_config(path)
 
 
-def test_recipe_trains_three_steps_into_base_output_directory_run_name(tmp_path, cli):
+@pytest.fixture
+def keep_cache_dir():
+    """The run sets JAX's global compilation-cache folder: put it back afterwards."""
+    before = jax.config.jax_compilation_cache_dir
+    yield
+    jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_recipe_trains_three_steps_into_base_output_directory_run_name(tmp_path, cli,
+                                                                        keep_cache_dir):
     out = tmp_path / "mt-out"
     code, _, err = cli("base.yml", *RECIPE, f"base_output_directory={out}", "steps=3",
                        f"jax_cache_dir={tmp_path / 'cache'}", "log_period=1",
@@ -153,4 +163,6 @@ def test_recipe_trains_three_steps_into_base_output_directory_run_name(tmp_path,
     assert len(steps) == 3
     lrs = [r.get("lr", r.get("learning_rate")) for r in steps]
     assert lrs == pytest.approx([0.0, 1e-3, 1e-3 * 0.1], abs=1e-9)  # warmup 1 step, cosine 2
-    assert (tmp_path / "cache").is_dir()
+    # jax_cache_dir reached JAX's persistent compilation cache (in a fresh process the cache
+    # then fills that folder; in this test process JAX may have opened its cache already)
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cache")

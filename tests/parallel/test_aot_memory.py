@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 TINY = ["mock_data=true", "vocab_size=128", "seq_length=8", "max_position_embeddings=8",
@@ -38,6 +40,7 @@ def test_fsdp_holds_an_eighth_of_the_parameters_per_device(tmp_path):
     assert fsdp["temporaries_gib"] > 0
 
 
+@pytest.mark.slow
 def test_the_command_line_prints_a_table(tmp_path):
     config = tmp_path / "c.yml"
     config.write_text("\n".join(k.replace("=", ": ") for k in TINY) + "\n")

@@ -1,8 +1,9 @@
 """Parallel layouts on 8 CPU devices: same losses as one device, shardings as the knobs say.
 
 The layouts run in one subprocess (``layout_worker.py``: the device count is fixed when JAX
-starts). Default run: one device, ZeRO-1, FSDP, TP+SP and DP x TP x FSDP are trained; the
-other layouts are built and their shardings checked. ``-m slow`` trains those too.
+starts). Default run: one device, FSDP and DP x TP x FSDP (with SP) are trained; the other
+layouts are built and their shardings checked. ``-m slow`` trains those too, and the MoE
+expert-parallel layouts.
 """
 import json
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.parallel.layout_worker import LAYOUTS
 
-TRAINED = ["one", "zero1", "fsdp", "tp_sp", "tp_fsdp"]  # tp_fsdp: data x tensor, SP on
+TRAINED = ["one", "fsdp", "tp_fsdp"]  # tp_fsdp: data x tensor, SP on
 GATHERS = ["torch_fsdp2", "fsdp_keep", "tp_recompute", "tp_distribute"]
 REPLICAS = ["tp"]
 MOE = [n for n in LAYOUTS if n.startswith("moe")]   # compared among themselves
@@ -158,6 +159,7 @@ def moe_layouts(tmp_path_factory):
     return _worker(tmp_path_factory.mktemp("moe"), "train:moe,moe_ep2,moe_ep4")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["moe_ep2", "moe_ep4"])
 def test_expert_parallel_same_losses_as_ep1(moe_layouts, name):
     """EP 2 (allgather dispatch) and EP 4 (alltoall) on 8 devices (DP 8 either way): the
@@ -172,6 +174,7 @@ def test_expert_parallel_same_losses_as_ep1(moe_layouts, name):
     assert _param(moe_layouts, "moe", EXPERTS)["spec"] == [None] * 4
 
 
+@pytest.mark.slow
 def test_expert_bias_is_state_outside_the_optimizer(moe_layouts):
     assert EXPERT_BIAS in moe_layouts["moe"]["params"]
     assert not any(k.endswith(EXPERT_BIAS) for k in moe_layouts["moe"]["opt_state"])

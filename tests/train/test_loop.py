@@ -78,10 +78,12 @@ def test_nan_in_loss_stops_the_run(tmp_path, monkeypatch):
 
 def test_run_length_from_samples_and_epochs(tmp_path):
     tcfg = type("T", (), {"train_iters": None, "train_samples": 40, "global_batch_size": 4,
-                          "epochs": None, "rampup": None})
+                          "epochs": None, "rampup": None, "data_epochs": None})
     assert loop.total_steps(tcfg, 1000) == 10
     tcfg.train_samples, tcfg.epochs = None, 3
     assert loop.total_steps(tcfg, 100) == 75
+    tcfg.train_iters, tcfg.data_epochs = 500, 2      # MaxText num_epoch: the data runs out first
+    assert loop.total_steps(tcfg, 100) == 50
 
 
 def test_seed_changes_init_and_data(tmp_path):
