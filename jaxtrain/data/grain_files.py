@@ -104,24 +104,31 @@ def _example_features(record: bytes):
     return ex.features.feature if len(ex.features.feature) else None
 
 
+def _json_object(record: bytes) -> dict | None:
+    """The record as a JSON object, or None when it is not one."""
+    if record[:1] != b"{":
+        return None
+    try:
+        row = json.loads(record)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return row if isinstance(row, dict) else None
+
+
 def _ids_hint(key: str) -> str:
     return f"{key} is false (token ids expected); set it to true"
 
 
 def record_ids(record: bytes, field: str, where: str, key: str = "tokenize_train_data"):
     """The token ids of one record: an Example's int64_list feature or a JSON list field."""
-    if record[:1] == b"{":
-        try:
-            row = json.loads(record)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            row = None
-        if isinstance(row, dict):
-            value = row.get(field)
-            if not isinstance(value, list) or not all(
-                    isinstance(v, int) and not isinstance(v, bool) for v in value):
-                raise ConfigError(f"{where}: JSON field {field!r} is not a list of token ids "
-                                  f"({_ids_hint(key)} if it holds text)")
-            return value
+    row = _json_object(record)
+    if row is not None:
+        value = row.get(field)
+        if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{where}: JSON field {field!r} is not a list of token ids "
+                              f"({_ids_hint(key)} if it holds text)")
+        return value
     features = _example_features(record)
     if features is None:
         raise ConfigError(f"{where}: not a tf.train.Example or JSON record, so it holds no "
@@ -142,18 +149,14 @@ def record_ids(record: bytes, field: str, where: str, key: str = "tokenize_train
 def record_text(record: bytes, field: str, where: str,
                 key: str = "tokenize_train_data") -> str:
     """The document text of one record (an Example, a JSON object or UTF-8 text)."""
-    if record[:1] == b"{":
-        try:
-            row = json.loads(record)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            row = None
-        if isinstance(row, dict):
-            if field not in row:
-                raise ConfigError(f"{where}: the JSON record has no {field!r} field (it has "
-                                  f"{sorted(row)}); train_data_columns names the field to read")
-            if not isinstance(row[field], str):
-                raise ConfigError(f"{where}: field {field!r} is not a string")
-            return row[field]
+    row = _json_object(record)
+    if row is not None:
+        if field not in row:
+            raise ConfigError(f"{where}: the JSON record has no {field!r} field (it has "
+                              f"{sorted(row)}); train_data_columns names the field to read")
+        if not isinstance(row[field], str):
+            raise ConfigError(f"{where}: field {field!r} is not a string")
+        return row[field]
     features = _example_features(record)
     if features is not None:
         if field not in features:
