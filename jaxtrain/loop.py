@@ -37,7 +37,7 @@ from jaxtrain.optim.schedules import (ScheduleConfig, batch_size_at, make_lr_sch
 from jaxtrain.parallel.mesh import MeshConfig, make_mesh
 from jaxtrain.parallel.replicas import replica_mismatches
 from jaxtrain.parallel.sharding import Layout
-from jaxtrain.step import (TrainState, _device_memory, abstract_state, create_state,
+from jaxtrain.step import (TrainState, abstract_state, create_state, device_memory,
                            make_train_step, memory_movers, state_shardings)
 from jaxtrain.train_config import TrainConfig
 
@@ -213,7 +213,7 @@ def upcycled_state(run: Setup, ckpt: Checkpointer, logger) -> TrainState:
                                         mode="params")
     finally:
         reader.close()
-    on_device = jax.tree.map(_device_memory, run.shardings)
+    on_device = jax.tree.map(device_memory, run.shardings)
     key = jax.random.fold_in(jax.random.key(run.tcfg.seed), 2)
 
     def convert(dense_params, key):

@@ -82,7 +82,7 @@ def state_shardings(layout, model_cfg, abstract: TrainState,
 def create_state(key, model_cfg, optimizer, tcfg, shardings: TrainState) -> TrainState:
     """The initial state, born sharded (jit with out_shardings: no device ever holds a full
     copy of a sharded tensor), then moved to host memory where ``shardings`` say so."""
-    on_device = jax.tree.map(_device_memory, shardings)
+    on_device = jax.tree.map(device_memory, shardings)
     state = jax.jit(lambda k: _make_state(k, model_cfg, optimizer, tcfg),
                     out_shardings=on_device)(key)
     if on_device == shardings:
@@ -90,7 +90,8 @@ def create_state(key, model_cfg, optimizer, tcfg, shardings: TrainState) -> Trai
     return jax.device_put(state, shardings)
 
 
-def _device_memory(sharding):
+def device_memory(sharding):
+    """``sharding`` placed in device memory (host-memory shardings moved back to the device)."""
     kind = getattr(sharding, "memory_kind", None)
     return sharding if kind in (None, "device") else sharding.with_memory_kind("device")
 
@@ -100,7 +101,7 @@ def memory_movers(shardings):
     if all(getattr(s, "memory_kind", None) in (None, "device")
            for s in jax.tree.leaves(shardings)):
         return None
-    on_device = jax.tree.map(_device_memory, shardings)
+    on_device = jax.tree.map(device_memory, shardings)
     return (lambda tree: jax.device_put(tree, on_device),
             lambda tree: jax.device_put(tree, shardings))
 
