@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jaxtrain.observe.timers import median_seconds  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,17 +81,6 @@ def _attention_fn(impl: str, shape: Shape, causal: bool):
         q, k, v, is_causal=causal, local_window_size=window, implementation="cudnn")
 
 
-def _median_seconds(fn, args, warmup: int, iters: int) -> float:
-    import jax
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
 
 def measure(impl: str, shape: Shape, dtype, causal: bool, warmup: int, iters: int) -> dict:
     """TFLOP/s forward and forward+backward for one implementation and shape."""
@@ -117,8 +106,8 @@ def measure(impl: str, shape: Shape, dtype, causal: bool, warmup: int, iters: in
             out, vjp = jax.vjp(attend, q, k, v, sinks)
             return out, vjp(cot)
 
-        fwd_s = _median_seconds(forward, (q, k, v, sinks), warmup, iters)
-        both_s = _median_seconds(forward_backward, (q, k, v, sinks), warmup, iters)
+        fwd_s = median_seconds(forward, (q, k, v, sinks), warmup, iters)
+        both_s = median_seconds(forward_backward, (q, k, v, sinks), warmup, iters)
     except Exception as err:  # noqa: BLE001 - a cell that cannot run is reported, not fatal
         row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:60]}"
         return row

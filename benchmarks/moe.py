@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jaxtrain.observe.timers import median_seconds  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,17 +81,6 @@ def _matmul_fn(impl: str, tiling):
     return lambda x, w, sizes: lax.ragged_dot(x, w, sizes)
 
 
-def _median_seconds(fn, args, warmup: int, iters: int) -> float:
-    import jax
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
 
 def measure(shape: Shape, dtype, impls, tiling, warmup: int, iters: int) -> list[dict]:
     """Rows (one per projection and implementation) of ms and TFLOP/s, fwd and fwd+bwd."""
@@ -123,8 +112,8 @@ def measure(shape: Shape, dtype, impls, tiling, warmup: int, iters: int) -> list
                     return y, vjp(cot)
 
                 results[impl] = forward(x, w, sizes)
-                fwd_s = _median_seconds(forward, (x, w, sizes), warmup, iters)
-                both_s = _median_seconds(forward_backward, (x, w, sizes, cot), warmup, iters)
+                fwd_s = median_seconds(forward, (x, w, sizes), warmup, iters)
+                both_s = median_seconds(forward_backward, (x, w, sizes, cot), warmup, iters)
             except Exception as err:  # noqa: BLE001 - a cell that cannot run is reported
                 row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:60]}"
                 out.append(row)

@@ -16,29 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jaxtrain.observe.timers import median_seconds  # noqa: E402
 
 SHAPES = ["8192x4096x14336x8x2", "8192x2048x1024x64x8", "8192x7168x2048x256x8"]
 SMOKE = ["256x64x128x8x2"]
 MODES = {"ragged_dot": {}, "gmm": {"grouped_gemm": True},
          "padded": {"capacity_factor": 1.0, "pad_to_capacity": True}}
 
-
-def _median(fn, args, warmup, iters):
-    import jax
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def measure(shape: str, dtype: str, warmup: int, iters: int) -> list[dict]:
@@ -71,7 +60,7 @@ def measure(shape: str, dtype: str, warmup: int, iters: int) -> list[dict]:
                                 argnums=(0, 1))(p, x)
 
             for name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
-                seconds = _median(jax.jit(fn), (p, x), warmup, iters)
+                seconds = median_seconds(jax.jit(fn), (p, x), warmup, iters)
                 row[f"{name}_tokens_per_s"] = T / seconds
         except Exception as e:  # noqa: BLE001 - report the cell and go on
             row["error"] = f"{type(e).__name__}: {e}"[:120]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 import time
 
 import jax
@@ -130,3 +131,16 @@ class Stragglers:
         line = f"step {step} stragglers: slowest {slow}; fastest {fast}"
         log.info("%s", line)
         return line
+
+
+def median_seconds(fn, args, warmup: int, iters: int) -> float:
+    """Median wall time of ``fn(*args)`` to completion over ``iters`` calls, after ``warmup``
+    untimed ones (compilation, caches): the benchmarks' measure of a device call."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

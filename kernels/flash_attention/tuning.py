@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
-# Triton's tl.dot needs every matmul dimension >= 16.
-MIN_BLOCK = 16
+from kernels.tiles import check_blocks, default_vendor, pow2_at_least
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +34,12 @@ class BlockSizes:
     num_stages_bwd: int | None = None
 
     def __post_init__(self):
-        for field in ("block_q", "block_k", "block_q_dq", "block_k_dq", "block_q_dkv",
-                      "block_k_dkv"):
-            size = getattr(self, field)
-            if size is not None and (size < MIN_BLOCK or size & (size - 1)):
-                raise ValueError(f"BlockSizes.{field}={size}: need a power of two >= {MIN_BLOCK}")
+        check_blocks(self, ("block_q", "block_k", "block_q_dq", "block_k_dq", "block_q_dkv",
+                            "block_k_dkv"))
 
     def fit(self, q_len: int, kv_len: int) -> BlockSizes:
         """All backward tiles filled in, each shrunk to the padded sequence it tiles."""
-        q_cap, kv_cap = _pow2_at_least(q_len), _pow2_at_least(kv_len)
+        q_cap, kv_cap = pow2_at_least(q_len), pow2_at_least(kv_len)
         return BlockSizes(
             block_q=min(self.block_q, q_cap),
             block_k=min(self.block_k, kv_cap),
@@ -54,10 +49,6 @@ class BlockSizes:
             block_k_dkv=min(self.block_k_dkv or self.block_k, kv_cap),
             num_warps=self.num_warps, num_stages=self.num_stages,
             num_warps_bwd=self.num_warps_bwd, num_stages_bwd=self.num_stages_bwd)
-
-
-def _pow2_at_least(n: int) -> int:
-    return max(MIN_BLOCK, 1 << max(n - 1, 0).bit_length())
 
 
 def _sizes(fwd, dq, dkv, warps, stages, warps_bwd, stages_bwd):
@@ -93,15 +84,6 @@ _TABLE = {
 }
 
 
-def default_vendor() -> str:
-    """'cuda' or 'rocm' for the default GPU backend; 'cpu' when there is none."""
-    if jax.default_backend() == "cpu":
-        return "cpu"
-    client = jax.devices()[0].client
-    name = f"{client.platform} {client.platform_version}".lower()
-    return "rocm" if "rocm" in name or "hip" in name else "cuda"
-
-
 def tuned_block_sizes(head_dim: int, dtype, vendor: str | None = None) -> BlockSizes:
     """Table entry for this head dim (padded to a power of two) and input dtype.
 
@@ -111,7 +93,7 @@ def tuned_block_sizes(head_dim: int, dtype, vendor: str | None = None) -> BlockS
     if vendor == "cpu":
         vendor = "cuda"
     rows = _TABLE[(vendor, jnp.dtype(dtype).itemsize <= 2)]
-    padded = _pow2_at_least(head_dim)
+    padded = pow2_at_least(head_dim)
     for max_dim, sizes in rows:
         if padded <= max_dim:
             return sizes

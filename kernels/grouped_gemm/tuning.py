@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
-# Triton's tl.dot needs every matmul dimension >= 16.
-MIN_BLOCK = 16
+from kernels.tiles import check_blocks, default_vendor, pow2_at_least
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,23 +37,20 @@ class Tiling:
     tgmm_num_stages: int | None = None
 
     def __post_init__(self):
-        for field in ("block_m", "block_k", "block_n", "tgmm_block_m", "tgmm_block_k",
-                      "tgmm_block_n"):
-            size = getattr(self, field)
-            if size is not None and (size < MIN_BLOCK or size & (size - 1)):
-                raise ValueError(f"Tiling.{field}={size}: need a power of two >= {MIN_BLOCK}")
+        check_blocks(self, ("block_m", "block_k", "block_n", "tgmm_block_m", "tgmm_block_k",
+                            "tgmm_block_n"))
 
     def gmm(self, rows: int, contract: int, cols: int) -> tuple[int, int, int]:
         """(block_m, block_k, block_n) shrunk to the padded problem dims."""
-        return (min(self.block_m, _pow2_at_least(rows)),
-                min(self.block_k, _pow2_at_least(contract)),
-                min(self.block_n, _pow2_at_least(cols)))
+        return (min(self.block_m, pow2_at_least(rows)),
+                min(self.block_k, pow2_at_least(contract)),
+                min(self.block_n, pow2_at_least(cols)))
 
     def tgmm(self, rows: int, k: int, n: int) -> tuple[int, int, int]:
         """(tgmm_block_m, tgmm_block_k, tgmm_block_n) shrunk to the padded problem dims."""
-        return (min(self.tgmm_block_m or self.block_m, _pow2_at_least(rows)),
-                min(self.tgmm_block_k or self.block_k, _pow2_at_least(k)),
-                min(self.tgmm_block_n or self.block_n, _pow2_at_least(n)))
+        return (min(self.tgmm_block_m or self.block_m, pow2_at_least(rows)),
+                min(self.tgmm_block_k or self.block_k, pow2_at_least(k)),
+                min(self.tgmm_block_n or self.block_n, pow2_at_least(n)))
 
     def launch(self, tgmm: bool) -> tuple[int | None, int | None]:
         """(num_warps, num_stages) of one kernel."""
@@ -63,10 +58,6 @@ class Tiling:
             return (self.tgmm_num_warps or self.num_warps,
                     self.tgmm_num_stages or self.num_stages)
         return self.num_warps, self.num_stages
-
-
-def _pow2_at_least(n: int) -> int:
-    return max(MIN_BLOCK, 1 << max(n - 1, 0).bit_length())
 
 
 # (vendor, 16-bit inputs) -> Tiling. gmm tiles are (rows, contraction, output columns);
@@ -81,15 +72,6 @@ _TABLE = {
     ("rocm", False): Tiling(64, 32, 64, 4, 1, tgmm_block_m=32, tgmm_block_k=64,
                             tgmm_block_n=64, tgmm_num_warps=4, tgmm_num_stages=1),
 }
-
-
-def default_vendor() -> str:
-    """'cuda' or 'rocm' for the default GPU backend; 'cpu' when there is none."""
-    if jax.default_backend() == "cpu":
-        return "cpu"
-    client = jax.devices()[0].client
-    name = f"{client.platform} {client.platform_version}".lower()
-    return "rocm" if "rocm" in name or "hip" in name else "cuda"
 
 
 def tuned_tiling(dtype, vendor: str | None = None) -> Tiling:

@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from tests.conftest import ROOT
 
 
 def _bench():

@@ -7,22 +7,18 @@ forward and both gradient kernels, compiles it with Triton for sm_90 (cubin) and
 without triton, which is not a project dependency.
 """
 import importlib.util
-import re
-import subprocess
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from kernels.grouped_gemm import grouped_matmul, tuned_tiling
+from tests.kernels.kernel_helpers import TARGETS, spilled
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
 ]
-
-# Per vendor: Triton target, and the shared memory a block may use (H100 / MI300 LDS).
-TARGETS = {"cuda": (("cuda", 90, 32), 227 * 1024), "rocm": (("hip", "gfx942", 64), 64 * 1024)}
 
 
 def _triton_modules(vendor, dtype):
@@ -55,19 +51,6 @@ def _triton_modules(vendor, dtype):
     return modules, tiling
 
 
-def _spilled(vendor, kernel, tmp_path):
-    """True when the compiled kernel keeps values in scratch memory."""
-    if vendor == "rocm":
-        return int(re.search(r"\.vgpr_spill_count:\s+(\d+)", kernel.asm["amdgcn"]).group(1)) > 0
-    import triton
-    cubin = tmp_path / "kernel.cubin"
-    cubin.write_bytes(kernel.asm["cubin"])
-    tool = f"{triton.__path__[0]}/backends/nvidia/bin/cuobjdump"
-    usage = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True,
-                           check=True).stdout
-    return "STACK:0 " not in usage
-
-
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("vendor", list(TARGETS))
 def test_tuned_kernels_compile_without_spills(vendor, dtype, tmp_path):
@@ -84,4 +67,4 @@ def test_tuned_kernels_compile_without_spills(vendor, dtype, tmp_path):
         kernel = triton.compile(str(path), target=GPUTarget(*target),
                                 options={"num_warps": num_warps, "num_stages": num_stages})
         assert kernel.metadata.shared <= max_shared, (name, kernel.metadata.shared)
-        assert not _spilled(vendor, kernel, tmp_path), name
+        assert not spilled(vendor, kernel, tmp_path), name
