@@ -72,17 +72,10 @@ def _llama_fields(hf: dict, family: str) -> dict:
         raise _bad("hidden_act", act, f"supported values are {sorted(_HF_ACT)}")
     heads = hf["num_attention_heads"]
     fields = dict(
+        _rms_rope_fields(hf, _HF_ACT[act], hf.get("max_position_embeddings", 2048), 1e-6),
         num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
         num_attention_heads=heads, num_query_groups=hf.get("num_key_value_heads") or heads,
         kv_channels=hf.get("head_dim") or hf["hidden_size"] // heads,
-        ffn_hidden_size=hf["intermediate_size"], vocab_size=hf["vocab_size"],
-        max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        position_embedding_type="rope", normalization="RMSNorm",
-        norm_epsilon=hf.get("rms_norm_eps", 1e-6), activation=_HF_ACT[act],
-        gated_linear_unit=True, hidden_dropout=0.0,
-        attention_dropout=float(hf.get("attention_dropout", 0.0)),
-        untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
-        init_method_std=hf.get("initializer_range", 0.02),
         qk_layernorm=family in ("qwen3", "qwen3_moe"), sliding_window=_sliding_window(hf, family),
     )
     if family in _MOE_FAMILIES:
@@ -100,6 +93,19 @@ def _llama_fields(hf: dict, family: str) -> dict:
                    "supported")
     fields.update(_rope_fields(hf))
     return fields
+
+
+def _rms_rope_fields(hf: dict, activation: str, max_positions, eps: float) -> dict:
+    """The fields every pre-norm RMSNorm + RoPE gated-MLP family reads alike (Llama-style,
+    DeepSeek-V3, gpt-oss): sizes, norm, activation, dropout, tying and init."""
+    return dict(
+        ffn_hidden_size=hf["intermediate_size"], vocab_size=hf["vocab_size"],
+        max_position_embeddings=max_positions, position_embedding_type="rope",
+        normalization="RMSNorm", norm_epsilon=hf.get("rms_norm_eps", eps),
+        activation=activation, gated_linear_unit=True, hidden_dropout=0.0,
+        attention_dropout=float(hf.get("attention_dropout", 0.0)),
+        untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
+        init_method_std=hf.get("initializer_range", 0.02))
 
 
 def _moe_fields(hf: dict, family: str):
@@ -237,16 +243,9 @@ def _deepseek_fields(hf: dict) -> dict:
     if hf.get("attention_bias", False):
         raise _bad("attention_bias", True, "biases on the MLA projections are not supported")
     fields = dict(
+        _rms_rope_fields(hf, _HF_ACT[act], hf.get("max_position_embeddings", 4096), 1e-6),
         num_layers=n, hidden_size=d, num_attention_heads=heads,
-        kv_channels=None if d % heads == 0 else hf["v_head_dim"],
-        ffn_hidden_size=hf["intermediate_size"], vocab_size=hf["vocab_size"],
-        max_position_embeddings=hf.get("max_position_embeddings", 4096),
-        position_embedding_type="rope", normalization="RMSNorm",
-        norm_epsilon=hf.get("rms_norm_eps", 1e-6), activation=_HF_ACT[act],
-        gated_linear_unit=True, hidden_dropout=0.0,
-        attention_dropout=float(hf.get("attention_dropout", 0.0)),
-        untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
-        init_method_std=hf.get("initializer_range", 0.02), multi_latent_attention=True,
+        kv_channels=None if d % heads == 0 else hf["v_head_dim"], multi_latent_attention=True,
         q_lora_rank=hf.get("q_lora_rank"), kv_lora_rank=hf["kv_lora_rank"],
         qk_head_dim=hf["qk_nope_head_dim"], qk_pos_emb_head_dim=hf["qk_rope_head_dim"],
         v_head_dim=hf["v_head_dim"], qk_layernorm=True,
@@ -326,15 +325,10 @@ def _gpt_oss_fields(hf: dict) -> dict:
     sliding = tuple(t == "sliding_attention" for t in types)
     windowed = bool(window) and any(sliding)
     fields = dict(
+        _rms_rope_fields(hf, "silu", hf.get("max_position_embeddings"), 1e-5),
         num_layers=n, hidden_size=d, num_attention_heads=heads,
         num_query_groups=hf.get("num_key_value_heads") or heads,
-        kv_channels=hf.get("head_dim") or d // heads, ffn_hidden_size=hf["intermediate_size"],
-        vocab_size=hf["vocab_size"], max_position_embeddings=hf.get("max_position_embeddings"),
-        position_embedding_type="rope", normalization="RMSNorm",
-        norm_epsilon=hf.get("rms_norm_eps", 1e-5), activation="silu", gated_linear_unit=True,
-        hidden_dropout=0.0, attention_dropout=float(hf.get("attention_dropout", 0.0)),
-        untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
-        init_method_std=hf.get("initializer_range", 0.02),
+        kv_channels=hf.get("head_dim") or d // heads,
         add_bias_linear=hf.get("attention_bias", True), attention_sinks=True,
         sliding_window=window if windowed else None,
         sliding_window_layers=sliding if windowed else None,
