@@ -13,15 +13,20 @@ from typing import Any, Callable, Mapping
 HONORED, MAPPED, INERT, REJECTED, PLANNED = "honored", "mapped", "inert", "rejected", "planned"
 STATUSES = (HONORED, MAPPED, INERT, REJECTED, PLANNED)
 
-# The documents a knob can come from. "primus" covers Primus experiment-file fields that the
-# three reference documents do not list; "jaxtrain" covers knobs of our own.
-DOCS = ("megatron", "maxtext", "pgs-train", "pgs-distill", "primus", "jaxtrain")
+# The documents a knob can come from. "primus" covers Primus experiment-file and preset fields
+# that the three reference documents do not list, "megatron-lm" Megatron-LM arguments beyond
+# them (its arguments.py), "maxtext" MaxText's base.yml as well as the reference document;
+# "jaxtrain" covers knobs of our own.
+DOCS = ("megatron", "maxtext", "pgs-train", "pgs-distill", "primus", "megatron-lm", "jaxtrain")
 
 # Issues that build the planned knobs; a planned knob names one (or None: no issue filed yet).
 ISSUES = {
     2: "foundation", 3: "dense models", 4: "training", 5: "parallelism", 6: "data",
     7: "checkpointing", 8: "flash attention", 9: "MoE/MLA/sinks", 10: "observability",
-    11: "quantization",
+    11: "quantization", 16: "real config files", 17: "fidelity", 18: "structure", 19: "SFT",
+    20: "pgs training extras", 21: "preference optimisation", 22: "distillation",
+    23: "context parallelism", 24: "pipeline parallelism", 25: "model families",
+    26: "performance",
 }
 
 _BASIC = {"int", "float", "bool", "str", "list", "dict", "any"}
@@ -33,12 +38,15 @@ class Alias:
 
     ``to_canonical`` converts a value written under this name into the canonical knob's
     value (units, sentinels such as pgs's ``-1`` for "unset"); ``note`` says so in words.
+    ``only_in`` limits the spelling to files of those dialects, for a name two systems give
+    different meanings (MaxText's ``data_sharding`` is a list of mesh axes, Megatron's a switch).
     """
 
     key: str
     doc: str | tuple[str, ...]
     to_canonical: Callable[[Any], Any] | None = None
     note: str = ""
+    only_in: tuple[str, ...] = ()
 
     @property
     def docs(self) -> tuple[str, ...]:

@@ -31,25 +31,33 @@ def _template_regex(template: str) -> re.Pattern:
 class Registry:
     def __init__(self, knobs: list[Knob]):
         self.knobs: dict[str, Knob] = {}
-        self._names: dict[str, tuple[Knob, Alias | None]] = {}
+        # name -> [(knob, alias)]: one entry valid everywhere, plus any limited to dialects.
+        self._names: dict[str, list[tuple[Knob, Alias | None]]] = {}
         self._templates: list[tuple[re.Pattern, Knob, Alias | None]] = []
         for knob in knobs:
             if knob.key in self.knobs:
                 raise ValueError(f"knob {knob.key!r} declared twice")
             self.knobs[knob.key] = knob
             for name, alias in [(knob.key, None)] + [(a.key, a) for a in knob.aliases]:
-                if name in self._names:
-                    raise ValueError(f"name {name!r} used by {self._names[name][0].key!r} "
-                                     f"and {knob.key!r}")
-                self._names[name] = (knob, alias)
+                scope = set(alias.only_in) if alias else set()
+                for other, other_alias in self._names.get(name, []):
+                    other_scope = set(other_alias.only_in) if other_alias else set()
+                    if (not scope and not other_scope) or scope & other_scope:
+                        raise ValueError(f"name {name!r} used by {other.key!r} and {knob.key!r}")
+                self._names.setdefault(name, []).append((knob, alias))
                 if "<" in name:
                     self._templates.append((_template_regex(name), knob, alias))
 
-    def lookup(self, key: str) -> Match | None:
-        """Resolve a written key to its knob, or None when no knob has that name."""
-        hit = self._names.get(key)
-        if hit:
-            knob, alias = hit
+    def lookup(self, key: str, dialect: str | None = None) -> Match | None:
+        """Resolve a written key to its knob, or None when no knob has that name.
+
+        A spelling limited to some dialects (``Alias.only_in``) wins in those dialects; the
+        unlimited one serves everywhere else."""
+        hits = self._names.get(key)
+        if hits:
+            scoped = [h for h in hits if h[1] is not None and dialect in h[1].only_in]
+            plain = [h for h in hits if h[1] is None or not h[1].only_in]
+            knob, alias = (scoped or plain or hits)[0]
             return Match(knob, knob.key, alias)
         for regex, knob, alias in self._templates:
             m = regex.match(key)

@@ -8,4 +8,6 @@ AREAS = (
     "sft", "preprocess", "dpo", "distill",
     "data", "checkpoint",
     "logging", "profiling", "rl", "families", "inference", "resilience",
+    "megatron_lm", "primus",
+    "maxtext_model", "maxtext_train", "maxtext_runtime", "maxtext_serving",
 )
