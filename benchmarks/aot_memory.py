@@ -91,4 +91,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from jaxtrain import cli
+
+    sys.exit(cli.run(main))

@@ -112,4 +112,8 @@ def arrayrecord(a):
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from jaxtrain import cli
+
+    sys.exit(cli.run(main))

@@ -89,4 +89,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from jaxtrain import cli
+
+    raise SystemExit(cli.run(main))

@@ -19,7 +19,7 @@ import json
 import logging
 
 from jaxtrain.checkpoint import Checkpointer, schedule_policy, schedule_settings
-from jaxtrain.config.resolved import DEFAULT_ORIGIN
+from jaxtrain.config.resolved import is_default
 from jaxtrain.config.rules import DERIVED
 
 log = logging.getLogger("jaxtrain.checkpoint")
@@ -62,7 +62,7 @@ MP_ARGS = (("tensor_model_parallel_size", True), ("pipeline_model_parallel_size"
 
 def _chosen(cfg, key) -> bool:
     """Set by a preset, file or the command line (a default or a derived value is not)."""
-    return cfg.origin(key) not in (DEFAULT_ORIGIN, DERIVED)
+    return not is_default(cfg.origin(key)) and cfg.origin(key) != DERIVED
 
 
 def _take(cfg, saved: dict, knobs) -> dict:

@@ -34,8 +34,7 @@ import numpy as np
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.data.batches import TokenData, global_batches, make_batch
 from jaxtrain.data.sources import heldout_test_data, validation_data
-from jaxtrain.loss import row_losses
-from jaxtrain.models.transformer import hidden_states
+from jaxtrain.loss import model_loss
 from jaxtrain.train_config import TrainConfig
 
 log = logging.getLogger("jaxtrain.evaluation")
@@ -50,24 +49,26 @@ def perplexity(loss: float) -> float:
 
 def make_eval_step(model_cfg, *, loss_chunks: int = 0, half_precision: bool = False,
                    layout=None, params_memory=None):
-    """The pure eval step ``(params, batch [M,B,T]) -> (loss sum, token count)`` in float32:
-    forward only, dropout off, microbatch by microbatch under ``lax.scan``. ``loss_chunks``,
+    """The pure eval step ``(params, batch [M,B,T], quant_state=None) -> (loss sum, token
+    count)`` in float32: the training loss (:func:`jaxtrain.loss.model_loss`) forward only,
+    dropout off, microbatch by microbatch under ``lax.scan``. ``quant_state`` is the train
+    state's quantization state (``TrainState.fp8``), read as the training forward reads it, so
+    FP8 delayed scaling evaluates with the training scales. ``loss_chunks``,
     ``half_precision``, ``layout`` and ``params_memory`` (to_device, to_host) mean what they
     mean for the train step."""
     to_device = params_memory[0] if params_memory else (lambda t: t)
 
-    def micro(params, m):
-        hidden = hidden_states(params, m["tokens"], model_cfg, positions=m.get("positions"),
-                               segment_ids=m.get("segment_ids"), deterministic=True)
-        sums, counts = row_losses(params, hidden, m["targets"], m["loss_mask"], model_cfg,
-                                  num_chunks=loss_chunks, half_precision=half_precision)
-        return jnp.sum(sums), jnp.sum(counts)
+    def micro(params, quant_state, m):
+        mask = m["loss_mask"].astype(jnp.float32)
+        total, _ = model_loss(params, m, mask, model_cfg, quant_state=quant_state,
+                              num_chunks=loss_chunks, half_precision=half_precision)
+        return total, jnp.sum(mask)
 
-    def step(params, batch):
+    def step(params, batch, quant_state=None):
         params = to_device(params)
         with layout.activations() if layout is not None else contextlib.nullcontext():
             def body(carry, m):
-                s, c = micro(params, m)
+                s, c = micro(params, quant_state, m)
                 return (carry[0] + s, carry[1] + c), None
 
             zero = jnp.float32(0.0)
@@ -164,9 +165,10 @@ class Evaluator:
         interval = self.tcfg.eval_interval
         return self.enabled and bool(interval) and step % interval == 0
 
-    def run(self, params, step: int) -> dict:
+    def run(self, params, step: int, quant_state=None) -> dict:
         """One validation run: metrics ``val_loss``, ``val_ppl``, ``val_tokens`` (and per set
-        ``val/<name>/...`` with multiple_validation_sets)."""
+        ``val/<name>/...`` with multiple_validation_sets). ``quant_state``: the train state's
+        quantization state (``TrainState.fp8``), so the run uses the training scales."""
         if not self.sets:
             return {}
         collect = self.tcfg.manual_gc and self.tcfg.manual_gc_eval
@@ -174,7 +176,7 @@ class Evaluator:
             gc.collect()
         out, total, count = {}, 0.0, 0.0
         for s in self.sets:
-            s_total, s_count = self._pass(s, params)
+            s_total, s_count = self._pass(s, params, quant_state)
             total, count = total + s_total, count + s_count
             if self.multiple:
                 out.update(_metrics(f"val/{s.name}/", s_total, s_count))
@@ -184,28 +186,28 @@ class Evaluator:
             gc.collect(generation=0)
         return out
 
-    def test(self, params, step: int) -> dict:
+    def test(self, params, step: int, quant_state=None) -> dict:
         """The test pass: ``test_loss``, ``test_ppl``, ``test_tokens`` (empty without a test
         split)."""
         if self.test_set is None:
             return {}
         self.test_set.consumed = 0
-        out = _metrics("test_", *self._pass(self.test_set, params))
+        out = _metrics("test_", *self._pass(self.test_set, params, quant_state))
         self.log.info("test at step %d | %s", step, describe(out))
         return out
 
-    def final(self, params, step: int) -> dict:
+    def final(self, params, step: int, quant_state=None) -> dict:
         """What Megatron runs once training ends (and all that skip_train runs): a validation
         run, then the test pass."""
-        return {**self.run(params, step), **self.test(params, step)}
+        return {**self.run(params, step, quant_state), **self.test(params, step, quant_state)}
 
-    def evaluate_only(self, params, step: int) -> dict:
+    def evaluate_only(self, params, step: int, quant_state=None) -> dict:
         """``skip_train``: no training step, just :meth:`final` on ``params`` (restored or
         initial) from the first sample; a ConfigError when there is nothing to evaluate."""
         if not self.enabled and self.test_set is None:
             raise ConfigError("skip_train: nothing to evaluate: set eval_iters > 0 (or "
                               "full_validation) and give the data a validation or test split")
-        return self.final(params, step)
+        return self.final(params, step, quant_state)
 
     def state(self) -> dict:
         """The validation sets' positions: what a checkpoint stores to resume them."""
@@ -229,8 +231,9 @@ class Evaluator:
     def _from_start(self, s: EvalSet) -> bool:
         return s.iters is None or self.tcfg.skip_train
 
-    def _pass(self, s: EvalSet, params) -> tuple[float, float]:
-        results = [self.step_fn(params, self.put_batch(host)) for host in self._batches(s)]
+    def _pass(self, s: EvalSet, params, quant_state=None) -> tuple[float, float]:
+        results = [self.step_fn(params, self.put_batch(host), quant_state)
+                   for host in self._batches(s)]
         got = jax.device_get(results)
         total = float(np.sum([r[0] for r in got], dtype=np.float64))
         count = float(np.sum([r[1] for r in got], dtype=np.float64))

@@ -264,7 +264,8 @@ def _train(cfg, tcfg, logger, devices) -> dict:
     watch.health = Health.from_config(cfg, run.model_cfg, tcfg, run.layout,
                                       memory_movers(run.shardings.params))
     if tcfg.skip_train:
-        row = {"step": first - 1, **evaluator.evaluate_only(state.params, first - 1)}
+        row = {"step": first - 1, **evaluator.evaluate_only(state.params, first - 1,
+                                                               quant_state=state.fp8)}
         watch.log.write_eval(row)
         ckpt.close()
         watch.close(first - 1, consumed * tcfg.seq_length)
@@ -348,7 +349,8 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
         watch.window.step_begin(it)
         state, metrics = run.step_fn(state, batch)
         if watch.health is not None and watch.health.due(it):
-            metrics = {**metrics, **watch.health.fields(it, state.params, batch)}
+            metrics = {**metrics, **watch.health.fields(it, state.params, batch,
+                                                        quant_state=state.fp8)}
         watch.window.step_end(it, block_on=metrics)
         phases = watch.timers.take()  # this step's batch time goes into this step's row
         if pending is not None:
@@ -357,7 +359,8 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
         if evaluator.due(it):
             report.finish(*pending)
             pending = None
-            watch.log.write_eval({"step": it, **evaluator.run(state.params, it)})
+            watch.log.write_eval({"step": it, **evaluator.run(state.params, it,
+                                                              quant_state=state.fp8)})
         with watch.timers("save-checkpoint", level=1):
             saved = ckpt.maybe_save(it, state, consumed, extra={"eval": evaluator.state()})
         if pending is not None:  # the save belongs to this step's row too
@@ -389,7 +392,8 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
         ckpt.maybe_save(it, state, consumed, force=True, extra={"eval": evaluator.state()})
     if not exiting:
         if evaluator.enabled and it >= first:
-            watch.log.write_eval({"step": it, **evaluator.final(state.params, it)})
+            watch.log.write_eval({"step": it, **evaluator.final(state.params, it,
+                                                                quant_state=state.fp8)})
         ckpt.export_final(state.params)
     return it, consumed
 

@@ -1,4 +1,13 @@
-"""Token cross-entropy from the model's final hidden states, whole or chunked.
+"""The model's loss: one function for training, evaluation and the health monitor, and the
+token cross-entropy from the final hidden states, whole or chunked.
+
+:func:`model_loss` runs the model over a microbatch and returns its weighted token-loss sum
+(with the MoE router statistics). The train step, the validation/test step
+(:mod:`jaxtrain.evaluation`) and the health monitor (:mod:`jaxtrain.observe.health`) all call
+it, each passing the model's state explicitly: the quantization state (``TrainState.fp8``: the
+FP8 delayed-scaling amax histories and scales; evaluation and health read the same scales the
+training forward uses, they do not update them) and the MoE state (global_aux_loss's counts so
+far). ``train`` turns dropout and the router's training-only statistics on.
 
 ``row_losses`` returns per-sequence sums of masked token losses and token counts; how they are
 normalised (Megatron's ``calculate_per_token_loss``) is the train step's business.
@@ -14,7 +23,38 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxtrain.models.transformer import logits_head
+from jaxtrain.models.transformer import hidden_states, logits_head
+
+
+def model_hidden(params, micro: dict, model_cfg, *, quant_state=None, moe_state=None,
+                 train: bool = False, rngs=None):
+    """(final hidden states [B,T,D], MoE stats or None) of a microbatch (``tokens`` and
+    optionally ``positions``/``segment_ids`` [B,T]); see :func:`model_loss` for the states."""
+    return hidden_states(params, micro["tokens"], model_cfg, positions=micro.get("positions"),
+                         segment_ids=micro.get("segment_ids"), deterministic=not train,
+                         rngs=rngs, quant_state=quant_state, moe_state=moe_state,
+                         with_moe_stats=True)
+
+
+def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe_state=None,
+               train: bool = False, rngs=None, num_chunks: int = 0,
+               half_precision: bool = False):
+    """(Σ weights · token loss over the microbatch, MoE stats or None): the loss training,
+    evaluation and the health monitor share.
+
+    ``micro``: ``tokens``/``targets`` (and ``positions``/``segment_ids``) [B,T]; ``weights``
+    [B,T]: the loss mask, or the train step's normalised token weights. ``quant_state``: the
+    quantization state the forward takes its scales from (None: a recipe without state, or
+    none kept); ``moe_state``: {aux_counts, steps} of global_aux_loss (training only).
+    ``train``: dropout on (``rngs`` a key) and the routers' training statistics (aux and z
+    losses); off, the forward is deterministic. ``num_chunks``/``half_precision``: as
+    :func:`row_losses`.
+    """
+    hidden, stats = model_hidden(params, micro, model_cfg, quant_state=quant_state,
+                                 moe_state=moe_state, train=train, rngs=rngs)
+    sums, _ = row_losses(params, hidden, micro["targets"], weights, model_cfg,
+                         num_chunks=num_chunks, half_precision=half_precision)
+    return jnp.sum(sums), stats
 
 
 def token_nll(logits, targets, half_precision: bool = False):

@@ -22,10 +22,9 @@ import optax
 
 from jaxtrain import loss_scale as ls
 from jaxtrain import quant, spikes
-from jaxtrain.loss import row_losses
+from jaxtrain.loss import model_loss
 from jaxtrain.models import moe
 from jaxtrain.models import params as model_params
-from jaxtrain.models.transformer import hidden_states
 
 
 @jax.tree_util.register_dataclass
@@ -145,15 +144,10 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
     def micro_loss(params, fp8, micro, weights, rng, moe_state, scale, num_micro):
         """(objective x scale, (LM loss, MoE stats)): the objective adds the MoE aux losses
         (summed over layers, weighted by their coefficients) averaged over microbatches."""
-        hidden, stats = hidden_states(params, micro["tokens"], model_cfg,
-                                      positions=micro.get("positions"),
-                                      segment_ids=micro.get("segment_ids"),
-                                      deterministic=False, rngs=rng, quant_state=fp8,
-                                      moe_state=moe_state, with_moe_stats=True)
-        sums, _ = row_losses(params, hidden, micro["targets"], weights, model_cfg,
-                             num_chunks=tcfg.loss_chunks,
-                             half_precision=tcfg.half_precision_loss)
-        lm = jnp.sum(sums)
+        lm, stats = model_loss(params, micro, weights, model_cfg, quant_state=fp8,
+                               moe_state=moe_state, train=True, rngs=rng,
+                               num_chunks=tcfg.loss_chunks,
+                               half_precision=tcfg.half_precision_loss)
         aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
         return (lm + aux) * scale, (lm, stats)
 

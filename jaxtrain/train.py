@@ -8,22 +8,29 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: python -m jaxtrain.train CONFIG [OVERRIDE ...] [--dry-run] [--world-size N]
+USAGE = """usage: python -m jaxtrain.train [CONFIG] [OVERRIDE ...] [--dry-run] [--world-size N]
+                                [--primus-path DIR]
 
 CONFIG     a YAML file: flat keys (MaxText style, base_config chains), a Primus experiment
-           (framework/modules/models), or pgs-style sections (train: {learning_rate: ...})
-OVERRIDE   key=value, --key value, --key=value or --section.key value (pgs style);
-           values are read as YAML scalars; the command line wins over the file
+           (framework/modules/models), or pgs-style sections (train: {learning_rate: ...});
+           without one, the command line alone is the config (a Megatron-LM command line
+           such as --num-layers 2 --disable-bias-linear takes Megatron-LM's defaults)
+OVERRIDE   key=value, --key value, --key=value, --section.key value (pgs style) or any
+           Megatron-LM flag (--no-rope-fusion, --data-path 0.3 A 0.7 B); values are read as
+           YAML scalars; the command line wins over the file
 --dry-run  print the fully resolved config (canonical keys) and exit without touching devices
 --world-size N
            with --dry-run: check batch sizes and derive data-parallel values for N devices
+--primus-path DIR
+           a Primus checkout whose presets (primus/configs/...) Primus experiments use;
+           default: $PRIMUS_PATH, else the checkout the experiment lives in
 --help     this text; the knobs themselves: python -m jaxtrain.knobs
 """
 EXIT_CONFIG = 2
 
 
 def _split_args(argv):
-    flags = {"dry_run": False, "world_size": None, "help": False}
+    flags = {"dry_run": False, "world_size": None, "help": False, "primus_path": None}
     rest, i = [], 0
     while i < len(argv):
         arg = argv[i]
@@ -31,6 +38,13 @@ def _split_args(argv):
             flags["help"] = True
         elif arg == "--dry-run":
             flags["dry_run"] = True
+        elif arg == "--primus-path" or arg.startswith("--primus-path="):
+            text = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv)
+                                                              else "")
+            i += 0 if "=" in arg else 1
+            if not text:
+                raise ValueError("--primus-path needs a folder (a Primus checkout)")
+            flags["primus_path"] = text
         elif arg == "--world-size" or arg.startswith("--world-size="):
             text = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv)
                                                               else "")
@@ -61,11 +75,14 @@ def main(argv=None) -> int:
     if flags["help"]:
         print(USAGE, end="")
         return 0
-    if not rest or rest[0].startswith("-") or "=" in rest[0]:
-        return _fail("give the config file first: python -m jaxtrain.train CONFIG [key=value ...]"
-                     " (see --help)")
+    if not rest:
+        return _fail("give a config file or a command line: python -m jaxtrain.train CONFIG "
+                     "[key=value ...] (see --help)")
+    path, overrides = (None, rest) if rest[0].startswith("-") or "=" in rest[0] else (
+        rest[0], rest[1:])
     try:
-        cfg = load_config(rest[0], rest[1:], world_size=flags["world_size"])
+        cfg = load_config(path, overrides, world_size=flags["world_size"],
+                          primus_path=flags["primus_path"])
     except ConfigError as e:
         return _fail(f"config error: {e}")
     logger = setup_logging(cfg)  # file sinks come once the process's rank is known
@@ -80,10 +97,10 @@ def main(argv=None) -> int:
             areas.setdefault(registry().lookup(key).knob.area, []).append(key)
         sys.stdout.write(cfg.to_yaml(areas))
         return 0
-    return _train(cfg, rest, logger)
+    return _train(cfg, path, overrides, flags["primus_path"], logger)
 
 
-def _train(cfg, args, logger) -> int:
+def _train(cfg, path, overrides, primus_path, logger) -> int:
     """Set XLA flags, join the multi-process job if there is one, pick the platform,
     re-resolve for the job's device count, and run the loop."""
     import jax
@@ -109,8 +126,8 @@ def _train(cfg, args, logger) -> int:
                     backend, setup.process_id, setup.num_processes, setup.source)
         from jaxtrain.checkpoint_args import checkpoint_overrides  # use_checkpoint_args & co
 
-        cfg = load_config(args[0], [*args[1:], *checkpoint_overrides(cfg)],
-                          world_size=jax.device_count())
+        cfg = load_config(path, [*overrides, *checkpoint_overrides(cfg)],
+                          world_size=jax.device_count(), primus_path=primus_path)
         from jaxtrain.loop import train
 
         train(cfg, logger)
@@ -123,4 +140,6 @@ def _train(cfg, args, logger) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from jaxtrain import cli
+
+    sys.exit(cli.run(main))

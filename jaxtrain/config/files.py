@@ -1,8 +1,10 @@
 """Reading YAML config files: parse errors as ConfigError, ``${VAR:default}`` interpolation,
-and the chains a file can declare (MaxText ``base_config``, Primus ``bases`` / ``includes``).
+and the chains a file can declare (MaxText ``base_config``, Primus ``extends`` / ``bases`` /
+``includes``).
 
 A chain is returned as a list of (path, mapping) from the deepest base to the file itself, so
-later entries take precedence.
+later entries take precedence. A reference is looked up next to the referring file, then in the
+extra folders the caller names (a dialect's preset folders), then in jaxtrain's configs/.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from jaxtrain.config.errors import ConfigError
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[2] / "configs"
 BUILTIN_BASES = {"base.yml", "base.yaml"}  # MaxText's base file: our registry defaults play it
-CHAIN_KEYS = ("base_config", "bases", "includes")
+CHAIN_KEYS = ("base_config", "extends", "bases", "includes")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
 
 
@@ -88,20 +90,30 @@ def read_yaml(path: pathlib.Path) -> dict:
     return _interpolate(data, path)
 
 
-def find_file(name: str, relative_to: pathlib.Path, subdir: str = "") -> pathlib.Path | None:
-    """Locate a referenced file: next to the referring file, then in configs/<subdir>."""
-    for folder in (relative_to, CONFIGS_DIR / subdir, CONFIGS_DIR):
-        candidate = (folder / name).resolve()
+def find_file(name: str, relative_to: pathlib.Path, subdir: str = "",
+              extra=()) -> pathlib.Path | None:
+    """Locate a referenced file: next to the referring file, in ``extra`` folders, then in
+    configs/<subdir> and configs/."""
+    for folder in (relative_to, *extra, CONFIGS_DIR / subdir, CONFIGS_DIR):
+        candidate = (pathlib.Path(folder) / name).resolve()
         if candidate.is_file():
             return candidate
     return None
 
 
-def read_chain(path: pathlib.Path, _seen=()) -> list[tuple[pathlib.Path, dict]]:
-    """The file and the files it extends, deepest base first; chain keys are removed."""
+def is_maxtext_base(path: pathlib.Path, data: dict) -> bool:
+    """MaxText's own base.yml: a file of that name at the root of a chain (no base of its own)."""
+    return path.name in BUILTIN_BASES and not any(k in data for k in CHAIN_KEYS)
+
+
+def read_chain(path: pathlib.Path, extra=(), _seen=()) -> list[tuple[pathlib.Path, dict]]:
+    """The file and the files it extends, deepest base first; chain keys are removed.
+
+    ``base_config: base.yml`` that names no file on disk stands for MaxText's base.yml; it is
+    returned as (``BUILTIN_BASE``, {}) so the caller can put MaxText's pinned defaults there."""
     path = path.resolve()
     if path in _seen:
-        raise ConfigError(f"{path}: base_config/bases chain loops back to this file")
+        raise ConfigError(f"{path}: base_config/extends chain loops back to this file")
     data = read_yaml(path)
     chain = []
     for key in CHAIN_KEYS:
@@ -114,11 +126,16 @@ def read_chain(path: pathlib.Path, _seen=()) -> list[tuple[pathlib.Path, dict]]:
         if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
             raise ConfigError(f"{path}: {key} must be a file name or a list of file names")
         for ref in refs:
-            if ref in BUILTIN_BASES and not find_file(ref, path.parent):
+            found = find_file(ref, path.parent, extra=extra)
+            if found is None and ref in BUILTIN_BASES:
+                chain.append((BUILTIN_BASE, {}))
                 continue
-            found = find_file(ref, path.parent)
             if found is None:
-                raise ConfigError(f"{path}: {key} names {ref!r}, which is neither next to this "
-                                  f"file nor in {CONFIGS_DIR}")
-            chain += read_chain(found, _seen + (path,))
+                searched = ", ".join(str(p) for p in (path.parent, *extra, CONFIGS_DIR))
+                raise ConfigError(f"{path}: {key} names {ref!r}, which is not in any of: "
+                                  f"{searched}")
+            chain += read_chain(found, extra, _seen + (path,))
     return chain + [(path, data)]
+
+
+BUILTIN_BASE = pathlib.Path("<MaxText base.yml>")

@@ -9,6 +9,11 @@ import yaml
 DEFAULT_ORIGIN = "default"
 
 
+def is_default(origin: str) -> bool:
+    """An origin that names a default (the registry's, or a dialect's default layer)."""
+    return origin == DEFAULT_ORIGIN or origin.startswith(DEFAULT_ORIGIN + ":")
+
+
 def _flow(key, value) -> str:
     """``key: value`` on one line of YAML."""
     text = yaml.safe_dump({key: value}, default_flow_style=True, width=10_000,
@@ -21,13 +26,14 @@ class Config(Mapping):
     derived from them once (``derived``). Subsystems read it and build their own small configs.
     """
 
-    def __init__(self, values: dict, origins: dict, derived: dict, dialect: str | None,
-                 warnings: list[str], adjusted: dict | None = None):
+    def __init__(self, values: dict, origins: dict, derived: dict, dialect: str,
+                 warnings: list[str], adjusted: dict | None = None, defaults_about: str = ""):
         self._values = types.MappingProxyType(dict(values))
         self._adjusted = dict(adjusted or {})
         self._origins = types.MappingProxyType(dict(origins))
         self.derived = types.MappingProxyType(dict(derived))
         self.dialect = dialect
+        self.defaults_about = defaults_about
         self.warnings = tuple(warnings)
 
     def __getitem__(self, key):
@@ -44,16 +50,19 @@ class Config(Mapping):
         return f"Config({changed!r})"
 
     def origin(self, key: str) -> str:
-        """Where the value came from: a file, the command line, a preset, 'derived' or 'default'."""
-        return self._origins.get(key, DEFAULT_ORIGIN)
+        """Where the value came from: a file, the command line, a preset, 'derived', or
+        'default: <the default set>' (MaxText's base.yml, Megatron-LM's arguments, ...)."""
+        return self._origins.get(key, f"{DEFAULT_ORIGIN}: {self.defaults_about}"
+                                 if self.defaults_about else DEFAULT_ORIGIN)
 
     def is_set(self, key: str) -> bool:
-        """True when something other than the registry default chose this value."""
-        return self.origin(key) != DEFAULT_ORIGIN
+        """True when something other than a default chose this value."""
+        return not is_default(self.origin(key))
 
     def to_yaml(self, areas: dict[str, list[str]]) -> str:
         """Flat YAML of every value, grouped by registry area, noting non-default origins."""
-        lines = [f"# resolved by jaxtrain; dialect: {self.dialect or 'megatron'}"]
+        lines = [f"# resolved by jaxtrain; dialect: {self.dialect}",
+                 f"# defaults: {self.defaults_about}"]
         for area, keys in areas.items():
             keys = [k for k in keys if k in self._values]
             if not keys:

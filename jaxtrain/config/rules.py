@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from jaxtrain.config.resolved import DEFAULT_ORIGIN
-from jaxtrain.config.maxtext_model import maxtext_model
+from jaxtrain.config.resolved import DEFAULT_ORIGIN, is_default
+from jaxtrain.config.dialects.maxtext_rules import MAXTEXT_RULES
 
 DERIVED = "derived"
 
@@ -27,7 +27,8 @@ class Context:
     warnings: list
     world_size: int | None
     adjusted: dict = dataclasses.field(default_factory=dict)  # key -> value before a rule set it
-    dialect: str | None = None  # the file's dialect (None: Megatron/Primus)
+    dialect: str = "megatron"  # the file's dialect (see config/dialects)
+    defaults: dict = dataclasses.field(default_factory=dict)  # the dialect's default values
 
     def get(self, key, default=None):
         value = self.values.get(key, default)
@@ -35,7 +36,8 @@ class Context:
 
     def explicit(self, key) -> bool:
         """Chosen by a preset, file or command line (not a default, not derived)."""
-        return self.origins.get(key, DEFAULT_ORIGIN) not in (DEFAULT_ORIGIN, DERIVED)
+        origin = self.origins.get(key, DEFAULT_ORIGIN)
+        return not is_default(origin) and origin != DERIVED
 
     def set(self, key, value):
         self.adjusted.setdefault(key, self.values.get(key))
@@ -46,6 +48,21 @@ class Context:
 
     def where(self, key):
         return f"{key} = {self.values.get(key)!r} ({self.origins.get(key, DEFAULT_ORIGIN)})"
+
+    def chosen(self, key) -> bool:
+        """Explicit and not just the dialect's default written out (as a --dry-run dump does)."""
+        return self.explicit(key) and self.values.get(key) != self.defaults.get(key)
+
+    def adopt(self, key: str, value, source: str):
+        """Give a canonical knob the value another key implies; a chosen different value is
+        the two-names error."""
+        if self.values.get(key) == value:
+            return
+        if self.chosen(key):
+            self.error(f"{source} implies {key} = {value!r}, but {self.where(key)}; they set the "
+                       f"same thing: keep one")
+        else:
+            self.set(key, value)
 
 
 def _yield_default(c: Context, chosen: str, other: str, cleared, message: str):
@@ -383,162 +400,8 @@ def pgs(c: Context):
         c.error("dpo.label_smoothing applies to dpo.loss_type robust only")
 
 
-# --- MaxText ----------------------------------------------------------------------------------
-
-_MESH_AXES = ("data", "fsdp", "fsdp_transpose", "tensor", "expert", "sequence", "context",
-              "pipeline")
-
-
-def _mesh_sizes(c: Context) -> dict | None:
-    """MaxText axis sizes (ici x dcn, -1 filled), or None when a -1 needs the device count."""
-    ici = {a: c.get(f"ici_{a}_parallelism", 1) for a in _MESH_AXES}
-    dcn = {a: c.get(f"dcn_{a}_parallelism", 1) for a in _MESH_AXES}
-    dcn = {a: 1 if v == -1 else v for a, v in dcn.items()}  # one GPU job is one slice
-    fills = [a for a, v in ici.items() if v == -1]
-    bad = [f"ici_{a}_parallelism = {v}" for a, v in ici.items() if v == 0 or v < -1] + [
-        f"dcn_{a}_parallelism = {v}" for a, v in dcn.items() if v == 0 or v < -1]
-    if bad:
-        c.error(f"MaxText parallelism sizes must be positive or -1 (fill): {', '.join(bad)}")
-        return None
-    if len(fills) > 1:
-        c.error("only one ici_*_parallelism may be -1 (fill the remaining devices): "
-                + ", ".join(f"ici_{a}_parallelism" for a in fills))
-        return None
-    fixed = math.prod(v for v in ici.values() if v != -1) * math.prod(dcn.values())
-    if fills:
-        if c.world_size is None:
-            return None
-        if c.world_size % fixed:
-            c.error(f"{c.world_size} devices cannot be filled on ici_{fills[0]}_parallelism: "
-                    f"the other ici/dcn sizes multiply to {fixed}")
-            return None
-        ici[fills[0]] = c.world_size // fixed
-    sizes = {a: ici[a] * dcn[a] for a in _MESH_AXES}
-    total = math.prod(sizes.values())
-    if c.world_size is not None and total != c.world_size:
-        c.error(f"the MaxText mesh (ici x dcn sizes) has {total} devices, but the run has "
-                f"{c.world_size}; set one ici_*_parallelism to -1 or fix the sizes")
-        return None
-    return sizes
-
-
-def _chosen(c: Context, key: str) -> bool:
-    """Explicit and not just the dialect's default written out (as a --dry-run dump does)."""
-    from jaxtrain.config.registry import registry
-
-    if not c.explicit(key):
-        return False
-    return c.values.get(key) != registry().knobs[key].default_for(c.dialect)
-
-
-def _adopt(c: Context, key: str, value, source: str):
-    """Give a canonical knob the value a MaxText key implies; a chosen different value is
-    the two-names error."""
-    if c.values.get(key) == value:
-        return
-    if _chosen(c, key):
-        c.error(f"{source} implies {key} = {value!r}, but {c.where(key)}; they set the same "
-                f"thing: keep one")
-    else:
-        c.set(key, value)
-
-
-def maxtext_mesh(c: Context):
-    """ici_*/dcn_* sizes onto the mesh knobs (see config/areas/parallel.py)."""
-    if c.dialect != "maxtext" and not any(
-            c.explicit(f"{lvl}_{a}_parallelism") for lvl in ("ici", "dcn") for a in _MESH_AXES):
-        return
-    sizes = _mesh_sizes(c)
-    if sizes is None:
-        return
-    for axes, what in ((("sequence", "context"), "context parallelism"),
-                       (("pipeline",), "pipeline parallelism")):
-        for axis in axes:
-            if sizes[axis] > 1:
-                c.error(f"not implemented yet: {axis} parallelism of {sizes[axis]} "
-                        f"(ici/dcn_{axis}_parallelism) is {what}, which is planned; set it to 1")
-    _adopt(c, "tensor_model_parallel_size", sizes["tensor"], "ici/dcn_tensor_parallelism")
-    _adopt(c, "expert_model_parallel_size", sizes["expert"], "ici/dcn_expert_parallelism")
-    if sizes["fsdp"] * sizes["fsdp_transpose"] > 1:
-        _adopt(c, "data_parallel_sharding_strategy", "optim_grads_params",
-               "ici/dcn_fsdp_parallelism > 1")
-
-
-def maxtext(c: Context):
-    """MaxText's sentinels and derived values (its pyconfig): steps -1, eval -1, opt_type,
-    mu_dtype, the two load paths, and per_device_batch_size."""
-    if c.get("train_iters") == -1:
-        horizon = c.get("lr_decay_iters")
-        if horizon is None:
-            c.error("steps = -1 takes the run length from learning_rate_schedule_steps, which "
-                    "is -1 too; set one of them")
-        else:
-            c.set("train_iters", horizon)
-    if c.dialect == "maxtext" and (c.get("eval_interval") or 0) <= 0 and \
-            c.values.get("eval_interval") is not None:
-        c.set("eval_interval", None)  # MaxText: eval_interval <= 0 means no evaluation
-    iters = c.values.get("eval_iters")
-    if isinstance(iters, int) and iters < 0:
-        c.set("eval_iters", 0)  # MaxText eval_steps -1: the whole validation split
-        if c.get("eval_interval"):
-            c.set("full_validation", True)
-    opt = c.values.get("opt_type")
-    if opt in ("adamw", "adam_pax", "sgd") and (c.dialect == "maxtext" or c.explicit("opt_type")):
-        _adopt(c, "optimizer", {"sgd": "sgd"}.get(opt, "adam"), f"opt_type {opt}")
-        if opt == "sgd" and c.get("weight_decay") and not c.explicit("weight_decay"):
-            c.set("weight_decay", 0.0)  # adam_weight_decay is Adam's; MaxText's SGD has none
-    if c.dialect == "maxtext":
-        mu = c.get("exp_avg_dtype")
-        if not _chosen(c, "exp_avg_dtype") and c.get("weight_dtype") == "bfloat16":
-            mu = "bf16"  # mu_dtype unset inherits weight_dtype
-            c.set("exp_avg_dtype", mu)
-        if mu != "fp32" and not c.get("use_precision_aware_optimizer"):
-            c.set("use_precision_aware_optimizer", True)
-    if c.get("pretrained_checkpoint") and c.get("train.resume_from") and c.explicit(
-            "pretrained_checkpoint") and c.explicit("train.resume_from"):
-        c.error(f"load_parameters_path (weights only) and load_full_state_path (full state) "
-                f"are exclusive, as in MaxText: {c.where('pretrained_checkpoint')}, "
-                f"{c.where('train.resume_from')}; keep one")
-    per_device_batch(c)
-
-
-def per_device_batch(c: Context):
-    """MaxText's batch: per_device_batch_size x devices x gradient_accumulation_steps sequences
-    per step, run as micro-batches of per_device_batch_size x devices rows."""
-    pdbs = c.values.get("per_device_batch_size")
-    if pdbs is None:
-        return
-    if not _chosen(c, "per_device_batch_size") and any(
-            _chosen(c, k) for k in ("micro_batch_size", "global_batch_size")):
-        return  # a Megatron batch written in a MaxText file: the MaxText default yields
-    if pdbs <= 0:
-        c.error(f"per_device_batch_size must be positive, got {pdbs}")
-        return
-    accum = c.get("train.gradient_accumulation_steps") or 1
-    if c.world_size is None:
-        if pdbs == int(pdbs):  # without the device count: the per-replica batch of pure DP
-            _adopt(c, "micro_batch_size", int(pdbs), "per_device_batch_size")
-        return
-    rows = pdbs * c.world_size
-    model_parallel = (c.get("tensor_model_parallel_size", 1)
-                      * c.get("pipeline_model_parallel_size", 1)
-                      * c.get("context_parallel_size", 1))
-    dp = c.world_size // model_parallel if c.world_size % model_parallel == 0 else None
-    if dp is None:
-        return  # batch() reports the layout
-    if rows != int(rows) or int(rows) % dp:
-        c.error(f"per_device_batch_size {pdbs} x {c.world_size} devices = {rows:g} sequences "
-                f"per micro-step, which the {dp} data-parallel replicas cannot share evenly; "
-                f"choose per_device_batch_size so that it x devices is a multiple of {dp}")
-        return
-    _adopt(c, "micro_batch_size", int(rows) // dp, "per_device_batch_size")
-    _adopt(c, "train.gradient_accumulation_steps", accum, "gradient_accumulation_steps")
-    _adopt(c, "global_batch_size", int(rows) * accum,
-           "per_device_batch_size x devices x gradient_accumulation_steps")
-
-
-RULES = (maxtext_mesh, maxtext, maxtext_model, precision, tensor_parallel, context_and_experts, model_shape, learning_rate,
-         iterations, batch, recompute, moe_router, upcycling, pgs, evaluate_only)
+RULES = (*MAXTEXT_RULES, precision, tensor_parallel, context_and_experts, model_shape,
+         learning_rate, iterations, batch, recompute, moe_router, upcycling, pgs, evaluate_only)
 
 
 def apply(c: Context):

@@ -22,7 +22,10 @@ Document awareness (Megatron's ``get_ltor_masks_and_position_ids``, with ``eod``
 end-of-document id): ``reset_position_ids`` restarts ``positions`` after each EOD input
 token; ``reset_attention_mask`` gives each document its own ``segment_ids`` (the EOD belongs
 to the document it ends), so attention stays inside a document; ``eod_mask_loss`` zeroes the
-loss where the input token is EOD. Packed samples always carry segment ids and per-document
+loss where the input token is EOD. Megatron's GPT datasets also take the target out of the
+loss where it is the tokenizer's pad id, and read pad ids as token 0 (``pad``; none when the
+tokenizer has no pad id of its own, see :func:`jaxtrain.data.gpt_dataset.dataset_pad_id`).
+Packed samples always carry segment ids and per-document
 positions, and mask targets that cross a document boundary or fall on padding.
 """
 from __future__ import annotations
@@ -51,6 +54,7 @@ class TokenData:
     dataloader_type: str = "cyclic"
     num_workers: int = 0
     seed: int | None = None  # the order's seed when not the run's (pgs data.seed)
+    pad: int | None = None   # Megatron's GPT-dataset pad id (gpt_dataset.dataset_pad_id)
 
     @property
     def num_samples(self) -> int:
@@ -105,6 +109,16 @@ def document_masks(tokens: np.ndarray, data: TokenData) -> dict:
     return out
 
 
+def _mask_pad(batch: dict, pad: int) -> None:
+    """Megatron's GPTDataset on the pad id (after the EOD masks and positions are made): no
+    loss where the target is a pad, and pad ids read as token 0 in inputs and targets."""
+    targets = batch["targets"] = np.array(batch["targets"])
+    tokens = batch["tokens"] = np.array(batch["tokens"])
+    batch["loss_mask"][targets == pad] = 0.0
+    tokens[tokens == pad] = 0
+    targets[targets == pad] = 0
+
+
 def _rows(data: TokenData, ds, idx, pool):
     got = list(pool.map(ds.__getitem__, idx)) if pool else [ds[i] for i in idx]
     if isinstance(got[0], dict):
@@ -129,6 +143,8 @@ def make_batch(rows, data: TokenData, per_micro: int) -> dict:
         n = rows.shape[0]
         batch = {"tokens": rows[:, :-1], "targets": rows[:, 1:], **document_masks(rows[:, :-1],
                                                                                    data)}
+        if data.pad is not None:
+            _mask_pad(batch, data.pad)
     return {k: np.ascontiguousarray(v).reshape(n // per_micro, per_micro, -1)
             for k, v in batch.items()}
 

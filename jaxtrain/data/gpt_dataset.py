@@ -49,7 +49,7 @@ class GPTDataset:
     def __init__(self, indexed: IndexedDataset, documents: np.ndarray, seq_length: int,
                  num_samples: int | None, seed: int, cache_dir: str | None = None,
                  split: str = "train"):
-        self.indexed, self.seq_length = indexed, seq_length
+        self.indexed, self.seq_length, self.num_samples = indexed, seq_length, num_samples
         self.documents = np.asarray(documents, dtype=np.int64)
         if len(self.documents) == 0:
             raise ConfigError(f"indexed dataset {indexed.prefix!r}: the {split} split holds no "
@@ -69,7 +69,10 @@ class GPTDataset:
         sizes = np.asarray(self.indexed.sizes)
         tokens_per_epoch = int(np.sum(sizes[self.documents], dtype=np.int64))
         T = self.seq_length
-        if tokens_per_epoch < T + ADD_EXTRA_TOKEN:
+        if tokens_per_epoch == 0 or (num_samples is None
+                                     and tokens_per_epoch < T + ADD_EXTRA_TOKEN):
+            # (with a sample target, Megatron repeats a short split for as many epochs as the
+            # target needs)
             raise ConfigError(f"indexed dataset {self.indexed.prefix!r}: {tokens_per_epoch} "
                               f"tokens, fewer than one sample of seq_length {T} + 1")
         epochs = 1
@@ -109,6 +112,19 @@ class GPTDataset:
             parts.append(self.indexed.get(int(docs[d1]), 0, o1 + 1))
             out = np.concatenate(parts)
         return out.astype(np.int32)
+
+
+def dataset_pad_id(tokenizer) -> int | None:
+    """The pad id Megatron's GPT datasets mask (``MegatronDataset._pad_token_id``): the
+    tokenizer's ``pad``, unless it has none or it is also its EOS or EOD id (Megatron then
+    uses -1, which matches no token; ``allow_ambiguous_pad_tokens`` is not offered). None: no
+    pad masking."""
+    pad = getattr(tokenizer, "pad", None) if tokenizer is not None else None
+    if pad is None or int(pad) < 0:
+        return None
+    if pad in (getattr(tokenizer, "eos", None), getattr(tokenizer, "eod", None)):
+        return None
+    return int(pad)
 
 
 def _document_index(documents, epochs, rng) -> np.ndarray:
@@ -170,25 +186,36 @@ def _cached(cache_dir, description, names, build):
 
 
 class BlendedDataset:
-    """Samples of several datasets interleaved by weight (Megatron's ``BlendedDataset``)."""
+    """Samples of several datasets interleaved by weight (Megatron's ``BlendedDataset``).
 
-    def __init__(self, datasets, weights, size: int, cache_dir: str | None = None,
+    ``size`` samples drawn by the normalised ``weights`` (:func:`blending_indices`), or, with
+    ``size`` None, exactly ``weights[d]`` samples of dataset ``d`` (integer weights: each
+    dataset's length; :func:`exhaustive_blending_indices`)."""
+
+    def __init__(self, datasets, weights, size: int | None, cache_dir: str | None = None,
                  split: str = "train"):
         self.datasets = list(datasets)
-        self.weights = normalize(weights)
-        self.size = int(size)
-        description = {"class": "BlendedDataset", "split": split, "size": self.size,
-                       "weights": self.weights,
-                       "datasets": [getattr(d, "indexed", None) and d.indexed.prefix
-                                    for d in self.datasets]}
+        if size is None:
+            self.weights = [int(w) for w in weights]
+            if any(w <= 0 for w in self.weights):
+                raise ConfigError(f"blend: every part needs samples, got {self.weights}")
+            self.size = sum(self.weights)
+            build = lambda: exhaustive_blending_indices(self.weights)  # noqa: E731
+        else:
+            self.weights = normalize(weights)
+            self.size = int(size)
+            build = lambda: blending_indices(self.weights, self.size)  # noqa: E731
+        description = {"class": "BlendedDataset", "split": split,
+                       "size": None if size is None else self.size, "weights": self.weights,
+                       "datasets": [_identity(d) for d in self.datasets]}
         self.dataset_index, self.dataset_sample_index = _cached(
-            cache_dir, description, ("dataset_index", "dataset_sample_index"),
-            lambda: blending_indices(self.weights, self.size))
+            cache_dir, description, ("dataset_index", "dataset_sample_index"), build)
+        counts = np.bincount(np.asarray(self.dataset_index, np.int64),
+                             minlength=len(self.datasets))
         for d, ds in enumerate(self.datasets):
-            need = int(np.sum(self.dataset_index == d))
-            if need > len(ds):
+            if counts[d] > len(ds):
                 raise ConfigError(f"blend: dataset {d} has {len(ds)} samples; the blend needs "
-                                  f"{need}")
+                                  f"{counts[d]}")
 
     def __len__(self) -> int:
         return self.size
@@ -197,10 +224,19 @@ class BlendedDataset:
         return self.datasets[int(self.dataset_index[i])][int(self.dataset_sample_index[i])]
 
 
+def _identity(ds):
+    """What makes a blended part's samples (its cache key in a blend's description)."""
+    if isinstance(ds, GPTDataset):
+        return [ds.indexed.prefix, int(ds.documents[0]), len(ds.documents), ds.num_samples]
+    return None
+
+
 def blending_indices(weights, size: int):
     """Megatron's ``build_blending_indices``: sample ``i`` goes to the dataset whose count lags
     its share ``weight * max(i, 1)`` the most (first one on ties)."""
     w = [float(x) for x in weights]
+    if len(w) == 1:
+        return np.zeros(size, dtype=np.int16), np.arange(size, dtype=np.int64)
     counts = [0] * len(w)
     dataset_index = np.empty(size, dtype=np.int16)
     sample_index = np.empty(size, dtype=np.int64)
@@ -217,11 +253,41 @@ def blending_indices(weights, size: int):
     return dataset_index, sample_index
 
 
+def exhaustive_blending_indices(sizes):
+    """Megatron's ``build_exhaustive_blending_indices``: exactly ``sizes[d]`` samples of each
+    dataset, in proportion to the sizes: the greedy rule of :func:`blending_indices` over the
+    datasets not yet spent."""
+    sizes = [int(n) for n in sizes]
+    total = sum(sizes)
+    w = [n / float(total) for n in sizes]
+    counts = [0] * len(sizes)
+    unspent = [d for d in range(len(sizes)) if sizes[d] > 0]
+    dataset_index = np.empty(total, dtype=np.int16)
+    sample_index = np.empty(total, dtype=np.int64)
+    for i in range(total):
+        x = max(float(i), 1.0)
+        best, best_err = -1, -math.inf
+        for d in unspent:
+            err = w[d] * x - counts[d]
+            if err > best_err:
+                best, best_err = d, err
+        dataset_index[i] = best
+        sample_index[i] = counts[best]
+        counts[best] += 1
+        if counts[best] == sizes[best]:
+            unspent.remove(best)
+    return dataset_index, sample_index
+
+
 def normalize(weights) -> list[float]:
-    total = float(sum(weights))
-    if total <= 0 or any(w < 0 for w in weights):
-        raise ConfigError(f"blend weights must be non-negative with a positive sum: {weights}")
-    return [float(w) / total for w in weights]
+    """Weights over their sum, computed as Megatron's ``normalize`` does (float64 numpy sum,
+    so the blends' greedy ties fall the same way)."""
+    w = np.asarray([float(x) for x in weights], dtype=np.float64)
+    total = np.sum(w)
+    if w.size == 0 or not total > 0 or np.any(w < 0):
+        raise ConfigError(f"blend weights must be non-negative with a positive sum: "
+                          f"{list(weights)}")
+    return (w / total).tolist()
 
 
 def parse_blend(value, what: str = "data_path") -> tuple[list[str], list[float] | None]:
@@ -265,13 +331,14 @@ def parse_split(split: str | None) -> list[float]:
 
 
 def split_boundaries(split: list[float], num_documents: int) -> list[int]:
-    """Document boundaries [0, a, b, num_documents] of the train/valid/test splits, rounded as
-    Megatron rounds them (the last boundary corrected to the document count)."""
-    idx = [0]
+    """Document boundaries [0, a, b, c] of the train/valid/test splits, as megatron-core's
+    split matrix gives them: each boundary is the cumulative proportion times the document
+    count, rounded (``round(0.45 * 10)`` is 4)."""
+    bounds, edge = [0], 0.0
     for p in split:
-        idx.append(idx[-1] + int(round(p * float(num_documents))))
-    diff = idx[-1] - num_documents
-    return [idx[0]] + [i - diff for i in idx[1:]]
+        edge = edge + p
+        bounds.append(int(round(edge * float(num_documents))))
+    return bounds
 
 
 def _open_all(prefixes, mmap: bool, pool) -> dict:
@@ -280,17 +347,10 @@ def _open_all(prefixes, mmap: bool, pool) -> dict:
     return dict(zip(unique, pool.map(lambda p: IndexedDataset(p, mmap=mmap), unique)))
 
 
-def _blend_size(target: int | None, weight: float) -> int | None:
-    if target is None:
-        return None
-    return int(math.ceil(math.ceil(target * weight) * (1 + BLEND_SURPLUS)))
-
-
-def _blend(datasets, weights, target, cache_dir, split):
-    if len(datasets) == 1:
-        return datasets[0]
-    size = target if target is not None else sum(len(d) for d in datasets)
-    return BlendedDataset(datasets, weights, size, cache_dir, split)
+def _blend_size(target: int, weight: float, surplus: float = 0.0) -> int:
+    """Megatron's ``_get_size_per_split_per_dataset``: ceil(ceil(target * weight) * (1 +
+    surplus)) (the part is built with the surplus, the blend draws without it)."""
+    return int(math.ceil(math.ceil(target * weight) * (1 + surplus)))
 
 
 def build_datasets(*, seq_length: int, seed: int, num_samples: list[int | None],
@@ -312,48 +372,72 @@ def build_datasets(*, seq_length: int, seed: int, num_samples: list[int | None],
 
 def _build(pool, seq_length, seed, num_samples, data_path, split, per_split, cache_dir, mmap,
            splits) -> dict:
-    out = {}
-    # per split: (indexed, documents, sample target, split, blend weight) of each part,
-    # built as GPTDatasets in the pool, then blended
-    jobs: dict[str, list] = {}
+    # per split: ([(indexed, documents, weight or None)] of each part, direct); ``direct``: a
+    # single part served as it is (no blend), else a BlendedDataset over the parts
+    jobs: dict[str, tuple[list, bool]] = {}
     if any(p for p in per_split):
         blends = {}
         for s, value in zip(SPLITS, per_split):
             prefixes, weights = parse_blend(value, f"{s}_data_path")
             if prefixes and s in splits:
-                blends[s] = (prefixes, normalize(weights or [1.0] * len(prefixes)))
+                blends[s] = (prefixes, normalize(weights) if weights else None)
         opened = _open_all([p for ps, _ in blends.values() for p in ps], mmap, pool)
-        for s, target in zip(SPLITS, num_samples):
-            if s not in blends:
-                continue
-            prefixes, weights = blends[s]
-            jobs[s] = [(opened[p], np.arange(opened[p].num_documents),
-                        _blend_size(target, w) if len(prefixes) > 1 else target, s, w)
-                       for p, w in zip(prefixes, weights)]
+        for s, (prefixes, weights) in blends.items():
+            # one prefix is served directly whatever its weight (Megatron)
+            jobs[s] = ([(opened[p], np.arange(opened[p].num_documents),
+                         weights[i] if weights else None) for i, p in enumerate(prefixes)],
+                       len(prefixes) == 1)
     else:
         prefixes, weights = parse_blend(data_path)
         if not prefixes:
             raise ConfigError("no dataset prefixes: set data_path or train_data_path")
-        weights = normalize(weights or [1.0] * len(prefixes))
+        weights = normalize(weights) if weights else None
         fractions = parse_split(split)
         opened = _open_all(prefixes, mmap, pool)
         bounds = [split_boundaries(fractions, opened[p].num_documents) for p in prefixes]
-        for k, (s, target) in enumerate(zip(SPLITS, num_samples)):
+        for k, s in enumerate(SPLITS):
             if fractions[k] == 0 or s not in splits:
                 continue
-            # a prefix with no documents in this split is left out (as in Megatron)
-            jobs[s] = [(opened[p], np.arange(b[k], b[k + 1]),
-                        _blend_size(target, w) if len(prefixes) > 1 else target, s, w)
-                       for p, b, w in zip(prefixes, bounds, weights) if b[k + 1] > b[k]]
-    flat = [job for s in SPLITS for job in jobs.get(s, [])]
+            # a prefix with no documents in this split is left out (Megatron fails on it)
+            jobs[s] = ([(opened[p], np.arange(b[k], b[k + 1]), weights[i] if weights else None)
+                        for i, (p, b) in enumerate(zip(prefixes, bounds)) if b[k + 1] > b[k]],
+                       len(prefixes) == 1 and weights is None)
+    targets = dict(zip(SPLITS, num_samples))
+    # each part's sample target: a weighted blend with a split target builds
+    # ceil(ceil(target * w) * 1.005) samples of each part, otherwise one epoch of each
+    plans = {s: [(ind, docs, w, targets[s] if direct else _part_target(targets[s], w))
+                 for ind, docs, w in parts] for s, (parts, direct) in jobs.items()}
+    flat = [(s, job) for s in SPLITS for job in plans.get(s, [])]
     built = iter(list(pool.map(
-        lambda job: GPTDataset(job[0], job[1], seq_length, job[2], seed, cache_dir, job[3]),
+        lambda sj: GPTDataset(sj[1][0], sj[1][1], seq_length, sj[1][3], seed, cache_dir, sj[0]),
         flat)))
-    for s, target in zip(SPLITS, num_samples):
-        parts = [(next(built), job[4]) for job in jobs.get(s, [])]
+    out = {}
+    for s in SPLITS:
+        parts = [(next(built), job[2]) for job in plans.get(s, [])]
         if not parts:
             out[s] = None
-            continue
-        datasets, kept = [d for d, _ in parts], [w for _, w in parts]
-        out[s] = _blend(datasets, normalize(kept), target, cache_dir, s)
+        elif jobs[s][1]:
+            out[s] = parts[0][0]
+        else:
+            out[s] = _blend(parts, targets[s], cache_dir, s)
     return out
+
+
+def _part_target(target: int | None, weight: float | None) -> int | None:
+    if weight is None or target is None:
+        return None
+    return _blend_size(target, weight, BLEND_SURPLUS)
+
+
+def _blend(parts, target: int | None, cache_dir, split) -> BlendedDataset:
+    """Megatron's top-level blend of (dataset, weight or None) parts: by the weights at
+    Σ ceil(target * w) samples; unweighted (or without a target) by each part's one-epoch
+    length, min(target, Σ lengths) samples (all of each part without a target)."""
+    datasets = [d for d, _ in parts]
+    weights = [w for _, w in parts]
+    if weights[0] is not None and target is not None:
+        size = sum(int(math.ceil(target * w)) for w in weights)
+        return BlendedDataset(datasets, weights, size, cache_dir, split)
+    lengths = [len(d) for d in datasets]
+    size = None if target is None else min(target, sum(lengths))
+    return BlendedDataset(datasets, lengths, size, cache_dir, split)

@@ -87,6 +87,12 @@ def _random_tokens(cfg, name: str, split: int = 0) -> TokenData:
                      dataloader_type=cfg["dataloader_type"], num_workers=cfg["num_workers"])
 
 
+def _gpt_loader(cfg, tok) -> dict:
+    """TokenData's fields for Megatron's GPT datasets: the document masks, and the tokenizer's
+    pad id masked and rewritten as Megatron's GPTDataset does."""
+    return {**_loader(cfg, tok.eod if tok else None), "pad": gpt_dataset.dataset_pad_id(tok)}
+
+
 def _corpus(cfg) -> TokenData:
     tok = corpus.tokenizer()
     eod = tok.token_to_id(corpus.EOD)
@@ -186,7 +192,7 @@ def _megatron(cfg) -> TokenData:
     train = megatron_datasets(cfg)["train"]
     if train is None:
         raise ConfigError("the train split is empty: check split and data_path")
-    return TokenData(train, vocab, "indexed", **_loader(cfg, tok.eod if tok else None))
+    return TokenData(train, vocab, "indexed", **_gpt_loader(cfg, tok))
 
 
 def _text_tokenizer(cfg, name: str):
@@ -458,7 +464,7 @@ def _set_names(prefixes: list[str]) -> list[str]:
 
 
 def _megatron_valid(cfg, tok, vocab) -> list[TokenData] | None:
-    loader = _loader(cfg, tok.eod if tok else None)
+    loader = _gpt_loader(cfg, tok)
     data_path, per_split = _megatron_paths(cfg)
     if not cfg["multiple_validation_sets"]:
         iters = cfg["eval_iters"] if isinstance(cfg["eval_iters"], int) else 0
@@ -561,5 +567,5 @@ def heldout_test_data(cfg) -> TokenData | None:
     tok = build_tokenizer(cfg)
     vocab = _vocab(cfg, tok, "data_path")
     ds = megatron_datasets(cfg, ("test",))["test"]
-    return TokenData(ds, vocab, "test", **_loader(cfg, tok.eod if tok else None)) \
+    return TokenData(ds, vocab, "test", **_gpt_loader(cfg, tok)) \
         if ds is not None else None

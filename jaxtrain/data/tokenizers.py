@@ -37,7 +37,8 @@ Nothing is downloaded: a path that does not exist is a ConfigError.
   an AutoTokenizer; :func:`build_tokenizer` does so there when the path is a folder or a
   tokenizer.json, and infers the kind from the path when the type is left at its default.
 
-Every tokenizer has ``bos`` (None when it has no BOS); the MaxText pipelines add it and the
+Every tokenizer has ``bos`` and ``pad`` (None when it has none; ``pad`` is the id Megatron's
+tokenizer of that type reports); the MaxText pipelines add it and the
 EOD per document by ``add_bos``/``add_eos`` (:mod:`jaxtrain.data.sources`).
 """
 from __future__ import annotations
@@ -74,7 +75,7 @@ TIKTOKEN_VOCAB = 2 ** 17   # Megatron's vocabulary size when vocab_size is unset
 
 
 class NullTokenizer:
-    bos = None
+    bos = pad = None
 
     def __init__(self, vocab_size: int):
         self._n = int(vocab_size)
@@ -107,6 +108,7 @@ class _TokenizersTokenizer:
                     break
         self._eod = eod
         self.bos = next((i for i in map(tok.token_to_id, BOS_TEXTS) if i is not None), None)
+        self.pad = None     # a bare tokenizer.json names no pad token
 
     @property
     def vocab_size(self) -> int:
@@ -139,6 +141,7 @@ class HFTokenizer:
             raise ConfigError(f"tokenizer {path!r}: cannot load it with AutoTokenizer: "
                               f"{type(e).__name__}: {e}") from e
         self.bos = self._tok.bos_token_id
+        self.pad = self._tok.pad_token_id
 
     @property
     def vocab_size(self) -> int:
@@ -261,6 +264,7 @@ class TikTokenizer(_TiktokenText):
                               f"{len(ranks) + num_special_tokens} or less")
         mergeable = {t: r + num_special_tokens for t, r in ranks.items() if r < inner}
         self.special_ids = {t: i for i, t in enumerate(specials + fillers)}
+        self.pad = self.special_ids.get("<pad>")
         self._model = tiktoken.Encoding(
             name=os.path.basename(path), pat_str=TIKTOKEN_PATTERNS[pattern],
             mergeable_ranks=mergeable, special_tokens=self.special_ids)
@@ -313,6 +317,7 @@ class MaxTextTikToken(_TiktokenText):
         self._model = tiktoken.Encoding(name=os.path.basename(path), pat_str=LLAMA3_PATTERN,
                                         mergeable_ranks=ranks, special_tokens=self.special_ids)
         self.bos = self.special_ids["<|begin_of_text|>"]
+        self.pad = None
 
     @property
     def vocab_size(self) -> int:

@@ -6,6 +6,8 @@ derives them, so the stored config is always complete.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 from typing import Any, Mapping
@@ -328,7 +330,7 @@ class ModelConfig:
         heads = g("num_attention_heads", 16)
         groups = g("num_query_groups") if g("group_query_attention", False) else None
         if g("mlp_activations") is not None:    # MaxText's spelling decides when it is set
-            from jaxtrain.config.maxtext_model import mlp_from_activations
+            from jaxtrain.config.dialects.maxtext_model import mlp_from_activations
             try:
                 activation, gated = mlp_from_activations(g("mlp_activations"))
             except ValueError as e:
@@ -427,8 +429,28 @@ class ModelConfig:
                                for p in e.problems]) from None
 
 
+_ASSUMED_ACCELERATOR: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "jaxtrain_assumed_accelerator", default=None)
+
+
+@contextlib.contextmanager
+def assumed_accelerator(kind: str):
+    """Inside, :func:`accelerator` answers ``kind`` without asking JAX: for building a
+    ModelConfig before the backend may start (start-up reads the model's size to set XLA
+    flags, and XLA reads its flags once, when the backend starts)."""
+    token = _ASSUMED_ACCELERATOR.set(kind)
+    try:
+        yield
+    finally:
+        _ASSUMED_ACCELERATOR.reset(token)
+
+
 def accelerator() -> str:
-    """'cuda', 'rocm' or 'cpu' (anything else) for JAX's default backend."""
+    """'cuda', 'rocm' or 'cpu' (anything else) for JAX's default backend (which this starts),
+    or the kind :func:`assumed_accelerator` holds."""
+    assumed = _ASSUMED_ACCELERATOR.get()
+    if assumed is not None:
+        return assumed
     if jax.default_backend() != "gpu":
         return "cpu"
     client = jax.devices()[0].client

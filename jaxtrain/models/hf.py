@@ -27,7 +27,7 @@ from safetensors.numpy import save_file
 
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.layers import yarn_attention_factor
-from jaxtrain.models.moe import moe_pattern
+from jaxtrain.models.moe import group_score_topk, moe_pattern
 from jaxtrain.models.params import MOE_STACK, abstract, layer_slots, layer_tree
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "deepseek_v3", "gpt_oss", "mixtral",
@@ -267,11 +267,15 @@ def _deepseek_fields(hf: dict) -> dict:
     return fields
 
 
+HF_GROUP_SCORE_TOPK = 2   # transformers' DeepSeek-V3 router: a group's score is its top-2 sum
+
+
 def _deepseek_moe_fields(hf: dict):
     """DeepSeek-V3's MoE layers (every layer from first_k_dense_replace on): sigmoid scores,
     experts chosen on score + e_score_correction_bias (our expert_bias leaf) within the best
-    topk_group of n_group groups (a group scored by its top-2 biased scores), the unbiased
-    scores of the chosen experts renormalised (norm_topk_prob) and scaled by
+    topk_group of n_group groups (a group scored by the sum of its top-2 biased scores whatever
+    num_experts_per_tok: MoEConfig.group_score_topk 2, not Megatron's top-k // topk_group), the
+    unbiased scores of the chosen experts renormalised (norm_topk_prob) and scaled by
     routed_scaling_factor, gating in fp32, plus n_shared_experts x moe_intermediate_size
     always-on shared expert. Evaluation is dropless there, as here without a capacity."""
     from jaxtrain.models.moe import MoEConfig
@@ -289,10 +293,10 @@ def _deepseek_moe_fields(hf: dict):
         raise _bad("norm_topk_prob", hf.get("norm_topk_prob", True), "sigmoid routing "
                    "renormalises the top-k weights exactly when top-k > 1 (Megatron's rule)")
     groups, group_topk = hf.get("n_group", 8) or 1, hf.get("topk_group", 4) or 1
-    if groups > 1 and group_topk < groups and k // group_topk != 2:
-        raise _bad("topk_group", group_topk, f"HF scores a group by its top-2 experts, jaxtrain "
-                   f"(Megatron) by its top num_experts_per_tok // topk_group = {k // group_topk}")
     limited = groups > 1 and group_topk < groups
+    if limited and experts % groups == 0 and experts // groups < HF_GROUP_SCORE_TOPK:
+        raise _bad("n_group", groups, f"HF scores a group by its top-{HF_GROUP_SCORE_TOPK} "
+                   f"experts; a group of {experts // groups} has fewer")
     first = hf.get("first_k_dense_replace", 3)
     width = hf.get("moe_intermediate_size", 2048)
     shared = (hf.get("n_shared_experts", 1) or 0) * width
@@ -302,7 +306,9 @@ def _deepseek_moe_fields(hf: dict):
                      shared_expert_size=shared or None, score_function="sigmoid",
                      router_dtype="float32", topk_scaling_factor=None if scale == 1.0 else scale,
                      num_groups=groups if limited else None,
-                     group_topk=group_topk if limited else None, expert_bias=True)
+                     group_topk=group_topk if limited else None,
+                     group_score_topk=HF_GROUP_SCORE_TOPK if limited else None,
+                     expert_bias=True)
 
 
 def _gpt_oss_fields(hf: dict) -> dict:
@@ -790,8 +796,8 @@ def _deepseek_moe_problems(cfg: ModelConfig) -> dict:
     return {
         "moe.layer_freq": any(pattern) and not all(pattern[first:]),
         "moe.score_function": m.score_function != "sigmoid",
-        "moe.num_groups": bool(m.num_groups) and m.group_topk < m.num_groups
-        and m.topk // m.group_topk != 2,
+        "moe.group_score_topk": bool(m.num_groups) and m.group_topk < m.num_groups
+        and group_score_topk(m) != HF_GROUP_SCORE_TOPK,
         "moe.shared_expert_size": bool(m.shared_expert_size)
         and m.shared_expert_size % m.ffn_hidden_size != 0,
         "moe.router_bias": m.router_bias,

@@ -76,6 +76,9 @@ class MoEConfig:
     ``router_bias``: a learned router bias (GPT-OSS); ``expert_bias``: Megatron's aux-free bias.
     ``activation`` None: the model's; 'swiglu_oai' is GPT-OSS's clamped GLU (``glu_limit``).
     ``expert_tensor_parallel``: split expert FFNs over the tensor axis (ETP = TP) or not (1).
+    ``group_score_topk``: how group-limited routing scores a group: None is Megatron's rule (the
+    sum of its top ``topk // group_topk`` scores); an int n sums its top n scores (Hugging
+    Face's DeepSeek-V3/Kimi routers: 2, whatever topk).
     """
 
     num_experts: int
@@ -89,6 +92,7 @@ class MoEConfig:
     topk_scaling_factor: float | None = None
     num_groups: int | None = None
     group_topk: int | None = None
+    group_score_topk: int | None = None
     router_bias: bool = False
     expert_bias: bool = False
     bias_update_rate: float = 1e-3
@@ -164,8 +168,15 @@ class MoEConfig:
             if G and g:
                 need(E % G == 0, f"num_experts {E} must be divisible by num_groups {G}")
                 need(g <= G, f"group_topk {g} must not exceed num_groups {G}")
-                need(k >= g and g * (E // G) >= k, f"topk {k} must be at least group_topk {g} "
-                     f"and fit in {g} groups of {E // max(G, 1)} experts")
+                n = self.group_score_topk
+                if n is None:
+                    need(k >= g and g * (E // G) >= k, f"topk {k} must be at least group_topk "
+                         f"{g} and fit in {g} groups of {E // max(G, 1)} experts")
+                else:
+                    need(g * (E // G) >= k, f"topk {k} must fit in {g} groups of "
+                         f"{E // max(G, 1)} experts")
+                    need(1 <= n <= E // max(G, 1), f"group_score_topk {n} must be in [1, "
+                         f"experts per group = {E // max(G, 1)}]")
         need(not self.pad_to_capacity or self.capacity_factor is not None,
              "pad_to_capacity needs a capacity factor")
         need(self.drop_policy in DROP_POLICIES,
@@ -294,15 +305,21 @@ def _score(fn: str, logits):
     return jnp.sqrt(jax.nn.softplus(x))
 
 
+def group_score_topk(m: MoEConfig) -> int:
+    """How many of a group's best scores make its score (Megatron: topk // group_topk)."""
+    return m.group_score_topk if m.group_score_topk is not None else m.topk // m.group_topk
+
+
 def _select(scores, m: MoEConfig):
     """Top-k (values, indices) of scores [N, E], group-limited when num_groups is set: group
-    score = sum of its top (topk // group_topk) scores; only the best group_topk groups stay."""
+    score = sum of its top :func:`group_score_topk` scores; only the best group_topk groups
+    stay."""
     if not m.num_groups:
         return jax.lax.top_k(scores, m.topk)
     N, E = scores.shape
     G = m.num_groups
     grouped = scores.reshape(N, G, E // G)
-    group_score = jax.lax.top_k(grouped, m.topk // m.group_topk)[0].sum(-1)
+    group_score = jax.lax.top_k(grouped, group_score_topk(m))[0].sum(-1)
     _, kept = jax.lax.top_k(group_score, m.group_topk)
     keep = jnp.any(jax.nn.one_hot(kept, G, dtype=jnp.bool_), axis=1)          # [N, G]
     masked = jnp.where(jnp.repeat(keep, E // G, axis=1), scores, -jnp.inf)
@@ -366,9 +383,10 @@ def sinkhorn_routing(logits, m: MoEConfig, train: bool):
 
 def aux_scores(logits, m: MoEConfig):
     """(scores [N, E], 0/1 routing map [N, E]) for the aux losses: unbiased scores over all
-    experts (softmax, or sum-normalised sigmoid/sqrtsoftplus) with their own top-k map."""
+    experts (softmax, or sigmoid/sqrtsoftplus sum-normalised over the experts whatever topk,
+    as Megatron's compute_routing_scores_for_aux_loss) with their own top-k map."""
     s = _score(m.score_function, logits)
-    if m.score_function != "softmax" and m.topk > 1:
+    if m.score_function != "softmax":
         s = s / (s.sum(-1, keepdims=True) + 1e-20)
     _, idx = jax.lax.top_k(s, m.topk)
     return s, jax.nn.one_hot(idx, s.shape[-1], dtype=jnp.float32).sum(1)

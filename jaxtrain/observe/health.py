@@ -34,7 +34,9 @@ Like pgs, everything is measured at logged steps only (multiples of ``log_interv
   first tier-3 step (pgs's snapshot; only norms are kept). ``warnings`` counts stable rank < 3,
   norm ratio > 100 and drift > 0.5, each also logged.
 
-The gradients are taken after the step's update (the train step's own are gone by then); the
+Every pass runs the training loss (:func:`jaxtrain.loss.model_loss`) on the train state's
+quantization state, so FP8 delayed scaling measures with the training scales. The gradients
+are taken after the step's update (the train step's own are gone by then); the
 tier-2 pass holds two float32 gradient copies besides the state, and its time shows in the
 step_time of the step that follows it. The knobs' pgs defaults (10 and 100) apply to pgs configs
 only; in other dialects the tiers run when their knob is set, so Megatron and MaxText runs pay
@@ -54,9 +56,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtrain.loss import row_losses
+from jaxtrain.loss import model_hidden, model_loss
 from jaxtrain.models.params import ParamSpec, param_specs
-from jaxtrain.models.transformer import hidden_states, logits_head
+from jaxtrain.models.transformer import logits_head
 from jaxtrain.observe.memory import device_memory_stats
 
 log = logging.getLogger("jaxtrain.observe.health")
@@ -197,15 +199,10 @@ def _functions(model_cfg, loss_chunks: int, half_precision: bool, layout, params
     ranked = stable_rank_sample(weights)
     order = [path for path, _ in _walk(param_specs(model_cfg))]
 
-    def hidden(params, micro):
-        return hidden_states(params, micro["tokens"], model_cfg, positions=micro.get("positions"),
-                             segment_ids=micro.get("segment_ids"), deterministic=True)
-
-    def grad(params, micro, w):
-        def loss(p):
-            sums, _ = row_losses(p, hidden(p, micro), micro["targets"], w, model_cfg,
-                                 num_chunks=loss_chunks, half_precision=half_precision)
-            return jnp.sum(sums)
+    def grad(params, micro, w, quant_state):
+        def loss(p):   # the training loss, on the training quantization scales
+            return model_loss(p, micro, w, model_cfg, quant_state=quant_state,
+                              num_chunks=loss_chunks, half_precision=half_precision)[0]
         return jax.tree.map(lambda g: g.astype(jnp.float32), jax.grad(loss)(params))
 
     def sample(tree):
@@ -218,7 +215,7 @@ def _functions(model_cfg, loss_chunks: int, half_precision: bool, layout, params
             left -= parts[-1].size
         return jnp.concatenate(parts)
 
-    def tier2(params, batch):
+    def tier2(params, batch, quant_state):
         params = to_device(params)
         with ctx():
             M, B = batch["tokens"].shape[:2]
@@ -235,7 +232,7 @@ def _functions(model_cfg, loss_chunks: int, half_precision: bool, layout, params
 
             def body(carry, x):
                 micro, weights, which = x
-                g = grad(params, micro, weights)
+                g = grad(params, micro, weights, quant_state)
                 return tuple(jax.tree.map(lambda a, b, h=h: a + jnp.where(which == h, b, 0.0),
                                           acc, g) for h, acc in enumerate(carry)), None
 
@@ -267,11 +264,11 @@ def _functions(model_cfg, loss_chunks: int, half_precision: bool, layout, params
         return {_NORMS: jnp.concatenate(norms),
                 _RANKS: jnp.stack(ranks) if ranks else jnp.zeros((0,), jnp.float32)}
 
-    def entropy(params, batch, step):
+    def entropy(params, batch, step, quant_state):
         params = to_device(params)
         with ctx():
             micro = {k: v[-1] for k, v in batch.items()}
-            h = hidden(params, micro)
+            h, _ = model_hidden(params, micro, model_cfg, quant_state=quant_state)
             B, T, D = h.shape
             k = min(ENTROPY_TOKENS, B * T)
             key = jax.random.fold_in(jax.random.key(seed), step)
@@ -344,16 +341,18 @@ class Health:
         return (self.rl_readiness and step % self.log_interval == 0) or self.tier2_due(step) \
             or self.tier3_due(step)
 
-    def fields(self, step: int, params, batch: dict) -> dict:
-        """Dispatch the metrics due at ``step`` for the step's ``params`` and ``batch``."""
+    def fields(self, step: int, params, batch: dict, quant_state=None) -> dict:
+        """Dispatch the metrics due at ``step`` for the step's ``params`` and ``batch``;
+        ``quant_state`` is the train state's quantization state (``TrainState.fp8``), so the
+        forward passes use the training scales."""
         tier2, compare, tier3, entropy = _functions(*self._args)
         out: dict[str, Any] = {}
         if self.rl_readiness and step % self.log_interval == 0:
-            out.update(entropy(params, batch, jnp.int32(step)))
+            out.update(entropy(params, batch, jnp.int32(step), quant_state))
         if self.tier2_due(step):
             M, B = batch["tokens"].shape[:2]
             if M * B >= 2:
-                got = tier2(params, batch)
+                got = tier2(params, batch, quant_state)
                 now = got.pop("sample")
                 if self._previous is not None:
                     got["health/grad_cosine_sim"] = compare(now, self._previous)

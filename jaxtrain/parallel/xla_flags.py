@@ -93,15 +93,26 @@ def _param_bytes(cfg) -> int:
     return jnp.dtype(_value(cfg, "weight_dtype")).itemsize
 
 
-def _params_per_shard(cfg) -> int:
-    """Parameters one model-parallel shard holds (what one DP bucket set covers)."""
+def accelerator_of(platform: str | None) -> str:
+    """The model's accelerator kind ('cpu', 'cuda', 'rocm') for a platform name, decided from
+    the name alone (a generic 'gpu' counts as CUDA): nothing asks JAX, so no backend starts."""
+    name = (platform or "").split(",")[0].strip().lower()
+    if platform_kind(platform=name or None) == "cpu":
+        return "cpu"
+    return "rocm" if name == "rocm" else "cuda"
+
+
+def _params_per_shard(cfg, platform: str | None = None) -> int:
+    """Parameters one model-parallel shard holds (what one DP bucket set covers). Counted
+    from the model knobs without starting the JAX backend (the flags are not written yet)."""
     import jax
 
-    from jaxtrain.models.config import ModelConfig
+    from jaxtrain.models.config import ModelConfig, assumed_accelerator
     from jaxtrain.models.params import param_specs
 
     try:
-        specs = param_specs(ModelConfig.from_config(cfg))
+        with assumed_accelerator(accelerator_of(platform or platform_kind(cfg))):
+            specs = param_specs(ModelConfig.from_config(cfg))
     except (ValueError, KeyError) as e:
         raise ConfigError(f"ddp_num_buckets needs the model's parameter count, which this "
                           f"config does not give ({e}); set ddp_bucket_size instead") from None
@@ -127,15 +138,15 @@ def _check(cfg) -> None:
         raise ConfigError(f"distributed_timeout_minutes must be at least 1, got {minutes}")
 
 
-def _bucket_elements(cfg, num_params: int | None) -> int | None:
+def _bucket_elements(cfg, num_params: int | None, platform: str | None) -> int | None:
     size, count = _value(cfg, "ddp_bucket_size"), _value(cfg, "ddp_num_buckets")
     if count is None:
         return size
-    params = num_params if num_params is not None else _params_per_shard(cfg)
+    params = num_params if num_params is not None else _params_per_shard(cfg, platform)
     return math.ceil(params / count)
 
 
-def _gpu_flags(cfg, num_params: int | None) -> dict[str, str]:
+def _gpu_flags(cfg, num_params: int | None, platform: str | None = None) -> dict[str, str]:
     flags: dict[str, str] = {}
     if _value(cfg, "overlap_grad_reduce"):
         flags.update({LHS: "true", PIPELINED_AR: "true", PIPELINED_RS: "true"})
@@ -144,7 +155,7 @@ def _gpu_flags(cfg, num_params: int | None) -> dict[str, str]:
     if _value(cfg, "overlap_param_gather_with_optimizer_step"):
         flags[LHS] = "true"
 
-    bucket = _bucket_elements(cfg, num_params)
+    bucket = _bucket_elements(cfg, num_params, platform)
     if bucket is not None:
         grad, param = bucket * _grad_bytes(cfg), bucket * _param_bytes(cfg)
         flags.update({AR_THRESHOLD: str(grad), RS_THRESHOLD: str(grad), AG_THRESHOLD: str(param)})
@@ -180,8 +191,8 @@ def xla_flags(cfg: Mapping[str, Any], platform: str, *, num_params: int | None =
     """
     _check(cfg)
     kind = platform_kind(platform=platform)
-    flags = _cpu_flags(cfg) if kind == "cpu" else _gpu_flags(cfg, num_params) if kind == "gpu" \
-        else {}
+    flags = _cpu_flags(cfg) if kind == "cpu" else _gpu_flags(cfg, num_params, platform) \
+        if kind == "gpu" else {}
     return [f"--{name}={value}" for name, value in flags.items()]
 
 

@@ -11,7 +11,7 @@ from jaxtrain.config import load_config, registry
 
 def test_help(cli):
     code, out, _ = cli("--help")
-    assert code == 0 and "usage: python -m jaxtrain.train CONFIG" in out
+    assert code == 0 and "usage: python -m jaxtrain.train [CONFIG]" in out
 
 
 def test_dry_run_prints_every_canonical_key(write, cli):

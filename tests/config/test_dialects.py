@@ -65,7 +65,7 @@ def test_primus_megatron_experiment(write, monkeypatch):
     assert cfg["num_layers"] == 6 and "models.pre_train.overrides" in cfg.origin("num_layers")
     assert cfg["lr"] == 3e-4 and cfg["global_batch_size"] == 64
     assert cfg["kv_channels"] == 32 and cfg.origin("kv_channels") == "derived"
-    assert cfg.dialect is None
+    assert cfg.dialect == "primus"
 
 
 def test_primus_maxtext_framework_uses_maxtext_defaults(write):
@@ -130,14 +130,33 @@ def test_command_line_forms(write):
 
 
 def test_precedence_default_preset_base_file_cli(write):
+    """A Megatron file: registry defaults < model preset < base config < file < command line."""
     write("models/p.yaml", "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n")
-    write("base.yml", "num_layers: 3\nhidden_size: 96\n")
-    path = write("run.yml", "base_config: base.yml\nmodel_name: models/p\nnum_layers: 5\n")
+    write("common.yml", "num_layers: 3\nhidden_size: 96\n")
+    path = write("run.yml", "base_config: common.yml\nmodel_name: p\nnum_layers: 5\n")
     cfg = resolved(path, "num_layers=6")
-    assert cfg["num_attention_heads"] == 4 and "model preset" in cfg.origin("num_attention_heads")
+    assert cfg.dialect == "megatron"
+    assert cfg["num_attention_heads"] == 4 and "model_name p" in cfg.origin("num_attention_heads")
     assert cfg["hidden_size"] == 96 and cfg["num_layers"] == 6
     assert resolved(path)["num_layers"] == 5
     assert resolved(None)["num_layers"] == 24
+
+
+def test_maxtext_precedence_puts_the_model_file_over_the_files(write):
+    """MaxText: base.yml < the config chain < models/<model_name>.yml < the command line."""
+    write("models/p.yml", "base_num_decoder_layers: 2\nbase_emb_dim: 64\n"
+          "base_num_query_heads: 4\nbase_num_kv_heads: 4\n")
+    write("base.yml", "base_num_decoder_layers: 3\nbase_emb_dim: 96\nsteps: 9\n")
+    path = write("run.yml", "base_config: base.yml\nmodel_name: p\n"
+                            "base_num_decoder_layers: 5\nsteps: 7\n")
+    cfg = resolved(path, "base_num_decoder_layers=6")
+    assert cfg.dialect == "maxtext"
+    assert cfg["num_layers"] == 6 and cfg["hidden_size"] == 64
+    assert cfg["train_iters"] == 7 and cfg.origin("train_iters") == str(path)
+    assert cfg.origin("train_iters") != "default" and "base.yml" in resolved(
+        write("bare.yml", "base_config: base.yml\n")).origin("train_iters")
+    quiet = resolved(path)
+    assert quiet["num_layers"] == 2 and "model_name p" in quiet.origin("num_layers")
 
 
 def test_aliases_agreeing_in_one_file_are_fine(write):

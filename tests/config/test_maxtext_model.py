@@ -75,7 +75,7 @@ def test_maxtext_defaults_in_maxtext_files_only(write):
                  "base_num_kv_heads: 4\n")[1].kv_channels == 128
     # Megatron's defaults are untouched
     meg = load_config(None, ["vocab_size=1000"])
-    assert meg.dialect is None and meg["normalization"] == "LayerNorm" and meg["num_layers"] == 24
+    assert meg.dialect == "megatron" and meg["normalization"] == "LayerNorm" and meg["num_layers"] == 24
     assert meg["kv_channels"] == 64 and not meg["group_query_attention"]
     assert meg["float32_logits"] is None and meg["decoder_block"] is None
 

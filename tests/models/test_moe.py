@@ -79,8 +79,13 @@ def test_group_limited_routing():
     m = cfg_(num_groups=4, group_topk=1, topk=2, score_function="sigmoid")
     _, idx = M.topk_routing(jnp.asarray(row), m)       # top-2 sums: 5-9=-4, 6, 5.8, -18
     assert sorted(np.asarray(idx)[0].tolist()) == [2, 3]
+    m = cfg_(num_groups=4, group_topk=1, topk=2, score_function="sigmoid", group_score_topk=1)
+    _, idx = M.topk_routing(jnp.asarray(row), m)       # HF-style fixed count: top-1 sums win
+    assert sorted(np.asarray(idx)[0].tolist()) == [0, 1]
     with pytest.raises(ValueError, match="divisible by num_groups"):
         cfg_(num_groups=3, group_topk=1)
+    with pytest.raises(ValueError, match="group_score_topk 3"):
+        cfg_(num_groups=4, group_topk=2, group_score_topk=3)
 
 
 def test_invalid_combinations_are_refused():

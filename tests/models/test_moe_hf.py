@@ -1,5 +1,6 @@
 """Mixtral and Qwen3-MoE: logit parity with `transformers` (fp32, tiny random configs) through
 from_hf, round trip through to_hf, both checkpoint layouts of the experts, refused exports."""
+import dataclasses
 import json
 
 import jax
@@ -133,8 +134,23 @@ _DSV3 = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_
              routed_scaling_factor=2.5, norm_topk_prob=True)
 
 
-def _deepseek_moe_model(path):
-    model = tr.DeepseekV3ForCausalLM(tr.DeepseekV3Config(**_DSV3,
+# HF scores a group by the sum of its top-2 experts whatever num_experts_per_tok; Megatron by
+# its top num_experts_per_tok // topk_group. The first config agrees under both rules; the others
+# import with group_score_topk 2 (HF's rule), which Megatron's rule would route differently.
+_DSV3_GROUPS = {
+    "k4_g4_top2": {},                                                         # 4 // 2 = 2
+    "k8_g8_top4": dict(n_routed_experts=32, num_experts_per_tok=8, n_group=8,
+                       topk_group=4),                                         # DeepSeek-V3's
+    "k8_g8_top2": dict(n_routed_experts=32, num_experts_per_tok=8, n_group=8,
+                       topk_group=2),                                         # 8 // 2 = 4
+    "k6_g4_top2": dict(num_experts_per_tok=6),                                # 6 // 2 = 3
+    "k2_g4_top2": dict(num_experts_per_tok=2),                                # 2 // 2 = 1
+    "k3_g4_top2": dict(num_experts_per_tok=3),                                # 3 // 2 = 1
+}
+
+
+def _deepseek_moe_model(path, **change):
+    model = tr.DeepseekV3ForCausalLM(tr.DeepseekV3Config(**{**_DSV3, **change},
                                                          attn_implementation="eager")).eval()
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -147,13 +163,18 @@ def _deepseek_moe_model(path):
     return model
 
 
-def test_deepseek_v3_moe_parity_and_round_trip(tmp_path):
-    """Group-limited sigmoid routing on score + e_score_correction_bias, renormalised and
-    scaled top-k weights, shared experts, a dense first layer; eval is dropless on both sides."""
-    model = _deepseek_moe_model(tmp_path / "hf")
+@pytest.mark.parametrize("case", list(_DSV3_GROUPS))
+def test_deepseek_v3_moe_parity_and_round_trip(case, tmp_path):
+    """Group-limited sigmoid routing on score + e_score_correction_bias (a group scored by its
+    top-2 sum, as HF scores it), renormalised and scaled top-k weights, shared experts, a dense
+    first layer; eval is dropless on both sides."""
+    change = _DSV3_GROUPS[case]
+    hf = {**_DSV3, **change}
+    model = _deepseek_moe_model(tmp_path / "hf", **change)
     cfg, params = from_hf(tmp_path / "hf")
     m = cfg.moe
-    assert (m.layer_freq, m.num_groups, m.group_topk, m.topk) == ((0, 1, 1), 4, 2, 4)
+    assert (m.layer_freq, m.num_groups, m.group_topk, m.topk, m.group_score_topk) == (
+        (0, 1, 1), hf["n_group"], hf["topk_group"], hf["num_experts_per_tok"], 2)
     assert (m.score_function, m.expert_bias, m.topk_scaling_factor, m.shared_expert_size,
             m.capacity_factor) == ("sigmoid", True, 2.5, 16, None)
     bias = params["moe_layers"]["moe"]["router"]["expert_bias"]
@@ -164,8 +185,16 @@ def test_deepseek_v3_moe_parity_and_round_trip(tmp_path):
     unbiased = jax.tree_util.tree_map_with_path(
         lambda p, a: a * 0 if "expert_bias" in jax.tree_util.keystr(p) else a, params)
     assert max_diff(fwd(unbiased, tokens(), cfg), ref) > 1e-2
+    if m.topk // m.group_topk != 2:     # Megatron's group score routes other experts here
+        megatron_rule = dataclasses.replace(cfg, moe=dataclasses.replace(m,
+                                                                         group_score_topk=None))
+        assert max_diff(fwd(params, tokens(), megatron_rule), ref) > 1e-2
+        with pytest.raises(ValueError, match="group_score_topk"):   # HF cannot express it
+            to_hf(params, megatron_rule, tmp_path / "refused")
 
     to_hf(params, cfg, tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (written["n_group"], written["topk_group"]) == (hf["n_group"], hf["topk_group"])
     back = tr.AutoModelForCausalLM.from_pretrained(tmp_path / "out",
                                                    attn_implementation="eager").eval()
     assert max_diff(_logits(back, tokens()), ref) <= TOL
@@ -178,7 +207,7 @@ def test_deepseek_v3_moe_parity_and_round_trip(tmp_path):
     (dict(norm_topk_prob=False), "norm_topk_prob"),
     (dict(topk_method="group_limited_greedy"), "topk_method"),
     (dict(moe_layer_freq=2), "moe_layer_freq"),
-    (dict(num_experts_per_tok=6), "topk_group"),    # groups scored by top-3, HF by top-2
+    (dict(n_group=16, topk_group=4), "n_group"),    # groups of one expert: no top-2 in HF
 ])
 def test_deepseek_v3_moe_refusals(change, field):
     from jaxtrain.models.hf import config_from_hf

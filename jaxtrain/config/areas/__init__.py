@@ -8,6 +8,6 @@ AREAS = (
     "sft", "preprocess", "dpo", "distill",
     "data", "checkpoint",
     "logging", "profiling", "rl", "families", "inference", "resilience",
-    "megatron_lm", "primus",
+    "megatron_lm", "megatron_lm_train", "megatron_lm_infer", "primus", "primus_models",
     "maxtext_model", "maxtext_train", "maxtext_runtime", "maxtext_serving",
 )

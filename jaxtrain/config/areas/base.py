@@ -25,7 +25,9 @@ KNOBS = [
       "base.yml means the built-in defaults.", "maxtext", HONORED, doc_defaults={"maxtext": None}),
     K("hardware", "str", "gpu", "Accelerator to run on: gpu, gpu_multiprocess or cpu; sets the JAX "
       "platform before any device is touched.", "maxtext", HONORED,
-      choices=("gpu", "gpu_multiprocess", "cpu")),
+      choices=("gpu", "gpu_multiprocess", "cpu", "tpu"),
+      rejected_values={"tpu": "jaxtrain trains on GPUs (and on the CPU for tests); set "
+                              "hardware: gpu"}),
     K("model_name", "str", "default", "Model preset from configs/models/ to load under the file's "
       "own keys; 'default' loads none.", "maxtext", HONORED),
     K("override_model_config", "bool", True, "Let the file and command line override keys the model "

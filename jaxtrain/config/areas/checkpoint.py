@@ -17,6 +17,13 @@ _TORCH_FORMAT = ("a PyTorch checkpoint format; jaxtrain reads and writes Orbax c
                  "it with jaxtrain.models.from_hf")
 
 
+def _skip_if_off(value):
+    """MaxText save_checkpoint_on_completion is the inverse of disable_last_saving."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"
+    return (not value) if isinstance(value, (bool, int)) else value
+
+
 def _none_if_empty(value):
     """MaxText writes an empty path for "none"."""
     return None if value in ("", "None", "none") else value
@@ -56,7 +63,9 @@ KNOBS = [
                      note="None keeps all (0 here)"),), nullable=True,
       doc_defaults={"pgs-train": 5, "pgs-distill": 3}),
     K("disable_last_saving", "bool", False, "Skip the checkpoint normally written when training "
-      "ends.", "megatron", status=HONORED),
+      "ends.", "megatron", status=HONORED,
+      aliases=(Alias("save_checkpoint_on_completion", "maxtext", to_canonical=_skip_if_off,
+                     note="the opposite switch: true writes the final checkpoint"),)),
     K("train.save_final", "bool", True, "At the end, export the final model in Hugging Face format "
       "to <output_dir>/final (pgs configs, or any config that sets it).", "pgs-train",
       status=HONORED),
@@ -159,7 +168,9 @@ KNOBS = [
     K("ckpt_fully_parallel_save", "bool", True, "Megatron: spread the writing of replicated "
       "shards over data-parallel ranks.", "megatron", INERT,
       "Orbax already writes each array shard once, from one replica; there is no torch_dist "
-      "save strategy to pick and files hold the same values either way"),
+      "save strategy to pick and files hold the same values either way",
+      aliases=(Alias("fully_parallel_save", "primus",
+                     note="the name Primus's SFT preset writes"),)),
     K("ckpt_fully_parallel_save_deprecated", "bool", False, "Megatron's retired "
       "--ckpt-fully-parallel-save switch.", "megatron", INERT,
       "deprecated and without effect in Megatron too"),

@@ -6,6 +6,18 @@ _BACKENDS = ("nccl", "gloo")
 _SHARP_GROUPS = ("dp", "dp_replica")
 
 _RUNTIME = "JAX's runtime: jax.distributed.initialize"
+
+
+def _seconds_to_minutes(value):
+    """MaxText's jax_distributed_initialization_timeout is in seconds; whole minutes, rounded up."""
+    try:
+        if value is not None and not isinstance(value, bool):
+            return -(-int(float(value)) // 60)
+    except (TypeError, ValueError):
+        pass
+    return value
+
+
 _NCCL_ENV = ("XLA creates and tunes its own NCCL/RCCL communicators; set NCCL_* environment "
              "variables for the job instead")
 
@@ -19,7 +31,11 @@ KNOBS = [
       "start-up and in collectives, in minutes.", "megatron", MAPPED,
       "jax.distributed.initialize(initialization_timeout=minutes x 60 s) at start-up; on CPU also "
       "the gloo collective timeout (--xla_cpu_collective_timeout_seconds); XLA's GPU collectives "
-      "(NCCL/RCCL) take no timeout"),
+      "(NCCL/RCCL) take no timeout",
+      aliases=(Alias("jax_distributed_initialization_timeout", "maxtext",
+                     to_canonical=_seconds_to_minutes,
+                     note="MaxText's jax.distributed.initialize timeout in seconds (rounded up "
+                          "to whole minutes)"),)),
     K("local_rank", "int", None, "This process's index on its node, normally given by the "
       "launcher.", "megatron", REJECTED,
       f"{_RUNTIME} assigns each process its local devices (from the launcher's environment or "
@@ -93,7 +109,9 @@ KNOBS = [
     K("use_distributed_optimizer", "bool", True, "Shard optimizer state and master weights over "
       "the data-parallel devices (ZeRO-1).", "megatron", status=HONORED),
     K("num_distributed_optimizer_instances", "int", 1, "Split the data-parallel group into this "
-      "many replicas, each sharding the optimizer state.", "megatron", status=HONORED),
+      "many replicas, each sharding the optimizer state.", "megatron", status=HONORED,
+      aliases=(Alias("data_parallel_replicate_degree", "primus",
+                     note="Primus's HSDP replica count, which it maps onto this knob"),)),
     K("overlap_param_gather", "bool", False, "Overlap the parameter all-gather of the sharded "
       "optimizer with the next forward pass.", "megatron", MAPPED,
       "on GPU: --xla_gpu_enable_latency_hiding_scheduler=true (async parameter all-gathers "
@@ -136,7 +154,9 @@ KNOBS = [
     K("keep_fp8_transpose_cache_when_using_custom_fsdp", "bool", False, "Keep Transformer "
       "Engine's fp8 transposed-weight cache under FSDP.", "megatron", INERT,
       "a Transformer Engine cache of fp8 weight transposes; XLA forms transposes inside the "
-      "compiled step, so there is no cache to keep"),
+      "compiled step, so there is no cache to keep",
+      aliases=(Alias("keep_fp8_transpose_cache", "megatron-lm",
+                     note="Megatron-LM's current name"),)),
 
     # Local-checkpoint replication
     K("replication", "bool", False, "Replicate local (non-persistent) checkpoints onto other "

@@ -1,5 +1,5 @@
 """Generation engine limits, dynamic batching, decode kernels; CUDA graphs and BERT embedders."""
-from jaxtrain.config.knob import K, REJECTED
+from jaxtrain.config.knob import Alias, K, REJECTED
 
 _M = "megatron"
 _CUDA_GRAPH = ("CUDA graphs do not exist in jaxtrain: XLA compiles each whole step once with jit "
@@ -29,9 +29,13 @@ KNOBS = [
     K("inference_dynamic_batching_buffer_overflow_factor", "float", None, "Factor over the buffer "
       "size used to derive the request and token limits.", _M),
     K("inference_dynamic_batching_max_requests_override", "int", None, "Fixed limit on requests in "
-      "flight, replacing the derived one.", _M),
+      "flight, replacing the derived one.", _M,
+      aliases=(Alias("inference_dynamic_batching_max_requests", "megatron-lm",
+                     note="Megatron-LM's current name"),)),
     K("inference_dynamic_batching_max_tokens_override", "int", None, "Fixed limit on tokens in "
-      "flight, replacing the derived one.", _M),
+      "flight, replacing the derived one.", _M,
+      aliases=(Alias("inference_dynamic_batching_max_tokens", "megatron-lm",
+                     note="Megatron-LM's current name"),)),
 
     # Decode kernel
     K("flash_decode", "bool", False, "Use a flash-decoding attention kernel for one-token decode "
@@ -46,7 +50,9 @@ KNOBS = [
       REJECTED, _CUDA_GRAPH),
     K("cuda_graph_scope", "str|list[str]", "full", "Part of the model captured in CUDA graphs "
       "(whole layer, attention, whole iteration, ...).", _M, REJECTED, _CUDA_GRAPH,
-      choices=_SCOPES),
+      choices=_SCOPES,
+      aliases=(Alias("cuda_graph_scope_deprecated", "megatron-lm",
+                     note="Megatron-LM's dest of the hidden --cuda-graph-scope flag"),)),
 
     # BERT embedders
     K("output_bert_embeddings", "bool", False, "Return mean-pooled BERT embeddings instead of the "

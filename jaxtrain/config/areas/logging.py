@@ -90,17 +90,22 @@ KNOBS = [
 
     # Weights & Biases
     K("disable_wandb", "bool", True, "Turn the Weights & Biases writer off (Primus switch).", _M,
-      status=HONORED),
+      status=HONORED,
+      aliases=(Alias("enable_wandb", "maxtext", to_canonical=_negate,
+                     note="the opposite switch: true writes to Weights & Biases"),)),
     K("logging.use_wandb", "bool", True, "Mirror the logged metrics to Weights & Biases; a tracker "
       "failure only warns.", _PGS, status=HONORED, doc_defaults={"pgs-distill": False}),
     K("wandb_project", "str", None, "Weights & Biases project the run is logged under.", _M,
       status=HONORED,
       doc_defaults={"pgs-train": "palingenesis", "pgs-distill": "palingenesis-opd"},
-      aliases=(Alias("logging.project", _PGS, note="also names the trackio project"),)),
+      aliases=(Alias("logging.project", _PGS, note="also names the trackio project"),
+               Alias("wandb_project_name", "maxtext"))),
     K("wandb_exp_name", "str", None, "Weights & Biases run name; null lets the trainer derive one.",
       _M, status=HONORED,
       aliases=(Alias("logging.run_name", _PGS, to_canonical=_empty_to_none,
-                     note="an empty name means automatic"),)),
+                     note="an empty name means automatic"),
+               Alias("wandb_run_name", "maxtext", to_canonical=_empty_to_none,
+                     note="an empty name means automatic"))),
     K("wandb_save_dir", "str", None, "Local directory for Weights & Biases files; null uses "
       "the run directory.", _M, status=HONORED),
     K("wandb_entity", "str", None, "Weights & Biases team or user that owns the project.", _M,

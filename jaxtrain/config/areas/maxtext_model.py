@@ -1,2 +1,334 @@
-"""(being written)"""
-KNOBS = []
+"""MaxText model keys beyond the mapped llama2/mistral/mixtral blocks: other families' layers,
+attention variants, MoE details, MLA extras, position encodings, norms and model quantization.
+
+Canonical keys are MaxText's own (configs/base.yml); defaults are its base.yml values. Keys that
+only MaxText's other decoder blocks read (gemma, llama4, qwen3-next/3.5, olmo3, DeepSeek V3.2/V4)
+are planned for issue 25; kernel tuning for those lives in maxtext_runtime.
+"""
+from jaxtrain.config.knob import INERT, MAPPED, REJECTED, Alias, K
+
+_MT = "maxtext"
+_FAMILIES = 25
+
+
+def _family(key, type_, default, meaning, family, **kw):
+    """A key read only by MaxText decoder blocks of families that issue 25 builds."""
+    return K(key, type_, default, meaning, _MT, reason=f"read only by MaxText's {family}, which "
+             "jaxtrain does not build yet", issue=_FAMILIES, **kw)
+
+
+def _block_only(key, type_, default, meaning, block, instead, **kw):
+    """A key read only by a MaxText decoder block that jaxtrain refuses (decoder_block)."""
+    return K(key, type_, default, meaning, _MT, REJECTED,
+             f"read only by MaxText's {block} block, which jaxtrain does not build; {instead}",
+             **kw)
+
+
+_NO_VALUE_CHANGE = "the computed values are the same either way"
+_NNX = ("selects between MaxText's Flax NNX and Linen model code, which compute the same model; "
+        "jaxtrain has one pure-JAX model")
+_YARN = "MaxText's YaRN rotary embedding (rope_type yarn, DeepSeek/Kimi/gpt-oss/olmo3 presets)"
+_REMAT = ("remat_policy custom: MaxText's checkpoint name for {what}; jaxtrain's layer does not "
+          "tag that tensor yet, so only remat (recompute) is available")
+_REMAT_CHOICES = ("remat", "device", "offload")
+
+KNOBS = [
+    # --- size and shape details of other blocks ---
+    _family("dense_init_scale", "float", 1.0, "Scale of the truncated-normal fan-in initialiser "
+            "of the dense layers in MaxText's llama4, DeepSeek, gpt-oss and envy blocks.",
+            "llama4/DeepSeek/gpt-oss/envy blocks"),
+    _block_only("attention_output_dim", "int", -1, "Width of the attention block's output "
+                "projection when positive (MaxText's qwen3_custom block); -1 keeps emb_dim.",
+                "qwen3_custom", "leave it at -1"),
+    _family("global_head_dim", "int", 0, "Query/key head width of the global-attention layers "
+            "of Gemma 4; 0 uses head_dim.", "gemma4 block"),
+    _family("global_num_kv_heads", "int", 0, "Key/value-head count of Gemma 4's global-attention "
+            "layers; 0 uses num_kv_heads.", "gemma4 block"),
+    K("mlp_activations_limit", "float", -1.0, "Clip the MoE expert activations to at most this "
+      "value (gpt-oss style clamp); -1 leaves them unclipped.", _MT,
+      reason="jaxtrain's expert MLP has no activation clamp yet"),
+    _family("inhomogeneous_layer_cycle_interval", "int", 1, "Length of the repeating pattern of "
+            "unlike layers that is scanned as one block (llama4, qwen3.5: e.g. 4 for dense/MoE "
+            "alternation).", "llama4/qwen3.5 blocks"),
+    _family("interleave_moe_layer_step", "int", 1, "llama4/envy: every this-many-th layer is an "
+            "MoE layer, the others dense.", "llama4/envy blocks"),
+    _family("nope_layer_interval", "int", -1, "llama4: every this-many-th layer skips RoPE "
+            "(NoPE); -1 gives every layer RoPE.", "llama4 block"),
+    _family("hidden_size_per_layer_input", "int", 0, "Gemma 4 small: inner width of the "
+            "per-layer-embedding sub-block added to each layer; 0 disables it.",
+            "gemma4_small block"),
+    _family("vocab_size_per_layer_input", "int", 0, "Gemma 4 small: vocabulary of the per-layer "
+            "input embedding table; 0 disables it.", "gemma4_small block"),
+    _family("num_kv_shared_layers", "int", 0, "Gemma 4 small: trailing layers that reuse the "
+            "keys/values of the last earlier layer of the same attention type.",
+            "gemma4_small block"),
+    _family("use_double_wide_mlp", "bool", False, "Gemma 4 small: KV-sharing layers get an MLP "
+            "twice as wide to make up for their missing K/V projections.", "gemma4_small block"),
+    _family("share_kv_projections", "bool", False, "Gemma 4 global attention: keys and values "
+            "come from one shared projection.", "gemma4 block"),
+    _family("attention_bias", "bool", False, "Give the query/key/value projections a learned "
+            "bias (MaxText reads it in its qwen2, olmo3 and gpt-oss blocks only).",
+            "qwen2/olmo3/gpt-oss blocks"),
+    K("mlp_bias", "bool", False, "Give the MoE expert matmuls learned biases (added for "
+      "gpt-oss).", _MT, reason="jaxtrain's experts have no biases yet (add_bias_linear gives "
+      "every linear layer one, which is a different model)"),
+
+    # --- norms of other blocks ---
+    _family("qk_norm_with_scale", "bool", True, "With query/key norms (use_qk_norm), give them a "
+            "learned scale; false normalises without one.", "qwen3/gemma3/olmo3 blocks"),
+    _family("v_norm_with_scale", "bool", True, "With a value norm (Gemma 4), give it a learned "
+            "scale.", "gemma4 block"),
+
+    # --- attention variants ---
+    _family("chunk_attn_window_size", "int", 0, "llama4 chunked attention: tokens attend only "
+            "within blocks of this many positions; 0 disables.", "llama4 block"),
+    K("causal_block_size", "int", 32, "Block diffusion: positions per block that attend to each "
+      "other both ways (block-causal mask).", _MT, REJECTED, "block diffusion (diffusion LM "
+      "training) is outside jaxtrain, which trains causal next-token models"),
+    _family("temperature_tuning", "bool", False, "llama4: scale queries by a length-dependent "
+            "temperature for long contexts.", "llama4 block and MLA with it"),
+    K("moba", "bool", False, "Mixture of Block Attention: each query attends to the top-k "
+      "key/value chunks a gate picks, plus its own chunk.", _MT, issue=None,
+      reason="block-sparse MoBA attention is not built in jaxtrain"),
+    K("moba_chunk_size", "int", 1024, "MoBA: tokens per key/value chunk.", _MT, issue=None),
+    K("moba_topk", "int", 8, "MoBA: chunks each query selects.", _MT, issue=None),
+
+    # --- DeepSeek sparse attention (V3.2 indexer) ---
+    _family("use_indexer", "bool", False, "DeepSeek V3.2 sparse attention: a light indexer "
+            "scores past tokens and each query attends to its top-k of them.",
+            "DeepSeek V3.2 MLA with indexer"),
+    _family("indexer_head_dim", "int", 128, "Indexer: width of its query/key heads.",
+            "DeepSeek V3.2 indexer"),
+    _family("indexer_n_heads", "int", 64, "Indexer: number of its query heads.",
+            "DeepSeek V3.2 indexer"),
+    _family("indexer_topk", "int", 2048, "Indexer: tokens each query keeps.",
+            "DeepSeek V3.2 indexer"),
+    _family("indexer_use_approx_top_k", "bool", False, "Indexer: pick the top-k with the "
+            "approximate (TPU) top-k instead of the exact one.", "DeepSeek V3.2 indexer"),
+    _family("indexer_approx_top_k_recall", "float", 0.95, "Indexer: recall target of the "
+            "approximate top-k.", "DeepSeek V3.2 indexer"),
+    _family("indexer_mask_exact_topk", "bool", True, "Indexer: break ties so that exactly k "
+            "tokens stay visible; false thresholds and may keep more.", "DeepSeek V3.2 indexer"),
+    _family("indexer_sparse_training", "bool", False, "Indexer loss over the top-k tokens with "
+            "the indexer input detached (sparse stage); false: over all tokens (dense warm-up).",
+            "DeepSeek V3.2 indexer"),
+    _family("indexer_loss_scaling_factor", "float", 0.0, "Weight of the indexer's KL loss "
+            "against the main attention; 0 adds none.", "DeepSeek V3.2 indexer"),
+    K("mla_qk_head_chunk_size", "int", 0, "Compute the indexer's query-key product a chunk of "
+      "heads at a time to save memory; 0 does all heads at once.", _MT, INERT,
+      "a memory/time trade-off of how the product is evaluated; " + _NO_VALUE_CHANGE),
+
+    # --- MLA extras ---
+    K("use_sliced_mla_proj", "bool", False, "MLA: slice the projection weights before the "
+      "contraction instead of projecting whole and splitting the result.", _MT, INERT,
+      "two ways of evaluating the same projections; " + _NO_VALUE_CHANGE),
+    _family("compressed_rope_max_timescale", "int", 160_000, "RoPE base period of DeepSeek V4's "
+            "compressed sparse/heavy attention layers (used when positive).",
+            "DeepSeek V4 compressed attention"),
+    K("use_qk_clip", "bool", False, "QK-Clip (MuonClip): after each update, shrink query/key "
+      "weights of heads whose largest attention logit passed qk_clip_threshold.", _MT,
+      issue=None, reason="QK-Clip is not built in jaxtrain"),
+    _family("mtp_eval_target_module", "int", 0, "Multi-token prediction: which MTP head "
+            "(1-based) evaluation uses for its acceptance-rate metrics; 0 none.",
+            "multi-token-prediction layers"),
+    _family("first_num_hash_layers", "int", 0, "DeepSeek V4: leading MoE layers that route by "
+            "a fixed token-id hash instead of the router; 0 disables.", "DeepSeek V4 block"),
+
+    # --- MoE details ---
+    K("float32_weight_sum", "bool", True, "MoE: add up the chosen experts' weighted outputs in "
+      "float32.", _MT, issue=None, reason="jaxtrain combines expert outputs in the compute "
+      "dtype; a float32 combine is not built yet"),
+    K("megablox", "bool", True, "MoE: compute the experts with the megablox grouped-matmul "
+      "kernel (false: jax.lax.ragged_dot).", _MT, MAPPED, "jaxtrain computes the experts with "
+      "its own grouped expert matmul whichever kernel is named; " + _NO_VALUE_CHANGE),
+    K("sparse_matmul", "bool", True, "MoE: sort tokens by expert and run grouped matmuls; false "
+      "runs MaxText's dense one-hot einsum path.", _MT, MAPPED, "jaxtrain always runs the "
+      "sorted grouped computation (its dropless expert matmul); without token dropping the "
+      "dense path computes the same values"),
+    K("num_moe_token_chunks", "int", 1, "Ring-of-experts: split each shard's tokens into this "
+      "many chunks so communication of one overlaps the expert matmul of the previous.", _MT,
+      INERT, "an overlap schedule of the expert-parallel exchange; " + _NO_VALUE_CHANGE),
+    K("moe_chunk_barrier", "bool", False, "Profiling aid: fence each ring-of-experts chunk on "
+      "the previous one so they run one after another.", _MT, INERT,
+      "an optimisation barrier for profiling; " + _NO_VALUE_CHANGE),
+    K("ragged_buffer_factor", "float", -1.0, "MoE: size the routed-token buffer as this multiple "
+      "of the balanced share, dropping overflow; negative means worst case (no dropping).",
+      _MT, issue=None, reason="buffer-bound token dropping is not built; jaxtrain's experts "
+      "drop by capacity only (moe_expert_capacity_factor)"),
+    _block_only("moe_expert_input_dim", "int", -1, "Width of the tokens entering the MoE "
+                "experts when positive (qwen3_custom); -1 uses emb_dim.", "qwen3_custom",
+                "leave it at -1"),
+    K("use_random_routing", "bool", False, "Debug aid: send each token to randomly drawn "
+      "experts instead of the router's choice.", _MT, issue=None,
+      reason="random routing is not built (moe_router_force_load_balancing is Megatron's "
+      "balanced-routing aid)"),
+    K("use_custom_sort_vjp", "bool", True, "MoE: use MaxText's hand-written backward pass of the "
+      "token sort.", _MT, INERT, "a faster backward of the same permutation; "
+      + _NO_VALUE_CHANGE),
+    K("use_ring_of_experts", "bool", False, "Expert parallelism by all-gathering tokens around "
+      "the expert ring and reduce-scattering results instead of all-to-all.", _MT, INERT,
+      "another communication pattern for the same routed computation; jaxtrain's dispatcher is "
+      "chosen by moe_token_dispatcher_type and " + _NO_VALUE_CHANGE),
+    K("num_moe_emb_chunks", "int", 0, "Split the token all-gather along the embedding dimension "
+      "to overlap it with the grouped matmul; 0 disables.", _MT, INERT,
+      "an overlap schedule; " + _NO_VALUE_CHANGE),
+    K("merge_gating_gmm", "bool", False, "MoE: run the two gated input projections as one "
+      "grouped matmul.", _MT, INERT, "a fusion of the same matmuls; " + _NO_VALUE_CHANGE),
+    _family("norm_topk_prob", "bool", False, "Renormalise the chosen experts' routing weights to "
+            "sum to one (Qwen3 MoE).", "qwen3 MoE blocks"),
+    K("use_batch_split_schedule", "bool", False, "DeepSeek: split the batch into micro-batches "
+      "so expert all-to-all overlaps compute of the other half.", _MT, issue=26,
+      reason="an overlap schedule of MaxText's DeepSeek block"),
+    K("batch_split_factor", "int", 1, "With use_batch_split_schedule: number of micro-batches.",
+      _MT, issue=26),
+    K("activations_in_float32", "bool", False, "MoE: cast expert activations to float32 before "
+      "the nonlinearity.", _MT, issue=None,
+      reason="jaxtrain's experts apply the activation in the compute dtype"),
+
+    # --- positions ---
+    K("use_untrainable_positional_embedding", "bool", False, "Add fixed sinusoidal position "
+      "embeddings to the token embeddings.", _MT, issue=None,
+      reason="sinusoidal position embeddings are not built in jaxtrain"),
+    K("trainable_position_size", "int", -1, "When positive, add a learned GPT-3 style position "
+      "table of this many positions to the token embeddings.", _MT, issue=None,
+      reason="MaxText adds the table on top of the block's own positions; jaxtrain's learned "
+      "table (position_embedding_type learned_absolute) replaces RoPE instead"),
+    _family("local_rope_max_timescale", "int", -1, "RoPE base period of the local "
+            "(sliding-window) layers when positive; otherwise rope_max_timescale serves both.",
+            "gemma3/gemma4 blocks"),
+    _family("global_rope_max_timescale", "int", -1, "Gemma 4: RoPE base period of the global "
+            "layers when positive.", "gemma4 blocks"),
+    _family("global_rope_proportion", "float", 0.25, "Gemma 4: share of each global head's "
+            "channels that RoPE rotates.", "gemma4 blocks"),
+    _family("local_rope_proportion", "float", 1.0, "Gemma 4: share of each local head's channels "
+            "that RoPE rotates.", "gemma4 blocks"),
+    _family("partial_rotary_factor", "float", 1.0, "Share of each head's channels that RoPE "
+            "rotates in MaxText's qwen3-next and multimodal-RoPE paths.",
+            "qwen3-next and qwen3-omni blocks"),
+    _family("rope_factor", "int", 40, "YaRN context-extension factor (also sets MLA's softmax "
+            "mscale).", _YARN),
+    _family("beta_fast", "int", 32, "YaRN: rotation count that bounds the extrapolated (high "
+            "frequency) channels.", _YARN),
+    _family("beta_slow", "int", 1, "YaRN: rotation count that bounds the interpolated (low "
+            "frequency) channels.", _YARN),
+    _family("rope_interleave", "bool", True, "YaRN: rotate interleaved channel pairs rather than "
+            "the two halves.", _YARN),
+    _family("rope_truncate", "bool", True, "YaRN: round the correction range outward to whole "
+            "channels.", _YARN),
+    _family("rope_attention_scaling", "bool", False, "YaRN: multiply the rotated queries/keys by "
+            "the YaRN attention factor (gpt-oss).", _YARN),
+    _family("rope_pairwise", "bool", False, "YaRN: keep the rotation as [..., pairs, 2] and "
+            "return an interleaved result (needs rope_interleave).", _YARN),
+    _family("yarn_softmax_mscale", "float", 1.0, "MaxText MLA: coefficient m of the softmax "
+            "scale factor (0.1 m ln(rope_factor) + 1)^2, applied when max_position_embeddings > "
+            "original.", "MLA with YaRN (DeepSeek/Kimi presets)",
+            aliases=(Alias("mscale", _MT, only_in=(_MT,), note=(
+                "MaxText's mscale scales MLA's softmax only (Megatron's mscale_all_dim role) and "
+                "never the rotary cos/sin, unlike Megatron's mscale")),)),
+
+    # --- other architectures ---
+    _family("gdn_conv_kernel_dim", "int", 4, "Qwen3-Next Gated DeltaNet: kernel size of its "
+            "short causal convolution.", "qwen3-next/qwen3.5 blocks"),
+    _family("gdn_key_head_dim", "int", 128, "Gated DeltaNet: width of each query/key head.",
+            "qwen3-next/qwen3.5 blocks"),
+    _family("gdn_value_head_dim", "int", 128, "Gated DeltaNet: width of each value head.",
+            "qwen3-next/qwen3.5 blocks"),
+    _family("gdn_num_key_heads", "int", 16, "Gated DeltaNet: number of query/key heads.",
+            "qwen3-next/qwen3.5 blocks"),
+    _family("gdn_num_value_heads", "int", 32, "Gated DeltaNet: number of value heads.",
+            "qwen3-next/qwen3.5 blocks"),
+    _family("gdn_chunk_size", "int", 64, "Gated DeltaNet: chunk length of its chunked parallel "
+            "scan.", "qwen3-next/qwen3.5 blocks"),
+    _family("use_qk_norm_in_gdn", "bool", True, "Gated DeltaNet: L2-normalise queries and keys "
+            "inside the delta rule.", "qwen3-next/qwen3.5 blocks"),
+    _family("mhc_expansion_rate", "int", 1, "Manifold-constrained hyper-connections: parallel "
+            "residual streams per layer; 1 is the plain residual.", "DeepSeek V4 mHC"),
+    _family("sinkhorn_iterations", "int", 20, "mHC: Sinkhorn-Knopp iterations that make the "
+            "stream-mixing matrix doubly stochastic.", "DeepSeek V4 mHC"),
+    _family("enable_mhc_lite", "bool", False, "mHC-lite: build the mixing matrix as a convex "
+            "combination of permutations instead of Sinkhorn iterations.", "DeepSeek V4 mHC"),
+    _family("engram_layers", "list[int]", [], "DeepSeek Engram: layers that get an n-gram "
+            "hash-memory branch; empty disables it.", "DeepSeek Engram"),
+    _family("engram_max_ngram_size", "int", 3, "Engram: largest n of the hashed n-grams "
+            "(2..n).", "DeepSeek Engram"),
+    _family("engram_num_heads", "int", 8, "Engram: number of hash heads.", "DeepSeek Engram"),
+    _family("engram_head_dim", "int", 1280, "Engram: width of each head's memory embedding.",
+            "DeepSeek Engram"),
+    _family("engram_vocab_bases", "list[int]", [], "Engram: smallest table size of each n-gram "
+            "order.", "DeepSeek Engram"),
+    _family("engram_kernel_size", "int", 4, "Engram: window of its temporal convolution.",
+            "DeepSeek Engram"),
+    _family("engram_seed", "int", 0, "Engram: seed of the n-gram hash functions.",
+            "DeepSeek Engram"),
+
+    # --- remat names of tensors jaxtrain's layer does not tag ---
+    K("kv_proj", "str", "remat", "remat_policy custom: where a fused key/value projection goes "
+      "(recomputed, kept on the device, or offloaded to host).", _MT, INERT,
+      "jaxtrain projects keys and values separately (key_proj, value_proj), so no fused kv_proj "
+      "tensor exists to place", choices=_REMAT_CHOICES),
+    *[K(name, "str", "remat", f"remat_policy custom: where {what} goes (recomputed, kept on the "
+        "device, or offloaded to host).", _MT, choices=_REMAT_CHOICES, issue=issue,
+        reason=_REMAT.format(what=what))
+      for name, what, issue in (
+          ("moe_mlpwi_0", "the MoE experts' first gated input projection", 26),
+          ("moe_mlpwi_1", "the MoE experts' second gated input projection", 26),
+          ("moe_mlpwo", "the MoE experts' output projection", 26),
+          ("query_wa_proj", "MLA's query down-projection", 26),
+          ("kv_wa_proj", "MLA's key/value down-projection", 26),
+          ("mla_q", "MLA's query up-projection", 26),
+          ("mla_kv", "MLA's key/value up-projection", 26),
+          ("attention_out", "the attention output", 26),
+          ("indexer_cutoff_threshold", "the sparse-attention indexer's cutoff", _FAMILIES),
+          ("engram", "the Engram branch output", _FAMILIES))],
+
+    # --- model code path ---
+    K("enable_nnx", "bool", True, "Build MaxText's model with Flax NNX (false: Linen).", _MT,
+      INERT, _NNX),
+    K("pure_nnx_decoder", "bool", True, "Use MaxText's pure-NNX decoder (false: the Linen one).",
+      _MT, INERT, _NNX),
+    K("pure_nnx", "bool", True, "Run MaxText entirely in NNX mode (false: the Linen path).", _MT,
+      INERT, _NNX),
+
+    # --- model quantization ---
+    K("constant_bound_config", "str|list", "", "fp8_full: six fixed scaling bounds for static "
+      "fp8 scaling (comma-separated); empty uses dynamic scales.", _MT, issue=None,
+      reason="static fp8 bounds are not built; jaxtrain's fp8 modes scale from the current or "
+      "a delayed amax"),
+    K("replicate_quant_scale", "bool", False, "Replicate quantization scales across devices to "
+      "avoid a slow XLA fusion under 2-D sharding.", _MT, INERT,
+      "where the scales are stored; " + _NO_VALUE_CHANGE),
+    K("quant_cfg_path", "str", "", "JSON file of per-layer settings for quantization intmp.",
+      _MT, REJECTED, "only quantization intmp reads it, and jaxtrain refuses intmp; use int8, "
+      "int4, int8w or int4w"),
+    K("save_quantized_params_path", "str", "", "Write the parameters quantized on the fly to "
+      "this path (for serving).", _MT, issue=None,
+      reason="jaxtrain does not export quantized parameters"),
+    K("use_qwix_quantization", "bool", False, "Quantize with the qwix library instead of AQT.",
+      _MT, MAPPED, "jaxtrain quantizes with its own fake-quant matmuls (jaxtrain.quant) "
+      "following the qwix recipe whichever library is named; AQT's int8 quantization of the "
+      "activation gradient is not applied (see quantization)"),
+    K("use_manual_quantization", "bool", False, "With use_batch_split_schedule: quantize the "
+      "grouped matmuls by hand in the batch-split path.", _MT, issue=26),
+    *[K(f"{part}_quantization_calibration_method", "str", "absmax", f"How qwix picks the "
+        f"quantization scale of the {what} (absmax or another calibration).", _MT, issue=None,
+        reason="jaxtrain's quantization scales by absmax only")
+      for part, what in (("weight", "weights"), ("act", "activations"),
+                         ("bwd", "backward-pass gradients"))],
+    K("quantization_local_shard_count", "int", -1, "Take quantization ranges per shard of the "
+      "contraction axis, this many shards; -1 means the number of slices.", _MT, issue=None,
+      reason="jaxtrain takes each quantization range over the whole contraction axis"),
+    K("weight_sparsity_n", "int", None, "N of N:M structured weight sparsity: at most N non-zero "
+      "values in each block of M; null disables.", _MT, issue=None,
+      reason="structured weight sparsity is not built in jaxtrain"),
+    K("weight_sparsity_m", "int", None, "M of N:M structured weight sparsity: the block length; "
+      "null disables.", _MT, issue=None),
+    K("weight_sparsity_update_step", "int", 10, "N:M sparsity: steps between mask updates.", _MT,
+      issue=None),
+    K("weight_sparsity_start_step", "int", 50, "N:M sparsity: steps before the first mask "
+      "update.", _MT, issue=None),
+    K("te_comm_gemm_overlap", "str", "disabled", "TransformerEngine collective-GEMM overlap under "
+      "tensor-sequence parallelism: disabled, mlp, or full (also attention).", _MT, INERT,
+      "TransformerEngine is not used; overlapping tensor-parallel collectives with GEMMs is "
+      "XLA's scheduling (tp_comm_overlap) and " + _NO_VALUE_CHANGE,
+      choices=("disabled", "mlp", "full")),
+]

@@ -1,14 +1,18 @@
 """pgs memory savers: chunked loss, gradient release, selective differentiation and SeCO/SpaCO."""
-from jaxtrain.config.knob import HONORED, K
+from jaxtrain.config.knob import HONORED, Alias, K
 
 _PGS = "pgs-train"
 
 KNOBS = [
     # --- chunked cross-entropy ---
     K("memory.chunked_loss", "bool", True, "Compute output-layer logits and cross-entropy chunk by "
-      "chunk along the sequence so the full logits never exist at once.", _PGS, status=HONORED),
+      "chunk along the sequence so the full logits never exist at once.", _PGS, status=HONORED,
+      aliases=(Alias("enable_fused_linear_ce", "primus",
+                     note="Primus's chunked linear + cross-entropy switch"),)),
     K("memory.loss_num_chunks", "int", 8, "Number of sequence chunks memory.chunked_loss splits "
-      "the loss into.", _PGS, status=HONORED),
+      "the loss into.", _PGS, status=HONORED,
+      aliases=(Alias("num_vocab_tiling", "maxtext", note="MaxText tiles the output layer and "
+                     "loss over batch x sequence; the loss is the same, only memory differs"),)),
 
     # --- gradient memory ---
     K("memory.gradient_release", "bool", False, "Update each parameter as soon as its gradient "

@@ -11,7 +11,7 @@ _POSITION_EMBEDDINGS = ("learned_absolute", "rope", "mrope", "relative", "none")
 _PGS = ("pgs-train", "pgs-distill")
 _MT = "maxtext"
 _SCALED = "MaxText's base size; global_parameter_scale multiplies it"
-# MaxText's decoder blocks (common_types.DecoderBlockType); see jaxtrain/config/maxtext_model.py.
+# MaxText's decoder blocks (common_types.DecoderBlockType); see jaxtrain/config/dialects/maxtext_model.py.
 SUPPORTED_DECODER_BLOCKS = ("llama2", "mistral", "mixtral")
 _DECODER_BLOCKS = ("default", "llama2", "mistral", "mixtral", "deepseek", "gemma", "gemma2",
                    "gemma3", "gemma4", "gemma4_small", "qwen2", "qwen3", "qwen3_moe",
@@ -51,6 +51,16 @@ MAXTEXT_MODEL_KEYS = frozenset({
     "capacity_factor", "load_balance_loss_weight", "shared_experts", "first_num_dense_layers",
     "routed_scaling_factor", "routed_score_func", "routed_bias", "routed_bias_update_rate",
     "n_routing_groups", "topk_routing_group"})
+
+
+def _uncapped_if_zero(value):
+    """MaxText writes 0.0 for "no soft cap"; 0 (or null) becomes None."""
+    try:
+        if value is not None and not isinstance(value, bool) and float(value) == 0:
+            return None
+    except (TypeError, ValueError):
+        pass
+    return value
 
 
 def _negate(value):
@@ -188,7 +198,9 @@ KNOBS = [
     K("max_position_embeddings", "int", None, "Longest sequence the position encoding is built "
       "for, in tokens.", "megatron", status=HONORED),
     K("original_max_position_embeddings", "int", None, "Context length the model was pretrained "
-      "with, the base for RoPE scaling, in tokens.", "megatron", status=HONORED),
+      "with, the base for RoPE scaling, in tokens.", "megatron", status=HONORED,
+      aliases=(Alias("yarn_original_max_position_embeddings", "megatron-lm",
+                     note="Megatron-LM's name for it on the YaRN path"),)),
     K("use_rotary_position_embeddings", "bool", None, "Legacy switch: true forces "
       "position_embedding_type to rope.", "megatron", status=HONORED),
     K("rotary_base", "int", 10000, "RoPE base period theta.", "megatron", status=HONORED,
@@ -238,9 +250,13 @@ KNOBS = [
       choices=("LayerNorm", "RMSNorm"), status=HONORED, doc_defaults={_MT: "RMSNorm"}),
     K("norm_epsilon", "float", 1e-5, "Epsilon added to the variance inside every norm.",
       "megatron", status=HONORED,
-      aliases=(Alias("normalization_layer_epsilon", _MT),)),
+      aliases=(Alias("normalization_layer_epsilon", _MT),
+               Alias("layernorm_epsilon", ("megatron-lm", "primus"),
+                     note="Megatron-LM's dest of --norm-epsilon"),)),
     K("apply_layernorm_1p", "bool", False, "Store norm scales as offsets from 1 (zero-centred "
-      "gamma).", "megatron", status=HONORED),
+      "gamma).", "megatron", status=HONORED,
+      aliases=(Alias("layernorm_zero_centered_gamma", "megatron-lm",
+                     note="Megatron-LM's dest of --apply-layernorm-1p"),)),
     K("apply_residual_connection_post_layernorm", "bool", False, "Take the residual from the "
       "normalised input rather than the raw input.", "megatron", status=HONORED),
     K("fp32_residual_connection", "bool", False, "Keep the residual stream in float32.",
@@ -271,7 +287,9 @@ KNOBS = [
       "jaxtrain's output head always yields float32 logits; false (logits kept in the compute "
       "dtype) is not reproduced"),
     K("final_logit_softcapping", "float", None, "Soft-cap the output logits to c*tanh(x/c); null "
-      "disables.", "megatron", status=HONORED),
+      "disables.", "megatron", status=HONORED,
+      aliases=(Alias("final_logits_soft_cap", _MT, to_canonical=_uncapped_if_zero,
+                     note="0 means no cap"),)),
     K("clone_scatter_output_in_embedding", "bool", True, "Copy the embedding output after the "
       "sequence-parallel scatter (a PyTorch autograd workaround).", "megatron", INERT,
       "guards PyTorch autograd against an in-place view; JAX arrays are immutable"),
@@ -281,7 +299,9 @@ KNOBS = [
       "most this many tokens back (itself included); null or 0 attends to the whole prefix.",
       "jaxtrain", HONORED),
     K("attn_logit_softcapping", "float", None, "Soft-cap attention scores to c*tanh(x/c) before "
-      "the softmax; null disables.", "megatron", status=HONORED),
+      "the softmax; null disables.", "megatron", status=HONORED,
+      aliases=(Alias("attn_logits_soft_cap", _MT, to_canonical=_uncapped_if_zero,
+                     note="0 means no cap"),)),
     K("router_logit_softcapping", "float", None, "Soft-cap MoE router logits to c*tanh(x/c); null "
       "disables.", "megatron", status=HONORED),
 

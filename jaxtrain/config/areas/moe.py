@@ -14,6 +14,15 @@ _BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quanti
 _DISPATCHERS = ("allgather", "alltoall", "flex", "alltoall_seq")
 _DROP_POLICIES = ("probs", "position")
 _ROUTER_DTYPES = ("fp32", "fp64")
+
+
+def _fp32_if_true(value):
+    """MaxText float32_gate_logits: true -> fp32 router, false -> the compute dtype (None)."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"
+    if isinstance(value, bool):
+        return "fp32" if value else None
+    return value
 _FORCE_BALANCING = ("even", "uniform")
 
 KNOBS = [
@@ -59,6 +68,9 @@ KNOBS = [
       "before picking the top k (default: softmax over the k chosen).", _M, status=HONORED),
     K("moe_router_dtype", "str", None, "Precision of the router matmul and scores (fp32 or fp64); "
       "null keeps the model's compute dtype.", _M, choices=_ROUTER_DTYPES, status=HONORED,
+      aliases=(Alias("float32_gate_logits", _MT, to_canonical=_fp32_if_true,
+                     note="MaxText's switch: true computes the gate logits in float32 (fp32), "
+                          "false in the compute dtype (null)"),),
       rejected_values={"fp64": "JAX computes in float64 only with jax_enable_x64, which the "
                        "trainer keeps off (it would change every default dtype); use fp32"}),
     K("moe_router_topk_scaling_factor", "float", None, "Multiplier applied to the selected "

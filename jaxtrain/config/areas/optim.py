@@ -136,7 +136,10 @@ KNOBS = [
     K("use_precision_aware_optimizer", "bool", False, "Allow the dtypes below to differ from fp32 "
       "for master weights, gradients and Adam moments.", _MEGATRON, status=HONORED),
     K("main_grads_dtype", "str", "fp32", "Dtype of the gradients the optimizer reads.",
-      _MEGATRON, choices=("fp32", "bf16"), value_aliases=_DTYPE_SPELLINGS, status=HONORED),
+      _MEGATRON, choices=("fp32", "bf16"), value_aliases=_DTYPE_SPELLINGS, status=HONORED,
+      aliases=(Alias("grad_dtype", _MAXTEXT, note="MaxText casts float32 gradients to it before "
+                     "clipping and the update; a dtype other than float32 needs "
+                     "use_precision_aware_optimizer here"),)),
     K("main_params_dtype", "str", "fp32", "Dtype of the master copy of the weights; fp16 (with "
       "use_precision_aware_optimizer) keeps a per-tensor-scaled fp16 copy in the optimizer and "
       "holds the model weights in the training dtype.", _MEGATRON, choices=("fp32", "fp16"),

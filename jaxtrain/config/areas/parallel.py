@@ -70,9 +70,13 @@ KNOBS = [
     K("parallel.fsdp", "bool", True, "Shard parameters, gradients and optimizer state over the "
       "data-parallel devices (FSDP); off on one device.", "pgs-train", status=HONORED),
     K("parallel.cpu_offload", "bool", False, "Keep the sharded parameters in host memory between "
-      "uses (large memory saving, much slower).", "pgs-train", status=HONORED),
+      "uses (large memory saving, much slower).", "pgs-train", status=HONORED,
+      aliases=(Alias("parameter_memory_host_offload", "maxtext",
+                     note="MaxText's switch for parameters kept in host memory"),)),
     K("parallel.reshard_after_forward", "bool", True, "Free gathered parameters after the forward "
-      "pass and gather again for backward; false keeps them.", "pgs-train", status=HONORED),
+      "pass and gather again for backward; false keeps them.", "pgs-train", status=HONORED,
+      aliases=(Alias("torch_fsdp2_reshard_after_forward", ("megatron-lm", "primus"),
+                     note="Megatron-LM's dest of --torch-fsdp2-no-reshard-after-forward"),)),
     K("parallel.context_parallel", "bool", False, "Ring attention: split each sequence over the "
       "devices for very long contexts.", "pgs-train"),
     K("parallel.cp_rotate_method", "str", "allgather", "Collective that ring attention rotates "
@@ -92,29 +96,26 @@ KNOBS = [
 # slices) is the axis's size; -1 fills the devices left over (rules.maxtext_mesh). One GPU job is
 # one slice, so a dcn -1 is 1. The axes map onto jaxtrain's mesh knobs:
 MAXTEXT_MESH = {
+    "diloco": "DiLoCo replicas (refused above 1: no DiLoCo trainer)",
     "data": "data-parallel replicas (parameters replicated)",
     "fsdp": "data-parallel replicas that shard parameters, gradients and optimizer state",
     "fsdp_transpose": "a second FSDP axis (sharding the MLP dimension)",
     "tensor": "tensor parallelism",
+    "tensor_sequence": "tensor parallelism with the sequence sharded between blocks",
     "expert": "expert parallelism (MoE experts spread over it; batch for the dense layers)",
     "sequence": "sequence parallelism of activations",
     "context": "context parallelism",
+    "context_usp_ulysses": "the Ulysses part of context parallelism",
+    "context_autoregressive": "context parallelism for decoding",
+    "autoregressive": "the decoding axis",
     "pipeline": "pipeline stages",
 }
-_MESH_MAPPED = ("sets jaxtrain's mesh: data x fsdp x fsdp_transpose x expert is the "
-                "data-parallel size (FSDP sharding when fsdp or fsdp_transpose > 1), tensor is "
-                "tensor_model_parallel_size, expert is expert_model_parallel_size; sequence and "
-                "context are context_parallel_size and pipeline is pipeline_model_parallel_size, "
-                "both refused above 1 until built")
-_MESH_REJECTED = {
-    "context_autoregressive": "an inference-only axis (autoregressive decoding)",
-    "context_usp_ulysses": "the Ulysses head-exchange part of MaxText's USP context "
-                           "parallelism, which jaxtrain does not implement",
-    "tensor_sequence": "MaxText's tensor-sequence axis, which jaxtrain does not implement; "
-                       "use ici_tensor_parallelism (sequence_parallel is automatic there)",
-    "autoregressive": "an inference-only axis (autoregressive decoding)",
-    "diloco": "DiLoCo replicas; jaxtrain has no DiLoCo trainer",
-}
+_MESH_MAPPED = ("sets jaxtrain's mesh (config/dialects/maxtext_rules.py): data x fsdp x "
+                "fsdp_transpose x expert is the data-parallel size (FSDP sharding when fsdp or "
+                "fsdp_transpose > 1), tensor x tensor_sequence is tensor_model_parallel_size "
+                "(tensor_sequence > 1 turns sequence_parallel on), expert is "
+                "expert_model_parallel_size; the context, pipeline, DiLoCo and decoding axes are "
+                "refused above 1 until built")
 
 
 def _mesh_knobs():
@@ -126,18 +127,18 @@ def _mesh_knobs():
                            f"MaxText: devices {where} on the {axis} axis ({what}); -1 fills.",
                            "maxtext", MAPPED, _MESH_MAPPED,
                            doc_defaults={"maxtext": -1} if axis == fill else None))
-        for axis, why in _MESH_REJECTED.items():
-            knobs.append(K(f"{level}_{axis}_parallelism", "int", 1,
-                           f"MaxText: devices {where} on its {axis} axis.", "maxtext", REJECTED,
-                           f"{why}; leave it at 1"))
     return knobs
+
+
+_HINT = ("at MaxText's default, jaxtrain lays tensors out with its own logical-axis table "
+         "(jaxtrain/parallel/sharding.py), which places them the same way; a changed value is "
+         "checked by the MaxText dialect rules (config/dialects/maxtext_rules.py) and refused by "
+         "name where it asks for a placement the table does not make")
 
 
 KNOBS += _mesh_knobs() + [
     K("mesh_axes", "list[str]", None, "MaxText: names and order of the device-mesh axes.",
-      "maxtext", REJECTED, "jaxtrain builds its own mesh axes from the parallel sizes "
-      "(ici_*/dcn_* or the Megatron sizes); a custom axis list cannot be honoured"),
+      "maxtext", MAPPED, _HINT),
     K("logical_axis_rules", "list", None, "MaxText: table mapping logical tensor axes to mesh "
-      "axes.", "maxtext", REJECTED, "jaxtrain's logical-axis table follows the parallel sizes "
-      "(jaxtrain/parallel); a hand-written MaxText table cannot be honoured"),
+      "axes.", "maxtext", MAPPED, _HINT),
 ]

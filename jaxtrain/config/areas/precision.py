@@ -4,8 +4,17 @@ from jaxtrain.config.knob import Alias, HONORED, INERT, K, MAPPED
 _M = "megatron"
 
 _MATMUL_PRECISIONS = ("highest", "high", "medium")
+# MaxText's matmul_precision (jax.lax.Precision names) -> the same JAX precision in this knob's names.
+_MAXTEXT_PRECISION = {"default": "medium", "bfloat16": "medium", "high": "high",
+                      "highest": "highest", "float32": "highest"}
+
 _NO_RNG_TRACKER = ("JAX randomness comes from explicit PRNG keys split per use; there is no global "
                    "device RNG state for a tracker to manage, so this cannot change a run")
+
+
+def _maxtext_precision(value):
+    """MaxText matmul_precision -> memory.float32_matmul_precision (others left to the check)."""
+    return _MAXTEXT_PRECISION.get(value, value) if isinstance(value, str) else value
 
 KNOBS = [
     # Training dtype
@@ -37,7 +46,10 @@ KNOBS = [
 
     # Matmul precision for fp32 operands
     K("memory.float32_matmul_precision", "str", "high", "Precision of fp32 matmuls: highest = full "
-      "fp32, high = TF32-class, medium = bf16-class.", "pgs-train", choices=_MATMUL_PRECISIONS, status=MAPPED, reason='sets jax_default_matmul_precision for the run: highest -> float32, high -> tensorfloat32, medium -> bfloat16'),
+      "fp32, high = TF32-class, medium = bf16-class.", "pgs-train", choices=_MATMUL_PRECISIONS, status=MAPPED, reason='sets jax_default_matmul_precision for the run: highest -> float32, high -> tensorfloat32, medium -> bfloat16',
+      aliases=(Alias("matmul_precision", "maxtext", to_canonical=_maxtext_precision,
+                     note="MaxText's jax.lax.Precision name: default and bfloat16 are medium "
+                          "(JAX's DEFAULT), high is high, highest and float32 are highest"),)),
 
     # RNG trackers (PyTorch/Transformer Engine only)
     K("te_rng_tracker", "bool", False, "Use Transformer Engine's CUDA RNG state tracker for "

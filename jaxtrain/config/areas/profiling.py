@@ -1,5 +1,5 @@
 """Profiler traces over a step window, device memory profiles, and knobs Primus files with them."""
-from jaxtrain.config.knob import HONORED, INERT, MAPPED, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, Alias, K
 
 _M = "megatron"
 _PROFILERS = ("", "xplane", "nsys")
@@ -22,10 +22,14 @@ KNOBS = [
       "activity is still traced)"),
     K("torch_profiler_record_shapes", "bool", True, "Record operand shapes in the trace.", _M,
       INERT, "XLA traces carry each op's HLO, operand shapes included, whatever this says; "
-      "there is no shape recording to switch"),
+      "there is no shape recording to switch",
+      aliases=(Alias("pytorch_profiler_collect_shapes", ("megatron-lm", "primus"),
+                     note="Megatron-LM's switch for the same torch.profiler option"),)),
     K("torch_profiler_with_stack", "bool", True, "Record Python call stacks in the trace.", _M,
       MAPPED, "with use_pytorch_profiler: jax.profiler.ProfileOptions.python_tracer_level = 1 "
-      "(Python function calls in the trace); otherwise the Python tracer is off"),
+      "(Python function calls in the trace); otherwise the Python tracer is off",
+      aliases=(Alias("pytorch_profiler_collect_callstack", ("megatron-lm", "primus"),
+                     note="Megatron-LM's switch for the same torch.profiler option"),)),
     K("torch_profiler_use_gzip", "bool", False, "Write the trace files gzip-compressed.", _M,
       INERT, "jax.profiler always writes its Chrome/Perfetto traces gzip-compressed "
       "(<host>.trace.json.gz) and the XPlane as protobuf; there is no uncompressed form to pick"),
@@ -57,5 +61,7 @@ KNOBS = [
     K("enable_gloo_process_groups", "bool", True, "Create Gloo (CPU) process groups beside the "
       "NCCL ones for host-side collectives.", _M, INERT,
       "jaxtrain creates no torch process groups; host-side coordination goes through "
-      "jax.distributed, so neither value changes a run"),
+      "jax.distributed, so neither value changes a run",
+      aliases=(Alias("use_gloo_process_groups", "megatron-lm",
+                     note="Megatron-LM's dest of --disable-gloo-process-groups"),)),
 ]

@@ -1,5 +1,5 @@
 """Megatron reinforcement learning: GRPO loss, rollouts, and memory handling between phases."""
-from jaxtrain.config.knob import INERT, K
+from jaxtrain.config.knob import INERT, Alias, K
 
 _M = "megatron"
 _SERVERS = ("inplace_megatron", "inplace_megatron_chat")
@@ -38,9 +38,13 @@ KNOBS = [
 
     # Rollout generation
     K("grpo_default_temperature", "float", 1.0, "Temperature applied when the policy generates "
-      "rollout samples.", _M),
+      "rollout samples.", _M,
+      aliases=(Alias("rl_default_temperature", "megatron-lm",
+                     note="Megatron-LM's current name"),)),
     K("grpo_default_top_p", "float", 0.0, "Nucleus-sampling threshold of rollouts; 0 turns top-p "
-      "off.", _M),
+      "off.", _M,
+      aliases=(Alias("rl_default_top_p", "megatron-lm",
+                     note="Megatron-LM's current name"),)),
     K("langrl_inference_server_type", "str", "inplace_megatron", "How rollouts are served: by the "
       "trained model in place, plain or with a chat template.", _M, choices=_SERVERS),
     K("langrl_inference_server_conversation_template", "str", None, "Chat template (tokenizer name "

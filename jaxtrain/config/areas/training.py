@@ -92,7 +92,9 @@ KNOBS = [
 
     # --- exits and host/device pacing ---
     K("exit_signal_handler", "bool", False, "On SIGTERM, save a checkpoint at the next step "
-      "boundary and exit cleanly.", _MEGATRON, status=HONORED),
+      "boundary and exit cleanly.", _MEGATRON, status=HONORED,
+      aliases=(Alias("enable_autocheckpoint", "maxtext", note="MaxText saves at the step where "
+                     "the preemption notice (SIGTERM) arrives, then stops"),)),
     K("exit_duration_in_mins", "int", None, "Save and exit once the run has been going this many "
       "minutes of wall time.", _MEGATRON, status=HONORED),
     K("exit_interval", "int", None, "Save and exit at the first step number divisible by this "

@@ -1,5 +1,5 @@
 """Primus-Turbo switches: ROCm kernel selectors, mapped to our own kernels where one exists."""
-from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
 _M = "megatron"
 
@@ -23,7 +23,9 @@ KNOBS = [
       "softmax (GPT-OSS style); switched off with a warning when CP > 1.", _M, HONORED,
       "an fp32 zero-initialised logit per head on the xla and flash paths, whichever attention "
       "knob picks the kernel (cuDNN is refused at config time); it stays on with CP > 1, where "
-      "XLA partitions the same attention (Primus drops it only for want of a CP kernel)"),
+      "XLA partitions the same attention (Primus drops it only for want of a CP kernel)",
+      aliases=(Alias("attention_sink", "maxtext", note="MaxText's learned per-head sink logit "
+                     "of every attention layer"),)),
     K("sink_sliding_window", "int", 0, "Sliding-window length in tokens for sink attention layers; "
       "0 means full causal attention (GPT-OSS uses 128).", _M, HONORED,
       "read only with use_sink_attention, as in Primus; Primus hands flash-attn the window "

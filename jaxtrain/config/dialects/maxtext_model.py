@@ -53,6 +53,7 @@ def mlp_from_activations(acts) -> tuple[str, bool]:
 def maxtext_model(c) -> None:
     """MaxText model keys that span several knobs (runs before the shape rules)."""
     _scale(c)
+    _llama31_rope(c)
     _decoder_block(c)
     _activations(c)
     if c.dialect == "maxtext" and c.values.get("num_experts") is not None \
@@ -75,6 +76,15 @@ def maxtext_model(c) -> None:
     if c.get("multi_latent_attention") and c.get("group_query_attention") and \
             not c.explicit("group_query_attention"):
         c.set("group_query_attention", False)   # MaxText's default GQA does not apply to MLA
+
+
+def _llama31_rope(c) -> None:
+    """MaxText applies Llama-3.1 RoPE scaling to every model_name starting with llama3.1,
+    whatever rope_type says (its attention layer checks the name)."""
+    name = c.get("model_name") or ""
+    if c.dialect == "maxtext" and str(name).startswith("llama3.1") and \
+            c.get("rope_type") in (None, "rope"):
+        c.set("rope_type", "llama3.1")
 
 
 def _scale(c) -> None:

@@ -1,0 +1,230 @@
+"""MaxText's pyconfig rules: what its keys imply for the canonical knobs.
+
+The mesh sizes (``ici_*`` x ``dcn_*``, one ``-1`` filled from the device count) become the
+Megatron parallel sizes; MaxText's sentinels (``steps: -1``, ``eval_steps: -1``) and derived
+values (``opt_type``, ``mu_dtype``, ``per_device_batch_size``) become canonical values; the model
+keys are in ``maxtext_model``. Each rule reads a rules.Context ``c``.
+"""
+from __future__ import annotations
+
+import math
+
+from jaxtrain.config.dialects.maxtext_model import maxtext_model
+
+_MESH_AXES = ("diloco", "data", "fsdp", "fsdp_transpose", "tensor", "tensor_sequence", "expert",
+              "sequence", "context", "context_usp_ulysses", "context_autoregressive",
+              "autoregressive", "pipeline")
+# MaxText mesh axes jaxtrain does not build yet: axis -> (what it is, issue).
+_PLANNED_AXES = {"sequence": ("context parallelism", 23), "context": ("context parallelism", 23),
+                 "context_usp_ulysses": ("context parallelism (Ulysses)", 23),
+                 "context_autoregressive": ("context parallelism for decoding", 23),
+                 "pipeline": ("pipeline parallelism", 24),
+                 "diloco": ("DiLoCo (local SGD between replicas)", None),
+                 "autoregressive": ("the decoding mesh axis", None)}
+_DATA_AXES = ("diloco", "data", "fsdp", "fsdp_transpose")
+_TENSOR_AXES = ("tensor", "tensor_sequence")
+# MaxText logical axes that jaxtrain's table (parallel/sharding.py) splits over the tensor axis.
+_TENSOR_NAMES = ("vocab", "heads", "q_heads", "kv_heads", "mlp", "mlp_moe", "mlp_no_fsdp",
+                 "activation_heads", "activation_kv_heads", "activation_mlp",
+                 "activation_mlp_moe", "activation_vocab", "activation_kv",
+                 "activation_kv_head_dim", "cache_heads", "paged_kv_heads", "gdn_head")
+
+
+def _mesh_sizes(c) -> dict | None:
+    """MaxText axis sizes (ici x dcn, -1 filled), or None when a -1 needs the device count."""
+    ici = {a: c.get(f"ici_{a}_parallelism", 1) for a in _MESH_AXES}
+    dcn = {a: c.get(f"dcn_{a}_parallelism", 1) for a in _MESH_AXES}
+    dcn = {a: 1 if v == -1 else v for a, v in dcn.items()}  # one GPU job is one slice
+    fills = [a for a, v in ici.items() if v == -1]
+    bad = [f"ici_{a}_parallelism = {v}" for a, v in ici.items() if v == 0 or v < -1] + [
+        f"dcn_{a}_parallelism = {v}" for a, v in dcn.items() if v == 0 or v < -1]
+    if bad:
+        c.error(f"MaxText parallelism sizes must be positive or -1 (fill): {', '.join(bad)}")
+        return None
+    if len(fills) > 1:
+        c.error("only one ici_*_parallelism may be -1 (fill the remaining devices): "
+                + ", ".join(f"ici_{a}_parallelism" for a in fills))
+        return None
+    fixed = math.prod(v for v in ici.values() if v != -1) * math.prod(dcn.values())
+    if fills:
+        if c.world_size is None:
+            return None
+        if c.world_size % fixed:
+            c.error(f"{c.world_size} devices cannot be filled on ici_{fills[0]}_parallelism: "
+                    f"the other ici/dcn sizes multiply to {fixed}")
+            return None
+        ici[fills[0]] = c.world_size // fixed
+    sizes = {a: ici[a] * dcn[a] for a in _MESH_AXES}
+    total = math.prod(sizes.values())
+    if c.world_size is not None and total != c.world_size:
+        c.error(f"the MaxText mesh (ici x dcn sizes) has {total} devices, but the run has "
+                f"{c.world_size}; set one ici_*_parallelism to -1 or fix the sizes")
+        return None
+    return sizes
+
+
+def maxtext_mesh(c):
+    """ici_*/dcn_* sizes onto the mesh knobs (see config/areas/parallel.py)."""
+    if c.dialect != "maxtext" and not any(
+            c.explicit(f"{lvl}_{a}_parallelism") for lvl in ("ici", "dcn") for a in _MESH_AXES):
+        return
+    sizes = _mesh_sizes(c)
+    if sizes is not None:
+        c.derived["maxtext_mesh"] = {a: n for a, n in sizes.items() if n > 1}
+    guess = _sizes_or_guess(c)
+    for axis, (what, issue) in _PLANNED_AXES.items():
+        if guess[axis] > 1:
+            where = f"issue #{issue}" if issue else "a later issue"
+            size = sizes[axis] if sizes else "-1 (fill)" if -1 in (
+                c.get(f"ici_{axis}_parallelism"), c.get(f"dcn_{axis}_parallelism")) else guess[axis]
+            c.error(f"not implemented yet: {axis} parallelism of {size} "
+                    f"(ici/dcn_{axis}_parallelism) is {what}, planned for {where}; set it to 1")
+    if sizes is None:
+        return
+    c.adopt("tensor_model_parallel_size", sizes["tensor"] * sizes["tensor_sequence"],
+            "ici/dcn_tensor_parallelism x ici/dcn_tensor_sequence_parallelism")
+    if sizes["tensor_sequence"] > 1:   # MaxText's tensor_sequence axis: TP plus sequence sharding
+        c.adopt("sequence_parallel", True, "ici/dcn_tensor_sequence_parallelism > 1")
+    c.adopt("expert_model_parallel_size", sizes["expert"], "ici/dcn_expert_parallelism")
+    if sizes["fsdp"] * sizes["fsdp_transpose"] > 1:
+        c.adopt("data_parallel_sharding_strategy", "optim_grads_params",
+               "ici/dcn_fsdp_parallelism > 1")
+
+
+def maxtext(c):
+    """MaxText's sentinels and derived values (its pyconfig): steps -1, eval -1, opt_type,
+    mu_dtype, the two load paths, and per_device_batch_size."""
+    if c.get("train_iters") == -1:
+        horizon = c.get("lr_decay_iters")
+        if horizon is None:
+            c.error("steps = -1 takes the run length from learning_rate_schedule_steps, which "
+                    "is -1 too; set one of them")
+        else:
+            c.set("train_iters", horizon)
+    if c.dialect == "maxtext" and (c.get("eval_interval") or 0) <= 0 and \
+            c.values.get("eval_interval") is not None:
+        c.set("eval_interval", None)  # MaxText: eval_interval <= 0 means no evaluation
+    iters = c.values.get("eval_iters")
+    if isinstance(iters, int) and iters < 0:
+        c.set("eval_iters", 0)  # MaxText eval_steps -1: the whole validation split
+        if c.get("eval_interval"):
+            c.set("full_validation", True)
+    opt = c.values.get("opt_type")
+    if opt in ("adamw", "adam_pax", "sgd") and (c.dialect == "maxtext" or c.explicit("opt_type")):
+        c.adopt("optimizer", {"sgd": "sgd"}.get(opt, "adam"), f"opt_type {opt}")
+        if opt == "sgd" and c.get("weight_decay") and not c.explicit("weight_decay"):
+            c.set("weight_decay", 0.0)  # adam_weight_decay is Adam's; MaxText's SGD has none
+    if c.dialect == "maxtext":
+        mu = c.get("exp_avg_dtype")
+        if not c.chosen("exp_avg_dtype") and c.get("weight_dtype") == "bfloat16":
+            mu = "bf16"  # mu_dtype unset inherits weight_dtype
+            c.set("exp_avg_dtype", mu)
+        grads = c.get("main_grads_dtype")   # grad_dtype
+        if (mu != "fp32" or grads not in (None, "fp32")) and \
+                not c.get("use_precision_aware_optimizer"):
+            c.set("use_precision_aware_optimizer", True)
+    if c.get("pretrained_checkpoint") and c.get("train.resume_from") and c.explicit(
+            "pretrained_checkpoint") and c.explicit("train.resume_from"):
+        c.error(f"load_parameters_path (weights only) and load_full_state_path (full state) "
+                f"are exclusive, as in MaxText: {c.where('pretrained_checkpoint')}, "
+                f"{c.where('train.resume_from')}; keep one")
+    per_device_batch(c)
+
+
+def per_device_batch(c):
+    """MaxText's batch: per_device_batch_size x devices x gradient_accumulation_steps sequences
+    per step, run as micro-batches of per_device_batch_size x devices rows."""
+    pdbs = c.values.get("per_device_batch_size")
+    if pdbs is None:
+        return
+    if not c.chosen("per_device_batch_size") and any(
+            c.chosen(k) for k in ("micro_batch_size", "global_batch_size")):
+        return  # a Megatron batch written in a MaxText file: the MaxText default yields
+    if pdbs <= 0:
+        c.error(f"per_device_batch_size must be positive, got {pdbs}")
+        return
+    accum = c.get("train.gradient_accumulation_steps") or 1
+    if c.world_size is None:
+        if pdbs == int(pdbs):  # without the device count: the per-replica batch of pure DP
+            c.adopt("micro_batch_size", int(pdbs), "per_device_batch_size")
+        return
+    rows = pdbs * c.world_size
+    model_parallel = (c.get("tensor_model_parallel_size", 1)
+                      * c.get("pipeline_model_parallel_size", 1)
+                      * c.get("context_parallel_size", 1))
+    dp = c.world_size // model_parallel if c.world_size % model_parallel == 0 else None
+    if dp is None:
+        return  # batch() reports the layout
+    if rows != int(rows) or int(rows) % dp:
+        c.error(f"per_device_batch_size {pdbs} x {c.world_size} devices = {rows:g} sequences "
+                f"per micro-step, which the {dp} data-parallel replicas cannot share evenly; "
+                f"choose per_device_batch_size so that it x devices is a multiple of {dp}")
+        return
+    c.adopt("micro_batch_size", int(rows) // dp, "per_device_batch_size")
+    c.adopt("train.gradient_accumulation_steps", accum, "gradient_accumulation_steps")
+    c.adopt("global_batch_size", int(rows) * accum,
+           "per_device_batch_size x devices x gradient_accumulation_steps")
+
+
+def _sizes_or_guess(c) -> dict:
+    """Axis sizes; before the device count is known, an axis set to -1 counts as 2 (> 1)."""
+    mesh = c.derived.get("maxtext_mesh")
+    if mesh is not None:
+        return {a: mesh.get(a, 1) for a in _MESH_AXES}
+    guess = {}
+    for a in _MESH_AXES:
+        values = [c.get(f"{level}_{a}_parallelism", 1) for level in ("ici", "dcn")]
+        guess[a] = math.prod(2 if v == -1 else max(v, 1) for v in values)
+    return guess
+
+
+def sharding_hints(c):
+    """MaxText's sharding hints (mesh_axes, data_sharding, logical_axis_rules) against what
+    jaxtrain's own logical-axis table does: placements it also makes (batch and parameters over
+    the data-parallel axes and experts, heads/MLP/vocab over tensor) are accepted; a placement it
+    cannot make is refused by naming the entry. Sharding never changes the numbers in JAX, only
+    where they live, so accepting a hint means "jaxtrain lays it out its own, equivalent way"."""
+    if c.dialect != "maxtext":
+        return
+    sizes = _sizes_or_guess(c)
+    for key in ("mesh_axes", "data_sharding_axes", "logical_axis_rules"):
+        value = c.values.get(key)
+        if value is None or value == c.defaults.get(key) or not c.explicit(key):
+            continue
+        if key == "mesh_axes":
+            unknown = [a for a in value if a not in _MESH_AXES]
+            if unknown:
+                c.error(f"mesh_axes names {unknown}, which are not MaxText mesh axes "
+                        f"({', '.join(_MESH_AXES)})")
+            used = [a for a in _MESH_AXES if sizes.get(a, 1) > 1 and a not in value]
+            if used:
+                c.error(f"mesh_axes leaves out {used}, whose ici/dcn sizes are > 1")
+        elif key == "data_sharding_axes":
+            axes = {a for group in value for a in ([group] if isinstance(group, str) else group)}
+            tensor = [a for a in axes if a in _TENSOR_AXES and sizes.get(a, 1) > 1]
+            if tensor:
+                c.error(f"data_sharding shards the batch over {tensor}; jaxtrain shards it over "
+                        f"the data-parallel and expert axes only (tensor ranks share a batch)")
+        else:
+            for rule in value:
+                _check_rule(c, rule, sizes)
+
+
+def _check_rule(c, rule, sizes):
+    if not isinstance(rule, (list, tuple)) or len(rule) != 2:
+        c.error(f"logical_axis_rules entry {rule!r} is not [logical_axis, mesh_axes]")
+        return
+    name, axes = rule
+    axes = [axes] if isinstance(axes, str) else list(axes or [])
+    live = [a for a in axes if sizes.get(a, 1) > 1]
+    tensor = [a for a in live if a in _TENSOR_AXES]
+    other = [a for a in live if a not in _TENSOR_AXES + _DATA_AXES + ("expert",)]
+    if other:
+        return   # context/pipeline axes > 1 are refused by maxtext_mesh already
+    if tensor and name not in _TENSOR_NAMES:
+        c.error(f"logical_axis_rules entry [{name!r}, {axes}] splits {name} over {tensor}, "
+                f"which jaxtrain's logical-axis table does not do (it splits heads, MLP and "
+                f"vocabulary over tensor); drop the entry")
+
+
+MAXTEXT_RULES = (maxtext_mesh, sharding_hints, maxtext, maxtext_model)
