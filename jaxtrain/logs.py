@@ -16,10 +16,12 @@ CONFIG_FILE = "config.json"
 
 
 def run_dir(cfg) -> pathlib.Path:
-    """Where a run writes: ``save`` when set, else Primus's workspace/work_group/user_name/exp_name."""
+    """Where a run writes: ``save`` when set, else Primus's workspace/work_group/user_name/exp_name,
+    else MaxText's base_output_directory/run_name (an experiment's exp_name wins over run_name)."""
     if cfg.get("save"):
         return pathlib.Path(cfg["save"])
-    parts = [cfg.get(k) or "" for k in ("work_group", "user_name", "exp_name")]
+    keys = ("work_group", "user_name", "exp_name") if cfg.get("exp_name") else ("run_name",)
+    parts = [cfg.get(k) or "" for k in keys]
     return pathlib.Path(cfg.get("workspace") or ".", *[p for p in parts if p])
 
 

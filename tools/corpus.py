@@ -109,6 +109,8 @@ def megatron_lm_test_entries(root: pathlib.Path):
     """MODEL_ARGS of Megatron-LM's functional tests for GPT and MoE models (flag: value)."""
     import yaml
 
+    from jaxtrain.config.dialects.megatron_lm import by_flag
+
     cases = root / "tests" / "functional_tests" / "test_cases"
     for path in sorted(cases.glob("*/*/model_config.yaml")):
         if path.parts[-3] not in ("gpt", "moe", "mixtral"):
@@ -124,7 +126,9 @@ def megatron_lm_test_entries(root: pathlib.Path):
             args.append(flag)
             if value is not True:
                 text = str(value)
-                words = text.split() if " " in text else [text]
+                arg = by_flag().get(flag)
+                many = arg is not None and (arg.nargs in ("+", "*") or isinstance(arg.nargs, int))
+                words = text.split() if many else [text]
                 args += [_expand(w, {}) or f"/placeholder/{i}" for i, w in enumerate(words)]
         yield {"id": f"megatron-lm:{path.parent.relative_to(root.parent)}",
                "dialect": "megatron-lm", "file": None, "args": args}

@@ -72,6 +72,7 @@ class Knob:
     nullable: bool = False
     issue: int | None = None
     area: str = ""
+    parse: Callable[[Any], Any] | None = None   # a written form beyond the type's (e.g. "0,1,2")
 
     def __post_init__(self):
         where = f"knob {self.key!r}"
@@ -113,7 +114,7 @@ class Knob:
 def K(key: str, type: str, default: Any, meaning: str, sources: str | tuple[str, ...],
       status: str = PLANNED, reason: str = "", *, choices=None, aliases=(), doc_defaults=None,
       value_aliases=None, planned_values=None, rejected_values=None, nullable: bool = False,
-      issue: int | None = None) -> Knob:
+      issue: int | None = None, parse=None) -> Knob:
     """Declare a knob. ``sources`` is one document name or a tuple of them.
 
     For a knob that is built but not for every value, ``planned_values`` maps the values still
@@ -126,7 +127,8 @@ def K(key: str, type: str, default: Any, meaning: str, sources: str | tuple[str,
                 status=status, reason=reason, choices=tuple(choices) if choices else None,
                 aliases=tuple(aliases), doc_defaults=dict(doc_defaults or {}),
                 value_aliases=dict(value_aliases or {}), planned_values=dict(planned_values or {}),
-                rejected_values=dict(rejected_values or {}), nullable=nullable, issue=issue)
+                rejected_values=dict(rejected_values or {}), nullable=nullable, issue=issue,
+                parse=parse)
 
 
 class CoerceError(ValueError):
@@ -224,6 +226,11 @@ def coerce(knob: Knob, value: Any) -> Any:
         if knob.allows_none:
             return None
         raise CoerceError(f"must not be null; expected {_describe(knob.type)}")
+    if knob.parse is not None:
+        try:
+            value = knob.parse(value)
+        except (TypeError, ValueError) as e:
+            raise CoerceError(f"cannot read {value!r}: {e}") from None
     parts = knob.type.split("|")
     # For unions, a string that looks like a number is read as the first type that fits.
     result, ok = None, False

@@ -120,14 +120,14 @@ def _preset_clashes(layers, winners_by_layer, origins) -> list[str]:
     return problems
 
 
-def _default_set(sources: Sources, doc, problems, warnings) -> tuple[dict, dict]:
-    """(value, origin) of every knob before any choice: the registry's defaults for the
-    document, under the dialect's default layers. A default layer's value jaxtrain cannot do
-    (MaxText's hardware: tpu, its tfds data) was not the user's choice: it is reported as a
-    warning and jaxtrain's own default stays."""
+def _default_set(sources: Sources, doc, problems, warnings) -> tuple[dict, dict, dict]:
+    """(values, origins, replaced) of every knob before any choice: the registry's defaults
+    for the document, under the dialect's default layers. A default layer's value jaxtrain
+    cannot do (MaxText's hardware: tpu, its tfds data) was not the user's choice: jaxtrain's own
+    default stays, and ``replaced`` holds the warning to give if nothing else sets the key."""
     reg = registry()
     base = {k.key: k.default_for(doc) for k in reg if not k.templated}
-    values, origins = dict(base), {}
+    values, origins, replaced = dict(base), {}, {}
     for layer in sources.layers:
         if layer.kind != "defaults":
             continue
@@ -144,13 +144,14 @@ def _default_set(sources: Sources, doc, problems, warnings) -> tuple[dict, dict]
                   f"{_named(entry, key)} = {_short(value)} (the default of {layer.name})",
                   refused, [])
             if refused:
-                warnings.append(f"{refused[0]} jaxtrain uses {key} = {_short(base.get(key))}; "
-                                f"set {key} to choose.")
+                replaced[key] = (f"{refused[0]} jaxtrain uses {key} = {_short(base.get(key))}; "
+                                 f"set {key} to choose.")
                 values[key] = base.get(key)
                 origins[key] = f"{DEFAULT_ORIGIN}: jaxtrain (not {layer.name}'s value)"
             else:
                 values[key], origins[key] = value, f"{DEFAULT_ORIGIN}: {layer.name}"
-    return values, origins
+                replaced.pop(key, None)
+    return values, origins, replaced
 
 
 def resolve(sources: Sources, world_size: int | None = None, enforce_status: bool = True
@@ -159,7 +160,7 @@ def resolve(sources: Sources, world_size: int | None = None, enforce_status: boo
     gate (for tools that inspect how files resolve); training never does."""
     problems, warnings = [], []
     dialect = DIALECTS[sources.dialect]
-    defaults, origins = _default_set(sources, dialect.doc, problems, warnings)
+    defaults, origins, unsupported = _default_set(sources, dialect.doc, problems, warnings)
     values, winners, by_layer, written = dict(defaults), {}, [], {}
     for layer in sources.layers:
         if layer.kind == "defaults":
@@ -181,11 +182,12 @@ def resolve(sources: Sources, world_size: int | None = None, enforce_status: boo
             _gate(key, match.knob, values[key], defaults.get(key),
                   f"{_named(entry, key)} = {_short(values[key])} (from {entry.origin})",
                   problems, warnings)
-        replaced = [w for w in written[key][:-1] if w.kind == "file"]
-        if layer.kind == "preset" and replaced:
-            warnings.append(f"{key} from {replaced[-1].name} is replaced by {layer.name} (a "
+        overridden = [w for w in written[key][:-1] if w.kind == "file"]
+        if layer.kind == "preset" and overridden:
+            warnings.append(f"{key} from {overridden[-1].name} is replaced by {layer.name} (a "
                             f"model file wins over the config files, as in MaxText); set it on "
                             f"the command line to override the model file")
+    warnings += [message for key, message in unsupported.items() if key not in winners]
     if values.get("override_model_config") is False:
         problems += _preset_clashes(sources.layers, by_layer, origins)
     derived = {}

@@ -13,6 +13,7 @@ import dataclasses
 import math
 
 from jaxtrain.config.resolved import DEFAULT_ORIGIN, is_default
+from jaxtrain.config.areas.checkpoint import TORCH_FORMATS, TORCH_FORMATS_REASON
 from jaxtrain.config.dialects.maxtext_rules import MAXTEXT_RULES
 
 DERIVED = "derived"
@@ -320,8 +321,9 @@ def moe_router(c: Context):
         c.error(f"moe_router_enable_expert_bias needs moe_router_score_function sigmoid or "
                 f"sqrtsoftplus, not {score}")
     balancing = c.get("moe_router_load_balancing_type")
+    balancing = set(balancing) if isinstance(balancing, list) else {balancing}
     if (c.get("num_experts") and c.get("moe_router_topk") == 1 and score == "softmax"
-            and not c.get("moe_router_pre_softmax") and balancing != "sinkhorn"):
+            and not c.get("moe_router_pre_softmax") and "sinkhorn" not in balancing):
         c.error("moe_router_topk 1 with softmax scores needs moe_router_pre_softmax: true")
     groups, group_topk = c.get("moe_router_num_groups"), c.get("moe_router_group_topk")
     if group_topk and not groups:
@@ -334,6 +336,44 @@ def moe_router(c: Context):
         if group_topk and group_topk > groups:
             c.error(f"moe_router_group_topk ({group_topk}) must not exceed "
                     f"moe_router_num_groups ({groups})")
+
+
+def checkpoint_format(c: Context):
+    """A PyTorch checkpoint format matters only if the run saves or loads (Primus experiments
+    write ckpt_format: torch beside save: null, load: null)."""
+    fmt = c.get("ckpt_format")
+    if fmt not in TORCH_FORMATS:
+        return
+    io = [k for k in ("save", "load", "pretrained_checkpoint", "train.resume_from") if c.get(k)]
+    if io or c.get("enable_checkpointing"):
+        c.error(f"ckpt_format = {fmt!r} is not supported by jaxtrain: {TORCH_FORMATS_REASON} "
+                f"({c.where('ckpt_format')}, with {', '.join(io) or 'enable_checkpointing'} "
+                f"set). Use ckpt_format: torch_dist (jaxtrain's Orbax format).")
+    else:
+        c.warnings.append(f"ckpt_format {fmt!r} has no effect: this run neither saves nor loads "
+                          f"a checkpoint (save and load are unset)")
+        c.set("ckpt_format", "torch_dist")
+
+
+def positions(c: Context):
+    """Megatron's position_embedding_type yarn is RoPE with YaRN scaling."""
+    if c.get("position_embedding_type") == "yarn":
+        c.set("position_embedding_type", "rope")
+        c.adopt("rope_type", "yarn", "position_embedding_type yarn")
+
+
+# Megatron-LM's validate_args: arguments that have no default and must be given.
+_MEGATRON_LM_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads",
+                         "max_position_embeddings")
+
+
+def megatron_lm_required(c: Context):
+    if c.dialect != "megatron-lm":
+        return
+    missing = [k for k in _MEGATRON_LM_REQUIRED if not c.explicit(k)]
+    if missing:
+        c.error(f"a Megatron-LM command line must give {', '.join('--' + k.replace('_', '-') for k in missing)} "
+                f"(Megatron-LM has no default for {'it' if len(missing) == 1 else 'them'})")
 
 
 def upcycling(c: Context):
@@ -400,7 +440,7 @@ def pgs(c: Context):
         c.error("dpo.label_smoothing applies to dpo.loss_type robust only")
 
 
-RULES = (*MAXTEXT_RULES, precision, tensor_parallel, context_and_experts, model_shape,
+RULES = (megatron_lm_required, *MAXTEXT_RULES, positions, checkpoint_format, precision, tensor_parallel, context_and_experts, model_shape,
          learning_rate, iterations, batch, recompute, moe_router, upcycling, pgs, evaluate_only)
 
 

@@ -7,16 +7,26 @@ or blend, or packed documents. A sample is an int array of ``T + 1`` tokens, or 
 ``tokens`` and ``segment_ids`` (packed documents: 0 marks padding), and optionally ``keep``
 (0 keeps the whole sample out of the loss).
 
-Order: ``dataloader_type: cyclic`` (the default) is a seeded grain shuffle, reshuffled every
-epoch; ``single`` serves the samples in the source's own order (Megatron's GPT datasets are
-already shuffled by their shuffle index). Batch ``i`` is the same on every run with the same
-seed, and the iterator's whole state is the number of samples consumed.
+Order: ``dataloader_type: single`` serves the samples in the source's own order (Megatron's
+GPT datasets are already shuffled by their shuffle index). ``cyclic`` (the default) over
+Megatron's GPT datasets is Megatron's cyclic sampler (``MegatronPretrainingRandomSampler``
+with ``data_sharding`` false; :class:`MegatronCyclicOrder`): epoch ``e`` is
+``torch.randperm(⌊N / mbs⌋·mbs)`` drawn from a generator seeded with ``e`` (computed here with
+numpy, :func:`torch_randperm`), cut to the ``N - N mod (mbs·dp)`` samples an epoch serves, and
+data-parallel rank ``r`` takes every dp-th sample of each microbatch step from the ``r``-th on.
+Over other sources, and whenever the data carries an order seed of its own (pgs
+``data.seed``, MaxText ``data_shuffle_seed``), ``cyclic`` is a seeded grain shuffle,
+reshuffled every epoch. Batch ``i`` is the same on every run with the same settings, and the
+iterator's whole state is the number of samples consumed.
 
-The order does not depend on the parallel layout: global batch ``i`` holds the same samples
-whatever the data-parallel size, so losses match across layouts. A process reads only the
-rows of each global batch its devices hold (``rows``); the rows of all processes together
-are the whole batch. (Megatron's ``data_sharding`` buckets, one per data-parallel rank, would
-tie the batches to the data-parallel size; jaxtrain keeps this one order for either value.)
+The grain order does not depend on the parallel layout: global batch ``i`` holds the same
+samples whatever the data-parallel size, so losses match across layouts. Megatron's cyclic
+order gives every microbatch step the same samples whatever the data-parallel size too, but
+its epochs end where a whole step of ``mbs·dp`` samples no longer fits (as Megatron's do). A
+process reads only the rows of each global batch its devices hold (``rows``); the rows of all
+processes together are the whole batch. (Megatron's ``data_sharding`` buckets, one per
+data-parallel rank, would tie the samples to the data-parallel size; jaxtrain keeps the one
+order of ``data_sharding`` false for either value: docs/fidelity.md.)
 
 Document awareness (Megatron's ``get_ltor_masks_and_position_ids``, with ``eod`` the
 end-of-document id): ``reset_position_ids`` restarts ``positions`` after each EOD input
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 from typing import Any, Callable, Iterator
 
 import grain
@@ -55,6 +66,7 @@ class TokenData:
     num_workers: int = 0
     seed: int | None = None  # the order's seed when not the run's (pgs data.seed)
     pad: int | None = None   # Megatron's GPT-dataset pad id (gpt_dataset.dataset_pad_id)
+    megatron_order: bool = False  # cyclic: Megatron's sampler order (MegatronCyclicOrder)
 
     @property
     def num_samples(self) -> int:
@@ -149,9 +161,91 @@ def make_batch(rows, data: TokenData, per_micro: int) -> dict:
             for k, v in batch.items()}
 
 
-def ordered(data: TokenData, seed: int):
-    """The sample order as an endless grain MapDataset (position -> sample); ``data.seed``,
-    when set, replaces ``seed``."""
+# torch's CPU randperm draws 32-bit numbers below this n, 64-bit ones from it on.
+TORCH_RANDPERM_SMALL = (2 ** 32 - 1) // 20
+
+
+def torch_randperm(n: int, seed: int) -> np.ndarray:
+    """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` on the CPU, with
+    numpy (int64): torch's generator is an MT19937 seeded with the seed's low 32 bits, as
+    ``numpy.random.RandomState`` seeds one, and below :data:`TORCH_RANDPERM_SMALL` torch swaps
+    ``i`` with ``i + next32() % (n - i)`` for i = 0 .. n - 2; from it on it builds the
+    permutation inside-out: ``r[i] = r[z]; r[z] = i`` with ``z = next64() % (i + 1)``, next64
+    being two draws, the first the high word. (A Python loop: about half a microsecond per
+    sample, once per epoch.)"""
+    rs = np.random.RandomState(int(seed) & 0xFFFFFFFF)
+    if n < TORCH_RANDPERM_SMALL:
+        if n <= 1:
+            return np.arange(n, dtype=np.int64)
+        raw = rs.randint(0, 2 ** 32, size=n - 1, dtype=np.uint64)
+        swap = (raw % np.arange(n, 1, -1, dtype=np.uint64)).astype(np.int64) + np.arange(n - 1)
+        r = list(range(n))
+        for i, j in enumerate(swap.tolist()):
+            r[i], r[j] = r[j], r[i]
+        return np.asarray(r, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    for start in range(0, n, 1 << 24):      # draw the random words a block at a time
+        count = min(n, start + (1 << 24)) - start
+        words = rs.randint(0, 2 ** 32, size=2 * count, dtype=np.uint64)
+        wide = (words[0::2] << np.uint64(32)) | words[1::2]
+        zs = (wide % np.arange(start + 1, start + count + 1, dtype=np.uint64)).tolist()
+        for i, z in zip(range(start, start + count), zs):
+            out[i] = out[z]
+            out[z] = i
+    return out
+
+
+class MegatronCyclicOrder:
+    """Megatron's cyclic sampler order over ``samples`` (``MegatronPretrainingRandomSampler``,
+    ``data_sharding`` false): position ``p`` of the sample stream is sample
+    ``perm_e[p mod A]`` with ``e = p // A``, ``perm_e`` = :func:`torch_randperm` of
+    ``⌊N / mbs⌋·mbs`` seeded with the epoch ``e``, and ``A = N - N mod (mbs·dp)`` the
+    samples an epoch serves. Within a microbatch step Megatron gives rank ``r`` the positions
+    ``r, r + dp, r + 2·dp, ...``: :meth:`row_position`."""
+
+    def __init__(self, samples, micro_batch_size: int, data_parallel_size: int):
+        n = len(samples)
+        self.samples, self.mbs, self.dp = samples, int(micro_batch_size), int(data_parallel_size)
+        self.active = n - n % (self.mbs * self.dp)
+        self.bucket = (n // self.mbs) * self.mbs
+        if self.active <= 0:
+            raise ConfigError(f"dataloader_type cyclic: {n} samples, fewer than one microbatch "
+                              f"step of {self.mbs * self.dp} (micro_batch_size x data-parallel "
+                              "size)")
+        self._lock = threading.Lock()
+        self._perms: dict[int, np.ndarray] = {}
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        with self._lock:
+            perm = self._perms.get(epoch)
+            if perm is None:
+                perm = torch_randperm(self.bucket, epoch)
+                self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
+                self._perms[epoch] = perm
+            return perm
+
+    def index(self, position: int) -> int:
+        epoch, k = divmod(int(position), self.active)
+        return int(self.permutation(epoch)[k])
+
+    def __getitem__(self, position: int):
+        return self.samples[self.index(position)]
+
+    def row_position(self, row: int) -> int:
+        """Where row ``row`` of a microbatch step (rank ``row // mbs``, its ``row % mbs``-th
+        sample) sits among the step's positions."""
+        return (row % self.mbs) * self.dp + row // self.mbs
+
+
+def ordered(data: TokenData, seed: int, tcfg=None):
+    """The sample order as an endless random-access source (position -> sample): a grain
+    MapDataset, or Megatron's cyclic order (``data.megatron_order``, no ``data.seed``; needs
+    ``tcfg`` for the microbatch and data-parallel sizes). ``data.seed``, when set, replaces
+    ``seed``."""
+    if (data.dataloader_type == "cyclic" and data.megatron_order and data.seed is None
+            and tcfg is not None):
+        return MegatronCyclicOrder(data.samples, tcfg.micro_batch_size,
+                                   tcfg.data_parallel_size)
     ds = grain.MapDataset.source(data.samples)
     if data.dataloader_type == "cyclic":
         ds = ds.shuffle(seed=seed if data.seed is None else data.seed)
@@ -175,12 +269,13 @@ def global_batches(data: TokenData, tcfg, seed: int,
     multi-host job reads just the samples its devices hold, [M, hi - lo, T]. ``seed`` orders
     the samples unless the data carries its own (``data.seed``).
     """
-    ds = ordered(data, seed)
+    ds = ordered(data, seed, tcfg)
     per_micro = tcfg.micro_batch_size * tcfg.data_parallel_size
     lo, hi = rows or (0, per_micro)
+    at = ds.row_position if isinstance(ds, MegatronCyclicOrder) else (lambda j: j)
 
     def indices(start, size):
-        return [start + m + j for m in range(0, size, per_micro) for j in range(lo, hi)]
+        return [start + m + at(j) for m in range(0, size, per_micro) for j in range(lo, hi)]
 
     def sizes(start):
         while True:

@@ -88,9 +88,11 @@ def _random_tokens(cfg, name: str, split: int = 0) -> TokenData:
 
 
 def _gpt_loader(cfg, tok) -> dict:
-    """TokenData's fields for Megatron's GPT datasets: the document masks, and the tokenizer's
-    pad id masked and rewritten as Megatron's GPTDataset does."""
-    return {**_loader(cfg, tok.eod if tok else None), "pad": gpt_dataset.dataset_pad_id(tok)}
+    """TokenData's fields for Megatron's GPT datasets: the document masks, the tokenizer's
+    pad id masked and rewritten as Megatron's GPTDataset does, and Megatron's cyclic sampler
+    order (:class:`~jaxtrain.data.batches.MegatronCyclicOrder`)."""
+    return {**_loader(cfg, tok.eod if tok else None), "pad": gpt_dataset.dataset_pad_id(tok),
+            "megatron_order": True}
 
 
 def _corpus(cfg) -> TokenData:

@@ -26,6 +26,8 @@ PERF = textwrap.dedent("""
     weight_dtype: float32
     remat_policy: full
     scan_layers: true
+    hardware: gpu
+    dataset_type: synthetic
 """)
 
 

@@ -16,6 +16,10 @@ GPT3_175B = ["--num-layers", "96", "--hidden-size", "12288", "--num-attention-he
              "--split", "949,50,1", "--log-interval", "100", "--eval-iters", "10"]
 
 
+SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+         "--max-position-embeddings", "128", "--train-iters", "10"]
+
+
 def megatron_lm(*args, **kw):
     return load_config(None, list(args), enforce_status=False, **kw)
 
@@ -46,7 +50,7 @@ def test_gpt3_flags_are_refused_by_name_not_by_unknown_key():
 
 
 def test_negative_and_renamed_flags():
-    cfg = megatron_lm("--num-layers", "2", "--disable-bias-linear", "--no-rope-fusion",
+    cfg = megatron_lm(*SMALL, "--disable-bias-linear", "--no-rope-fusion",
                       "--no-masked-softmax-fusion", "--no-position-embedding",
                       "--untie-embeddings-and-output-weights", "--swiglu",
                       "--fp8-format", "hybrid", "--use-mcore-models",
@@ -60,18 +64,24 @@ def test_negative_and_renamed_flags():
 
 
 def test_flags_that_cannot_matter_under_xla_warn_instead_of_failing():
-    cfg = load_config(None, ["--num-layers", "2", "--no-rope-fusion", "--use-mcore-models",
-                             "--no-masked-softmax-fusion", "--train-iters", "10"])
+    cfg = load_config(None, [*SMALL, "--no-rope-fusion", "--use-mcore-models",
+                             "--no-masked-softmax-fusion"])
     assert any("apply_rope_fusion" in w for w in cfg.warnings)
 
 
 def test_multi_value_flags_parse():
     cfg = megatron_lm("--data-path", "0.3", "/d/a_text_document", "0.7", "/d/b_text_document",
-                      "--num-layers", "2")
+                      *SMALL)
     assert cfg["data_path"] == ["0.3", "/d/a_text_document", "0.7", "/d/b_text_document"]
     assert cfg["num_layers"] == 2
     with pytest.raises(ConfigError, match="--num-layers needs a value"):
         megatron_lm("--num-layers")
+
+
+def test_megatron_lm_required_arguments():
+    with pytest.raises(ConfigError, match="must give --hidden-size, --num-attention-heads, "
+                                          "--max-position-embeddings"):
+        load_config(None, ["--num-layers", "2"])
 
 
 def test_megatron_lm_flags_also_work_under_a_config_file(write):
@@ -81,8 +91,7 @@ def test_megatron_lm_flags_also_work_under_a_config_file(write):
 
 
 def test_fp8_param_gather_from_nvidias_llama3_example_is_accepted():
-    cfg = load_config(None, ["--num-layers", "2", "--fp8-format", "hybrid", "--fp8-param-gather",
-                             "--train-iters", "10"])
+    cfg = load_config(None, [*SMALL, "--fp8-format", "hybrid", "--fp8-param-gather"])
     assert cfg["fp8_param_gather"] is True
 
 

@@ -34,7 +34,7 @@ KNOBS = [
       "preset sets; false makes such a clash an error.", "maxtext", HONORED),
     K("yaml_cfg", "str", None, "Megatron's YAML-config argument.", "megatron", REJECTED,
       "the config file is the positional argument of python -m jaxtrain.train; pass it there"),
-    K("spec", "str", None, "Megatron's PyTorch module-spec hook.", "megatron", REJECTED,
+    K("spec", "str|list[str]", None, "Megatron's PyTorch module-spec hook.", "megatron", REJECTED,
       "names a PyTorch module spec; jaxtrain models are JAX functions chosen by the model knobs"),
     K("framework", "str", "megatron", "Primus backend whose key names and defaults the file uses.",
       "primus", HONORED, choices=("megatron", "maxtext")),
@@ -48,8 +48,8 @@ KNOBS = [
     K("user_name", "str", "", "Primus user name, one level of the run directory.", "primus",
       HONORED),
     K("exp_name", "str", "", "Experiment name, the last level of the run directory.", "primus",
-      HONORED, aliases=(Alias("run_name", "maxtext",
-                              note="the run directory is base_output_directory/run_name; "
-                                   "MaxText names an unnamed run by time, jaxtrain writes it "
-                                   "straight into base_output_directory"),)),
+      HONORED),
+    K("run_name", "str", "", "MaxText run name: without a Primus exp_name the run directory is "
+      "base_output_directory/run_name (empty: base_output_directory itself).", "maxtext",
+      HONORED),
 ]

@@ -11,7 +11,8 @@ _CONVERT_FORMATS = ("torch", "torch_dist", "zarr")
 _STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected",
                "raise_all", "return_unexpected", "return_all", "ignore_all")
 _WRITES_ORBAX = "jaxtrain writes only Orbax checkpoints"
-_TORCH_FORMAT = ("a PyTorch checkpoint format; jaxtrain reads and writes Orbax checkpoints only. "
+TORCH_FORMATS = ("torch", "torch_dcp", "fsdp_dtensor")
+TORCH_FORMATS_REASON = ("a PyTorch checkpoint format; jaxtrain reads and writes Orbax checkpoints only. "
                  "To start from a Megatron checkpoint, convert it to Hugging Face format "
                  "(Megatron-Bridge, or tools/checkpoint/convert.py with an HF saver) and import "
                  "it with jaxtrain.models.from_hf")
@@ -135,8 +136,8 @@ KNOBS = [
     K("ckpt_format", "str", "torch_dist", "Megatron checkpoint format; jaxtrain stores Orbax, and "
       "torch formats cannot be read (convert them first).", "megatron", MAPPED,
       reason="torch_dist and zarr both mean jaxtrain's Orbax checkpoint format (tensorstore "
-      "arrays, OCDBT), which jaxtrain writes and reads whichever is set",
-      rejected_values={f: _TORCH_FORMAT for f in ("torch", "torch_dcp", "fsdp_dtensor")},
+      "arrays, OCDBT), which jaxtrain writes and reads whichever is set; a torch format is an "
+      "error when the run saves or loads, and has no effect when it does neither",
       choices=_CKPT_FORMATS),
     K("auto_detect_ckpt_format", "bool", False, "Megatron: detect legacy or distributed format "
       "from the files when loading.", "megatron", INERT,

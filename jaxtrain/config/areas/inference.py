@@ -1,5 +1,5 @@
 """Generation engine limits, dynamic batching, decode kernels; CUDA graphs and BERT embedders."""
-from jaxtrain.config.knob import Alias, K, REJECTED
+from jaxtrain.config.knob import INERT, REJECTED, Alias, K
 
 _M = "megatron"
 _CUDA_GRAPH = ("CUDA graphs do not exist in jaxtrain: XLA compiles each whole step once with jit "
@@ -43,13 +43,13 @@ KNOBS = [
 
     # CUDA graphs
     K("enable_cuda_graph", "bool", False, "Capture and replay CUDA graphs with Megatron's own "
-      "implementation.", _M, REJECTED, _CUDA_GRAPH),
+      "implementation.", _M, INERT, _CUDA_GRAPH),
     K("external_cuda_graph", "bool", False, "Capture CUDA graphs with Transformer Engine's "
-      "make_graphed_callables.", _M, REJECTED, _CUDA_GRAPH),
+      "make_graphed_callables.", _M, INERT, _CUDA_GRAPH),
     K("cuda_graph_warmup_steps", "int", 3, "Eager steps run before CUDA graphs are captured.", _M,
-      REJECTED, _CUDA_GRAPH),
+      INERT, _CUDA_GRAPH),
     K("cuda_graph_scope", "str|list[str]", "full", "Part of the model captured in CUDA graphs "
-      "(whole layer, attention, whole iteration, ...).", _M, REJECTED, _CUDA_GRAPH,
+      "(whole layer, attention, whole iteration, ...).", _M, INERT, _CUDA_GRAPH,
       choices=_SCOPES,
       aliases=(Alias("cuda_graph_scope_deprecated", "megatron-lm",
                      note="Megatron-LM's dest of the hidden --cuda-graph-scope flag"),)),

@@ -7,7 +7,7 @@ _MEGATRON_ATTENTION = ("flash", "fused", "unfused", "local", "auto")
 _MAXTEXT_ATTENTION = ("autoselected", "dot_product", "flash", "cudnn_flash_te", "cudnn_flash_jax",
                       "paged", "vllm_rpa", "vllm_batched_rpa")
 _HF_ATTENTION = ("sdpa", "flash_attention_2", "eager")
-_POSITION_EMBEDDINGS = ("learned_absolute", "rope", "mrope", "relative", "none")
+_POSITION_EMBEDDINGS = ("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
 _PGS = ("pgs-train", "pgs-distill")
 _MT = "maxtext"
 _SCALED = "MaxText's base size; global_parameter_scale multiplies it"
@@ -78,10 +78,13 @@ KNOBS = [
       "Megatron-Core models are the default and this flag no longer selects anything; jaxtrain "
       "has a single model implementation"),
     K("model_type", "str", "gpt", "Model family to build; gpt is the decoder-only transformer "
-      "(dense, MoE or MLA).", "megatron", REJECTED,
-      "jaxtrain builds decoder-only GPT-style transformers only; Mamba/hybrid and the Primus "
-      "deepseek_v4/kimi_k3 model builders are other families",
-      choices=("gpt", "mamba", "deepseek_v4", "kimi_k3")),
+      "(dense, MoE or MLA).", "megatron", HONORED,
+      choices=("gpt", "mamba", "hybrid", "deepseek_v4", "kimi_k3", "flux_schnell",
+               "diffusion_model"),
+      planned_values={"mamba": 25, "hybrid": 25, "deepseek_v4": 25, "kimi_k3": 25},
+      rejected_values={v: "diffusion models (Flux) are image generators, not language models; "
+                          "jaxtrain trains decoder-only language models"
+                       for v in ("flux_schnell", "diffusion_model")}),
     K("transformer_impl", "str", "transformer_engine", "Layer library Megatron builds from: "
       "TransformerEngine or its own local PyTorch modules.", "megatron", MAPPED,
       "jaxtrain has one JAX implementation of each layer, so only the attention kernel follows "
@@ -192,7 +195,8 @@ KNOBS = [
     K("add_position_embedding", "bool", False, "Add a learned absolute position embedding to the "
       "token embeddings.", "megatron", status=INERT, reason="read only by Megatron's legacy models (use_legacy_models is rejected); the core GPT model takes position_embedding_type"),
     K("position_embedding_type", "str", "learned_absolute", "How positions enter the model: "
-      "learned table, RoPE, multimodal RoPE, relative bias or none.", "megatron",
+      "learned table, RoPE (yarn: RoPE with YaRN scaling), multimodal RoPE, relative bias or "
+      "none.", "megatron",
       choices=_POSITION_EMBEDDINGS, status=HONORED, planned_values={"mrope": None, "relative": None},
       doc_defaults={_MT: "rope"}),
     K("max_position_embeddings", "int", None, "Longest sequence the position encoding is built "

@@ -32,7 +32,8 @@ KNOBS = [
     # --- optimizer choice ---
     K("optimizer", "str", "adam", "Optimizer: adam (AdamW), sgd, or muon (2-D weights; Adam for "
       "the rest); dist_muon is muon with sharded state.", _MEGATRON,
-      choices=_MEGATRON_OPTIMIZERS, status=HONORED),
+      choices=_MEGATRON_OPTIMIZERS + ("lion", "soap", "adaptive_muon"), status=HONORED,
+      planned_values={"lion": None, "soap": None, "adaptive_muon": None}),
     K("train.optimizer", "str", "adamw", "pgs optimizer: adamw, muon (Adam for non-matrix "
       "params), 8-bit-state lion/adamw, or paged 8-bit adamw.", _PGS,
       choices=_PGS_OPTIMIZERS, status=HONORED),

@@ -48,9 +48,10 @@ KNOBS = [
     K("fp8_wgrad", "bool", True, "Run the weight-gradient GEMMs in FP8 too; false keeps them in "
       "higher precision.", _M, HONORED),
     K("fp8_param_gather", "bool", False, "Keep weights in FP8 and all-gather them in FP8 (needs "
-      "the distributed optimizer or FSDP).", _M, REJECTED,
-      "weights are stored in weight_dtype and quantized after XLA gathers them; there is no "
-      "FP8 copy of the weights to gather"),
+      "the distributed optimizer or FSDP).", _M, INERT,
+      "a TransformerEngine memory and bandwidth saving: jaxtrain keeps weights in weight_dtype "
+      "and quantizes them inside each matmul with the same scales, after XLA gathers them, so "
+      "the numbers do not change"),
     K("no_fp8_weight_transpose_cache", "bool", False, "Primus: do not keep the transposed FP8 "
       "weight from forward for the backward pass (saves memory).", _M, INERT,
       "XLA decides whether a transposed FP8 weight lives between forward and backward; there is "

@@ -1,6 +1,13 @@
 """Activation recomputation (remat) and the scan over layers."""
 from jaxtrain.config.knob import HONORED, Alias, K
 
+def _id_list(value):
+    """Primus writes layer ids as a list or as a string "0,1,2"."""
+    if isinstance(value, str):
+        return [int(v) for v in value.replace(" ", "").split(",") if v]
+    return value
+
+
 # MaxText's policies (layers/decoders.py get_remat_policy); "none" keeps every activation.
 _REMAT_POLICIES = (
     "none", "full", "minimal", "minimal_with_context", "minimal_with_quantization",
@@ -32,7 +39,8 @@ KNOBS = [
     K("recompute_num_layers", "int", None, "Layers per checkpointed group (uniform) or number of "
       "checkpointed layers per stage (block).", "megatron", status=HONORED),
     K("recompute_layer_ids", "list[int]", None, "Global indices of the layers to recompute whole "
-      "(Primus; needs full granularity and no method).", "megatron", status=HONORED),
+      "(Primus; needs full granularity and no method); a comma-separated string also works.",
+      "megatron", status=HONORED, parse=_id_list),
     K("recompute_activations", "bool", False, "Legacy switch: true means recompute_granularity "
       "selective.", "megatron", status=HONORED),
     K("checkpoint_activations", "bool", False, "Legacy switch (current Megatron refuses it): "
