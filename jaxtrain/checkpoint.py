@@ -159,8 +159,7 @@ class CheckpointConfig:
         save_dir = pathlib.Path(save) if save else (
             pathlib.Path(run_directory) / "checkpoints" if maxtext else None)
         resume = cfg.get("train.resume_from") or None
-        pgs = (cfg.dialect or "").startswith("pgs")
-        save_final = cfg.get("train.save_final") and (pgs or cfg.is_set("train.save_final"))
+        save_final = cfg.get("train.save_final")
         fmt = cfg.get("ckpt_format") or "torch_dist"
         if fmt not in ("torch_dist", "zarr"):  # the registry rejects these first; a guard
             raise ConfigError(f"ckpt_format {fmt!r}: jaxtrain reads and writes Orbax "

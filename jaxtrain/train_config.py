@@ -39,9 +39,9 @@ def _data_epochs(cfg) -> int | None:
     """MaxText's num_epoch for its file pipelines (in MaxText configs, or when set)."""
     if cfg.get("dataset_type") not in _FINITE_TEXT or cfg.get("mock_data"):
         return None
-    if getattr(cfg, "dialect", None) != "maxtext" and not cfg.is_set("num_epoch"):
-        return None
     epochs = cfg.get("num_epoch")
+    if epochs is None:
+        return None
     if epochs is None or epochs < 1:
         raise ConfigError(f"num_epoch must be at least 1, got {epochs}")
     return epochs

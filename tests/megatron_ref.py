@@ -16,12 +16,25 @@ def megatron_core():
 
 def single_process_group():
     """torch.distributed as one gloo process (Megatron's collectives then do nothing): the
-    WORLD group, initialised once per test process."""
+    WORLD group, initialised on first use; :func:`process_group_fixture` ends it."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), world_size=1, rank=0)
     return dist.group.WORLD
+
+
+@pytest.fixture(scope="module")
+def process_group_fixture():
+    """Use (autouse) in a module that calls :func:`single_process_group`: the group is
+    destroyed after the module, so later tests in the worker see no torch.distributed."""
+    yield
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 SAMPLERS = "megatron/training/datasets/data_samplers.py"

@@ -113,12 +113,16 @@ def megatron_lm_test_entries(root: pathlib.Path):
 
     cases = root / "tests" / "functional_tests" / "test_cases"
     for path in sorted(cases.glob("*/*/model_config.yaml")):
-        if path.parts[-3] not in ("gpt", "moe", "mixtral"):
+        if path.parts[-3] not in ("gpt", "moe", "mixtral") or "inference" in path.parent.name:
             continue
         try:
-            model_args = (yaml.safe_load(path.read_text()) or {}).get("MODEL_ARGS") or {}
+            case = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError:
             continue
+        if "inference" in str(case.get("TEST_TYPE", "")) or "inference" in str(
+                case.get("MODE", "")):
+            continue   # generation servers take extra flags of their own scripts
+        model_args = case.get("MODEL_ARGS") or {}
         args = []
         for flag, value in model_args.items():
             if value is False or value is None:

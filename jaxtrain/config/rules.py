@@ -338,6 +338,34 @@ def moe_router(c: Context):
                     f"moe_router_num_groups ({groups})")
 
 
+def _family(c: Context, key: str, choosers: dict[str, str], what: str):
+    """Switch a convention knob to the system whose knob the config sets explicitly; knobs of
+    two systems set together are ambiguous."""
+    chosen = {family: knob for family, knob in choosers.items() if c.chosen(knob)}
+    if len(chosen) > 1:
+        c.error(f"{' and '.join(c.where(k) for k in chosen.values())} both choose the {what}; "
+                f"keep one")
+        return
+    if not chosen:   # written at its default value: counts when it is the only one written
+        written = {family: knob for family, knob in choosers.items() if c.explicit(knob)}
+        chosen = written if len(written) == 1 else {}
+    if chosen:
+        family, knob = next(iter(chosen.items()))
+        c.adopt(key, family, knob)
+
+
+def conventions(c: Context):
+    """Optimizer and LR-schedule families follow the knobs a config sets, else its dialect."""
+    _family(c, "optimizer_family", {"megatron": "optimizer", "pgs": "train.optimizer"},
+            "optimizer")
+    _family(c, "lr_schedule_family", {"megatron": "lr_decay_style", "maxtext":
+                                      "lr_schedule_type", "pgs": "train.lr_scheduler"},
+            "LR schedule")
+    if c.get("optimizer_family") != "megatron" and c.get("decay_all_params") and \
+            not c.explicit("decay_all_params"):
+        c.set("decay_all_params", False)   # MaxText's all-parameter decay is its AdamW's
+
+
 def checkpoint_format(c: Context):
     """A PyTorch checkpoint format matters only if the run saves or loads (Primus experiments
     write ckpt_format: torch beside save: null, load: null)."""
@@ -440,7 +468,7 @@ def pgs(c: Context):
         c.error("dpo.label_smoothing applies to dpo.loss_type robust only")
 
 
-RULES = (megatron_lm_required, *MAXTEXT_RULES, positions, checkpoint_format, precision, tensor_parallel, context_and_experts, model_shape,
+RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, positions, checkpoint_format, precision, tensor_parallel, context_and_experts, model_shape,
          learning_rate, iterations, batch, recompute, moe_router, upcycling, pgs, evaluate_only)
 
 

@@ -19,8 +19,22 @@ everything that determines them, and loaded (memory-mapped) by later runs.
 :class:`BlendedDataset` interleaves datasets by normalised weights with Megatron's greedy
 rule (each next sample goes to the dataset furthest behind its share), and
 :func:`build_datasets` turns ``data_path``/``split``/``*_data_path`` into train/valid/test
-datasets as ``BlendedMegatronDatasetBuilder`` does, with its 0.5% over-sampling margin per
-blended dataset.
+datasets as ``BlendedMegatronDatasetBuilder`` does (checked sample by sample against it):
+
+- a split's documents are ``round(cumulative proportion x documents)`` boundaries (the split
+  matrix of megatron-core);
+- one prefix without a weight is the split's dataset itself;
+- a weighted blend with a sample target ``S`` builds ``ceil(ceil(S·w)·1.005)`` samples of each
+  part (Megatron's 0.5% surplus) and blends ``Σ ceil(S·w)`` of them by the weights;
+- an unweighted blend builds one epoch of each part and blends ``min(S, Σ epochs)`` samples
+  weighted by each part's one-epoch length (without a target: every sample of every part
+  once, Megatron's exhaustive blend);
+- in the per-split form (``train_data_path`` ...) a single prefix is served directly whatever
+  its weight.
+
+A part with a sample target larger than its split repeats the split for as many epochs as the
+target needs, however short the split (with one epoch, a split shorter than one sample has
+none and is an error).
 """
 from __future__ import annotations
 
@@ -226,9 +240,10 @@ class BlendedDataset:
 
 def _identity(ds):
     """What makes a blended part's samples (its cache key in a blend's description)."""
-    if isinstance(ds, GPTDataset):
-        return [ds.indexed.prefix, int(ds.documents[0]), len(ds.documents), ds.num_samples]
-    return None
+    indexed = getattr(ds, "indexed", None)
+    if indexed is None:
+        return None
+    return [indexed.prefix, int(ds.documents[0]), len(ds.documents), ds.num_samples]
 
 
 def blending_indices(weights, size: int):

@@ -57,8 +57,7 @@ class ProfileWindow:
         this run (after a resume), from which MaxText counts its skipped steps."""
         trace_dir = pathlib.Path(run_dir) / TRACE_DIR
         port = SERVER_PORT + process_index if cfg["run_workload_inspector_server"] else None
-        maxtext_on = cfg["profiler"] == "xplane" and (cfg.dialect == "maxtext"
-                                                      or cfg.is_set("profiler"))
+        maxtext_on = cfg["profiler"] == "xplane"
         first = last = None
         if process_index in (cfg["profile_ranks"] or ()):
             if cfg["profile"]:

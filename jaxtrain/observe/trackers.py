@@ -169,10 +169,6 @@ PACKAGES = {"tensorboard": ("tensorboardX", "tensorboardX"), "wandb": ("wandb", 
             "mlflow": ("mlflow-skinny", "mlflow"), "trackio": ("trackio", "trackio")}
 
 
-def _pgs(cfg) -> bool:
-    return (getattr(cfg, "dialect", None) or "").startswith("pgs")
-
-
 def enabled_trackers(cfg) -> dict[str, tuple[bool, str]]:
     """Tracker name -> (explicitly asked for, the knob that asked), for the trackers on.
 
@@ -190,20 +186,15 @@ def enabled_trackers(cfg) -> dict[str, tuple[bool, str]]:
     if cfg.is_set("disable_wandb"):
         if not cfg["disable_wandb"]:
             on["wandb"] = (True, "disable_wandb")
-    elif cfg.is_set("logging.use_wandb"):
+    elif cfg.is_set("logging.use_wandb") or cfg["logging.use_wandb"]:
         if cfg["logging.use_wandb"]:
-            on["wandb"] = (True, "logging.use_wandb")
-    elif _pgs(cfg) and cfg["logging.use_wandb"]:
-        on["wandb"] = (False, "logging.use_wandb")
+            on["wandb"] = (cfg.is_set("logging.use_wandb"), "logging.use_wandb")
     elif cfg.is_set("wandb_project") and cfg["wandb_project"]:
         on["wandb"] = (True, "wandb_project")
     if not cfg["disable_mlflow"]:
         on["mlflow"] = (True, "disable_mlflow")
-    if cfg.is_set("logging.use_trackio"):
-        if cfg["logging.use_trackio"]:
-            on["trackio"] = (True, "logging.use_trackio")
-    elif getattr(cfg, "dialect", None) == "pgs-train" and cfg["logging.use_trackio"]:
-        on["trackio"] = (False, "logging.use_trackio")
+    if cfg["logging.use_trackio"]:
+        on["trackio"] = (cfg.is_set("logging.use_trackio"), "logging.use_trackio")
     return on
 
 

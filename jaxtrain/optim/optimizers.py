@@ -91,7 +91,6 @@ from jaxtrain.optim import quantized as q
 
 MEGATRON = "megatron"
 PGS = "pgs"
-PGS_DIALECTS = ("pgs-train", "pgs-distill")
 
 # The accepted values are the registry's (jaxtrain/config/areas/optim.py).
 MEGATRON_OPTIMIZERS = _knob_areas._MEGATRON_OPTIMIZERS
@@ -214,8 +213,7 @@ class OptimConfig:
         """Read the optimizer knobs of a resolved config (or any mapping of canonical keys)."""
         get = cfg.get
         is_set = getattr(cfg, "is_set", lambda k: k in cfg)
-        dialect = getattr(cfg, "dialect", None)
-        flavour = _flavour(get, is_set, dialect)
+        flavour = get("optimizer_family") or MEGATRON
         name = get("train.optimizer", "adamw") if flavour == PGS else get("optimizer", "adam")
         pgs_muon = flavour == PGS and name == "muon"
         scale_mode = get("muon_scale_mode", "spectral")
@@ -236,7 +234,7 @@ class OptimConfig:
             adam_beta1=float(get("adam_beta1", 0.9)), adam_beta2=float(get("adam_beta2", 0.999)),
             adam_eps=float(get("adam_eps", 1e-8)),
             adam_eps_root=float(get("adam_eps_root") or 0.0),
-            decay_all=dialect == "maxtext" and flavour == MEGATRON,
+            decay_all=bool(get("decay_all_params")) and flavour == MEGATRON,
             sgd_momentum=float(get("sgd_momentum", 0.9)),
             weight_decay=float(get("weight_decay") or 0.0),
             weight_decay_incr_style=get("weight_decay_incr_style") or "constant",
@@ -272,18 +270,6 @@ def _check(ok: bool, message: str):
 
 def _opt_float(value):
     return None if value is None else float(value)
-
-
-def _flavour(get, is_set, dialect) -> str:
-    """pgs files use ``train.optimizer``; other files use Megatron's ``optimizer`` unless
-    ``train.optimizer`` is set explicitly. Both set explicitly is ambiguous."""
-    chose_pgs, chose_megatron = is_set("train.optimizer"), is_set("optimizer")
-    if chose_pgs and chose_megatron:
-        raise ValueError(f"train.optimizer ({get('train.optimizer')!r}, pgs) and optimizer "
-                         f"({get('optimizer')!r}, Megatron) both choose the optimizer; keep one")
-    if chose_pgs or (dialect in PGS_DIALECTS and not chose_megatron):
-        return PGS
-    return MEGATRON
 
 
 # ----------------------------------------------------------------------------- leaves

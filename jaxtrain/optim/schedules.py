@@ -45,7 +45,6 @@ PGS = "pgs"
 MAXTEXT = "maxtext"
 MAXTEXT_STYLES = _schedule_knobs._MAXTEXT_SCHEDULES
 MAXTEXT_WSD_STYLES = _schedule_knobs._MAXTEXT_WSD_STYLES
-PGS_DIALECTS = ("pgs-train", "pgs-distill")
 
 # The accepted values are the registry's (jaxtrain/config/areas/schedule.py, optim.py).
 MEGATRON_STYLES = _schedule_knobs._DECAY_STYLES
@@ -119,17 +118,17 @@ class ScheduleConfig:
         epochs × steps per epoch); when given it replaces ``train_iters``. Sample-based runs
         (``train_samples``) take their horizons from samples whatever ``total_steps`` is.
         """
-        dialect = getattr(cfg, "dialect", None)
         is_set = getattr(cfg, "is_set", None) or (lambda key: cfg.get(key) is not None)
+        family = cfg.get("lr_schedule_family") or MEGATRON
         common = dict(
             lr=_float(cfg, "lr"), min_lr=_float(cfg, "min_lr", 0.0),
             warmup_init=_float(cfg, "lr_warmup_init", 0.0),
             decoupled_lr=_opt_float(cfg, "decoupled_lr"),
             decoupled_min_lr=_opt_float(cfg, "decoupled_min_lr"),
             **_weight_decay_knobs(cfg))
-        if _uses_pgs(cfg, dialect, is_set):
-            return cls(**common, **_pgs_knobs(cfg, dialect, total_steps))
-        if _uses_maxtext(cfg, dialect, is_set):
+        if family == PGS:
+            return cls(**common, **_pgs_knobs(cfg, total_steps))
+        if family == MAXTEXT:
             return cls(**{**common, **_maxtext_knobs(cfg, is_set, total_steps)})
         return cls(**common, **_megatron_knobs(cfg, is_set, total_steps))
 
@@ -149,28 +148,6 @@ def _float(cfg, key, default=None):
 def _opt_float(cfg, key):
     value = cfg.get(key)
     return None if value is None else float(value)
-
-
-def _uses_pgs(cfg, dialect, is_set) -> bool:
-    """pgs files use pgs's scheduler unless they name a Megatron decay style; a flat config uses
-    it only when train.lr_scheduler is set explicitly."""
-    chose_pgs, chose_megatron = is_set("train.lr_scheduler"), is_set("lr_decay_style")
-    if chose_pgs and chose_megatron:
-        raise ValueError(
-            f"train.lr_scheduler ({cfg.get('train.lr_scheduler')!r}, pgs) and lr_decay_style "
-            f"({cfg.get('lr_decay_style')!r}, Megatron) both choose the LR schedule; keep one")
-    return chose_pgs or (dialect in PGS_DIALECTS and not chose_megatron)
-
-
-def _uses_maxtext(cfg, dialect, is_set) -> bool:
-    """MaxText files use MaxText's schedule unless they name a Megatron decay style; other files
-    only when lr_schedule_type is set explicitly."""
-    chose_maxtext, chose_megatron = is_set("lr_schedule_type"), is_set("lr_decay_style")
-    if chose_maxtext and chose_megatron:
-        raise ValueError(
-            f"lr_schedule_type ({cfg.get('lr_schedule_type')!r}, MaxText) and lr_decay_style "
-            f"({cfg.get('lr_decay_style')!r}, Megatron) both choose the LR schedule; keep one")
-    return chose_maxtext or (dialect == MAXTEXT and not chose_megatron)
 
 
 def _maxtext_knobs(cfg, is_set, total_steps) -> dict:
@@ -287,7 +264,7 @@ def _megatron_knobs(cfg, is_set, total_steps) -> dict:
                 wd_incr=float(wd_incr))
 
 
-def _pgs_knobs(cfg, dialect, total_steps) -> dict:
+def _pgs_knobs(cfg, total_steps) -> dict:
     """pgs's build_scheduler inputs, in optimizer steps."""
     get, gbs = cfg.get, _batch(cfg)
 
@@ -314,7 +291,7 @@ def _pgs_knobs(cfg, dialect, total_steps) -> dict:
         warmup = 0
     return dict(family=PGS, style=get("train.lr_scheduler") or "cosine",
                 warmup=float(warmup), decay=float(horizon),
-                warmup_offset=1 if dialect == "pgs-distill" else 0,
+                warmup_offset=int(get("lr_warmup_offset") or 0),
                 global_batch_size=gbs, wd_incr=float(steps))
 
 

@@ -129,8 +129,7 @@ def sharding_strategy(cfg) -> str:
         stages.append(cfg["data_parallel_sharding_strategy"])
     if cfg["use_torch_fsdp2"]:
         stages.append(OPTIM_GRADS_PARAMS)
-    if cfg["parallel.fsdp"] and ((cfg.dialect or "").startswith("pgs")
-                                 or cfg.is_set("parallel.fsdp")):
+    if cfg["parallel.fsdp"]:
         stages.append(OPTIM_GRADS_PARAMS)
     if cfg["use_distributed_optimizer"]:
         stages.append(OPTIM)

@@ -10,7 +10,10 @@ import pytest
 from jaxtrain.data import gpt_dataset as gd
 from jaxtrain.data.batches import TokenData, make_batch
 from tests.data import helpers
+from tests.megatron_ref import process_group_fixture  # noqa: F401 - used by pytestmark
 from tests.megatron_ref import megatron_core, single_process_group
+
+pytestmark = pytest.mark.usefixtures("process_group_fixture")
 
 SEQ, SEED = 8, 1234
 

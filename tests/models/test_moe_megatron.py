@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from jaxtrain.models import moe as M
+from tests.megatron_ref import process_group_fixture  # noqa: F401 - used by pytestmark
 from tests.megatron_ref import megatron_core, single_process_group
+
+pytestmark = pytest.mark.usefixtures("process_group_fixture")
 
 S, B, E = 16, 4, 8      # Megatron's router takes logits [seq, batch, experts]
 

@@ -75,9 +75,11 @@ def test_no_window_by_default_and_other_ranks(cfg, tmp_path, monkeypatch):
 
 
 def test_maxtext_window(cfg, tmp_path):
-    window = ProfileWindow.from_config(cfg("framework=maxtext"), tmp_path)
-    assert (window.first, window.last) == (4, 4)  # skip 3 steps, profile 1 (MaxText defaults)
-    window = ProfileWindow.from_config(cfg("framework=maxtext", "skip_first_n_steps_for_profiler=1",
+    assert not ProfileWindow.from_config(cfg("framework=maxtext"), tmp_path).active  # base.yml
+    window = ProfileWindow.from_config(cfg("framework=maxtext", "profiler=xplane"), tmp_path)
+    assert (window.first, window.last) == (2, 6)  # skip 1 step, profile 5 (MaxText base.yml)
+    window = ProfileWindow.from_config(cfg("framework=maxtext", "profiler=xplane",
+                                           "skip_first_n_steps_for_profiler=1",
                                            "profiler_steps=3"), tmp_path, first_step=11)
     assert (window.first, window.last) == (12, 14)  # counted from the resumed run's first step
     assert not ProfileWindow.from_config(cfg("framework=maxtext", "profiler="), tmp_path).active

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxtrain.config import load_config
+from jaxtrain.config import ConfigError, load_config
 from jaxtrain.optim import schedules as S
 from jaxtrain.optim.schedules import ScheduleConfig
 
@@ -304,7 +304,7 @@ def test_schedule_family_selection(write):
     path = write("sft.yaml", "model: {name_or_path: ./m}\ntrain: {max_steps: 50}\n")
     pgs_default = sched(path=path)
     assert (pgs_default.family, pgs_default.style, pgs_default.decay) == ("pgs", "cosine", 50)
-    with pytest.raises(ValueError, match="keep one"):
+    with pytest.raises(ConfigError, match="keep one"):   # found by the dry run
         sched("train.lr_scheduler=wsd", "lr_decay_style=WSD", "lr_wsd_decay_iters=10")
 
 

@@ -4,7 +4,7 @@ AREAS = (
     "base", "model", "tokenizer", "fusion", "mla", "recompute",
     "moe", "turbo", "precision", "quant",
     "parallel", "distributed", "comm", "pipeline",
-    "training", "optim", "schedule", "memory",
+    "training", "optim", "schedule", "conventions", "memory",
     "sft", "preprocess", "dpo", "distill",
     "data", "checkpoint",
     "logging", "profiling", "rl", "families", "inference", "resilience",

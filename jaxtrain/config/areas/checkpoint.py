@@ -67,9 +67,9 @@ KNOBS = [
       "ends.", "megatron", status=HONORED,
       aliases=(Alias("save_checkpoint_on_completion", "maxtext", to_canonical=_skip_if_off,
                      note="the opposite switch: true writes the final checkpoint"),)),
-    K("train.save_final", "bool", True, "At the end, export the final model in Hugging Face format "
-      "to <output_dir>/final (pgs configs, or any config that sets it).", "pgs-train",
-      status=HONORED),
+    K("train.save_final", "bool", False, "At the end, export the final model in Hugging Face format "
+      "to <output_dir>/final (on by default in pgs files).", "pgs-train", status=HONORED,
+      doc_defaults={"pgs-train": True, "pgs-distill": True}),
     K("enable_checkpointing", "bool", False, "MaxText switch for writing checkpoints and resuming "
       "from the run's own latest one.", "maxtext", status=HONORED,
       doc_defaults={"maxtext": True}),

@@ -93,8 +93,9 @@ KNOBS = [
       status=HONORED,
       aliases=(Alias("enable_wandb", "maxtext", to_canonical=_negate,
                      note="the opposite switch: true writes to Weights & Biases"),)),
-    K("logging.use_wandb", "bool", True, "Mirror the logged metrics to Weights & Biases; a tracker "
-      "failure only warns.", _PGS, status=HONORED, doc_defaults={"pgs-distill": False}),
+    K("logging.use_wandb", "bool", False, "Mirror the logged metrics to Weights & Biases (on by "
+      "default in pgs train files); a tracker failure only warns.", _PGS, status=HONORED,
+      doc_defaults={"pgs-train": True}),
     K("wandb_project", "str", None, "Weights & Biases project the run is logged under.", _M,
       status=HONORED,
       doc_defaults={"pgs-train": "palingenesis", "pgs-distill": "palingenesis-opd"},
@@ -117,16 +118,19 @@ KNOBS = [
     K("mlflow_run_name", "str", None, "Label given to the run in MLflow.", _M, status=HONORED),
     K("mlflow_experiment_name", "str", None, "MLflow experiment the run is logged under.", _M,
       status=HONORED),
-    K("logging.use_trackio", "bool", True, "Mirror the logged metrics to trackio; a tracker "
-      "failure only warns.", "pgs-train", status=HONORED),
+    K("logging.use_trackio", "bool", False, "Mirror the logged metrics to trackio (on by default "
+      "in pgs train files); a tracker failure only warns.", "pgs-train", status=HONORED,
+      doc_defaults={"pgs-train": True}),
 
     # pgs training-health monitors
-    K("logging.health_tier2_every", "int", 10, "Steps between health/* gradient cosine "
+    K("logging.health_tier2_every", "int", 0, "Steps between health/* gradient cosine "
       "similarity and noise scale (an extra forward/backward) and device memory, at logged "
-      "steps. On in pgs configs, elsewhere when set; 0: off.", "pgs-train", status=HONORED),
-    K("logging.health_tier3_every", "int", 100, "Steps between health/* weight norms, stable "
-      "rank and drift from the first tier-3 step, at logged steps. On in pgs configs, elsewhere "
-      "when set; 0: off.", "pgs-train", status=HONORED),
+      "steps. pgs files default to 10; 0: off.", "pgs-train", status=HONORED,
+      doc_defaults={"pgs-train": 10, "pgs-distill": 10}),
+    K("logging.health_tier3_every", "int", 0, "Steps between health/* weight norms, stable "
+      "rank and drift from the first tier-3 step, at logged steps. pgs files default to 100; "
+      "0: off.", "pgs-train", status=HONORED, doc_defaults={"pgs-train": 100,
+                                                            "pgs-distill": 100}),
     K("logging.rl_readiness", "bool", False, "Track the entropy of the model's output distribution "
       "at logged steps (health/output_entropy) and warn when it collapses (SFT before RL).",
       "pgs-train", status=HONORED),

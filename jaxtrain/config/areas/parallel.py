@@ -67,8 +67,9 @@ KNOBS = [
       "hierarchical CP (a2a+p2p); their product is the CP degree.", "megatron"),
 
     # pgs-train parallel section
-    K("parallel.fsdp", "bool", True, "Shard parameters, gradients and optimizer state over the "
-      "data-parallel devices (FSDP); off on one device.", "pgs-train", status=HONORED),
+    K("parallel.fsdp", "bool", False, "Shard parameters, gradients and optimizer state over the "
+      "data-parallel devices (FSDP; on by default in pgs files); off on one device.",
+      "pgs-train", status=HONORED, doc_defaults={"pgs-train": True, "pgs-distill": True}),
     K("parallel.cpu_offload", "bool", False, "Keep the sharded parameters in host memory between "
       "uses (large memory saving, much slower).", "pgs-train", status=HONORED,
       aliases=(Alias("parameter_memory_host_offload", "maxtext",

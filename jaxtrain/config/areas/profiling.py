@@ -37,7 +37,7 @@ KNOBS = [
       "Perfetto UI opens, next to the XPlane of a profile window.", "jaxtrain", HONORED),
 
     # MaxText profiler
-    K("profiler", "str", "xplane", "Profiler to run: xplane (jax.profiler trace), nsys (CUDA "
+    K("profiler", "str", "", "Profiler to run: xplane (jax.profiler trace), nsys (CUDA "
       "profiler range) or empty for none.", "maxtext", HONORED, choices=_PROFILERS,
       planned_values={"nsys": None}),
     K("skip_first_n_steps_for_profiler", "int", 3, "Steps run before profiling starts, to keep "

@@ -80,9 +80,9 @@ KNOBS = [
       aliases=(Alias("eval_steps", "maxtext",
                      note="-1 evaluates the whole validation split (full_validation)"),),
       doc_defaults={"maxtext": -1}),
-    K("num_epoch", "int", 1, "MaxText: passes over the hf/grain/olmo_grain training data before "
-      "it runs out; the run ends then if its steps would go further (applied in MaxText "
-      "configs, or when set).", "maxtext", status=HONORED),
+    K("num_epoch", "int", None, "MaxText: passes over the hf/grain/olmo_grain training data before "
+      "it runs out; the run ends then if its steps would go further (MaxText files: 1; null: "
+      "no limit).", "maxtext", status=HONORED, doc_defaults={"maxtext": 1}),
     K("full_validation", "bool", False, "Evaluate the whole validation split each time instead of "
       "eval_iters batches.", _MEGATRON, doc_defaults={"pgs-train": True}, status=HONORED),
     K("multiple_validation_sets", "bool", False, "Treat each validation dataset as its own set "
