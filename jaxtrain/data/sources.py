@@ -29,7 +29,7 @@
   with nothing between them, as MaxText does), then a document longer than a sample is cut
   to one (``use_truncation``; hf keeps BOS/EOS and shortens the text, as Hugging Face's
   truncation does, grain cuts the framed ids) or split into sample-sized pieces. The samples
-  are shuffled with ``data_shuffle_seed`` (MaxText files, or when set), or kept in file order
+  are shuffled with ``data.seed`` (MaxText's data_shuffle_seed; set in MaxText and pgs files), or kept in file order
   (``enable_data_shuffling`` false);
 - MaxText ``dataset_type: olmo_grain``: fixed windows of AI2's OLMo token files through
   ``olmo_index_path`` (:mod:`jaxtrain.data.olmo`); validation reads them in another order;
@@ -317,7 +317,7 @@ def _grain(cfg, key: str, name: str, workers_key: str) -> TokenData:
                                                      not tokenize, tkey), tokenize, hf=False)
             for pattern, _ in sources]
     if len(docs) > 1 or sources[0][1] is not None:
-        seed = _order_seed(cfg)
+        seed = cfg["data.seed"]
         docs = grain_files.mix(docs, [w for _, w in sources],
                                cfg["seed"] if seed is None else seed)
     else:
@@ -392,16 +392,6 @@ def _dataset_files(cfg) -> list[str]:
     return eval_files(spec, split, "data.dataset", "data.dataset_split")
 
 
-def _order_seed(cfg) -> int | None:
-    """pgs data.seed orders the training samples (the model seed does not), and so does
-    MaxText's data_shuffle_seed in MaxText files or when set; otherwise seed does."""
-    if cfg.dialect == "pgs-train" or cfg.is_set("data.seed"):
-        return cfg["data.seed"]
-    if cfg.dialect == "maxtext" or cfg.is_set("data_shuffle_seed"):
-        return cfg["data_shuffle_seed"]
-    return None
-
-
 def has_megatron_paths(cfg) -> bool:
     return any(cfg[k] for k in ("data_path", "train_data_path", "data_args_path",
                                 "per_split_data_args_path"))
@@ -410,7 +400,7 @@ def has_megatron_paths(cfg) -> bool:
 def training_data(cfg) -> TokenData:
     """The training set the config asks for, or a ConfigError saying how to ask for one."""
     data = _training_data(cfg)
-    seed = _order_seed(cfg)
+    seed = cfg["data.seed"]
     if seed is not None:
         data = dataclasses.replace(data, seed=seed)
     if not cfg["enable_data_shuffling"] and data.name in ("dataset_type hf",
@@ -426,7 +416,7 @@ def _training_data(cfg) -> TokenData:
         return _megatron(cfg)
     if cfg.is_set("data.dataset"):
         return _text(cfg, _dataset_files(cfg), "data.dataset")
-    kind = _dataset_type(cfg)
+    kind = cfg["dataset_type"]
     if kind == "synthetic":
         return _random_tokens(cfg, "dataset_type synthetic")
     if kind == "corpus":
@@ -441,13 +431,6 @@ def _training_data(cfg) -> TokenData:
                       "mock_data: true, dataset_type: hf with hf_path/hf_train_files, "
                       "dataset_type: grain with grain_train_files, dataset_type: olmo_grain "
                       "with olmo_index_path, dataset_type: synthetic or dataset_type: corpus")
-
-
-def _dataset_type(cfg) -> str | None:
-    """MaxText's dataset_type when the config chooses it (set, or a MaxText config)."""
-    if cfg.is_set("dataset_type") or cfg.dialect == "maxtext":
-        return cfg["dataset_type"]
-    return None
 
 
 def _eval_iters_per_set(cfg, n: int) -> list[int]:
@@ -528,7 +511,7 @@ def _has_megatron_eval_paths(cfg) -> bool:
 
 
 def _synthetic(cfg) -> bool:
-    return _dataset_type(cfg) == "synthetic"
+    return cfg["dataset_type"] == "synthetic"
 
 
 def validation_data(cfg) -> list[TokenData] | None:
@@ -545,14 +528,14 @@ def validation_data(cfg) -> list[TokenData] | None:
                               "subset needs at least one sample")
         files = eval_files(cfg["data.eval_dataset"], cfg["data.eval_split"])
         return [_text(cfg, files, "data.eval_dataset", limit=cfg["data.eval_samples"])]
-    kind = None if cfg.is_set("data.dataset") else _dataset_type(cfg)
+    kind = None if cfg.is_set("data.dataset") else cfg["dataset_type"]
     if kind == "hf":
         files = _hf_eval_files(cfg)
         return [_hf(cfg, files, "hf validation", "eval")] if files else None
     if kind == "grain" and cfg["grain_eval_files"]:
         return [_grain(cfg, "grain_eval_files", "grain_eval_files", "grain_worker_count_eval")]
     if kind == "olmo_grain":
-        seed = _order_seed(cfg)
+        seed = cfg["data.seed"]
         seed = (cfg["seed"] if seed is None else seed) ^ olmo.EVAL_SEED_MASK
         return [_olmo(cfg, "olmo_grain validation", "grain_worker_count_eval", seed)]
     if _synthetic(cfg):

@@ -424,8 +424,7 @@ def _maxtext_type(cfg, ttype: str, model: str) -> str:
     left at MaxText's default follows the path (a folder or tokenizer.json is Hugging Face's,
     a *.tiktoken file tiktoken's)."""
     hf_files = os.path.isdir(model) or model.endswith(".json")
-    hf_data = cfg["dataset_type"] == "hf" and (cfg.is_set("dataset_type") or
-                                               cfg.dialect == "maxtext")
+    hf_data = cfg["dataset_type"] == "hf"
     if hf_files and (hf_data or not cfg.is_set("tokenizer_type")):
         return "huggingface"
     if not cfg.is_set("tokenizer_type") and model.endswith(".tiktoken"):

@@ -3,8 +3,9 @@
 The layer tags its intermediates with ``checkpoint_name`` using MaxText's names:
 ``decoder_layer_input``, ``query_proj``, ``key_proj``, ``value_proj``, ``context`` (attention
 output before the out projection), ``out_proj``, ``mlpwi_0``/``mlpwi_1`` (gated MLP) or
-``mlpwi``, and ``mlpwo``. ``kv_proj`` and ``qkv_proj`` are accepted in policies (MaxText lists
-them) but never produced: q, k and v are separate projections here.
+``mlpwi``, and ``mlpwo``; quantized matmuls name their quantized operands ``quantization``.
+q, k and v are separate projections here, so MaxText's fused ``qkv_proj`` stands for the three
+of them (in the custom policy too).
 
 :func:`layer_plan` turns Megatron's ``recompute_method``/``recompute_num_layers``/
 ``recompute_layer_ids`` into contiguous layer segments, each with a group size and a policy.
@@ -15,7 +16,7 @@ from typing import NamedTuple
 
 import jax
 
-_QKV = ("query_proj", "value_proj", "key_proj", "qkv_proj")
+_QKV = ("query_proj", "value_proj", "key_proj")
 _MINIMAL = _QKV + ("out_proj", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo")
 _OFFLOAD = dict(offload_src="device", offload_dst="pinned_host")
 
@@ -58,11 +59,22 @@ def checkpoint_policy(cfg):
             names_which_can_be_saved=[], names_which_can_be_offloaded=list(_OFFLOADED[name]),
             **_OFFLOAD)
     if name == "custom":
-        device = [n for n, mode in cfg.remat_tensors if mode == "device"]
-        offload = [n for n, mode in cfg.remat_tensors if mode == "offload"]
+        device, offload = custom_names(cfg.remat_tensors)
         return jax.checkpoint_policies.save_and_offload_only_these_names(
             names_which_can_be_saved=device, names_which_can_be_offloaded=offload, **_OFFLOAD)
     raise ValueError(f"remat_policy={name!r} is not one of {REMAT_POLICIES}")
+
+
+def custom_names(remat_tensors) -> tuple[list[str], list[str]]:
+    """(names kept on device, names offloaded) of MaxText's per-tensor remat modes; the fused
+    ``qkv_proj``, when kept or offloaded, stands for query_proj, key_proj and value_proj."""
+    modes = dict(remat_tensors)
+    fused = modes.pop("qkv_proj", "remat")
+    if fused != "remat":
+        modes.update({part: fused for part in _QKV})
+    device = [n for n, mode in modes.items() if mode == "device"]
+    offload = [n for n, mode in modes.items() if mode == "offload"]
+    return device, offload
 
 
 class Segment(NamedTuple):

@@ -38,9 +38,8 @@ Every pass runs the training loss (:func:`jaxtrain.loss.model_loss`) on the trai
 quantization state, so FP8 delayed scaling measures with the training scales. The gradients
 are taken after the step's update (the train step's own are gone by then); the
 tier-2 pass holds two float32 gradient copies besides the state, and its time shows in the
-step_time of the step that follows it. The knobs' pgs defaults (10 and 100) apply to pgs configs
-only; in other dialects the tiers run when their knob is set, so Megatron and MaxText runs pay
-nothing unasked.
+step_time of the step that follows it. The knobs default to 10 and 100 steps in pgs files and to
+0 (off) elsewhere, so Megatron and MaxText runs pay nothing unasked.
 """
 from __future__ import annotations
 
@@ -311,11 +310,10 @@ class Health:
 
     @classmethod
     def from_config(cls, cfg, model_cfg, tcfg, layout=None, params_memory=None) -> Health:
-        """The tiers run in pgs configs, elsewhere only when their knob is set."""
-        pgs = (cfg.dialect or "").startswith("pgs")
+        """The tiers run every so many steps as their knobs say (on by default in pgs files)."""
 
         def every(key):
-            return cfg[key] or 0 if pgs or cfg.is_set(key) else 0
+            return cfg[key] or 0
 
         return cls(model_cfg, log_interval=tcfg.log_interval,
                    tier2_every=every("logging.health_tier2_every"),

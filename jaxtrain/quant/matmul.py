@@ -23,6 +23,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxtrain.quant import numerics as nx
 from jaxtrain.quant.config import QuantConfig
@@ -100,6 +101,8 @@ def _fwd(eq, qc, x, w, meta):
     else:
         xq = _qdq(x, xs, _contracted(xs, ws, out), fx, qc)
         wq = _qdq(w, ws, _contracted(ws, xs, out), fw, qc, weight=True)
+    # Named for remat: MaxText's *_with_quantization policies keep the quantized operands.
+    xq, wq = checkpoint_name(xq, "quantization"), checkpoint_name(wq, "quantization")
     y = _dot(eq, xq, wq, x.dtype)
     per_tensor = qc.recipe not in _BLOCK
     keep_x = x if (not qc.wgrad or not per_tensor) else None

@@ -127,3 +127,30 @@ def test_status_counts_are_reported():
     counts = Counter(k.status for k in registry())
     assert sum(counts.values()) == len(registry()) >= 800
     assert counts[HONORED] >= 10
+
+
+def _test_sources() -> str:
+    return "\n".join(p.read_text() for p in (ROOT / "tests").rglob("*.py"))
+
+
+def _exercised(name: str, text: str) -> bool:
+    """The key appears in some test as written (key=value, "key", a YAML key), or a dotted
+    pgs key appears as its section's YAML entry (``section: {key: ...}``)."""
+    import re
+
+    name = name.replace("<name>", "")
+    if re.search(r"(?<![A-Za-z0-9_.])" + re.escape(name) + r"(?![A-Za-z0-9_])", text):
+        return True
+    if "." in name:
+        section, leaf = name.split(".", 1)
+        return bool(re.search(rf"\b{re.escape(section)}:.*\b{re.escape(leaf)}:", text, re.S))
+    return False
+
+
+def test_every_honored_knob_is_exercised_by_a_test():
+    """`honored` promises a test that fails if the knob were ignored: at the least, some test
+    must name the knob (or one of its aliases)."""
+    text = _test_sources()
+    missing = [k.key for k in registry() if k.status == HONORED
+               and not any(_exercised(n, text) for n in [k.key, *(a.key for a in k.aliases)])]
+    assert not missing, f"honored knobs no test names: {missing}"

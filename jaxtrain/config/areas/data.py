@@ -106,8 +106,9 @@ KNOBS = [
       status=HONORED),
 
     # MaxText input pipeline
-    K("dataset_type", "str", "hf", "Input pipeline: synthetic, hf (Hugging Face datasets), grain, "
-      "tfds, c4_mlperf, olmo_grain, or jaxtrain's bundled text corpus.", "maxtext", HONORED,
+    K("dataset_type", "str", None, "Input pipeline: synthetic, hf (Hugging Face datasets), grain, "
+      "tfds, c4_mlperf, olmo_grain, or jaxtrain's bundled text corpus; null: the Megatron data "
+      "knobs decide.", "maxtext", HONORED, doc_defaults={"maxtext": "synthetic"},
       choices=_DATASET_TYPES + ("corpus",),
       rejected_values={"tfds": "tfds " + _NEEDS_TF, "c4_mlperf": "c4_mlperf reads C4 through "
                        "tfds and " + _NEEDS_TF}),
@@ -135,8 +136,6 @@ KNOBS = [
       HONORED),
     K("enable_data_shuffling", "bool", True, "hf/grain: serve the training samples in a seeded "
       "shuffled order; false keeps the files' order.", "maxtext", HONORED),
-    K("data_shuffle_seed", "int", 0, "Seed of the training data order (and of grain mixtures), "
-      "apart from the model's seed; read for MaxText files or when set.", "maxtext", HONORED),
     K("train_split", "str", "train", "hf: the split whose files (named as Hugging Face names "
       "them) are read under hf_path; a folder naming no split is all 'train'.", "maxtext",
       HONORED),
@@ -228,8 +227,10 @@ KNOBS = [
       "shuffle, whichever the value; for data larger than host memory write indexed files "
       "with python -m jaxtrain.data.preprocess and set data_path: those are memory-mapped "
       "and read lazily"),
-    K("data.seed", "int", 42, "Seed of the training-data shuffle, separate from the model seed.",
-      "pgs-train", status=HONORED),
+    K("data.seed", "int", None, "Seed of the training-data order (and of grain mixtures), apart "
+      "from the model's seed; null: the model's seed orders the data.", "pgs-train",
+      status=HONORED, doc_defaults={"pgs-train": 42, "maxtext": 0},
+      aliases=(Alias("data_shuffle_seed", "maxtext"),)),
     K("data.eval_dataset", "str", "", "Single validation dataset (same forms as data.dataset); "
       "empty means no validation.", "pgs-train", status=HONORED),
     K("data.eval_split", "str", "test", "Split of data.eval_dataset used for validation (its "

@@ -5,7 +5,7 @@ Keys are Megatron-LM's argparse dests (megatron/training/arguments.py and the co
 it builds flags from). Parallelism, training and checkpoint arguments are in
 ``megatron_lm_train``; inference and RL in ``megatron_lm_infer``.
 """
-from jaxtrain.config.knob import Alias, INERT, K, REJECTED
+from jaxtrain.config.knob import HONORED, INERT, REJECTED, Alias, K
 
 _L = "megatron-lm"
 _LP = ("megatron-lm", "primus")   # Megatron-LM arguments that Primus presets or experiments set
@@ -60,10 +60,14 @@ KNOBS = [
     K("qk_clip_threshold", "float", 100.0, "Largest attention logit qk-clip allows; heads above it "
       "are scaled by threshold / max logit.", _LM),
     K("window_size", "list[int]|str", None, "Sliding-window attention as (left, right) token "
-      "counts, -1 meaning unbounded; null is full attention.", _LP),
+      "counts, -1 meaning unbounded; null is full attention.", _LP, HONORED,
+      "(W, 0) lets each token see W tokens back and itself (a window of W + 1 keys, as "
+      "TransformerEngine counts it); a causal model has nothing ahead, so right is 0 (or -1); "
+      "exclusive with sliding_window_size and sink_sliding_window"),
     K("window_attn_skip_freq", "int|list[int]|str", None, "Which layers use the sliding window: N "
       "means every Nth layer attends fully, or a 0/1 list (or list expression) per layer, 1 = "
-      "windowed.", _LP),
+      "windowed.", _LP, HONORED, "with window_size: 1-based layer l is windowed unless N "
+      "divides l, or as the list says (Megatron's is_layer_window_attention)"),
     K("no_rope_freq", "int|list[int]|str", None, "Layers that skip rotary embeddings: N skips "
       "every Nth layer, or a 0/1 per-layer pattern where 1 skips RoPE (Llama 4 NoPE layers).",
       _L),
@@ -289,7 +293,10 @@ KNOBS = [
 
     # --- recompute, chunking and activation offloading ---
     K("recompute_modules", "list[str]", None, "Submodules selective recompute reruns in backward "
-      "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, ...); null means core_attn.", _L),
+      "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts); null means "
+      "core_attn.", (_L, "primus"), HONORED,
+      choices=("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+               "shared_experts")),
     K("mlp_chunks_for_training", "int", 1, "Run the MLP over this many sequence chunks in "
       "training to cap its activation memory.", _L),
     K("cpu_offloading_num_layers", "int", 0, "Number of transformer layers whose activations are "

@@ -78,8 +78,9 @@ KNOBS = [
       "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
     K("value_proj", "str", "remat", "remat_policy custom: the value projection is recomputed (remat), kept on "
       "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
-    K("qkv_proj", "str", "remat", "remat_policy custom: a fused QKV projection is recomputed (remat), kept on "
-      "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
+    K("qkv_proj", "str", "remat", "remat_policy custom: MaxText's fused QKV projection; kept or offloaded, "
+      "it keeps or offloads the query, key and value projections.", "maxtext", HONORED,
+      choices=_TENSOR_MODES),
     K("context", "str", "remat", "remat_policy custom: the attention output before out_proj is recomputed (remat), kept on "
       "the device, or offloaded to host memory.", "maxtext", HONORED, choices=_TENSOR_MODES),
     K("out_proj", "str", "remat", "remat_policy custom: the attention output projection is recomputed (remat), kept on "
