@@ -234,15 +234,25 @@ def upcycled_state(run: Setup, ckpt: Checkpointer, logger) -> TrainState:
     return state
 
 
+class BuildError(RuntimeError):
+    """An unexpected exception while building the run from a config the checks accepted: a bug
+    (the dry run should have refused the config); the CLI reports it without a traceback."""
+
+
 def _train(cfg, tcfg, logger, devices) -> dict:
-    run = build(cfg, devices, tcfg)
-    state, steps, mcfg = run.state, run.steps, run.layout.mcfg
     directory = run_dir(cfg)
-    ckpt = Checkpointer.from_config(cfg, directory, run.model_cfg, logger)
-    evaluator = Evaluator.from_config(
-        cfg, run.model_cfg, tcfg=tcfg, put_batch=run.put_batch,
-        rows=run.layout.local_rows(run.rows), layout=run.layout,
-        params_memory=memory_movers(run.shardings.params), logger=logger)
+    try:
+        run = build(cfg, devices, tcfg)
+        ckpt = Checkpointer.from_config(cfg, directory, run.model_cfg, logger)
+        evaluator = Evaluator.from_config(
+            cfg, run.model_cfg, tcfg=tcfg, put_batch=run.put_batch,
+            rows=run.layout.local_rows(run.rows), layout=run.layout,
+            params_memory=memory_movers(run.shardings.params), logger=logger)
+    except (ConfigError, TrainingError):
+        raise
+    except Exception as e:  # noqa: BLE001 - reported as a bug, with the cause kept
+        raise BuildError(f"{type(e).__name__}: {e}") from e
+    state, steps, mcfg = run.state, run.steps, run.layout.mcfg
     restored = None
     if cfg.get("moe_use_upcycling"):
         state = upcycled_state(run, ckpt, logger)

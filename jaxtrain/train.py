@@ -81,8 +81,7 @@ def main(argv=None) -> int:
     path, overrides = (None, rest) if rest[0].startswith("-") or "=" in rest[0] else (
         rest[0], rest[1:])
     try:
-        cfg = load_config(path, overrides, world_size=flags["world_size"],
-                          primus_path=flags["primus_path"])
+        cfg, world = _checked(path, overrides, flags["world_size"], flags["primus_path"])
     except ConfigError as e:
         return _fail(f"config error: {e}")
     logger = setup_logging(cfg)  # file sinks come once the process's rank is known
@@ -96,8 +95,36 @@ def main(argv=None) -> int:
         for key in extra:
             areas.setdefault(registry().lookup(key).knob.area, []).append(key)
         sys.stdout.write(cfg.to_yaml(areas))
+        if flags["world_size"] is None:
+            sys.stdout.write(f"# checked for {world} device(s), the smallest job these parallel "
+                             f"sizes allow; --world-size N checks another\n")
         return 0
     return _train(cfg, path, overrides, flags["primus_path"], logger)
+
+
+def apply_env(cfg) -> dict:
+    """Primus ``env``: set the experiment's environment variables before JAX starts; the
+    caller's own settings win. Returns what was set."""
+    import os
+
+    added = {str(k): str(v) for k, v in (cfg.get("env") or {}).items()
+             if str(k) not in os.environ}
+    os.environ.update(added)
+    return added
+
+
+def _checked(path, overrides, world_size, primus_path):
+    """(config, device count) resolved and preflighted (jaxtrain.preflight) for ``world_size``
+    devices, or for the smallest job the config's parallel sizes allow."""
+    from jaxtrain.config import load_config
+    from jaxtrain.preflight import preflight, smallest_job
+
+    cfg = load_config(path, overrides, world_size=world_size, primus_path=primus_path)
+    if world_size is None:
+        world_size = smallest_job(cfg)
+        cfg = load_config(path, overrides, world_size=world_size, primus_path=primus_path)
+    preflight(cfg, world_size)
+    return cfg, world_size
 
 
 def _train(cfg, path, overrides, primus_path, logger) -> int:
@@ -112,6 +139,7 @@ def _train(cfg, path, overrides, primus_path, logger) -> int:
     from jaxtrain.runtime import select_platform
 
     try:
+        apply_env(cfg)
         platform = xla_flags.platform_kind(cfg)
         xla_flags.apply(cfg, platform)
         if cfg.get("jax_cache_dir"):  # MaxText: JAX's persistent compilation cache
@@ -126,9 +154,9 @@ def _train(cfg, path, overrides, primus_path, logger) -> int:
                     backend, setup.process_id, setup.num_processes, setup.source)
         from jaxtrain.checkpoint_args import checkpoint_overrides  # use_checkpoint_args & co
 
-        cfg = load_config(path, [*overrides, *checkpoint_overrides(cfg)],
-                          world_size=jax.device_count(), primus_path=primus_path)
-        from jaxtrain.loop import train
+        cfg, _ = _checked(path, [*overrides, *checkpoint_overrides(cfg)], jax.device_count(),
+                          primus_path)
+        from jaxtrain.loop import BuildError, train
 
         train(cfg, logger)
     except ConfigError as e:
@@ -136,6 +164,11 @@ def _train(cfg, path, overrides, primus_path, logger) -> int:
     except TrainingError as e:
         logger.error("%s", e)
         return 1
+    except BuildError as e:
+        logger.debug("internal error while building the run", exc_info=e.__cause__)
+        return _fail(f"internal error while building the run from {path or 'the command line'}: "
+                     f"{e} (a bug in jaxtrain: the dry run should have refused this config; "
+                     f"the traceback is in the run directory's jaxtrain.log)")
     return 0
 
 

@@ -63,6 +63,18 @@ def _expand(token: str, env: dict) -> str | None:
     return None if missing else text
 
 
+def _dummy(flag: str, i: int) -> str:
+    """A stand-in for a shell variable the script leaves to its caller, of the flag's type."""
+    from jaxtrain.config.dialects.megatron_lm import by_flag
+
+    arg = by_flag().get(flag)
+    kind = None
+    if arg is not None:
+        default = arg.default
+        kind = type(default).__name__ if default is not None else None
+    return {"int": "1", "float": "1.0"}.get(kind, f"/placeholder/{i}")
+
+
 def _words(text: str) -> list[str]:
     text = re.sub(r"\\\n", " ", text)
     try:
@@ -73,6 +85,8 @@ def _words(text: str) -> list[str]:
 
 def megatron_lm_entries(root: pathlib.Path):
     """Flag lists of Megatron-LM's example scripts that train a GPT model."""
+    from jaxtrain.config.dialects.megatron_lm import by_flag
+
     for path in sorted((root / "examples").rglob("*.sh")):
         text = path.read_text(errors="replace")
         if "pretrain_gpt.py" not in text:
@@ -82,7 +96,9 @@ def megatron_lm_entries(root: pathlib.Path):
         for name, block in re.findall(r"^\s*([A-Z_]+)=\(\s*(.*?)\)", text, re.S | re.M):
             if not any(w in name for w in ("DISTRIBUTED", "TORCHRUN", "LAUNCH")):
                 words += _words(block)
-        for m in re.finditer(r"pretrain_gpt\.py((?:[^\n]*\\\n)*[^\n]*)", text):
+        code = "\n".join(line for line in text.splitlines()
+                         if not line.lstrip().startswith("#"))
+        for m in re.finditer(r"pretrain_gpt\.py((?:[^\n]*\\\n)*[^\n]*)", code):
             words += [w for w in _words(m.group(1)) if not w.startswith("${")]
         args, i = [], 0
         while i < len(words):
@@ -96,10 +112,11 @@ def megatron_lm_entries(root: pathlib.Path):
                 values.append(words[i])
                 i += 1
             expanded = [_expand(v, env) for v in values]
-            if any(v is None for v in expanded):
-                expanded = [v if v is not None else f"/placeholder/{k}"
-                            for k, v in enumerate(expanded)]
-            args += [word] + expanded
+            arg = by_flag().get(word)
+            if arg is not None and arg.action != "store":   # a switch: what follows it is an
+                expanded = [v for v in expanded if v is not None]   # unset optional variable
+            args += [word] + [v if v is not None else _dummy(word, k)
+                              for k, v in enumerate(expanded)]
         if args and "--num-layers" in args:
             yield {"id": f"megatron-lm:{path.relative_to(root.parent)}", "dialect": "megatron-lm",
                    "file": None, "args": args}
@@ -133,7 +150,7 @@ def megatron_lm_test_entries(root: pathlib.Path):
                 arg = by_flag().get(flag)
                 many = arg is not None and (arg.nargs in ("+", "*") or isinstance(arg.nargs, int))
                 words = text.split() if many else [text]
-                args += [_expand(w, {}) or f"/placeholder/{i}" for i, w in enumerate(words)]
+                args += [_expand(w, {}) or _dummy(flag, i) for i, w in enumerate(words)]
         yield {"id": f"megatron-lm:{path.parent.relative_to(root.parent)}",
                "dialect": "megatron-lm", "file": None, "args": args}
 

@@ -73,6 +73,9 @@ class Knob:
     issue: int | None = None
     area: str = ""
     parse: Callable[[Any], Any] | None = None   # a written form beyond the type's (e.g. "0,1,2")
+    low: float | None = None       # smallest valid number (inclusive); config/ranges.py sets it
+    high: float | None = None      # largest valid number (inclusive)
+    existing_path: bool = False    # a non-empty value must name an existing file or folder
 
     def __post_init__(self):
         where = f"knob {self.key!r}"
@@ -220,17 +223,38 @@ def _describe(type_: str) -> str:
     return " or ".join(words.get(p.split("[")[0], p) for p in type_.split("|"))
 
 
+def _check_range(knob: Knob, value) -> None:
+    """Bounds and path existence (config/ranges.py); lists are checked item by item."""
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            continue
+        if knob.low is not None and item < knob.low or knob.high is not None and item > knob.high:
+            if knob.high is None:
+                bound = f"at least {knob.low:g}"
+            elif knob.low is None:
+                bound = f"at most {knob.high:g}"
+            else:
+                bound = f"between {knob.low:g} and {knob.high:g}"
+            raise CoerceError(f"{item!r} is out of range: it must be {bound}")
+    if knob.existing_path and isinstance(value, str) and value and "://" not in value:
+        import os
+
+        if not os.path.exists(os.path.expanduser(value)):
+            raise CoerceError(f"{value!r} does not exist (a file or folder is expected)")
+
+
 def coerce(knob: Knob, value: Any) -> Any:
     """Return ``value`` as the knob's type, or raise :class:`CoerceError` saying what fits."""
-    if value is None or (isinstance(value, str) and value.strip() in ("null", "Null", "None", "~")):
-        if knob.allows_none:
-            return None
-        raise CoerceError(f"must not be null; expected {_describe(knob.type)}")
-    if knob.parse is not None:
+    if knob.parse is not None and value is not None:
         try:
             value = knob.parse(value)
         except (TypeError, ValueError) as e:
             raise CoerceError(f"cannot read {value!r}: {e}") from None
+    if value is None or (isinstance(value, str) and value.strip() in ("null", "Null", "None", "~")):
+        if knob.allows_none:
+            return None
+        raise CoerceError(f"must not be null; expected {_describe(knob.type)}")
     parts = knob.type.split("|")
     # For unions, a string that looks like a number is read as the first type that fits.
     result, ok = None, False
@@ -246,6 +270,7 @@ def coerce(knob: Knob, value: Any) -> Any:
         result = knob.value_aliases.get(result, result)
     elif isinstance(result, list) and knob.value_aliases:
         result = [knob.value_aliases.get(v, v) if isinstance(v, str) else v for v in result]
+    _check_range(knob, result)
     if knob.choices is not None and not isinstance(result, (bool, dict)):
         for item in result if isinstance(result, list) else [result]:
             if item not in knob.choices:

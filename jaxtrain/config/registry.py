@@ -85,8 +85,10 @@ class Registry:
 
 @functools.lru_cache(maxsize=None)
 def registry() -> Registry:
+    from jaxtrain.config.ranges import bounds
+
     knobs = []
     for area in AREAS:
         module = importlib.import_module(f"jaxtrain.config.areas.{area}")
-        knobs += [dataclasses.replace(k, area=area) for k in module.KNOBS]
+        knobs += [dataclasses.replace(k, area=area, **bounds(k.key)) for k in module.KNOBS]
     return Registry(knobs)

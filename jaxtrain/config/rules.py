@@ -383,6 +383,13 @@ def checkpoint_format(c: Context):
         c.set("ckpt_format", "torch_dist")
 
 
+def softmax_type(c: Context):
+    """Megatron-LM's learnable softmax offset is the per-head sink logit (Primus's
+    use_sink_attention)."""
+    if c.get("softmax_type") == "learnable":
+        c.adopt("use_sink_attention", True, "softmax_type learnable")
+
+
 def positions(c: Context):
     """Megatron's position_embedding_type yarn is RoPE with YaRN scaling."""
     if c.get("position_embedding_type") == "yarn":
@@ -468,7 +475,7 @@ def pgs(c: Context):
         c.error("dpo.label_smoothing applies to dpo.loss_type robust only")
 
 
-RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, positions, checkpoint_format, precision, tensor_parallel, context_and_experts, model_shape,
+RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions, checkpoint_format, precision, tensor_parallel, context_and_experts, model_shape,
          learning_rate, iterations, batch, recompute, moe_router, upcycling, pgs, evaluate_only)
 
 

@@ -52,10 +52,13 @@ class Layer:
 
 @dataclasses.dataclass
 class Sources:
-    """All layers of one run, lowest precedence first, and the dialect they are written in."""
+    """All layers of one run, lowest precedence first, and the dialect they are written in;
+    ``problems`` found while reading them that resolving reports with its own (a model named
+    by ``model.name_or_path`` that is not on this machine)."""
 
     layers: list[Layer]
     dialect: str
+    problems: list[str] = dataclasses.field(default_factory=list)
 
 
 def flatten(mapping: dict, layer: Layer, origin: str):

@@ -433,6 +433,68 @@ def _training_data(cfg) -> TokenData:
                       "with olmo_index_path, dataset_type: synthetic or dataset_type: corpus")
 
 
+@dataclasses.dataclass(frozen=True)
+class DataPlan:
+    """Which training source a config names, its files, and the model's vocabulary."""
+
+    name: str
+    files: tuple[str, ...]
+    vocab_size: int | None
+
+
+def data_plan(cfg) -> DataPlan:
+    """What :func:`training_data` would read, found without reading it: the source, that its
+    files exist, that its tokenizer loads (a ConfigError naming the knob otherwise)."""
+    if cfg["mock_data"] or (not has_megatron_paths(cfg) and not cfg.is_set("data.dataset")
+                            and cfg["dataset_type"] == "synthetic"):
+        name = "mock_data" if cfg["mock_data"] else "dataset_type synthetic"
+        if not cfg["vocab_size"]:
+            raise ConfigError(f"{name} needs vocab_size (the range of the random token ids)")
+        return DataPlan(name, (), cfg["vocab_size"])
+    if has_megatron_paths(cfg):
+        data_path, per_split = _megatron_paths(cfg)
+        prefixes = gpt_dataset.parse_blend(data_path)[0] + [
+            p for blend in per_split for p in gpt_dataset.parse_blend(blend, "train_data_path")[0]]
+        files = [f"{p}{ext}" for p in prefixes for ext in (".bin", ".idx")]
+        missing = [f for f in files if not os.path.isfile(f)]
+        if missing:
+            raise ConfigError(f"data_path: {missing[0]} does not exist (a Megatron indexed "
+                              f"dataset is PREFIX.bin + PREFIX.idx; write them with python -m "
+                              f"jaxtrain.data.preprocess)")
+        return DataPlan("indexed", tuple(files), _vocab(cfg, build_tokenizer(cfg), "data_path"))
+    if cfg.is_set("data.dataset"):
+        files = _dataset_files(cfg)
+        return DataPlan("data.dataset", tuple(files), _text_tokenizer(
+            cfg, "data.dataset").vocab_size)
+    kind = cfg["dataset_type"]
+    if kind == "corpus":
+        return DataPlan("corpus", (), corpus.tokenizer().get_vocab_size())
+    if kind == "hf":
+        files = _hf_files(cfg)
+        if not files:
+            raise ConfigError("dataset_type hf needs hf_path (a local folder or file) or "
+                              "hf_train_files")
+        return DataPlan("dataset_type hf", tuple(files),
+                        _text_tokenizer(cfg, "dataset_type hf").vocab_size)
+    if kind == "grain":
+        key = ("grain_train_mixture_config_path" if cfg["grain_train_mixture_config_path"]
+               else "grain_train_files")
+        if not cfg[key]:
+            raise ConfigError(f"dataset_type grain needs grain_train_files (a glob of "
+                              f"{cfg['grain_file_type']} files)")
+        sources = (grain_files.mixture_file(cfg[key]) if key != "grain_train_files"
+                   else grain_files.parse_sources(cfg[key], key))
+        files = [f for pattern, _ in sources for f in grain_files.find_files(pattern, key)]
+        field, tokenize, _ = _columns(cfg, "train")
+        tok = _text_tokenizer(cfg, "dataset_type grain") if tokenize else build_tokenizer(cfg)
+        return DataPlan("dataset_type grain", tuple(files),
+                        _vocab(cfg, tok, "dataset_type grain (token ids)"))
+    if kind == "olmo_grain":
+        return DataPlan("dataset_type olmo_grain", (), _vocab(
+            cfg, build_tokenizer(cfg), "dataset_type olmo_grain"))
+    return _training_data(cfg)   # the "no training data configured" error
+
+
 def _eval_iters_per_set(cfg, n: int) -> list[int]:
     iters = cfg["eval_iters"]
     if isinstance(iters, int):

@@ -171,8 +171,10 @@ def test_rope_type(write):
     assert m.use_rope_scaling and (m.rope_scaling_factor, m.original_max_position_embeddings,
                                    m.rope_low_freq_factor, m.rope_high_freq_factor) == (8, 8192, 1, 4)
     assert not model(write, PERF, "rope_type=llama3.1", "rope_use_scale=false")[1].use_rope_scaling
-    with pytest.raises(ConfigError, match="rope_type yarn in a MaxText file"):
-        model(write, PERF, "rope_type=yarn")
+    # MaxText's llama3.1 rotary embedding rotates interleaved pairs, its default one the halves
+    assert model(write, PERF, "rope_type=llama3.1")[1].rotary_interleaved
+    assert not model(write, PERF)[1].rotary_interleaved
+    assert model(write, PERF, "rope_type=yarn")[1].rope_type == "yarn"   # see test_maxtext_families
 
 
 def test_attention_precision_knobs(write):
@@ -186,8 +188,10 @@ def test_attention_precision_knobs(write):
 
 def test_decoder_block(write):
     assert model(write, PERF, "decoder_block=mistral")[1].normalization == "RMSNorm"
-    with pytest.raises(ConfigError, match="decoder_block = 'gemma2' is not supported.*llama2"):
+    with pytest.raises(ConfigError, match="decoder_block = 'gemma2'.*planned for issue #25"):
         model(write, PERF, "decoder_block=gemma2")
+    with pytest.raises(ConfigError, match="decoder_block = 'simple' is not supported"):
+        model(write, PERF, "decoder_block=simple")
     with pytest.raises(ConfigError, match="decoder_block llama2 is a pre-norm RMSNorm"):
         model(write, "base_config: base.yml\n" + PERF + "normalization: LayerNorm\n")
     with pytest.raises(ConfigError, match="no MoE layer"):
@@ -199,30 +203,40 @@ def test_decoder_block(write):
 
 
 def test_mixtral_moe_keys(write):
-    cfg, m = model(write, PERF, "decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2")
+    moe = ("decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2",
+           "base_moe_mlp_dim=1024")
+    cfg, m = model(write, PERF, *moe)
     assert (m.moe.num_experts, m.moe.topk, m.moe.ffn_hidden_size) == (4, 2, 1024)
     assert (m.moe.score_function, m.moe.pre_softmax) == ("softmax", False)
     assert model(write, PERF, "num_experts=1")[1].moe is None        # MaxText: 1 expert = dense
-    for key in ("capacity_factor=1.25", "load_balance_loss_weight=0.01", "shared_experts=1",
-                "first_num_dense_layers=1", "routed_scaling_factor=2.5",
+    with pytest.raises(ConfigError, match="capacity_factor is not supported"):
+        model(write, PERF, *moe, "capacity_factor=1.25")
+    # keys the mixtral block does not read, or reads in a way jaxtrain's router does not build
+    for key in ("shared_experts=1", "first_num_dense_layers=1", "routed_scaling_factor=2.5",
                 "routed_score_func=sigmoid", "routed_bias=true", "n_routing_groups=8",
-                "topk_routing_group=4"):
-        with pytest.raises(ConfigError, match=f"{key.split('=')[0]} is not supported"):
-            model(write, PERF, "decoder_block=mixtral", "num_experts=4", key)
+                "topk_routing_group=4", "mlp_bias=true", "routed_bias_update_rate=0.1"):
+        with pytest.raises(ConfigError, match=f"{key.split('=')[0]} = .*(does not read|router|"
+                                              f"biases|deepseek)"):
+            model(write, PERF, *moe, key)
 
 
 def test_mla_keys(write):
-    m = model(write, PERF, "attention_type=mla", "qk_nope_head_dim=32", "qk_rope_head_dim=16",
-              "v_head_dim=48", "kv_lora_rank=64")[1]
+    mla = ("decoder_block=deepseek", "attention_type=mla", "rope_type=yarn")
+    m = model(write, PERF, *mla, "qk_nope_head_dim=32", "qk_rope_head_dim=16", "v_head_dim=48",
+              "kv_lora_rank=64")[1]
     assert m.multi_latent_attention and m.q_lora_rank is None and m.num_kv_heads == 4
     assert (m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim, m.kv_lora_rank) == (32, 16, 48, 64)
-    assert model(write, PERF, "attention_type=mla", "q_lora_rank=96")[1].q_lora_rank == 96
-    assert model(write, PERF, "attention_type=mla")[1].kv_lora_rank == 512   # MaxText's default
+    assert model(write, PERF, *mla, "q_lora_rank=96")[1].q_lora_rank == 96
+    assert model(write, PERF, *mla)[1].kv_lora_rank == 512   # MaxText's default
     with pytest.raises(ConfigError, match="attention_type.*'local_sliding' is not supported"):
         model(write, PERF, "attention_type=local_sliding")
+    with pytest.raises(ConfigError, match="deepseek block is built of multi-latent attention"):
+        model(write, PERF, "attention_type=mla")          # the llama2 block has no MLA
+    with pytest.raises(ConfigError, match="deepseek block is built of multi-latent attention"):
+        model(write, PERF, "decoder_block=deepseek", "rope_type=yarn")
 
 
-@pytest.mark.parametrize("key", ["use_qk_norm", "use_post_attn_norm", "use_post_ffw_norm"])
+@pytest.mark.parametrize("key", ["use_post_attn_norm", "use_post_ffw_norm"])
 def test_rejected_norm_switches(write, key):
     with pytest.raises(ConfigError, match=f"{key} is not supported"):
         model(write, PERF, f"{key}=true")

@@ -299,3 +299,48 @@ def test_logical_axis_rules_are_checked_against_jaxtrains_table():
         load_config("base.yml", ["logical_axis_rules=[['embed', 'tensor']]",
                                  "ici_fsdp_parallelism=2", "ici_tensor_parallelism=4"],
                     world_size=8, enforce_status=False)
+
+
+def test_primus_env_is_set_before_jax_starts_and_the_callers_wins(write, monkeypatch):
+    from jaxtrain.train import apply_env
+
+    path = write("exp.yaml", """
+        env:
+          XLA_PYTHON_CLIENT_MEM_FRACTION: ".97"
+          JAXTRAIN_TEST_KEPT: "from the file"
+        modules:
+          pre_trainer:
+            framework: megatron
+            overrides: {train_iters: 100}
+    """)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.setenv("JAXTRAIN_TEST_KEPT", "from the caller")
+    cfg = load_config(path, enforce_status=False)
+    assert apply_env(cfg) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".97"}
+    import os
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == ".97"
+    assert os.environ["JAXTRAIN_TEST_KEPT"] == "from the caller"
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+
+def test_primus_stage_pretrain_runs_and_other_trainers_are_refused_by_name():
+    assert load_config(None, ["stage=pretrain"])["stage"] == "pretrain"
+    with pytest.raises(ConfigError, match=r"not implemented yet: stage = 'sft'.*issue #19"):
+        load_config(None, ["stage=sft"])
+
+
+def test_mtp_zero_means_off():
+    assert load_config(None, ["mtp_num_layers=0"])["mtp_num_layers"] is None
+    with pytest.raises(ConfigError, match="not implemented yet: mtp_num_layers"):
+        load_config(None, ["mtp_num_layers=1"])
+
+
+def test_learnable_softmax_type_is_sink_attention():
+    from jaxtrain.models import ModelConfig
+
+    cfg = load_config(None, [*SMALL, "--softmax-type", "learnable", "--vocab-size", "64",
+                             "--position-embedding-type", "rope"])
+    assert cfg["use_sink_attention"] is True
+    assert ModelConfig.from_config({**cfg}).attention_sinks
+    assert not ModelConfig.from_config({**load_config(None, [*SMALL, "--vocab-size", "64"])}
+                                       ).attention_sinks

@@ -9,5 +9,5 @@ AREAS = (
     "data", "checkpoint",
     "logging", "profiling", "rl", "families", "inference", "resilience",
     "megatron_lm", "megatron_lm_train", "megatron_lm_infer", "primus", "primus_models",
-    "maxtext_model", "maxtext_train", "maxtext_runtime", "maxtext_serving",
+    "maxtext_model", "maxtext_train", "maxtext_runtime", "maxtext_serving", "hf",
 )

@@ -1,5 +1,5 @@
 """Module plumbing, config-file mechanics and Primus experiment metadata."""
-from jaxtrain.config.knob import HONORED, Alias, K, REJECTED
+from jaxtrain.config.knob import HONORED, INERT, REJECTED, Alias, K
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _BOTH = ("megatron", "maxtext")
@@ -43,6 +43,13 @@ KNOBS = [
       aliases=(Alias("base_output_directory", "maxtext", to_canonical=_maxtext_output,
                      note="MaxText's output root; empty means ./maxtext_output"),),
       doc_defaults={"maxtext": "maxtext_output"}),
+    K("env", "dict", {}, "Primus: environment variables the run sets before JAX starts (e.g. "
+      "XLA_PYTHON_CLIENT_MEM_FRACTION); a variable already set by the caller is kept.",
+      "primus", HONORED),
+    K("platform", "dict", None, "Primus: the cluster platform its launcher uses (platform: "
+      "{config: platform_local.yaml}).", "primus", INERT,
+      "chooses how Primus's own launcher starts processes; jaxtrain is started by srun, mpirun, "
+      "torchrun-style variables or an explicit coordinator (docs/multihost.md)"),
     K("work_group", "str", "", "Primus team name, one level of the run directory.", "primus",
       HONORED),
     K("user_name", "str", "", "Primus user name, one level of the run directory.", "primus",

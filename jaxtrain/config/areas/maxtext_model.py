@@ -1,14 +1,29 @@
-"""MaxText model keys beyond the mapped llama2/mistral/mixtral blocks: other families' layers,
-attention variants, MoE details, MLA extras, position encodings, norms and model quantization.
+"""MaxText model keys beyond the plain aliases: the decoder blocks, other families' layers,
+attention variants, MoE routing, MLA/YaRN extras, position encodings, norms and model
+quantization.
 
-Canonical keys are MaxText's own (configs/base.yml); defaults are its base.yml values. Keys that
-only MaxText's other decoder blocks read (gemma, llama4, qwen3-next/3.5, olmo3, DeepSeek V3.2/V4)
-are planned for issue 25; kernel tuning for those lives in maxtext_runtime.
+Canonical keys are MaxText's own (configs/base.yml); defaults are its base.yml values. The rules
+that turn a block and its keys into the Megatron knobs are in config/dialects/maxtext_model.py.
+Keys that only MaxText's other decoder blocks read (gemma, llama4, qwen3-next/3.5, olmo3, DeepSeek
+V3.2/V4) are planned for issue 25; kernel tuning for those lives in maxtext_runtime.
 """
-from jaxtrain.config.knob import INERT, MAPPED, REJECTED, Alias, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
 _MT = "maxtext"
 _FAMILIES = 25
+
+# MaxText's decoder blocks (common_types.DecoderBlockType) and what jaxtrain does with each.
+BUILT_BLOCKS = ("llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
+                "gpt_oss")
+# Blocks of model families issue 25 builds ("default" runs attention and MLP in parallel).
+PLANNED_BLOCKS = ("default", "gemma", "gemma2", "gemma3", "gemma4", "gemma4_small", "llama4",
+                  "olmo3", "qwen3_next", "qwen3_5", "qwen3_custom_moe", "deepseek4", "envy")
+REJECTED_BLOCKS = {
+    b: "MaxText's test block of a single weight matrix per layer (or an MLP only) is not a "
+       "language model architecture; use a real decoder block such as llama2"
+    for b in ("simple", "simple_mlp")}
+DECODER_BLOCKS = BUILT_BLOCKS + PLANNED_BLOCKS + tuple(REJECTED_BLOCKS)
+MOE_BLOCKS = ("mixtral", "qwen3_moe", "deepseek", "gpt_oss")
 
 
 def _family(key, type_, default, meaning, family, **kw):
@@ -17,39 +32,39 @@ def _family(key, type_, default, meaning, family, **kw):
              "jaxtrain does not build yet", issue=_FAMILIES, **kw)
 
 
-def _block_only(key, type_, default, meaning, block, instead, **kw):
-    """A key read only by a MaxText decoder block that jaxtrain refuses (decoder_block)."""
-    return K(key, type_, default, meaning, _MT, REJECTED,
-             f"read only by MaxText's {block} block, which jaxtrain does not build; {instead}",
-             **kw)
-
-
 _NO_VALUE_CHANGE = "the computed values are the same either way"
 _NNX = ("selects between MaxText's Flax NNX and Linen model code, which compute the same model; "
         "jaxtrain has one pure-JAX model")
-_YARN = "MaxText's YaRN rotary embedding (rope_type yarn, DeepSeek/Kimi/gpt-oss/olmo3 presets)"
+_YARN = ("MaxText's YaRN rotary embedding (rope_type yarn); mapped onto jaxtrain's YaRN in "
+         "config/dialects/maxtext_model.py")
+_DEEPSEEK = "decoder_block deepseek; refused with the other blocks, which do not read it"
 _REMAT = ("remat_policy custom: MaxText's checkpoint name for {what}; jaxtrain's layer does not "
           "tag that tensor yet, so only remat (recompute) is available")
 _REMAT_CHOICES = ("remat", "device", "offload")
 
 KNOBS = [
     # --- size and shape details of other blocks ---
-    _family("dense_init_scale", "float", 1.0, "Scale of the truncated-normal fan-in initialiser "
-            "of the dense layers in MaxText's llama4, DeepSeek, gpt-oss and envy blocks.",
-            "llama4/DeepSeek/gpt-oss/envy blocks"),
-    _block_only("attention_output_dim", "int", -1, "Width of the attention block's output "
-                "projection when positive (MaxText's qwen3_custom block); -1 keeps emb_dim.",
-                "qwen3_custom", "leave it at -1"),
+    K("dense_init_scale", "float", 1.0, "Scale of the truncated-normal fan-in initialiser of the "
+      "dense layers in MaxText's llama4, DeepSeek, gpt-oss and envy blocks.", _MT, issue=None,
+      reason="jaxtrain initialises every matrix with Megatron's normal(init_method_std), not "
+      "MaxText's fan-in truncated normal"),
+    _family("attention_output_dim", "int", -1, "Width of the attention block's output "
+            "projection when positive (MaxText's qwen3_custom_moe block); -1 keeps emb_dim.",
+            "qwen3_custom_moe block"),
     _family("global_head_dim", "int", 0, "Query/key head width of the global-attention layers "
             "of Gemma 4; 0 uses head_dim.", "gemma4 block"),
     _family("global_num_kv_heads", "int", 0, "Key/value-head count of Gemma 4's global-attention "
             "layers; 0 uses num_kv_heads.", "gemma4 block"),
     K("mlp_activations_limit", "float", -1.0, "Clip the MoE expert activations to at most this "
-      "value (gpt-oss style clamp); -1 leaves them unclipped.", _MT,
-      reason="jaxtrain's expert MLP has no activation clamp yet"),
-    _family("inhomogeneous_layer_cycle_interval", "int", 1, "Length of the repeating pattern of "
-            "unlike layers that is scanned as one block (llama4, qwen3.5: e.g. 4 for dense/MoE "
-            "alternation).", "llama4/qwen3.5 blocks"),
+      "value (gpt-oss style clamp); -1 leaves them unclipped.", _MT, HONORED,
+      "decoder_block gpt_oss: the clamp of GPT-OSS's GLU (jaxtrain's clamped expert GLU, "
+      "Megatron's activation_func_clamp_value); other blocks do not clamp, a limit there is "
+      "refused"),
+    K("inhomogeneous_layer_cycle_interval", "int", 1, "Length of the repeating pattern of unlike "
+      "layers scanned as one block (gpt_oss: 2, a sliding-window layer then a global one).", _MT,
+      HONORED, "decoder_block gpt_oss: with scan_layers layer i is windowed when (i mod interval) "
+      "is even, as MaxText's scanned block does; other blocks take 1 (MaxText would build only "
+      "num_layers / interval of their layers)"),
     _family("interleave_moe_layer_step", "int", 1, "llama4/envy: every this-many-th layer is an "
             "MoE layer, the others dense.", "llama4/envy blocks"),
     _family("nope_layer_interval", "int", -1, "llama4: every this-many-th layer skips RoPE "
@@ -66,16 +81,22 @@ KNOBS = [
             "twice as wide to make up for their missing K/V projections.", "gemma4_small block"),
     _family("share_kv_projections", "bool", False, "Gemma 4 global attention: keys and values "
             "come from one shared projection.", "gemma4 block"),
-    _family("attention_bias", "bool", False, "Give the query/key/value projections a learned "
-            "bias (MaxText reads it in its qwen2, olmo3 and gpt-oss blocks only).",
-            "qwen2/olmo3/gpt-oss blocks"),
+    K("attention_bias", "bool", False, "Give the query/key/value projections a learned bias "
+      "(MaxText reads it in its qwen2 block, q/k/v only, and gpt_oss block, also the output).",
+      _MT, HONORED, "qwen2: add_qkv_bias; gpt_oss: add_bias_linear (with mlp_bias and "
+      "routed_bias, which must agree); other blocks do not read it and refuse true"),
     K("mlp_bias", "bool", False, "Give the MoE expert matmuls learned biases (added for "
-      "gpt-oss).", _MT, reason="jaxtrain's experts have no biases yet (add_bias_linear gives "
-      "every linear layer one, which is a different model)"),
+      "gpt-oss).", _MT, HONORED, "decoder_block gpt_oss: expert biases with add_bias_linear; "
+      "jaxtrain's experts get biases only together with biases on every projection, so other "
+      "blocks refuse true"),
 
     # --- norms of other blocks ---
-    _family("qk_norm_with_scale", "bool", True, "With query/key norms (use_qk_norm), give them a "
-            "learned scale; false normalises without one.", "qwen3/gemma3/olmo3 blocks"),
+    K("use_qk_norm", "bool", False, "RMS-normalise queries and keys per head before RoPE (read "
+      "by MaxText's qwen2, qwen3 and qwen3_moe blocks here; llama4 and others planned).", _MT,
+      HONORED, "qk_layernorm (qk_l2_norm without a scale); blocks that do not read it refuse true"),
+    K("qk_norm_with_scale", "bool", True, "With query/key norms (use_qk_norm), give them a learned "
+      "scale; false normalises without one.", _MT, HONORED,
+      "true: qk_layernorm (RMSNorm with a scale); false: qk_l2_norm (the same norm without one)"),
     _family("v_norm_with_scale", "bool", True, "With a value norm (Gemma 4), give it a learned "
             "scale.", "gemma4 block"),
 
@@ -135,6 +156,46 @@ KNOBS = [
             "a fixed token-id hash instead of the router; 0 disables.", "DeepSeek V4 block"),
 
     # --- MoE details ---
+    K("base_moe_mlp_dim", "int", -1, "Hidden width of each routed expert (qwen3_moe and "
+      "deepseek blocks; must be positive with experts).", _MT, HONORED,
+      "moe_ffn_hidden_size for decoder_block qwen3_moe and deepseek (times the "
+      "global_parameter_scale factor); mixtral and gpt_oss size their experts by base_mlp_dim, "
+      "and MaxText requires the two to agree in a model of MoE layers only"),
+    K("capacity_factor", "float", -1.0, "Per-expert token capacity as a multiple of the even "
+      "share; -1 drops no tokens.", _MT, REJECTED,
+      "MaxText caps each expert per sequence (ceil(seq x k / experts) x factor) while jaxtrain "
+      "caps per batch as Megatron does; set moe_expert_capacity_factor"),
+    K("load_balance_loss_weight", "float", 0.0, "Weight of MaxText's per-sequence load-balancing "
+      "loss (mean of token share x probability, times experts squared).", _MT, HONORED,
+      "Megatron's seq_aux_loss with moe_aux_loss_coeff = weight x top-k / MoE layers (MaxText "
+      "averages the layers' losses and leaves out Megatron's 1/top-k); the DeepSeek block, "
+      "whose balance loss takes a softmax of its scores, refuses it"),
+    K("shared_experts", "int", 0, "Number of always-on shared experts, each base_moe_mlp_dim "
+      "wide.", _MT, HONORED, _DEEPSEEK + ": moe_shared_expert_intermediate_size"),
+    K("first_num_dense_layers", "int", 0, "Leading layers with a dense MLP (base_mlp_dim) before "
+      "the MoE layers.", _MT, HONORED, _DEEPSEEK + ": moe_layer_freq"),
+    K("routed_scaling_factor", "float", 1.0, "Multiplier on the chosen experts' routing "
+      "weights.", _MT, HONORED, _DEEPSEEK + ": moe_router_topk_scaling_factor"),
+    K("routed_score_func", "str", "", "Function applied to the router logits before the top-k "
+      "(softmax, sigmoid, sqrtsoftplus; empty: raw logits).", _MT, HONORED,
+      _DEEPSEEK + ": moe_router_score_function (softmax: over all experts before the top-k, "
+      "moe_router_pre_softmax); raw-logit weights are refused",
+      choices=("", "softmax", "sigmoid", "sqrtsoftplus")),
+    K("routed_bias", "bool", False, "Routing bias: DeepSeek's selection-only expert bias, "
+      "gpt-oss's learned router logit bias.", _MT, HONORED,
+      "deepseek (model_name deepseek3*/deepseek4*, sigmoid scores): moe_router_enable_expert_bias, "
+      "a float32 leaf outside the optimizer (MaxText's optimizer applies weight decay to it); "
+      "gpt_oss: the router bias of add_bias_linear. Other blocks and model names, where MaxText "
+      "adds the bias into the routing weights, refuse it"),
+    K("routed_bias_update_rate", "float", 0.0, "Step size of the aux-loss-free routing-bias "
+      "update (rate x sign of the load deficit, once per step).", _MT, HONORED,
+      _DEEPSEEK + ": moe_router_bias_update_rate"),
+    K("n_routing_groups", "int", -1, "Expert groups of group-limited routing (a group scored by "
+      "its top-2 experts); -1 disables.", _MT, HONORED, _DEEPSEEK + " (model_name deepseek3*/"
+      "deepseek4*, where MaxText applies it): moe_router_num_groups"),
+    K("topk_routing_group", "int", -1, "Expert groups kept per token in group-limited routing; "
+      "-1 disables.", _MT, HONORED, _DEEPSEEK + ": moe_router_group_topk (with top-k = 2 x "
+      "groups kept, where Megatron's group score is MaxText's top-2 sum)"),
     K("float32_weight_sum", "bool", True, "MoE: add up the chosen experts' weighted outputs in "
       "float32.", _MT, issue=None, reason="jaxtrain combines expert outputs in the compute "
       "dtype; a float32 combine is not built yet"),
@@ -155,9 +216,8 @@ KNOBS = [
       "of the balanced share, dropping overflow; negative means worst case (no dropping).",
       _MT, issue=None, reason="buffer-bound token dropping is not built; jaxtrain's experts "
       "drop by capacity only (moe_expert_capacity_factor)"),
-    _block_only("moe_expert_input_dim", "int", -1, "Width of the tokens entering the MoE "
-                "experts when positive (qwen3_custom); -1 uses emb_dim.", "qwen3_custom",
-                "leave it at -1"),
+    _family("moe_expert_input_dim", "int", -1, "Width of the tokens entering the MoE experts "
+            "when positive (qwen3_custom_moe); -1 uses emb_dim.", "qwen3_custom_moe block"),
     K("use_random_routing", "bool", False, "Debug aid: send each token to randomly drawn "
       "experts instead of the router's choice.", _MT, issue=None,
       reason="random routing is not built (moe_router_force_load_balancing is Megatron's "
@@ -174,13 +234,19 @@ KNOBS = [
       "an overlap schedule; " + _NO_VALUE_CHANGE),
     K("merge_gating_gmm", "bool", False, "MoE: run the two gated input projections as one "
       "grouped matmul.", _MT, INERT, "a fusion of the same matmuls; " + _NO_VALUE_CHANGE),
-    _family("norm_topk_prob", "bool", False, "Renormalise the chosen experts' routing weights to "
-            "sum to one (Qwen3 MoE).", "qwen3 MoE blocks"),
+    K("norm_topk_prob", "bool", False, "Renormalise the chosen experts' routing weights to sum "
+      "to one (Qwen3 MoE).", _MT, MAPPED, "MaxText divides the top-k weights by their sum after "
+      "its softmax over the chosen experts' logits, so they already sum to one: in every block "
+      "jaxtrain builds, true and false give the same router (softmax over the chosen logits, "
+      "moe_router_pre_softmax false); the DeepSeek block does not read it"),
     K("use_batch_split_schedule", "bool", False, "DeepSeek: split the batch into micro-batches "
-      "so expert all-to-all overlaps compute of the other half.", _MT, issue=26,
-      reason="an overlap schedule of MaxText's DeepSeek block"),
+      "so expert all-to-all overlaps compute of the other half.", _MT, INERT,
+      "an overlap schedule of MaxText's DeepSeek block; XLA schedules the expert exchange "
+      "itself and " + _NO_VALUE_CHANGE),
     K("batch_split_factor", "int", 1, "With use_batch_split_schedule: number of micro-batches.",
-      _MT, issue=26),
+      _MT, INERT, "an overlap schedule; " + _NO_VALUE_CHANGE),
+    K("log_moe_bias_norms", "bool", False, "Log the norms of the MoE routing biases (DeepSeek "
+      "V4).", _MT, issue=None, reason="jaxtrain does not log routing-bias norms yet"),
     K("activations_in_float32", "bool", False, "MoE: cast expert activations to float32 before "
       "the nonlinearity.", _MT, issue=None,
       reason="jaxtrain's experts apply the activation in the compute dtype"),
@@ -190,9 +256,10 @@ KNOBS = [
       "embeddings to the token embeddings.", _MT, issue=None,
       reason="sinusoidal position embeddings are not built in jaxtrain"),
     K("trainable_position_size", "int", -1, "When positive, add a learned GPT-3 style position "
-      "table of this many positions to the token embeddings.", _MT, issue=None,
-      reason="MaxText adds the table on top of the block's own positions; jaxtrain's learned "
-      "table (position_embedding_type learned_absolute) replaces RoPE instead"),
+      "table of this many positions to the token embeddings.", _MT, HONORED,
+      "decoder_block gpt3: position_embedding_type learned_absolute with max_position_embeddings "
+      "positions (none without it); other blocks refuse it, since MaxText adds the table on top "
+      "of their RoPE and jaxtrain's learned table replaces RoPE"),
     _family("local_rope_max_timescale", "int", -1, "RoPE base period of the local "
             "(sliding-window) layers when positive; otherwise rope_max_timescale serves both.",
             "gemma3/gemma4 blocks"),
@@ -205,26 +272,31 @@ KNOBS = [
     _family("partial_rotary_factor", "float", 1.0, "Share of each head's channels that RoPE "
             "rotates in MaxText's qwen3-next and multimodal-RoPE paths.",
             "qwen3-next and qwen3-omni blocks"),
-    _family("rope_factor", "int", 40, "YaRN context-extension factor (also sets MLA's softmax "
-            "mscale).", _YARN),
-    _family("beta_fast", "int", 32, "YaRN: rotation count that bounds the extrapolated (high "
-            "frequency) channels.", _YARN),
-    _family("beta_slow", "int", 1, "YaRN: rotation count that bounds the interpolated (low "
-            "frequency) channels.", _YARN),
-    _family("rope_interleave", "bool", True, "YaRN: rotate interleaved channel pairs rather than "
-            "the two halves.", _YARN),
-    _family("rope_truncate", "bool", True, "YaRN: round the correction range outward to whole "
-            "channels.", _YARN),
-    _family("rope_attention_scaling", "bool", False, "YaRN: multiply the rotated queries/keys by "
-            "the YaRN attention factor (gpt-oss).", _YARN),
-    _family("rope_pairwise", "bool", False, "YaRN: keep the rotation as [..., pairs, 2] and "
-            "return an interleaved result (needs rope_interleave).", _YARN),
-    _family("yarn_softmax_mscale", "float", 1.0, "MaxText MLA: coefficient m of the softmax "
-            "scale factor (0.1 m ln(rope_factor) + 1)^2, applied when max_position_embeddings > "
-            "original.", "MLA with YaRN (DeepSeek/Kimi presets)",
-            aliases=(Alias("mscale", _MT, only_in=(_MT,), note=(
-                "MaxText's mscale scales MLA's softmax only (Megatron's mscale_all_dim role) and "
-                "never the rotary cos/sin, unlike Megatron's mscale")),)),
+    K("rope_factor", "float", 40.0, "YaRN context-extension factor (also sets MLA's softmax "
+      "mscale).", _MT, HONORED, _YARN + ": rotary_scaling_factor"),
+    K("beta_fast", "float", 32.0, "YaRN: rotation count that bounds the extrapolated (high "
+      "frequency) channels.", _MT, HONORED, _YARN + ": yarn_beta_fast"),
+    K("beta_slow", "float", 1.0, "YaRN: rotation count that bounds the interpolated (low "
+      "frequency) channels.", _MT, HONORED, _YARN + ": yarn_beta_slow"),
+    K("rope_interleave", "bool", True, "YaRN: rotate interleaved channel pairs rather than the "
+      "two halves.", _MT, HONORED, _YARN + ": rotary_interleaved; multi-latent attention "
+      "rotates interleaved pairs only and refuses false"),
+    K("rope_truncate", "bool", True, "YaRN: round the correction range outward to whole "
+      "channels.", _MT, HONORED, _YARN + ": yarn_correction_range_round_to_int"),
+    K("rope_attention_scaling", "bool", False, "YaRN: multiply the rotated queries/keys by the "
+      "YaRN attention factor 0.1 ln(rope_factor) + 1 (gpt-oss).", _MT, HONORED,
+      _YARN + ": the factor of the rotary cos/sin (mscale over mscale_all_dim)"),
+    K("rope_pairwise", "bool", False, "YaRN: keep the rotation as [..., pairs, 2] and return an "
+      "interleaved result (needs rope_interleave).", _MT, INERT,
+      "changes only the order of the rotated query/key channels, the same for both, so the "
+      "attention scores are the same"),
+    K("yarn_softmax_mscale", "float", 1.0, "MaxText MLA: coefficient m of the softmax scale "
+      "factor (0.1 m ln(rope_factor) + 1)^2, applied when max_position_embeddings > original.",
+      _MT, HONORED, _YARN + ": mscale_all_dim of the MLA softmax scale (0 when "
+      "max_position_embeddings <= original_max_position_embeddings)",
+      aliases=(Alias("mscale", _MT, only_in=(_MT,), note=(
+          "MaxText's mscale scales MLA's softmax only (Megatron's mscale_all_dim role) and "
+          "never the rotary cos/sin, unlike Megatron's mscale")),)),
 
     # --- other architectures ---
     _family("gdn_conv_kernel_dim", "int", 4, "Qwen3-Next Gated DeltaNet: kernel size of its "

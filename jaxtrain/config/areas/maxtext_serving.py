@@ -110,6 +110,9 @@ KNOBS = [
       "adapter.", _MT, issue=None),
     K("vllm_hf_overrides", "dict", {}, "Overrides applied to that Hugging Face config for "
       "vLLM.", _MT, issue=None),
+    K("sharding_strategy", "str", None, "Sharding strategy handed to MaxText's vLLM "
+      "(tpu-inference) engine; 'experimental' in some inference configs.", _MT, issue=None,
+      choices=("experimental",)),
     K("vllm_additional_config", "dict", {}, "Extra configuration handed to the vLLM model.", _MT,
       issue=None),
 
@@ -133,6 +136,10 @@ KNOBS = [
     # --- multimodal ---
     K("use_multimodal", "bool", False, "Build the model with its vision encoder (image-text "
       "models).", _MT, REJECTED, _MULTIMODAL),
+    K("vision_encoder_block", "str", "none", "Vision encoder family of a multimodal model "
+      "(gemma3, llama4, qwen3_omni, gemma4, qwen3_5, qwen3_vl); none for text-only.", _MT,
+      REJECTED, _MULTIMODAL,
+      choices=("none", "gemma3", "llama4", "qwen3_omni", "gemma4", "qwen3_5", "qwen3_vl")),
     K("use_audio", "bool", False, "Build the model with its audio encoder.", _MT, REJECTED,
       _MULTIMODAL),
     K("freeze_vision_encoder_params", "bool", True, "Keep the vision encoder's weights frozen.",

@@ -19,6 +19,9 @@ _KERNEL = ("chooses between PyTorch/CUDA kernel implementations of the same math
            "jaxtrain's kernels")
 _LAYOUT = ("a weight layout that Megatron's fused PyTorch kernels expect; jaxtrain keeps each "
            "projection as its own array and XLA picks the layout")
+_MODELOPT = ("drives NVIDIA ModelOpt's export of a trained model (layer library, attention "
+             "kernel, checkpoint layout, quantized storage); training numbers do not change, "
+             "and jaxtrain exports with train.save_final / jaxtrain.models.to_hf")
 _CUDA_GRAPH = ("XLA compiles the whole step into one executable that is replayed every step, so "
                "there are no CUDA graphs to capture")
 _STREAMS = ("orders work on PyTorch CUDA streams; XLA's scheduler orders and overlaps the ops of "
@@ -41,8 +44,8 @@ def _zero_is_off(value):
 KNOBS = [
     # --- attention variants and softmax ---
     K("softmax_type", "str", "vanilla", "Attention softmax: vanilla, off-by-one (an extra zero "
-      "logit in the denominator) or learnable (a learned per-head offset logit).", _L,
-      choices=("vanilla", "off-by-one", "learnable")),
+      "logit in the denominator) or learnable (a learned per-head offset logit).", _L, HONORED,
+      choices=("vanilla", "off-by-one", "learnable"), planned_values={"off-by-one": None}),
     K("attention_output_gate", "bool", False, "Multiply the attention output by a sigmoid gate "
       "computed from the layer input (Qwen3-Next gated attention).", _LP, issue=25),
     K("experimental_attention_variant", "str", None, "Replace softmax attention in some layers: "
@@ -75,11 +78,15 @@ KNOBS = [
       "and width positions for multimodal RoPE (position_embedding_type mrope).", _LM,
       doc_defaults={"maxtext": [24, 20, 20]}),
     K("yarn_beta_fast", "float", None, "YaRN: rotation count above which frequencies are kept "
-      "unscaled (high-frequency boundary of the ramp).", _L),
+      "unscaled (high-frequency boundary of the ramp).", _L, HONORED,
+      "jaxtrain's YaRN ramp (rope_type yarn); null is Megatron-LM's 32"),
     K("yarn_beta_slow", "float", None, "YaRN: rotation count below which frequencies are fully "
-      "interpolated (low-frequency boundary of the ramp).", _L),
+      "interpolated (low-frequency boundary of the ramp).", _L, HONORED,
+      "jaxtrain's YaRN ramp (rope_type yarn); null is Megatron-LM's 1"),
     K("yarn_correction_range_round_to_int", "bool", None, "Round YaRN's correction-range "
-      "endpoints to whole dimensions before building the ramp.", _L),
+      "endpoints to whole dimensions before building the ramp.", _L, HONORED,
+      "jaxtrain's YaRN ramp (rope_type yarn; Hugging Face's truncate); null is Megatron-LM's "
+      "true"),
     K("relative_attention_num_buckets", "int", 32, "Number of buckets of T5-style relative "
       "position biases.", _L, REJECTED,
       "T5-style relative position biases only serve position_embedding_type relative, which "
@@ -91,14 +98,19 @@ KNOBS = [
 
     # --- MLP activation ---
     K("glu_linear_offset", "float", 0.0, "Constant added to the linear half of a gated MLP: "
-      "act(gate) * (up + offset); GPT-OSS uses 1.", _L),
+      "act(gate) * (up + offset); GPT-OSS uses 1.", _L, HONORED,
+      "1 with quick_geglu and activation_func_clamp_value is GPT-OSS's clamped GLU, built in MoE "
+      "experts (every layer MoE); other offsets are refused"),
     K("activation_func_clamp_value", "float", None, "Clamp the first MLP projection's output to "
-      "this magnitude before the activation (clamped SwiGLU of GPT-OSS and DeepSeek-V4).", _LP),
+      "this magnitude before the activation (clamped SwiGLU of GPT-OSS and DeepSeek-V4).", _LP,
+      HONORED, "with quick_geglu and glu_linear_offset 1: GPT-OSS's clamped GLU in the MoE "
+      "experts (every layer MoE); other combinations (DeepSeek-V4's clamped SwiGLU) are "
+      "refused"),
 
     # --- multi-token prediction ---
     K("mtp_num_layers", "int", None, "Number of multi-token-prediction modules; each predicts one "
       "more future token from the previous depth's hidden state. Null (MaxText: 0) turns MTP "
-      "off.", _LPM, doc_defaults={"maxtext": 0},
+      "off.", _LPM, doc_defaults={"maxtext": 0}, parse=_zero_is_off,
       aliases=(Alias("num_nextn_predict_layers", "primus", to_canonical=_zero_is_off,
                      note="Kimi K3's name (Hugging Face's) for the MTP depth; 0 means none"),)),
     K("mtp_loss_scaling_factor", "float", 0.1, "Weight of the MTP loss (mean over depths) added "
@@ -362,4 +374,49 @@ KNOBS = [
     K("cuda_graph_modules", "list[str]", [], "Parts of each layer captured in per-layer CUDA "
       "graphs (attn, mlp, moe, moe_router, moe_preprocess, mamba); empty captures the layer.",
       _L, INERT, _CUDA_GRAPH),
+
+    # NVIDIA ModelOpt arguments (megatron/post_training/arguments.py), which pretrain_gpt.py
+    # adds when ModelOpt is installed: export, quantization and distillation flows.
+    K("export_model_type", "str", "GPTModel", "ModelOpt: the model class a ModelOpt export "
+      "builds.", _L, INERT, _MODELOPT, choices=("GPTModel", "HybridModel", "MambaModel")),
+    *[K(name, "bool", False, f"ModelOpt export: {what}.", _L, INERT, _MODELOPT)
+      for name, what in (
+          ("export_legacy_megatron", "read a legacy Megatron checkpoint"),
+          ("export_te_mcore_model", "build the model with TransformerEngine layers"),
+          ("export_default_te_spec", "use the default TransformerEngine layer spec"),
+          ("export_force_local_attention", "use Megatron's local dot-product attention "
+           "instead of TransformerEngine's"),
+          ("export_qk_l2_norm", "export with query/key L2 normalisation"),
+          ("export_moe_apply_probs_on_input", "export MoE layers applying router weights to "
+           "their inputs"),
+          ("export_offline_model", "export for offline speculative decoding"),
+          ("modelopt_enabled", "set when a ModelOpt checkpoint is loaded"))],
+    K("export_kv_cache_quant", "str", "none", "ModelOpt: KV-cache quantization of the exported "
+      "model.", _L, INERT, _MODELOPT,
+      choices=("none", "fp8", "fp8_affine", "nvfp4", "nvfp4_affine", "nvfp4_rotate")),
+    K("export_real_quant_cfg", "str", None, "ModelOpt: real (stored) quantization of the "
+      "exported weights; null: none.", _L, INERT, _MODELOPT,
+      choices=("fp8_real_quant", "fp8_blockwise_real_quant")),
+    K("export_quant_cfg", "str", None, "ModelOpt: quantization recipe for quantization-aware "
+      "training.", _L, issue=None),
+    K("export_kd_teacher_load", "str", None, "ModelOpt: teacher checkpoint of knowledge "
+      "distillation.", _L, issue=22),
+    K("export_kd_teacher_model_config", "str", None, "ModelOpt: the teacher's model config "
+      "file.", _L, issue=22),
+    K("export_kd_teacher_ckpt_format", "str", None, "ModelOpt: checkpoint format of the "
+      "teacher.", _L, issue=22, choices=("torch", "torch_dist", "torch_dcp")),
+    K("export_kd_cfg", "str", None, "ModelOpt: distillation config file (losses, layers).", _L,
+      issue=22),
+    K("finetune_hf_dataset", "str", None, "ModelOpt: Hugging Face dataset to fine-tune on.", _L,
+      issue=19),
+    K("finetune_data_split", "str", "train", "ModelOpt: split of finetune_hf_dataset.", _L,
+      issue=19),
+    K("finetune_data_files", "list[str]", None, "ModelOpt: data files of finetune_hf_dataset.", _L,
+      issue=19),
+    K("qad_train_target", "str", None, "ModelOpt quantization-aware distillation: what trains "
+      "(base, mtp or both).", _L, issue=22, choices=("base", "mtp", "both")),
+    K("freeze_base_for_mtp", "bool", False, "ModelOpt: train only the multi-token-prediction "
+      "layers.", _L),
+    K("enable_gpt_oss", "bool", False, "ModelOpt: configure YaRN RoPE with gpt-oss's values.",
+      _L, issue=25),
 ]

@@ -1,4 +1,5 @@
 """Model architecture: shape, attention, positions, norms, init, dtypes and the HF model source."""
+from jaxtrain.config.areas.maxtext_model import DECODER_BLOCKS, PLANNED_BLOCKS, REJECTED_BLOCKS
 from jaxtrain.config.knob import Alias, HONORED, INERT, MAPPED, K, REJECTED, _as_bool
 
 _DTYPES = ("bfloat16", "float32", "float16")
@@ -11,27 +12,6 @@ _POSITION_EMBEDDINGS = ("learned_absolute", "rope", "yarn", "mrope", "relative",
 _PGS = ("pgs-train", "pgs-distill")
 _MT = "maxtext"
 _SCALED = "MaxText's base size; global_parameter_scale multiplies it"
-# MaxText's decoder blocks (common_types.DecoderBlockType); see jaxtrain/config/dialects/maxtext_model.py.
-SUPPORTED_DECODER_BLOCKS = ("llama2", "mistral", "mixtral")
-_DECODER_BLOCKS = ("default", "llama2", "mistral", "mixtral", "deepseek", "gemma", "gemma2",
-                   "gemma3", "gemma4", "gemma4_small", "qwen2", "qwen3", "qwen3_moe",
-                   "qwen3_custom_moe", "qwen3_next", "qwen3_5", "gpt3", "gpt_oss", "simple",
-                   "simple_mlp", "llama4", "olmo3", "deepseek4", "envy")
-_WHY_BLOCK = {
-    "default": "MaxText's default block runs attention and MLP in parallel on one norm output",
-    "deepseek": "MaxText's DeepSeek block (MLA, shared experts, dense first layers, "
-                "model_name-dependent routing) is not mapped; write the model with the Megatron "
-                "knobs (multi_latent_attention, moe_*)",
-    "gpt3": "MaxText's gpt3 block uses LayerNorm with biases and learned positions in its own "
-            "layout; write the model with the Megatron knobs",
-    "gpt_oss": "MaxText's gpt_oss block is not mapped; write the model with the Megatron and "
-               "Primus sink-attention knobs",
-}
-_REJECTED_BLOCKS = {
-    b: _WHY_BLOCK.get(b, f"MaxText's {b} block (its norms, embedding scaling or attention "
-                         f"pattern) is not built by jaxtrain; supported: "
-                         f"{', '.join(SUPPORTED_DECODER_BLOCKS)}")
-    for b in _DECODER_BLOCKS if b not in SUPPORTED_DECODER_BLOCKS}
 _DERIVED_SIZES = (("emb_dim", "model width", "base_emb_dim"),
                   ("num_query_heads", "query-head count", "base_num_query_heads"),
                   ("num_kv_heads", "key/value-head count", "base_num_kv_heads"),
@@ -129,10 +109,10 @@ KNOBS = [
     # MaxText's model size scaling and decoder block
     K("global_parameter_scale", "int", 1, "MaxText size multiplier (a power of two) that grows "
       "width, heads, MLP width and depth from their base_* values.", _MT, HONORED),
-    K("decoder_block", "str", None, "MaxText layer family; llama2, mistral and mixtral are "
-      "pre-norm RMSNorm + RoPE blocks (mixtral with MoE); null: the Megatron knobs decide.",
-      _MT, HONORED, choices=_DECODER_BLOCKS, doc_defaults={_MT: "llama2"},
-      rejected_values=_REJECTED_BLOCKS),
+    K("decoder_block", "str", None, "MaxText layer family (llama2, mistral, mixtral, qwen2, qwen3, "
+      "qwen3_moe, deepseek, gpt3, gpt_oss are built); null: the Megatron knobs decide.",
+      _MT, HONORED, choices=DECODER_BLOCKS, doc_defaults={_MT: "llama2"},
+      planned_values={b: 25 for b in PLANNED_BLOCKS}, rejected_values=REJECTED_BLOCKS),
     *[K(name, "int", None, f"MaxText's effective {what}: {base} x the global_parameter_scale "
         "factor.", _MT, INERT, f"MaxText computes it from {base} and global_parameter_scale and "
         f"overwrites any value written here; set {base} instead")
@@ -145,10 +125,6 @@ KNOBS = [
       "product.", "megatron", status=HONORED),
     K("add_qkv_bias", "bool", False, "Give the query/key/value projections a bias term.",
       "megatron", status=HONORED),
-    K("use_qk_norm", "bool", False, "MaxText: RMS-normalise queries and keys per head (read by its "
-      "qwen3 and llama4 blocks).", _MT, REJECTED, "MaxText's llama2/mistral/mixtral blocks do not "
-      "read it and jaxtrain does not build the qwen3/llama4 blocks that do; for per-head q/k norms "
-      "in jaxtrain set qk_layernorm: true"),
     K("use_post_attn_norm", "bool", False, "MaxText: normalise the attention output before the "
       "residual add (gemma2-style sandwich norm).", _MT, REJECTED, "post-sublayer norms are not "
       "built in jaxtrain (MaxText reads this only in its gemma2 and envy blocks)"),
@@ -301,7 +277,7 @@ KNOBS = [
     # Softcapping inside attention and routing
     K("sliding_window_size", "int", None, "Mistral-style local attention: each token sees at "
       "most this many tokens back (itself included); null or 0 attends to the whole prefix.",
-      "jaxtrain", HONORED),
+      ("jaxtrain", _MT), HONORED),
     K("attn_logit_softcapping", "float", None, "Soft-cap attention scores to c*tanh(x/c) before "
       "the softmax; null disables.", "megatron", status=HONORED,
       aliases=(Alias("attn_logits_soft_cap", _MT, to_canonical=_uncapped_if_zero,
@@ -343,9 +319,13 @@ KNOBS = [
 
     # Hugging Face model source (pgs)
     K("model.name_or_path", "str", None, "Hugging Face model id or local directory whose "
-      "config and weights start the model.", "pgs-train",
+      "config and weights start the model.", "pgs-train", HONORED,
+      "its config.json (a local directory, else a snapshot in the local Hugging Face cache; "
+      "nothing is downloaded) sets the architecture knobs, under any the file sets, and a "
+      "tokenizer beside it the tokenizer (config/dialects/hf.py); null builds the model from "
+      "the architecture knobs alone",
       doc_defaults={"pgs-train": "meta-llama/Llama-3.1-8B-Instruct", "pgs-distill": None},
-      aliases=(Alias("model.student", "pgs-distill", note="the student model of distillation"),), issue=None),
+      aliases=(Alias("model.student", "pgs-distill", note="the student model of distillation"),)),
     K("model.use_liger_kernel", "bool", True, "Swap in Liger's fused Triton kernels for norms, "
       "SwiGLU and RoPE.", _PGS, INERT,
       "Liger replaces PyTorch ops with fused CUDA kernels of the same math; XLA fuses these "

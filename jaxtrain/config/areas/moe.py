@@ -3,10 +3,6 @@ from jaxtrain.config.knob import Alias, HONORED, INERT, MAPPED, REJECTED, K
 
 _M = "megatron"
 _MT = "maxtext"
-_DEEPSEEK_ONLY = ("read by MaxText's DeepSeek routing and layer layout, which jaxtrain does not map "
-                  "(decoder_block deepseek is refused); write the model with the Megatron moe_* "
-                  "knobs")
-
 # Megatron HEAD's Literal/argparse choices; alltoall_seq is Primus's pinned Megatron only.
 _SCORE_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")
 _BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing",
@@ -127,36 +123,6 @@ KNOBS = [
       "removed from Megatron in favour of expert_tensor_parallel_size; jaxtrain splits every "
       "expert's FFN over the tensor axis when that equals tensor_model_parallel_size (the "
       "default)"),
-
-    # MaxText MoE keys without a faithful Megatron equivalent
-    K("base_moe_mlp_dim", "int", -1, "MaxText: hidden width of each routed expert (DeepSeek/Qwen3 "
-      "MoE blocks).", _MT, INERT, "MaxText's mixtral block sizes its experts by base_mlp_dim and "
-      "does not read this; in jaxtrain the expert width is moe_ffn_hidden_size"),
-    K("capacity_factor", "float", -1.0, "MaxText: per-expert token capacity as a multiple of the "
-      "even share; -1 drops no tokens.", _MT, REJECTED,
-      "MaxText caps each expert per sequence (ceil(seq x k / experts) x factor) while jaxtrain "
-      "caps per batch as Megatron does; set moe_expert_capacity_factor"),
-    K("load_balance_loss_weight", "float", 0.0, "MaxText: weight of its per-sequence "
-      "load-balancing loss (mean of token share x probability, times experts squared).", _MT,
-      REJECTED, "MaxText's per-sequence balance loss is not mapped onto Megatron's aux losses; "
-      "set moe_router_load_balancing_type and moe_aux_loss_coeff"),
-    K("shared_experts", "int", 0, "MaxText: number of always-on shared experts.", _MT, REJECTED,
-      _DEEPSEEK_ONLY + " (moe_shared_expert_intermediate_size)"),
-    K("first_num_dense_layers", "int", 0, "MaxText: leading layers with a dense MLP before the MoE "
-      "layers.", _MT, REJECTED, _DEEPSEEK_ONLY + " (moe_layer_freq)"),
-    K("routed_scaling_factor", "float", 1.0, "MaxText: multiplier on the chosen experts' routing "
-      "weights.", _MT, REJECTED, _DEEPSEEK_ONLY + " (moe_router_topk_scaling_factor)"),
-    K("routed_score_func", "str", "", "MaxText: function applied to router logits before the "
-      "top-k (empty: raw logits).", _MT, REJECTED,
-      _DEEPSEEK_ONLY + " (moe_router_score_function)"),
-    K("routed_bias", "bool", False, "MaxText: learned/updated per-expert routing bias.", _MT,
-      REJECTED, _DEEPSEEK_ONLY + " (moe_router_enable_expert_bias)"),
-    K("routed_bias_update_rate", "float", 0.0, "MaxText: step size of the routing-bias update.",
-      _MT, REJECTED, _DEEPSEEK_ONLY + " (moe_router_bias_update_rate)"),
-    K("n_routing_groups", "int", -1, "MaxText: expert groups of group-limited routing; -1 "
-      "disables.", _MT, REJECTED, _DEEPSEEK_ONLY + " (moe_router_num_groups)"),
-    K("topk_routing_group", "int", -1, "MaxText: expert groups kept per token in group-limited "
-      "routing; -1 disables.", _MT, REJECTED, _DEEPSEEK_ONLY + " (moe_router_group_topk)"),
 
     # Diagnostics and Primus implementation switches
     K("moe_per_layer_logging", "bool", False, "Log the auxiliary losses of every MoE layer "

@@ -4,7 +4,7 @@ de-oscillation, MLflow/TraceLens uploads, runtime patches and environment variab
 among overrides. Model-family keys (DeepSeek-V4, Kimi K3, hybrid/FLA, LFM2, Flux diffusion)
 are in ``primus_models``. Defaults are the Primus presets' values, else Primus's own fallback.
 """
-from jaxtrain.config.knob import INERT, K, REJECTED
+from jaxtrain.config.knob import HONORED, INERT, REJECTED, K
 
 _P = "primus"
 
@@ -21,7 +21,8 @@ _UNREAD = "Primus itself reads no key of this name, so it has no effect there ei
 KNOBS = [
     # --- trainer stage and supervised fine-tuning data ---
     K("stage", "str", "pretrain", "Which Primus trainer runs the module: pretrain, sft or "
-      "mlperf_pretrain.", _P, issue=19),
+      "mlperf_pretrain.", _P, HONORED, choices=("pretrain", "sft", "mlperf_pretrain"),
+      planned_values={"sft": 19, "mlperf_pretrain": None}),
     K("sft_dataset_name", "str", "tatsu-lab/alpaca", "Hugging Face dataset (or local path) the "
       "SFT trainer reads conversations from.", _P, issue=19),
     K("sft_conversation_format", "str", "alpaca", "How SFT rows become prompt and response: "

@@ -7,7 +7,7 @@ _FP8_FORMATS = ("e4m3", "hybrid")
 _FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8", "custom")
 _AMAX_ALGOS = ("max", "most_recent")
 _FP4_FORMATS = ("e2m1",)
-_FP4_RECIPES = ("nvfp4", "custom")
+_FP4_RECIPES = ("nvfp4", "mxfp4", "custom")
 # MaxText's QuantizationType enum ("" = off): AQT int8/intmp, Flax/qwix fp8 flavours, TE recipes.
 _MAXTEXT_QUANT = ("", "int4", "int8", "int8w", "int4w", "intmp", "fp8", "fp8_e4m3", "fp8_e5m2",
                   "nanoo_fp8",
@@ -67,7 +67,8 @@ KNOBS = [
       "scale, round to nearest, emulated exactly by quantize-dequantize; Transformer Engine's "
       "16x16 weight blocks, random Hadamard transform and stochastic rounding of gradients are "
       "not reproduced", choices=_FP4_RECIPES, nullable=True,
-      rejected_values={"custom": "a custom recipe needs a Python quantizer factory"}),
+      rejected_values={"custom": "a custom recipe needs a Python quantizer factory"},
+      planned_values={"mxfp4": None}),
     K("fp4_param", "bool", False, "Keep weights in FP4 and all-gather them in FP4.", _M,
       REJECTED, "weights are stored in weight_dtype and quantized after XLA gathers them"),
 

@@ -79,7 +79,13 @@ def _chain_of(path: pathlib.Path):
 
 
 def load_sources(path, overrides=(), primus_path: str | None = None) -> Sources:
-    """The layers of a run (lowest precedence first) and its dialect."""
+    """The layers of a run (lowest precedence first) and its dialect; the Hugging Face model
+    that ``model.name_or_path`` names gives the architecture (:func:`pgs.with_hf_model`)."""
+    sources = _sources(path, overrides, primus_path)
+    return pgs.with_hf_model(sources, DIALECTS[sources.dialect].doc)
+
+
+def _sources(path, overrides, primus_path) -> Sources:
     args = list(overrides)
     cli = megatron_lm.parse_command_line(args)
     if path is None:

@@ -5,7 +5,8 @@ MaxText's defaults are its ``configs/base.yml``. When a config's chain reaches a
 values (``maxtext_base.json``, MaxText at the commit it names) is. ``base_config`` is looked up
 next to the file, then in MaxText's configs folder (the checkout the file lives in, or
 ``MAXTEXT_PATH``). ``model_name`` loads ``models/<name>.yml`` where MaxText looks for it — next to
-the config, one folder up, in MaxText's configs folder — then jaxtrain's ``configs/models``.
+the config, one folder up, in MaxText's configs folder — then jaxtrain's copies of MaxText's model
+files (``configs/models/maxtext``) and its own ``configs/models``.
 As in MaxText, the model file overrides the config file and yields only to the command line
 (``override_model_config: false`` makes a key set by both an error).
 """
@@ -97,7 +98,9 @@ def model_layers(name: str, file: pathlib.Path | None, chain, origin: str) -> li
     here = file.resolve().parent if file is not None else pathlib.Path.cwd()
     folders = [here / "models", here.parent / "models"]
     folders += [d / "models" for d in configs_dirs(file, chain)]
-    folders += [CONFIGS_DIR / "models", here]
+    # MaxText's model files copied for the families jaxtrain builds (tools/maxtext_presets.py),
+    # for configs that name one without a MaxText checkout (a Primus framework: maxtext run).
+    folders += [CONFIGS_DIR / "models" / "maxtext", CONFIGS_DIR / "models", here]
     found = None
     for folder in dict.fromkeys(folders):
         for candidate in (f"{stem}.yml", f"{stem}.yaml", stem):
@@ -108,12 +111,29 @@ def model_layers(name: str, file: pathlib.Path | None, chain, origin: str) -> li
             break
     found = found or _normalised(CONFIGS_DIR / "models", stem)
     if found is None:
-        known = sorted(p.stem for p in (CONFIGS_DIR / "models").glob("*.y*ml"))
-        raise ConfigError(f"model_name {name!r} (from {origin}): no models/{stem}.yml next to "
-                          f"the config, in MaxText's configs folder (set MAXTEXT_PATH to a "
-                          f"MaxText checkout) or in {CONFIGS_DIR / 'models'} (known there: "
-                          f"{', '.join(known) or 'none'})")
+        raise ConfigError(_no_model_file(name, stem, origin))
     return chain_layers(read_chain(found), lambda p: f"model_name {name}: {p}", "preset")
+
+
+def _no_model_file(name: str, stem: str, origin: str) -> str:
+    """Why model_name has no file: a MaxText model of a family jaxtrain does not build (named
+    by configs/models/maxtext/families.json), or an unknown name."""
+    from jaxtrain.config.areas.maxtext_model import BUILT_BLOCKS, PLANNED_BLOCKS
+    index = CONFIGS_DIR / "models" / "maxtext" / "families.json"
+    families = json.loads(index.read_text()) if index.is_file() else {}
+    block = families.get("decoder_block", {}).get(stem)
+    if block is not None and block not in BUILT_BLOCKS:
+        plan = ("planned for issue #25 (model families)" if block in PLANNED_BLOCKS
+                else "not supported")
+        return (f"model_name {name!r} (from {origin}) is MaxText's {block} model (decoder_block "
+                f"{block}), which jaxtrain does not build: {plan}; jaxtrain keeps copies of "
+                f"MaxText's model files only for the blocks it builds ({', '.join(BUILT_BLOCKS)})")
+    known = sorted(p.stem for p in (CONFIGS_DIR / "models").glob("*.y*ml"))
+    return (f"model_name {name!r} (from {origin}): no models/{stem}.yml next to the config, in "
+            f"MaxText's configs folder (set MAXTEXT_PATH to a MaxText checkout) or in "
+            f"{CONFIGS_DIR / 'models'} (known there: {', '.join(known) or 'none'}, and in "
+            f"models/maxtext MaxText's model files of the decoder blocks jaxtrain builds: "
+            f"{', '.join(BUILT_BLOCKS)})")
 
 
 def model_name_of(layers: list[Layer]) -> tuple[str | None, str | None]:

@@ -3,21 +3,36 @@
 Most MaxText model keys are aliases of Megatron knobs (``base_emb_dim`` is ``hidden_size``,
 ``head_dim`` is ``kv_channels`` ...; see config/areas/model.py). What an alias cannot say is
 done here, before the shape rules run: ``global_parameter_scale`` grows the base sizes, a
-``decoder_block`` fixes the norm and position encoding of its family, ``mlp_activations`` and
-the Megatron activation switches must not contradict each other, and a few MaxText values
-(``num_experts: 1``, tied logits divided by sqrt(emb_dim)) mean something of their own.
+``decoder_block`` fixes its family's norms, biases, positions, attention and MoE router (a value
+the block implies replaces a default; an explicit different value is an error), MaxText's YaRN
+keys become jaxtrain's YaRN, ``mlp_activations`` and the Megatron activation switches must not
+contradict each other, and a few MaxText values (``num_experts: 1``, tied logits divided by
+sqrt(emb_dim)) mean something of their own. Where MaxText's block computes something jaxtrain's
+model cannot, the configuration is refused by naming the key and the reason.
+
+What each block is (MaxText's models/*.py, layers/attentions.py, attention_mla.py, moe.py):
+
+- llama2, mistral, mixtral: pre-norm RMSNorm, RoPE on the two halves (interleaved pairs for
+  llama3.1 scaling), no biases, global attention; mixtral: every layer MoE, softmax over the
+  chosen experts' logits, experts as wide as base_mlp_dim.
+- qwen2: as llama2 with q/k/v biases (attention_bias; no output bias) and optional q/k norms.
+- qwen3 / qwen3_moe: as llama2 with per-head q/k RMSNorms (use_qk_norm); qwen3_moe: every layer
+  MoE, experts base_moe_mlp_dim wide.
+- deepseek: multi-latent attention (RMSNorms on the q/kv latents, YaRN on interleaved pairs,
+  softmax scale times mscale^2), first_num_dense_layers dense layers then MoE layers with
+  shared experts; routing by routed_score_func, scaled by routed_scaling_factor, with
+  group-limited routing and a selection-only bias for model names deepseek3*/deepseek4*.
+- gpt_oss: every layer MoE with GPT-OSS's clamped GLU, biases on every projection and the
+  router, a sink logit per head, and a sliding window on every other layer.
+- gpt3: pre-norm LayerNorm with zero-centred scales and biases, learned positions
+  (trainable_position_size), biases on every projection, multi-head attention.
 """
 from __future__ import annotations
 
 import math
 
-# MaxText block -> the Megatron knob values the block implies (pre-norm RMSNorm, RoPE, no biases).
-_BLOCK_SETTINGS = {
-    block: {"normalization": "RMSNorm", "position_embedding_type": "rope",
-            "add_bias_linear": False, "add_qkv_bias": False}
-    for block in ("llama2", "mistral", "mixtral")
-}
-_MOE_BLOCKS = ("mixtral",)
+from jaxtrain.config.areas.maxtext_model import BUILT_BLOCKS, MOE_BLOCKS
+
 _MEGATRON_ACTIVATIONS = ("swiglu", "quick_geglu", "openai_gelu", "squared_relu")
 # MaxText activation names (flax.linen functions) -> jaxtrain activation. flax's gelu is the
 # tanh approximation.
@@ -25,6 +40,34 @@ _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu_tanh", "relu": "r
 # Scaled size knobs: (canonical key, which of MaxText's four scales applies).
 _SCALED = (("hidden_size", 0), ("num_attention_heads", 1), ("num_query_groups", 1),
            ("ffn_hidden_size", 2), ("moe_ffn_hidden_size", 2), ("num_layers", 3))
+_QWEN = ("qwen2", "qwen3", "qwen3_moe")
+_LLAMA = ("llama2", "mistral", "mixtral")
+_RMS = "a pre-norm RMSNorm + RoPE block"
+_ABOUT = {
+    **{b: f"{_RMS} without biases" for b in _LLAMA},
+    "qwen2": f"{_RMS} with q/k/v biases as attention_bias says and q/k norms as use_qk_norm says",
+    "qwen3": f"{_RMS} without biases, with q/k norms as use_qk_norm says",
+    "qwen3_moe": f"{_RMS} without biases, with q/k norms as use_qk_norm says",
+    "deepseek": "a pre-norm RMSNorm block of multi-latent attention (RMSNorms on the q/kv "
+                "latents) without biases",
+    "gpt_oss": f"{_RMS} with biases on every projection as attention_bias says",
+    "gpt3": "a pre-norm LayerNorm block (zero-centred scales, biases) with learned positions and "
+            "biases on every projection",
+}
+# MaxText keys a block does not read -> the blocks that do (a value away from the default in
+# another block is refused: MaxText would ignore it, jaxtrain cannot honour it there).
+_READ_BY = {
+    "use_qk_norm": _QWEN,
+    "mlp_activations_limit": ("gpt_oss",),
+    "sliding_window_size": ("gpt_oss",),
+    "inhomogeneous_layer_cycle_interval": ("gpt_oss",),
+    "first_num_dense_layers": ("deepseek",),
+    "shared_experts": ("deepseek",),
+    "routed_scaling_factor": ("deepseek",),
+    "n_routing_groups": ("deepseek",),
+    "topk_routing_group": ("deepseek",),
+    "trainable_position_size": ("gpt3",),
+}
 
 
 def individual_scales(scale: int) -> tuple[int, int, int, int]:
@@ -52,17 +95,15 @@ def mlp_from_activations(acts) -> tuple[str, bool]:
 
 def maxtext_model(c) -> None:
     """MaxText model keys that span several knobs (runs before the shape rules)."""
-    _scale(c)
-    _llama31_rope(c)
-    _decoder_block(c)
-    _activations(c)
     if c.dialect == "maxtext" and c.values.get("num_experts") is not None \
             and c.values["num_experts"] <= 1:
         c.set("num_experts", None)          # MaxText: one expert means a dense MLP
-    if c.dialect == "maxtext" and c.get("rope_type") == "yarn":
-        c.error("rope_type yarn in a MaxText file: MaxText's YaRN keys (rope_factor, beta_fast, "
-                "beta_slow, rope_interleave, ...) are not mapped yet; write YaRN with Megatron's "
-                "knobs (rotary_scaling_factor, mscale, ...) in a Megatron file")
+    _expert_width(c)
+    _scale(c)
+    _llama31_rope(c)
+    _decoder_block(c)
+    _yarn(c)
+    _activations(c)
     if c.get("enable_dropout", True) is False:
         for key in ("hidden_dropout", "attention_dropout"):
             if c.get(key):
@@ -76,6 +117,29 @@ def maxtext_model(c) -> None:
     if c.get("multi_latent_attention") and c.get("group_query_attention") and \
             not c.explicit("group_query_attention"):
         c.set("group_query_attention", False)   # MaxText's default GQA does not apply to MLA
+
+
+def _imply(c, key, wanted, because: str) -> None:
+    """``key`` takes ``wanted``: a default yields, an explicit different value is an error."""
+    if c.values.get(key) == wanted:
+        return
+    if c.explicit(key):
+        c.error(f"{because}, so {key} = {wanted!r}, but {c.where(key)} asks otherwise; drop "
+                f"{key} or change what implies it")
+    else:
+        c.set(key, wanted)
+
+
+def _set(c, key) -> bool:
+    """``key`` is written, to a value away from MaxText's default (base.yml)."""
+    from jaxtrain.config.dialects.maxtext import pinned_base
+    default = pinned_base()[1].get(key, c.defaults.get(key))
+    value = c.values.get(key)
+    return c.explicit(key) and value is not None and value != default
+
+
+def _refuse(c, key, why: str) -> None:
+    c.error(f"{c.where(key)}: {why}")
 
 
 def _llama31_rope(c) -> None:
@@ -104,22 +168,343 @@ def _scale(c) -> None:
     c.set("global_parameter_scale", 1)   # applied: the sizes above are final (a dump reloads)
 
 
+def _expert_width(c) -> None:
+    """base_moe_mlp_dim as the expert width of the blocks that read it, before the sizes are
+    scaled; MaxText's own checks of the expert width."""
+    block = c.get("decoder_block")
+    if block not in MOE_BLOCKS or not c.values.get("num_experts"):
+        return
+    width, dense = c.get("base_moe_mlp_dim", -1), c.get("ffn_hidden_size")
+    if c.dialect == "maxtext" and width <= 0:
+        c.error(f"num_experts = {c.get('num_experts')} needs a positive base_moe_mlp_dim "
+                f"(MaxText's rule), got {c.where('base_moe_mlp_dim')}")
+        return
+    fully_moe = (c.get("first_num_dense_layers", 0) == 0
+                 and c.get("inhomogeneous_layer_cycle_interval", 1) == 1)
+    if c.dialect == "maxtext" and fully_moe and block != "qwen3_moe" and dense != width:
+        c.error(f"a model of MoE layers only needs base_mlp_dim = base_moe_mlp_dim (MaxText's "
+                f"rule): {c.where('ffn_hidden_size')}, {c.where('base_moe_mlp_dim')}")
+    if block in ("qwen3_moe", "deepseek") and width > 0:
+        _imply(c, "moe_ffn_hidden_size", width, f"decoder_block {block} sizes its experts by "
+               f"base_moe_mlp_dim = {width}")
+
+
 def _decoder_block(c) -> None:
     block = c.get("decoder_block")
-    if block is None or block not in _BLOCK_SETTINGS:
-        return   # rejected blocks are reported by the status check
-    for key, wanted in _BLOCK_SETTINGS[block].items():
-        if c.values.get(key) == wanted:
-            continue
-        if c.explicit(key):
-            c.error(f"decoder_block {block} is a pre-norm RMSNorm + RoPE block without biases, "
-                    f"but {c.where(key)} asks otherwise; drop {key} or the decoder_block")
+    if block not in BUILT_BLOCKS:
+        return   # planned and rejected blocks are reported by the status check
+    because = f"decoder_block {block} is {_ABOUT[block]}"
+    for key, blocks in _READ_BY.items():
+        if block not in blocks and _set(c, key):
+            _refuse(c, key, f"MaxText's {block} block does not read {key} (only "
+                            f"{', '.join(blocks)} do); drop it")
+    mla = bool(c.get("multi_latent_attention"))
+    if (block == "deepseek") != mla:
+        c.error(f"decoder_block {block} with {c.where('multi_latent_attention')}: MaxText's "
+                f"deepseek block is built of multi-latent attention (attention_type mla) and the "
+                f"other blocks of ordinary attention")
+        return
+    settings = _norms_and_biases(c, block)
+    for key, wanted in settings.items():
+        _imply(c, key, wanted, because)
+    if block == "gpt3":
+        _gpt3(c, because)
+    if block == "gpt_oss":
+        _gpt_oss(c, because)
+    _experts(c, block, because)
+
+
+def _norms_and_biases(c, block) -> dict:
+    attention_bias = bool(c.get("attention_bias", False))
+    if attention_bias and block not in ("qwen2", "gpt_oss", "gpt3"):
+        _refuse(c, "attention_bias", f"MaxText's {block} block has no attention biases (only "
+                                     f"qwen2 and gpt_oss read attention_bias); drop it")
+    qk_norm = bool(c.get("use_qk_norm", False)) and block in _QWEN
+    scaled = bool(c.get("qk_norm_with_scale", True))
+    if block == "gpt3":
+        return dict(normalization="LayerNorm", apply_layernorm_1p=True, add_bias_linear=True,
+                    add_qkv_bias=True, qk_layernorm=False, qk_l2_norm=False)
+    settings = dict(normalization="RMSNorm", apply_layernorm_1p=False,
+                    position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
+                    qk_layernorm=qk_norm and scaled, qk_l2_norm=qk_norm and not scaled)
+    if block == "qwen2":
+        settings["add_qkv_bias"] = attention_bias
+    elif block == "gpt_oss":
+        settings["add_bias_linear"] = settings["add_qkv_bias"] = attention_bias
+    elif block == "deepseek":
+        settings.update(qk_layernorm=True, qk_l2_norm=False)   # the q/kv latent norms
+    return settings
+
+
+def _gpt3(c, because) -> None:
+    """Learned positions of trainable_position_size (none without), multi-head attention."""
+    size = c.get("trainable_position_size", -1)
+    _imply(c, "position_embedding_type", "learned_absolute" if size > 0 else "none", because)
+    if size > 0:
+        c.set("max_position_embeddings", size)   # MaxText's max_position_embeddings is YaRN's
+    groups, heads = c.get("num_query_groups"), c.get("num_attention_heads")
+    if c.get("group_query_attention") and groups not in (None, heads):
+        _refuse(c, "num_query_groups", f"MaxText's gpt3 block is multi-head attention "
+                                       f"(base_num_kv_heads = base_num_query_heads = {heads})")
+    if c.get("use_sink_attention"):
+        _refuse(c, "use_sink_attention", "MaxText's gpt3 attention has no sink logits")
+
+
+def _gpt_oss(c, because) -> None:
+    """Biases everywhere, the sliding-window layer pattern, the clamped GLU."""
+    biases = {k: bool(c.get(k, False)) for k in ("attention_bias", "mlp_bias", "routed_bias")}
+    if len(set(biases.values())) > 1:
+        c.error(f"decoder_block gpt_oss with {', '.join(c.where(k) for k in biases)}: jaxtrain "
+                f"gives the attention, the experts and the router biases together "
+                f"(add_bias_linear), as GPT-OSS has them; set all three alike")
+    interval = c.get("inhomogeneous_layer_cycle_interval", 1)
+    layers, scan = c.get("num_layers"), c.get("scan_layers", True)
+    if scan and layers and interval > 0 and layers % interval:
+        _refuse(c, "inhomogeneous_layer_cycle_interval", f"with scan_layers MaxText builds "
+                f"num_layers // interval blocks, which leaves out {layers % interval} of the "
+                f"{layers} layers; choose an interval that divides num_layers")
+    window = c.get("sliding_window_size") or 0
+    if window:
+        if not c.get("use_sink_attention"):
+            _refuse(c, "sliding_window_size", "jaxtrain builds gpt_oss's alternating window "
+                    "with its sink attention (use_sink_attention / attention_sink: true), as "
+                    "GPT-OSS has it; set attention_sink: true")
+        elif window < 2:
+            _refuse(c, "sliding_window_size", "a window of one token (the token itself) is not "
+                                              "built; use 2 or more")
+        elif scan and interval % 2 and interval != 1:
+            _refuse(c, "inhomogeneous_layer_cycle_interval", f"with scan_layers MaxText windows "
+                    f"layer i when (i mod {interval}) is even, a pattern jaxtrain does not "
+                    f"build; use an even interval (GPT-OSS: 2)")
         else:
-            c.set(key, wanted)
+            # MaxText windows W keys (the token and W - 1 before it); Primus's sink window W'
+            # is W' + 1 keys. Scanned with interval 1, every layer is the windowed one.
+            _imply(c, "sink_sliding_window", window - 1, because + " and a window of "
+                   f"{window} tokens (sliding_window_size)")
+            _imply(c, "sink_window_even_layers_only", not (scan and interval == 1), because)
+            c.set("sliding_window_size", None)
+    acts = c.values.get("mlp_activations")
+    limit = c.get("mlp_activations_limit", -1.0)
+    if c.values.get("num_experts"):
+        if acts is not None and list(acts) != ["sigmoid", "linear"]:
+            _refuse(c, "mlp_activations", "gpt_oss experts compute w0 * act(1.702 w0) * (w1 + 1) "
+                    "with act = mlp_activations[0]; jaxtrain builds it with sigmoid (GPT-OSS's "
+                    "clamped GLU): use [sigmoid, linear]")
+        elif limit <= 0:
+            _refuse(c, "mlp_activations_limit", "gpt_oss clamps its GLU at this limit; jaxtrain "
+                    "builds the clamp with a positive limit (GPT-OSS: 7.0)")
+        else:
+            c.set("mlp_activations", None)
+            for key, wanted in (("swiglu", False), ("quick_geglu", True),
+                                ("glu_linear_offset", 1.0),
+                                ("activation_func_clamp_value", float(limit))):
+                _imply(c, key, wanted, because + ", its experts GPT-OSS's clamped GLU")
+
+
+def _experts(c, block, because) -> None:
     experts = c.values.get("num_experts")
-    if block not in _MOE_BLOCKS and experts is not None and experts > 1:
-        c.error(f"num_experts = {experts} with decoder_block {block}: MaxText's {block} block has "
-                f"no MoE layer (it ignores num_experts); use decoder_block mixtral for an MoE model")
+    moe_only = ("load_balance_loss_weight", "routed_bias", "routed_bias_update_rate",
+                "routed_score_func", "mlp_bias")
+    if not experts:
+        for key in moe_only:
+            if _set(c, key):
+                _refuse(c, key, f"a setting of MoE layers, and this model has none "
+                                f"(num_experts {c.values.get('num_experts')})")
+        return
+    if block not in MOE_BLOCKS:
+        c.error(f"num_experts = {experts} with decoder_block {block}: MaxText's {block} block "
+                f"has no MoE layer (it ignores num_experts); use decoder_block "
+                f"{', '.join(MOE_BLOCKS)} for an MoE model")
+        return
+    if c.get("mlp_bias") and block != "gpt_oss":
+        _refuse(c, "mlp_bias", "jaxtrain's experts get biases only with biases on every "
+                               "projection (add_bias_linear), as in gpt_oss")
+    if block != "gpt_oss" and c.get("mlp_activations_limit", -1.0) > 0:
+        _refuse(c, "mlp_activations_limit", f"MaxText's {block} experts do not clamp (deepseek: "
+                "DeepSeek V4's clamped SwiGLU, which jaxtrain does not build)")
+    k = c.get("moe_router_topk", 1)
+    router = _deepseek_router(c, k) if block == "deepseek" else _softmax_router(c, block)
+    if router is None:
+        return
+    first = c.get("first_num_dense_layers", 0)
+    layers = c.get("num_layers")
+    if block == "deepseek":
+        shared = c.get("shared_experts", 0)
+        width = c.get("moe_ffn_hidden_size") or c.get("ffn_hidden_size")
+        router["moe_shared_expert_intermediate_size"] = (
+            shared * width if shared > 0 and width else None)
+        if first > 0 and layers:
+            if first >= layers:
+                _refuse(c, "first_num_dense_layers", f"leaves no MoE layer of the {layers}")
+                return
+            router["moe_layer_freq"] = [0] * first + [1] * (layers - first)
+    weight = c.get("load_balance_loss_weight", 0.0)
+    if weight > 0:
+        if block == "deepseek":
+            _refuse(c, "load_balance_loss_weight", "the DeepSeek block's balance loss takes a "
+                    "softmax of its routing scores, which jaxtrain's balancing losses do not")
+        elif layers:
+            router["moe_router_load_balancing_type"] = "seq_aux_loss"
+            router["moe_aux_loss_coeff"] = weight * k / (layers - first)
+    for key, wanted in router.items():
+        _imply(c, key, wanted, because + " with its MoE router")
+
+
+def _softmax_router(c, block) -> dict | None:
+    """mixtral, qwen3_moe, gpt_oss: top-k of the logits, softmax over the chosen ones (then
+    norm_topk_prob, a no-op); gpt_oss's routed_bias is a learned logit bias."""
+    if c.get("routed_score_func"):
+        _refuse(c, "routed_score_func", f"MaxText's {block} block takes a softmax over the "
+                "chosen experts' scores after this function, which jaxtrain's router does not "
+                "build (the DeepSeek block uses it as the routing scores)")
+        return None
+    if c.get("routed_bias") and block != "gpt_oss":
+        _refuse(c, "routed_bias", f"in MaxText's {block} block a learned bias on the router "
+                "logits; jaxtrain's router has one only with biases on every projection "
+                "(add_bias_linear), as in gpt_oss")
+        return None
+    if c.get("routed_bias_update_rate", 0.0) > 0:
+        _refuse(c, "routed_bias_update_rate", "MaxText updates routing biases in the deepseek "
+                "block only (its own rule)")
+        return None
+    return {"moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
+            "moe_router_topk_scaling_factor": None, "moe_router_num_groups": None,
+            "moe_router_group_topk": None, "moe_router_enable_expert_bias": False}
+
+
+def _deepseek_router(c, k) -> dict | None:
+    """DeepSeek routing as MaxText's moe.py does it. Scores = routed_score_func(logits) (+ the
+    bias); model names deepseek3*/deepseek4* select on biased scores within the best groups and
+    weight by the unbiased ones, other names (deepseek2, kimi) take the plain top-k of the
+    (biased) scores and ignore the groups. sigmoid/sqrtsoftplus weights are renormalised, all
+    are multiplied by routed_scaling_factor."""
+    name = str(c.get("model_name") or "")
+    v3 = name.startswith(("deepseek3", "deepseek4"))
+    score, bias = c.get("routed_score_func") or "", bool(c.get("routed_bias"))
+    groups, group_topk = c.get("n_routing_groups", -1), c.get("topk_routing_group", -1)
+    router: dict = {}
+    if not score:
+        _refuse(c, "routed_score_func", "with no score function MaxText's DeepSeek block weighs "
+                "the experts by their raw router logits, which jaxtrain's router does not "
+                "build; use softmax or sigmoid")
+        return None
+    if bias and (score == "softmax" or not v3):
+        where = ("softmax scores" if score == "softmax" else
+                 f"model_name {name!r} (not deepseek3*/deepseek4*)")
+        _refuse(c, "routed_bias", f"with {where} MaxText adds the learned bias to the scores "
+                "that weigh the experts; jaxtrain's expert bias (moe_router_enable_expert_bias) "
+                "only picks the experts, as DeepSeek-V3 does (MaxText's deepseek3* model names "
+                "with sigmoid scores); set routed_bias: false or use such a name")
+        return None
+    if score == "softmax":
+        router.update(moe_router_score_function="softmax", moe_router_pre_softmax=True)
+    else:
+        if k == 1:
+            _refuse(c, "routed_score_func", f"{score} routing with one expert per token: MaxText "
+                    "renormalises the single weight to 1, jaxtrain keeps the score (Megatron)")
+            return None
+        router.update(moe_router_score_function=score, moe_router_pre_softmax=False)
+    router["moe_router_enable_expert_bias"] = bias
+    if bias:
+        router["moe_router_bias_update_rate"] = float(c.get("routed_bias_update_rate", 0.0))
+    elif c.get("routed_bias_update_rate", 0.0) > 0:
+        _refuse(c, "routed_bias_update_rate", "updates the routing bias, and routed_bias is off")
+        return None
+    if groups != -1 or group_topk != -1:
+        if not v3:
+            _refuse(c, "n_routing_groups", f"MaxText limits routing to expert groups only for "
+                    f"model names deepseek3*/deepseek4* and ignores it for {name!r}")
+            return None
+        if groups <= 0 or group_topk <= 0:
+            c.error(f"group-limited routing needs both {c.where('n_routing_groups')} and "
+                    f"{c.where('topk_routing_group')} positive")
+            return None
+        if group_topk > k or k // group_topk != 2:
+            _refuse(c, "topk_routing_group", f"MaxText scores a group by its top-2 experts; "
+                    f"jaxtrain's group score sums top-k / groups kept = {k // group_topk} "
+                    f"(Megatron's rule), the same only when num_experts_per_tok = 2 x "
+                    f"topk_routing_group")
+            return None
+        router.update(moe_router_num_groups=groups, moe_router_group_topk=group_topk)
+    else:
+        router.update(moe_router_num_groups=None, moe_router_group_topk=None)
+    scale = float(c.get("routed_scaling_factor", 1.0))
+    router["moe_router_topk_scaling_factor"] = None if scale == 1.0 else scale
+    return router
+
+
+def _mscale(factor: float, coefficient: float) -> float:
+    """YaRN's m = 0.1 coefficient ln(factor) + 1 (1 for factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * coefficient * math.log(factor) + 1.0
+
+
+def _yarn(c) -> None:
+    """MaxText's rotary layout and YaRN keys onto jaxtrain's RoPE.
+
+    MaxText rotates the two halves of each head (RotaryEmbedding), interleaved pairs with
+    llama3.1 scaling (LLaMARotaryEmbedding) and as rope_interleave says with YaRN. Its YaRN takes
+    rope_factor, beta_fast/slow and rope_truncate as jaxtrain's; rope_attention_scaling
+    multiplies the rotated q/k by m = 0.1 ln(factor) + 1; MLA multiplies its softmax scale by
+    m(mscale)^2 when max_position_embeddings > original_max_position_embeddings. jaxtrain scales
+    the rotary cos/sin by m(mscale)/m(mscale_all_dim) and MLA's softmax by m(mscale_all_dim)^2,
+    so mscale_all_dim carries the softmax part and mscale makes the ratio right."""
+    rope_type, mla = c.get("rope_type"), bool(c.get("multi_latent_attention"))
+    keys = ("rope_factor", "beta_fast", "beta_slow", "rope_interleave", "rope_truncate",
+            "rope_attention_scaling", "yarn_softmax_mscale")
+    if c.dialect != "maxtext":
+        chosen = [k for k in keys if _set(c, k)]
+        if chosen:
+            c.error(f"{', '.join(c.where(k) for k in chosen)}: MaxText's YaRN keys are read in "
+                    f"MaxText files; in this file write YaRN with Megatron's knobs "
+                    f"(rotary_scaling_factor, mscale, mscale_all_dim, yarn_beta_fast, ...)")
+        return
+    if c.get("position_embedding_type") != "rope":
+        return
+    if rope_type != "yarn":
+        if mla:
+            c.error(f"multi-latent attention with {c.where('rope_type')}: MaxText then rotates "
+                    f"the two halves of the RoPE slice, while jaxtrain's MLA rotates interleaved "
+                    f"pairs, as MaxText's YaRN with rope_interleave does; use rope_type: yarn")
+            return
+        because = (f"{c.where('rope_type')} rotates "
+                   + ("interleaved channel pairs in MaxText (LLaMARotaryEmbedding)"
+                      if rope_type == "llama3.1" else "the two halves of each head in MaxText"))
+        _imply(c, "rotary_interleaved", rope_type == "llama3.1", because)
+        if rope_type == "llama3.1" and c.get("rope_linear_scaling_factor", 1.0) != 1.0:
+            _refuse(c, "rope_linear_scaling_factor", "MaxText's llama3.1 rotary embedding does "
+                                                     "not read it; drop it")
+        return
+    for key in ("rope_min_timescale", "rope_linear_scaling_factor"):
+        if c.get(key, 1.0) != 1.0:
+            _refuse(c, key, "MaxText's YaRN takes its frequencies from rope_max_timescale alone; "
+                            "drop it")
+    factor = float(c.get("rope_factor", 40.0))
+    because = f"{c.where('rope_type')} in a MaxText file"
+    _imply(c, "rotary_scaling_factor", factor, because + f" with rope_factor {factor}")
+    _imply(c, "yarn_beta_fast", float(c.get("beta_fast", 32.0)), because)
+    _imply(c, "yarn_beta_slow", float(c.get("beta_slow", 1.0)), because)
+    _imply(c, "yarn_correction_range_round_to_int", bool(c.get("rope_truncate", True)), because)
+    if mla:
+        if not c.get("rope_interleave", True):
+            _refuse(c, "rope_interleave", "jaxtrain's multi-latent attention rotates interleaved "
+                                          "pairs of its RoPE slice only")
+            return
+        _imply(c, "rotary_interleaved", False, because + " (MLA interleaves on its own)")
+    else:
+        _imply(c, "rotary_interleaved", bool(c.get("rope_interleave", True)), because)
+    longer = (c.get("max_position_embeddings") or 0) > (c.get("original_max_position_embeddings")
+                                                         or 0)
+    softmax = float(c.get("yarn_softmax_mscale", 1.0)) if mla and longer else 0.0
+    if mla and longer and factor < 1:
+        _refuse(c, "rope_factor", "MaxText's MLA softmax scale with a YaRN factor below 1 is not "
+                                  "built")
+        return
+    if c.get("rope_attention_scaling") and factor > 1:
+        rotary = (_mscale(factor, 1.0) * _mscale(factor, softmax) - 1) / (0.1 * math.log(factor))
+    else:
+        rotary = softmax
+    _imply(c, "mscale_all_dim", softmax, because)
+    _imply(c, "mscale", rotary, because)
 
 
 def _activations(c) -> None:

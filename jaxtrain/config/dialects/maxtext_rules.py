@@ -21,6 +21,8 @@ _PLANNED_AXES = {"sequence": ("context parallelism", 23), "context": ("context p
                  "pipeline": ("pipeline parallelism", 24),
                  "diloco": ("DiLoCo (local SGD between replicas)", None),
                  "autoregressive": ("the decoding mesh axis", None)}
+# ici/dcn_pipeline_parallelism sizes the mesh axis MaxText names 'stage'.
+_AXIS_NAME = {a: "stage" if a == "pipeline" else a for a in _MESH_AXES}
 _DATA_AXES = ("diloco", "data", "fsdp", "fsdp_transpose")
 _TENSOR_AXES = ("tensor", "tensor_sequence")
 # MaxText logical axes that jaxtrain's table (parallel/sharding.py) splits over the tensor axis.
@@ -192,11 +194,13 @@ def sharding_hints(c):
         if value is None or value == c.defaults.get(key) or not c.explicit(key):
             continue
         if key == "mesh_axes":
-            unknown = [a for a in value if a not in _MESH_AXES]
+            names = tuple(_AXIS_NAME.values())
+            unknown = [a for a in value if a not in names]
             if unknown:
                 c.error(f"mesh_axes names {unknown}, which are not MaxText mesh axes "
-                        f"({', '.join(_MESH_AXES)})")
-            used = [a for a in _MESH_AXES if sizes.get(a, 1) > 1 and a not in value]
+                        f"({', '.join(names)})")
+            used = [_AXIS_NAME[a] for a in _MESH_AXES
+                    if sizes.get(a, 1) > 1 and _AXIS_NAME[a] not in value]
             if used:
                 c.error(f"mesh_axes leaves out {used}, whose ici/dcn sizes are > 1")
         elif key == "data_sharding_axes":
@@ -216,7 +220,7 @@ def _check_rule(c, rule, sizes):
         return
     name, axes = rule
     axes = [axes] if isinstance(axes, str) else list(axes or [])
-    live = [a for a in axes if sizes.get(a, 1) > 1]
+    live = [a for a in axes if sizes.get("pipeline" if a == "stage" else a, 1) > 1]
     tensor = [a for a in live if a in _TENSOR_AXES]
     other = [a for a in live if a not in _TENSOR_AXES + _DATA_AXES + ("expert",)]
     if other:

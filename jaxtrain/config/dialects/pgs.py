@@ -2,11 +2,18 @@
 
 A file with pgs sections (``train:``, ``data:``, ``model:`` ...) is a pgs file and takes pgs's
 defaults; one with distillation's sections (``teachers:``, ``sources:``, ``rollout:``, ``loss:``)
-or a ``model.student`` is a ``pgs distill`` file.
+or a ``model.student`` is a ``pgs distill`` file. Its model is the Hugging Face model that
+``model.name_or_path`` names: :func:`with_hf_model` reads that model's config.json
+(config/dialects/hf.py) into the architecture knobs.
 """
 from __future__ import annotations
 
-from jaxtrain.config.sources import NAMED_SECTIONS, PGS_SECTIONS
+import dataclasses
+
+from jaxtrain.config.dialects import hf
+from jaxtrain.config.errors import ConfigError
+from jaxtrain.config.registry import registry
+from jaxtrain.config.sources import FLAG, NAMED_SECTIONS, PGS_SECTIONS, Layer, Sources
 
 DISTILL_MARKERS = ("teachers", "sources", "rollout", "loss")
 
@@ -20,3 +27,61 @@ def dialect_of(mapping: dict) -> str | None:
     if sections & set(DISTILL_MARKERS) or "student" in (mapping.get("model") or {}):
         return "pgs-distill"
     return "pgs-train"
+
+
+def with_hf_model(sources: Sources, doc: str | None) -> Sources:
+    """``sources`` with the architecture of the Hugging Face model that ``model.name_or_path``
+    (pgs-distill: ``model.student``) names, as a preset layer at the bottom of the non-default
+    layers: pgs has no architecture knobs of its own, so the model's config.json says what the
+    model is, and an architecture knob the file or command line sets wins over it. pgs files
+    take pgs's default name when they set none; other dialects only look when a layer names a
+    model. A directory that holds the model's tokenizer is the tokenizer's default too
+    (tokenizer_type HuggingFaceTokenizer, tokenizer_model that directory), as in pgs. A name
+    with no config.json on this machine, or a family jaxtrain does not build, is a problem
+    reported with the others (resolve); an explicit null builds the model from the
+    architecture knobs alone."""
+    name, where = _model_name(sources), None
+    if name is _UNSET:
+        if sources.dialect not in ("pgs-train", "pgs-distill"):
+            return sources
+        name = registry().knobs[hf.KEY].default_for(doc)
+        where = f"pgs's default {hf.KEY}"
+        if name is None:
+            sources.problems.append(
+                f"a pgs distill file names its student model (model.student, a Hugging Face "
+                f"model directory); set it, or set {hf.KEY}: null to build the student from "
+                f"the architecture knobs alone")
+            return sources
+    if name is None or name == "":
+        return sources
+    try:
+        path, values = hf.model_knobs(str(name))
+    except ConfigError as e:
+        sources.problems.extend(f"{p} ({where})" if where else p for p in e.problems)
+        return sources
+    layer = Layer(f"{hf.KEY} {path / 'config.json'}", "preset")
+    for key, value in values.items():
+        layer.add(key, value)
+    if hf.has_tokenizer(path):
+        origin = f"{hf.KEY} {path} (the model's tokenizer)"
+        layer.add("tokenizer_type", "HuggingFaceTokenizer", origin)
+        layer.add("tokenizer_model", str(path), origin)
+    at = sum(1 for layer_ in sources.layers if layer_.kind == "defaults")
+    return dataclasses.replace(sources, layers=sources.layers[:at] + [layer]
+                               + sources.layers[at:])
+
+
+_UNSET = object()
+
+
+def _model_name(sources: Sources):
+    """The model name the non-default layers give (the last one wins), or _UNSET."""
+    reg, name = registry(), _UNSET
+    for layer in sources.layers:
+        if layer.kind == "defaults":
+            continue
+        for entry in layer.entries:
+            match = reg.lookup(entry.key, sources.dialect)
+            if match is not None and match.key == hf.KEY and entry.value is not FLAG:
+                name = entry.value
+    return name

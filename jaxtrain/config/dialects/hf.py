@@ -1,0 +1,499 @@
+"""Hugging Face ``config.json`` files: where one is found for a model name, and what it says in
+jaxtrain's canonical knobs.
+
+pgs names its model by ``model.name_or_path`` (a hub id such as ``meta-llama/Llama-3.1-8B`` or a
+local directory); :func:`locate` finds that model's ``config.json`` on this machine (a local
+directory, else a snapshot in the local Hugging Face cache) and never downloads. :func:`knobs`
+translates a config.json into the knob values that describe the same architecture:
+``ModelConfig.from_config`` builds the model from them, in a pgs run (config/dialects/pgs.py puts
+them in a preset layer) as in ``jaxtrain.models.hf.config_from_hf``, so both read each HF field
+in this one place. A field these knobs cannot express raises ValueError naming it; a family
+jaxtrain does not build raises naming its model_type and why.
+
+Built families (model_type): llama, mistral, qwen2, qwen3 (Llama-style attention), mixtral,
+qwen3_moe (softmax-routed MoE), gpt2, deepseek_v3 (multi-latent attention, sigmoid group-limited
+MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts).
+
+This module imports no JAX (the dry run must not start it): only json, math, os and pathlib.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+from typing import Any, Callable
+
+from jaxtrain.config.errors import ConfigError
+
+KEY = "model.name_or_path"
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+MOE = ("mixtral", "qwen3_moe")
+FAMILIES = LLAMA_LIKE + ("gpt2", "deepseek_v3", "gpt_oss") + MOE
+# Text families issue #25 (model families) is to build; their model_type values.
+PLANNED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma", "gemma2", "gemma3", "gemma3_text",
+           "gemma3n", "gemma3n_text", "gemma4", "gemma4_text", "llama4", "llama4_text",
+           "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo", "olmo2", "olmo3",
+           "phi", "phi3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
+           "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
+           "gpt_neox", "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
+           "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "smollm3", "lfm2")
+# config.json entries that mark a model reading more than text.
+MULTIMODAL_FIELDS = ("vision_config", "audio_config", "speech_config", "image_token_id",
+                     "image_token_index", "video_token_id")
+# Files that make a model directory hold its tokenizer too.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+# transformers' DeepSeek-V3 router scores a group by the sum of its top-2 biased scores,
+# whatever num_experts_per_tok (Megatron: top-k // topk_group).
+HF_GROUP_SCORE_TOPK = 2
+
+_GATED_ACT = {"silu": {"swiglu": True}, "swish": {"swiglu": True},
+              "quick_gelu": {"swiglu": False, "quick_geglu": True},
+              "gelu_new": {"mlp_activations": ["gelu", "linear"]},
+              "gelu_pytorch_tanh": {"mlp_activations": ["gelu", "linear"]},
+              "gelu_fast": {"mlp_activations": ["gelu", "linear"]},
+              "relu": {"mlp_activations": ["relu", "linear"]}}
+_PLAIN_ACT = {"gelu": {"swiglu": False, "bias_gelu_fusion": False},
+              "gelu_new": {"swiglu": False, "openai_gelu": True},
+              "gelu_pytorch_tanh": {"swiglu": False, "openai_gelu": True},
+              "gelu_fast": {"swiglu": False, "openai_gelu": True},
+              "relu": {"mlp_activations": ["relu"]}, "silu": {"mlp_activations": ["silu"]},
+              "swish": {"mlp_activations": ["silu"]}}
+
+
+def bad(field: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"config.json {field}={value!r}: {why}")
+
+
+# ---------------------------------------------------------------- finding config.json
+
+def hub_cache() -> pathlib.Path:
+    """The local Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else
+    ~/.cache/huggingface/hub (read when called, so a changed environment counts)."""
+    env = os.environ
+    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
+        return pathlib.Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return pathlib.Path(env["HF_HOME"]).expanduser() / "hub"
+    xdg = env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return pathlib.Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def _snapshot(repo: pathlib.Path) -> pathlib.Path | None:
+    """The cached snapshot of a repo holding config.json: the one refs/main names, else the
+    newest snapshot that has one."""
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snap = repo / "snapshots" / ref.read_text().strip()
+        if (snap / "config.json").is_file():
+            return snap
+    snaps = [s for s in (repo / "snapshots").glob("*") if (s / "config.json").is_file()]
+    return max(snaps, key=lambda s: (s / "config.json").stat().st_mtime) if snaps else None
+
+
+def _how_to_fetch(name: str) -> str:
+    return (f"jaxtrain reads models from this machine and never downloads. Fetch it first, e.g. "
+            f"`hf download {name} --local-dir DIR` (or `huggingface-cli download {name} "
+            f"config.json --local-dir DIR` for the architecture alone) and set {KEY}: DIR, or "
+            f"point HF_HOME / HF_HUB_CACHE at the Hugging Face cache that holds it")
+
+
+def locate(name: str) -> pathlib.Path:
+    """The directory holding ``name``'s config.json: ``name`` itself when it is a local
+    directory, else its snapshot in the local hub cache (:func:`hub_cache`). ConfigError
+    naming model.name_or_path when there is none."""
+    path = pathlib.Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{KEY} = {name!r} is a directory without config.json; point it at "
+                              f"a Hugging Face model directory (config.json, weights, tokenizer)")
+        return path
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1
+    if looks_local or path.exists():
+        raise ConfigError(f"{KEY} = {name!r}: no such model directory")
+    cache = hub_cache()
+    snap = _snapshot(cache / ("models--" + name.replace("/", "--")))
+    if snap is None:
+        raise ConfigError(f"{KEY} = {name!r}: no local directory of that name and no copy in the "
+                          f"Hugging Face cache {cache}; {_how_to_fetch(name)}")
+    return snap
+
+
+def read(path: pathlib.Path) -> dict:
+    """config.json of a model directory, as a dict (ConfigError when it is not JSON)."""
+    file = path / "config.json"
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{KEY}: cannot read {file}: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{KEY}: {file} is not a JSON object")
+    return data
+
+
+def has_tokenizer(path: pathlib.Path) -> bool:
+    return any((path / f).is_file() for f in TOKENIZER_FILES)
+
+
+# ---------------------------------------------------------------- config.json -> knobs
+
+def knobs(hf: dict) -> dict:
+    """Canonical knob values for the architecture config.json ``hf`` describes (ValueError
+    naming a field they cannot express, or a model_type jaxtrain does not build)."""
+    family = hf.get("model_type")
+    if family not in _TRANSLATIONS:
+        raise bad("model_type", family, unsupported(hf))
+    return _TRANSLATIONS[family](hf)
+
+
+def unsupported(hf: dict) -> str:
+    """Why a model_type outside :data:`FAMILIES` is not built: planned (issue #25) or refused."""
+    family = hf.get("model_type")
+    if family in PLANNED:
+        return (f"the {family} family is not built yet; it is planned for issue #25 (model "
+                f"families). Built: {', '.join(FAMILIES)}")
+    multimodal = [f for f in MULTIMODAL_FIELDS if f in hf]
+    if multimodal or any(str(a).endswith("ForConditionalGeneration")
+                         for a in hf.get("architectures") or ()):
+        return (f"a multimodal model ({', '.join(multimodal) or 'ForConditionalGeneration'}); "
+                f"jaxtrain trains text-only decoders and rejects multimodal models. Built: "
+                f"{', '.join(FAMILIES)}")
+    return (f"not a family jaxtrain builds (built: {', '.join(FAMILIES)}); other families are "
+            f"planned for issue #25 (model families)")
+
+
+def _number(value):
+    """An int when the value is integral (the knob may be int-typed), else a float."""
+    value = float(value)
+    return int(value) if value.is_integer() else value
+
+
+def _gated(hf: dict, field: str = "hidden_act") -> dict:
+    act = hf.get(field, "silu")
+    if act == "gelu":
+        raise bad(field, act, "the exact (erf) GELU in a gated MLP has no jaxtrain knob; the "
+                  "tanh approximation (gelu_pytorch_tanh) and silu, relu, quick_gelu are built")
+    if act not in _GATED_ACT:
+        raise bad(field, act, f"supported values are {sorted(_GATED_ACT)}")
+    return dict(_GATED_ACT[act])
+
+
+def _rms_rope(hf: dict, max_positions, eps: float) -> dict:
+    """What every pre-norm RMSNorm + RoPE gated-MLP family reads alike (Llama-style,
+    DeepSeek-V3, gpt-oss): sizes, norm, dropout, tying and init."""
+    out = {"ffn_hidden_size": hf["intermediate_size"], "vocab_size": hf["vocab_size"],
+           "make_vocab_size_divisible_by": 1, "position_embedding_type": "rope",
+           "normalization": "RMSNorm", "norm_epsilon": float(hf.get("rms_norm_eps", eps)),
+           "hidden_dropout": 0.0, "attention_dropout": float(hf.get("attention_dropout", 0.0)),
+           "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", False),
+           "init_method_std": float(hf.get("initializer_range", 0.02))}
+    if max_positions is not None:
+        out["max_position_embeddings"] = max_positions
+    return out
+
+
+def _heads(hf: dict) -> dict:
+    """Query heads, key/value heads (grouped-query attention when fewer) and head width."""
+    d, heads = hf["hidden_size"], hf["num_attention_heads"]
+    kv = hf.get("num_key_value_heads") or heads
+    out = {"num_layers": hf["num_hidden_layers"], "hidden_size": d, "num_attention_heads": heads,
+           "kv_channels": hf.get("head_dim") or d // heads}
+    if kv != heads:
+        out.update(group_query_attention=True, num_query_groups=kv)
+    return out
+
+
+def windows(window: int | None, layers: tuple[bool, ...] | None = None) -> dict:
+    """A sliding window of ``window`` keys (the token itself included, HF's sliding_window) on
+    the layers marked true (None: every layer): sliding_window_size when it is every layer,
+    else Megatron-LM's window_size (W - 1 keys back, none ahead) and window_attn_skip_freq
+    (an int N when every Nth layer is the full one, else the 0/1 list)."""
+    if not window or (layers is not None and not any(layers)):
+        return {}
+    if layers is None or all(layers):
+        return {"sliding_window_size": int(window)}
+    n = len(layers)
+    freq = next((k for k in range(2, n + 1)
+                 if layers == tuple((i + 1) % k != 0 for i in range(n))), None)
+    return {"window_size": [int(window) - 1, 0],
+            "window_attn_skip_freq": freq if freq else [int(b) for b in layers]}
+
+
+def _llama_window(hf: dict, family: str) -> int | None:
+    """Llama: none; Mistral/Mixtral: sliding_window on every layer; Qwen: one window for all
+    layers when use_sliding_window says so (a mix of windowed and full layers is refused)."""
+    if family == "llama":
+        return None
+    window = hf.get("sliding_window")
+    if family in ("mistral", "mixtral"):
+        return window or None
+    if not hf.get("use_sliding_window", False) or window is None:
+        types = hf.get("layer_types")
+        if types and any(t != "full_attention" for t in types):
+            raise bad("layer_types", types, "only full_attention is supported without "
+                      "use_sliding_window")
+        return None
+    n, first = hf["num_hidden_layers"], hf.get("max_window_layers", 28)
+    types = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
+                                      for i in range(n)]
+    if all(t == "sliding_attention" for t in types):
+        return window
+    if all(t == "full_attention" for t in types):
+        return None
+    raise bad("layer_types", types, "a mix of sliding and full attention layers is not "
+              "supported (one window for all layers)")
+
+
+def mscale(factor: float, coefficient: float) -> float:
+    """YaRN's m = 0.1 * coefficient * ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * coefficient * math.log(factor) + 1.0
+
+
+def _rope(hf: dict) -> dict:
+    """rope_theta and rope_parameters (or the older rope_scaling): default, linear, llama3 or
+    yarn RoPE."""
+    rp = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    if rp and all(isinstance(v, dict) for v in rp.values()):
+        raise bad("rope_parameters", rp, "per-layer-type RoPE parameters are not supported")
+    theta = rp.get("rope_theta", hf.get("rope_theta", 10000.0))
+    partial = rp.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise bad("partial_rotary_factor", partial, "this family rotates the full head")
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    out: dict[str, Any] = {"rotary_base": _number(theta), "rope_type": "rope"}
+    original = hf.get("original_max_position_embeddings",
+                      rp.get("original_max_position_embeddings",
+                             hf.get("max_position_embeddings")))
+    if kind == "default":
+        return out
+    if kind == "linear":
+        out["rope_linear_scaling_factor"] = float(rp["factor"])
+    elif kind == "llama3":
+        out.update(use_rope_scaling=True, rope_scaling_factor=float(rp["factor"]),
+                   rope_low_freq_factor=float(rp["low_freq_factor"]),
+                   rope_high_freq_factor=float(rp["high_freq_factor"]),
+                   original_max_position_embeddings=int(original))
+    elif kind == "yarn":
+        factor = rp.get("factor") or hf["max_position_embeddings"] / original
+        scale, scale_all = rp.get("mscale"), rp.get("mscale_all_dim")
+        if not (scale and scale_all):
+            scale, scale_all = 1.0, 0.0
+        explicit = rp.get("attention_factor")
+        if explicit is not None and not math.isclose(
+                explicit, mscale(factor, scale) / mscale(factor, scale_all), rel_tol=1e-9):
+            if factor <= 1:
+                raise bad("rope_parameters.attention_factor", explicit,
+                          "YaRN with factor <= 1 has attention factor 1")
+            scale, scale_all = (explicit - 1) / (0.1 * math.log(factor)), 0.0
+        out.update(rope_type="yarn", rotary_scaling_factor=float(factor),
+                   original_max_position_embeddings=int(original),
+                   yarn_beta_fast=float(rp.get("beta_fast") or 32),
+                   yarn_beta_slow=float(rp.get("beta_slow") or 1),
+                   mscale=float(scale), mscale_all_dim=float(scale_all),
+                   yarn_correction_range_round_to_int=bool(rp.get("truncate", True)))
+    else:
+        raise bad("rope_parameters.rope_type", kind,
+                  "supported RoPE types are default, linear, llama3 and yarn")
+    return out
+
+
+def _llama(hf: dict) -> dict:
+    """Llama, Mistral, Qwen2, Qwen3 and (with :func:`_moe`) Mixtral and Qwen3-MoE."""
+    family = hf["model_type"]
+    out = {**_rms_rope(hf, hf.get("max_position_embeddings", 2048), 1e-6), **_heads(hf),
+           **_gated(hf), **windows(_llama_window(hf, family)), **_rope(hf)}
+    if family in ("qwen3", "qwen3_moe"):
+        out["qk_layernorm"] = True
+        if hf.get("attention_bias", False):
+            raise bad("attention_bias", True, "Qwen3 biases on q/k/v/o without MLP biases are "
+                      "not supported")
+    if family == "llama":
+        attn_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
+        if attn_bias != mlp_bias:
+            raise bad("attention_bias", attn_bias, f"differs from mlp_bias={mlp_bias}; jaxtrain "
+                      "has biases on all linears (add_bias_linear) or on qkv only")
+        if attn_bias:
+            out["add_bias_linear"] = True
+    elif family == "qwen2":
+        out["add_qkv_bias"] = True
+    if family in MOE:
+        out.update(_moe(hf, family))
+    return out
+
+
+def _moe(hf: dict, family: str) -> dict:
+    """Mixtral: top-k of a softmax over all experts, renormalised (= a softmax over the top-k
+    logits, Megatron's default), every layer MoE. Qwen3-MoE: the same without renormalisation
+    unless norm_topk_prob (= pre_softmax), dense layers per mlp_only_layers/decoder_sparse_step."""
+    n = hf["num_hidden_layers"]
+    experts = hf.get("num_local_experts", hf.get("num_experts"))
+    if family == "mixtral":
+        out = {"num_experts": experts, "moe_router_topk": hf.get("num_experts_per_tok", 2),
+               "moe_ffn_hidden_size": hf["intermediate_size"]}
+        if hf.get("router_jitter_noise"):
+            out["moe_input_jitter_eps"] = float(hf["router_jitter_noise"])
+        return out
+    dense, step = set(hf.get("mlp_only_layers") or ()), hf.get("decoder_sparse_step", 1)
+    pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(n)]
+    return {"num_experts": experts, "moe_router_topk": hf.get("num_experts_per_tok", 8),
+            "moe_ffn_hidden_size": hf["moe_intermediate_size"],
+            "moe_layer_freq": 1 if all(pattern) else pattern,
+            "moe_router_pre_softmax": not hf.get("norm_topk_prob", False)}
+
+
+def _gpt2(hf: dict) -> dict:
+    """GPT-2: learned positions, LayerNorm, biases everywhere, a plain MLP, multi-head."""
+    act = hf.get("activation_function", "gelu_new")
+    if act not in _PLAIN_ACT:
+        raise bad("activation_function", act, f"supported values are {sorted(_PLAIN_ACT)}")
+    for field, ok in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                      ("add_cross_attention", False)):
+        if hf.get(field, ok) != ok:
+            raise bad(field, hf[field], f"only {ok} is supported")
+    resid, emb = hf.get("resid_pdrop", 0.1), hf.get("embd_pdrop", 0.1)
+    if resid != emb:
+        raise bad("embd_pdrop", emb, f"differs from resid_pdrop={resid}; jaxtrain has one "
+                  "hidden_dropout")
+    d = hf["n_embd"]
+    return {"num_layers": hf["n_layer"], "hidden_size": d, "num_attention_heads": hf["n_head"],
+            "ffn_hidden_size": hf.get("n_inner") or 4 * d,
+            "vocab_size": hf["vocab_size"], "make_vocab_size_divisible_by": 1,
+            "max_position_embeddings": hf.get("n_positions", 1024),
+            "position_embedding_type": "learned_absolute", "normalization": "LayerNorm",
+            "norm_epsilon": float(hf.get("layer_norm_epsilon", 1e-5)), **_PLAIN_ACT[act],
+            "add_bias_linear": True, "add_qkv_bias": True, "hidden_dropout": float(resid),
+            "attention_dropout": float(hf.get("attn_pdrop", 0.1)),
+            "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", True),
+            "init_method_std": float(hf.get("initializer_range", 0.02))}
+
+
+def _deepseek_v3(hf: dict) -> dict:
+    """DeepSeek-V3: multi-latent attention (latent norms, interleaved RoPE on the shared key),
+    YaRN whose mscale_all_dim also scales the softmax, first_k_dense_replace dense MLP layers
+    and MoE layers after them (:func:`_deepseek_moe`)."""
+    n, d, heads = hf["num_hidden_layers"], hf["hidden_size"], hf["num_attention_heads"]
+    kv_heads = hf.get("num_key_value_heads") or heads
+    if kv_heads != heads:
+        raise bad("num_key_value_heads", kv_heads, "multi-latent attention has one key/value "
+                  f"head per query head ({heads})")
+    if hf.get("attention_bias", False):
+        raise bad("attention_bias", True, "biases on the MLA projections are not supported")
+    out = {**_rms_rope(hf, hf.get("max_position_embeddings", 4096), 1e-6), **_gated(hf),
+           "num_layers": n, "hidden_size": d, "num_attention_heads": heads,
+           "multi_latent_attention": True, "kv_lora_rank": hf["kv_lora_rank"],
+           "qk_head_dim": hf["qk_nope_head_dim"], "qk_pos_emb_head_dim": hf["qk_rope_head_dim"],
+           "v_head_dim": hf["v_head_dim"], "qk_layernorm": True, **_rope(hf)}
+    if d % heads:
+        out["kv_channels"] = hf["v_head_dim"]
+    if hf.get("q_lora_rank"):
+        out["q_lora_rank"] = hf["q_lora_rank"]
+    if hf.get("first_k_dense_replace", 3) < n:
+        out.update(_deepseek_moe(hf))
+    # HF multiplies the softmax scale by m(factor, mscale_all_dim)^2 for any non-default RoPE
+    # that names mscale_all_dim; jaxtrain's is m(rotary_scaling_factor, mscale_all_dim)^2.
+    rp = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    yarn = out["rope_type"] == "yarn"
+    factor = out["rotary_scaling_factor"] if yarn else 1.0
+    theirs = (mscale(rp.get("factor") or factor, rp["mscale_all_dim"])
+              if kind != "default" and rp.get("mscale_all_dim") else 1.0)
+    ours = mscale(factor, out["mscale_all_dim"] if yarn else 0.0)
+    if not math.isclose(theirs, ours, rel_tol=1e-9):
+        raise bad("rope_parameters", rp, "the softmax scale's mscale_all_dim needs YaRN with "
+                  "both mscale and mscale_all_dim (and no other attention_factor)")
+    return out
+
+
+def _deepseek_moe(hf: dict) -> dict:
+    """DeepSeek-V3's MoE layers (every layer from first_k_dense_replace on): sigmoid scores,
+    experts chosen on score + e_score_correction_bias (the expert bias) within the best
+    topk_group of n_group groups (a group scored by the sum of its top-2 biased scores whatever
+    num_experts_per_tok), the unbiased scores of the chosen experts renormalised (norm_topk_prob)
+    and scaled by routed_scaling_factor, gating in fp32, plus n_shared_experts x
+    moe_intermediate_size always-on shared expert. Missing fields take DeepseekV3Config's
+    defaults (what transformers would build)."""
+    n, k = hf["num_hidden_layers"], hf.get("num_experts_per_tok", 8)
+    experts = hf.get("n_routed_experts", 256)
+    for field, ok in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
+        if hf.get(field, ok) != ok:
+            raise bad(field, hf[field], f"DeepSeek-V3 routing is {field}={ok!r}")
+    if hf.get("moe_layer_freq", 1) != 1:
+        raise bad("moe_layer_freq", hf["moe_layer_freq"], "transformers makes every layer "
+                  "from first_k_dense_replace on an MoE layer (frequency 1)")
+    if hf.get("norm_topk_prob", True) != (k > 1):
+        raise bad("norm_topk_prob", hf.get("norm_topk_prob", True), "sigmoid routing "
+                  "renormalises the top-k weights exactly when top-k > 1 (Megatron's rule)")
+    groups, group_topk = hf.get("n_group", 8) or 1, hf.get("topk_group", 4) or 1
+    limited = groups > 1 and group_topk < groups
+    if limited and experts % groups == 0 and experts // groups < HF_GROUP_SCORE_TOPK:
+        raise bad("n_group", groups, f"HF scores a group by its top-{HF_GROUP_SCORE_TOPK} "
+                  f"experts; a group of {experts // groups} has fewer")
+    first = hf.get("first_k_dense_replace", 3)
+    width = hf.get("moe_intermediate_size", 2048)
+    shared = (hf.get("n_shared_experts", 1) or 0) * width
+    scale = float(hf.get("routed_scaling_factor", 2.5))
+    out = {"num_experts": experts, "moe_router_topk": k, "moe_ffn_hidden_size": width,
+           "moe_layer_freq": 1 if first <= 0 else [0] * first + [1] * (n - first),
+           "moe_router_score_function": "sigmoid", "moe_router_dtype": "fp32",
+           "moe_router_enable_expert_bias": True}
+    if shared:
+        out["moe_shared_expert_intermediate_size"] = shared
+    if scale != 1.0:
+        out["moe_router_topk_scaling_factor"] = scale
+    if limited:
+        out.update(moe_router_num_groups=groups, moe_router_group_topk=group_topk,
+                   moe_router_group_score_topk=HF_GROUP_SCORE_TOPK)
+    return out
+
+
+def _gpt_oss(hf: dict) -> dict:
+    """gpt-oss: GQA with q/k/v/o biases, a learned sink per head, sliding windows on the
+    ``sliding_attention`` layers, YaRN; every layer MoE: a biased router, softmax over the top-k
+    logits, experts with biases and the clamped GLU (swiglu_oai: Megatron's quick_geglu with
+    glu_linear_offset 1 and activation_func_clamp_value). Experts always have biases, so
+    attention_bias must be true with experts (add_bias_linear covers both)."""
+    experts = hf.get("num_local_experts", hf.get("num_experts"))
+    if experts and not hf.get("attention_bias", True):
+        raise bad("attention_bias", False, "gpt-oss experts have biases and add_bias_linear "
+                  "puts biases on the attention projections too")
+    if experts and hf.get("swiglu_alpha", 1.702) != 1.702:
+        raise bad("swiglu_alpha", hf["swiglu_alpha"], "the MoE model's clamped GLU has 1.702")
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                      for i in range(n)]
+    if set(types) - {"sliding_attention", "full_attention"}:
+        raise bad("layer_types", types, "only sliding_attention and full_attention exist")
+    sliding = tuple(t == "sliding_attention" for t in types)
+    out = {**_rms_rope(hf, hf.get("max_position_embeddings"), 1e-5), **_heads(hf),
+           "use_sink_attention": True, **windows(hf.get("sliding_window"), sliding),
+           **_rope(hf)}
+    if hf.get("attention_bias", True):
+        out["add_bias_linear"] = True
+    if not experts:
+        return {**out, "swiglu": True}
+    return {**out, "swiglu": False, "quick_geglu": True, "glu_linear_offset": 1.0,
+            "activation_func_clamp_value": float(hf.get("swiglu_limit", 7.0)),
+            "num_experts": experts, "moe_router_topk": hf.get("num_experts_per_tok", 4),
+            "moe_ffn_hidden_size": hf["intermediate_size"]}
+
+
+_TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
+    **{f: _llama for f in LLAMA_LIKE + MOE}, "gpt2": _gpt2, "deepseek_v3": _deepseek_v3,
+    "gpt_oss": _gpt_oss}
+assert set(_TRANSLATIONS) == set(FAMILIES)
+
+
+# ---------------------------------------------------------------- the model of a config file
+
+def model_knobs(name: str) -> tuple[pathlib.Path, dict]:
+    """(model directory, knob values) for ``model.name_or_path`` = ``name``; ConfigError naming
+    the key for a name with no local config.json or an architecture jaxtrain cannot build."""
+    path = locate(name)
+    hf = read(path)
+    try:
+        return path, knobs(hf)
+    except (ValueError, KeyError, TypeError) as e:
+        what = f"field {e} is missing" if isinstance(e, KeyError) else str(e)
+        raise ConfigError(f"{KEY} = {name!r} ({path / 'config.json'}, model_type "
+                          f"{hf.get('model_type')!r}): {what}") from None
+

@@ -1,0 +1,81 @@
+"""What a run builds from its config before it touches a device, built without devices.
+
+``--dry-run`` calls :func:`preflight` after resolving the config, and so does the run itself
+before it starts the backend: the training config, the data source (its files and tokenizer,
+not their contents), the model, the mesh for the job's device count, the LR schedule, the
+optimizer, checkpointing, loss scaling and the observers. Every problem any of them finds is
+collected into one ConfigError, so a config the dry run accepts is one the run starts with.
+"""
+from __future__ import annotations
+
+import math
+
+from jaxtrain.config.errors import ConfigError
+
+
+_MODEL_PARALLEL = ("tensor_model_parallel_size", "context_parallel_size",
+                   "pipeline_model_parallel_size", "expert_model_parallel_size",
+                   "num_distributed_optimizer_instances")
+
+
+def smallest_job(cfg) -> int:
+    """The fewest devices the config's parallel sizes allow (one data-parallel replica of each
+    expert and optimizer-instance group)."""
+    return math.prod(cfg.get(k) or 1 for k in _MODEL_PARALLEL)
+
+
+def _problems(what: str, error: Exception) -> list[str]:
+    if isinstance(error, ConfigError):
+        return list(error.problems)
+    return [f"{what}: {error}"]
+
+
+def preflight(cfg, world_size: int | None = None) -> None:
+    """Build every device-free part of the run; raise one ConfigError with all problems.
+
+    ``world_size`` is the job's device count; without it the mesh is checked for the smallest
+    job the parallel sizes allow."""
+    from jaxtrain import models
+    from jaxtrain.checkpoint import CheckpointConfig
+    from jaxtrain.data.sources import data_plan
+    from jaxtrain.logs import run_dir
+    from jaxtrain.loss_scale import LossScaleConfig
+    from jaxtrain.models.config import assumed_accelerator
+    from jaxtrain.observe.trackers import check_trackers
+    from jaxtrain.optim.optimizers import OptimConfig, build_optimizer
+    from jaxtrain.optim.schedules import ScheduleConfig, make_lr_schedule
+    from jaxtrain.parallel.mesh import MeshConfig
+    from jaxtrain.parallel.xla_flags import accelerator_of, platform_kind
+    from jaxtrain.train_config import TrainConfig
+
+    problems: list[str] = []
+
+    def attempt(what, build):
+        try:
+            return build()
+        except (ConfigError, ValueError, TypeError, KeyError, OSError) as e:
+            problems.extend(_problems(what, e))
+            return None
+
+    tcfg = attempt("training", lambda: TrainConfig.from_config(cfg))
+    attempt("trackers", lambda: check_trackers(cfg))
+    plan = attempt("data", lambda: data_plan(cfg))
+    vocab = plan.vocab_size if plan is not None else cfg.get("vocab_size")
+    model_cfg = None
+    if vocab:
+        with assumed_accelerator(accelerator_of(platform_kind(cfg))):
+            model_cfg = attempt("model", lambda: models.ModelConfig.from_config(
+                {**cfg, "vocab_size": vocab}))
+    attempt("mesh", lambda: MeshConfig.from_config(cfg, world_size or smallest_job(cfg)))
+    steps = tcfg.train_iters if tcfg is not None and tcfg.train_iters else None
+    schedule = attempt("LR schedule", lambda: make_lr_schedule(
+        ScheduleConfig.from_config(cfg, total_steps=steps))) if steps or not (
+        cfg.get("train.epochs")) else None
+    opt_cfg = attempt("optimizer", lambda: OptimConfig.from_config(cfg))
+    if opt_cfg is not None and model_cfg is not None and schedule is not None:
+        attempt("optimizer", lambda: build_optimizer(opt_cfg, schedule,
+                                                     models.logical_axes(model_cfg)))
+    attempt("checkpointing", lambda: CheckpointConfig.from_config(cfg, run_dir(cfg)))
+    attempt("loss scaling", lambda: LossScaleConfig.from_config(cfg))
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
