@@ -392,6 +392,7 @@ class ModelConfig:
             yarn_scaling_factor=float(g("rotary_scaling_factor", 1.0)),
             yarn_mscale=float(g("mscale", 1.0)),
             yarn_mscale_all_dim=float(g("mscale_all_dim", 1.0)),
+            **_yarn_range(g),
             normalization=norm, norm_epsilon=float(g("norm_epsilon", 1e-5)),
             apply_layernorm_1p=g("apply_layernorm_1p", False),
             qk_layernorm=g("qk_layernorm", False), qk_l2_norm=g("qk_l2_norm", False),
@@ -422,6 +423,7 @@ class ModelConfig:
             recompute_method=method, recompute_num_layers=nlayers,
             recompute_layer_ids=layer_ids, recompute_modules=modules, moe=_moe_config(cfg),
         )
+        _check_expert_activation(g, fields["moe"], fields["num_layers"])
         try:
             return cls(**fields)
         except ConfigError as e:
@@ -599,6 +601,8 @@ def _rope_fields(g, rope_type: str) -> dict:
                                                        else interpolation),
                   use_rope_scaling=g("use_rope_scaling", False),
                   rope_scaling_factor=float(g("rope_scaling_factor", 8.0)),
+                  rope_low_freq_factor=float(g("rope_low_freq_factor", 1.0)),
+                  rope_high_freq_factor=float(g("rope_high_freq_factor", 4.0)),
                   original_max_position_embeddings=g("original_max_position_embeddings"),
                   rope_type=rope_type)
     if rope_type == "llama3.1":
@@ -607,6 +611,39 @@ def _rope_fields(g, rope_type: str) -> dict:
             fields.update(use_rope_scaling=True, rope_scaling_factor=8.0,
                           original_max_position_embeddings=8192)
     return fields
+
+
+def _yarn_range(g) -> dict:
+    """YaRN's correction range (Megatron-LM's yarn_* names; unset: its 32, 1 and rounding)."""
+    fast, slow, rounded = (g("yarn_beta_fast"), g("yarn_beta_slow"),
+                           g("yarn_correction_range_round_to_int"))
+    return dict(yarn_beta_fast=32.0 if fast is None else float(fast),
+                yarn_beta_slow=1.0 if slow is None else float(slow),
+                yarn_truncate=True if rounded is None else bool(rounded))
+
+
+def _expert_activation(g) -> tuple[str | None, float | None]:
+    """(MoEConfig.activation, glu_limit): GPT-OSS's clamped GLU is Megatron's quick_geglu with
+    glu_linear_offset 1 and activation_func_clamp_value; other offsets or clamps are not built."""
+    clamp, offset = g("activation_func_clamp_value"), float(g("glu_linear_offset") or 0.0)
+    if clamp is None and not offset:
+        return None, None
+    if not (g("quick_geglu", False) and offset == 1.0 and clamp is not None and clamp > 0):
+        raise ConfigError(f"activation_func_clamp_value = {clamp!r} with glu_linear_offset = "
+                          f"{offset!r}: jaxtrain builds only GPT-OSS's clamped GLU (quick_geglu, "
+                          f"offset 1, a positive clamp), in MoE experts")
+    return "swiglu_oai", float(clamp)
+
+
+def _check_expert_activation(g, moe, num_layers: int) -> None:
+    """The clamped GLU exists in the experts only: every layer must be an MoE layer."""
+    if _expert_activation(g)[0] is None:
+        return
+    from jaxtrain.models.moe import moe_pattern
+    if moe is None or not all(moe_pattern(moe, num_layers)):
+        raise ConfigError("GPT-OSS's clamped GLU (activation_func_clamp_value, "
+                          "glu_linear_offset) is built in MoE experts only, and this model has "
+                          "dense layers (moe_layer_freq)")
 
 
 def _weight_dtype(cfg: Mapping[str, Any], dtype: str) -> str:
@@ -640,7 +677,51 @@ def _sink_fields(cfg: Mapping[str, Any]) -> dict:
         if g("sink_window_even_layers_only", True):
             fields["sliding_window_layers"] = tuple(i % 2 == 0
                                                     for i in range(g("num_layers", 24)))
+    megatron = _megatron_window(g)
+    if megatron:
+        if fields["sliding_window"]:
+            raise ConfigError(f"window_size = {g('window_size')!r} and a window of "
+                              f"{fields['sliding_window']} tokens (sliding_window_size or "
+                              "sink_sliding_window) both set the sliding window: set one.")
+        fields.update(megatron)
     return fields
+
+
+def _megatron_window(g) -> dict:
+    """Megatron-LM's ``window_size`` (left, right): each token sees ``left`` tokens back and
+    itself (left + 1 keys; -1: unbounded), none ahead (a causal model; right 0 or -1), on the
+    layers ``window_attn_skip_freq`` picks (1-based layer l is windowed unless N divides l, or
+    as a 0/1 per-layer list says; unset: every layer), as ``is_layer_window_attention`` does."""
+    size = g("window_size")
+    if size is None:
+        return {}
+    if isinstance(size, str):
+        size = [int(v) for v in size.strip("()[] ").split(",") if v.strip()]
+    if len(size) != 2 or size[1] not in (0, -1) or size[0] < -1:
+        raise ConfigError(f"window_size = {g('window_size')!r}: give (left, 0), left tokens "
+                          "back (-1: unbounded) and none ahead, as a causal model attends")
+    if size[0] == -1:
+        return {}
+    layers, freq = g("num_layers", 24), g("window_attn_skip_freq")
+    if freq is None:
+        return {"sliding_window": size[0] + 1}
+    from jaxtrain.models.moe import parse_layer_freq   # the same int / 0-1 list forms
+    try:
+        freq = parse_layer_freq(freq)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("moe_layer_freq", "window_attn_skip_freq")) from None
+    if isinstance(freq, int):
+        if freq < 1:
+            raise ConfigError(f"window_attn_skip_freq = {freq}: give a positive N (every Nth "
+                              "layer attends fully) or a 0/1 list per layer")
+        pattern = tuple((i + 1) % freq != 0 for i in range(layers))
+    else:
+        pattern = tuple(bool(v) for v in freq)
+        if len(pattern) != layers:
+            raise ConfigError(f"window_attn_skip_freq has {len(pattern)} entries for "
+                              f"{layers} layers (num_layers)")
+    return {"sliding_window": size[0] + 1, "sliding_window_layers": pattern} if any(
+        pattern) else {}
 
 
 def _mla_fields(cfg: Mapping[str, Any]) -> dict:
@@ -705,6 +786,7 @@ def _moe_config(cfg: Mapping[str, Any]):
     if dispatcher == "alltoall_seq" or (turbo and g("use_turbo_deepep", False)):
         dispatcher = "alltoall"   # Primus's older name; Turbo DeepEP is an all-to-all dispatch
     factor = g("moe_expert_capacity_factor")
+    activation, glu_limit = _expert_activation(g)
     return MoEConfig(
         num_experts=g("num_experts"), topk=g("moe_router_topk", 2),
         layer_freq=parse_layer_freq(g("moe_layer_freq", 1)),
@@ -714,6 +796,7 @@ def _moe_config(cfg: Mapping[str, Any]):
         pre_softmax=g("moe_router_pre_softmax", False), router_dtype=g("moe_router_dtype"),
         topk_scaling_factor=g("moe_router_topk_scaling_factor"),
         num_groups=g("moe_router_num_groups"), group_topk=g("moe_router_group_topk"),
+        group_score_topk=g("moe_router_group_score_topk"),
         expert_bias=g("moe_router_enable_expert_bias", False),
         bias_update_rate=float(g("moe_router_bias_update_rate", 1e-3)),
         load_balancing=g("moe_router_load_balancing_type", "aux_loss"),
@@ -723,9 +806,12 @@ def _moe_config(cfg: Mapping[str, Any]):
         force_balancing=(g("moe_router_force_load_balancing_type", "even")
                          if g("moe_router_force_load_balancing", False) else None),
         capacity_factor=None if factor is None or factor < 0 else float(factor),
+        capacity_per_sequence=bool(g("moe_capacity_per_sequence", False)),
         pad_to_capacity=g("moe_pad_expert_input_to_capacity", False),
         drop_policy=g("moe_token_drop_policy", "probs"),
         dispatcher=dispatcher,
         grouped_gemm=g("moe_grouped_gemm", False) or (turbo and g("use_turbo_grouped_gemm", False)),
         per_layer_logging=g("moe_per_layer_logging", False),
-        expert_tensor_parallel=etp in (None, tp))
+        expert_tensor_parallel=etp in (None, tp),
+        router_bias=bool(g("add_bias_linear", False)),   # Megatron: the router is a linear layer
+        activation=activation, glu_limit=glu_limit)

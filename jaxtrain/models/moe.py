@@ -72,7 +72,10 @@ class MoEConfig:
     ``layer_freq``: int N (every Nth layer from layer 0) or a 0/1 tuple per layer.
     ``ffn_hidden_size`` None: the model's ffn_hidden_size (filled in by ModelConfig).
     ``load_balancing``/``aux_loss_coeff``: equal-length tuples (one coefficient per type).
-    ``capacity_factor`` None (or negative): dropless. ``router_dtype`` None: compute dtype.
+    ``capacity_factor`` None (or negative): dropless. ``capacity_per_sequence``: MaxText's
+    capacity, int(max(ceil(T·k/E)·factor, factor)) tokens per expert in each sequence of T
+    tokens, kept in token order, instead of Megatron's ceil(N·k/E·factor) over a rank's N
+    tokens. ``router_dtype`` None: compute dtype.
     ``router_bias``: a learned router bias (GPT-OSS); ``expert_bias``: Megatron's aux-free bias.
     ``activation`` None: the model's; 'swiglu_oai' is GPT-OSS's clamped GLU (``glu_limit``).
     ``expert_tensor_parallel``: split expert FFNs over the tensor axis (ETP = TP) or not (1).
@@ -103,6 +106,7 @@ class MoEConfig:
     router_softcap: float | None = None
     force_balancing: str | None = None
     capacity_factor: float | None = None
+    capacity_per_sequence: bool = False
     pad_to_capacity: bool = False
     drop_policy: str = "probs"
     dispatcher: str = "allgather"
@@ -403,11 +407,26 @@ def capacity(num_tokens: int, m: MoEConfig) -> int:
     return max(1, min(cap, num_tokens))
 
 
-def capacity_slots(probs, idx, m: MoEConfig):
+def sequence_capacity(seq_tokens: int, m: MoEConfig) -> int:
+    """MaxText's per-sequence capacity int(max(ceil(T·k/E)·factor, factor)), at most T."""
+    cap = int(max(math.ceil(seq_tokens * m.topk / m.num_experts) * m.capacity_factor,
+                  m.capacity_factor))
+    return max(1, min(cap, seq_tokens))
+
+
+def capacity_slots(probs, idx, m: MoEConfig, seqs: int = 1):
     """Each expert's kept tokens [E, cap] (token ids) and their weights [E, cap]: the top-cap
     tokens by routing probability (``probs``) or the first cap routed tokens (``position``).
-    Unrouted tokens can fill spare slots with weight 0 (what pad_to_capacity computes)."""
+    Unrouted tokens can fill spare slots with weight 0 (what pad_to_capacity computes). With
+    ``capacity_per_sequence`` each of the ``seqs`` sequences keeps its own capacity."""
     N, k = idx.shape
+    if m.capacity_per_sequence and seqs > 1:
+        T = N // seqs
+        slots, weights = jax.vmap(lambda p, i: capacity_slots(p, i, m))(
+            probs.reshape(seqs, T, k), idx.reshape(seqs, T, k))          # [S, E, cap]
+        slots = slots + (jnp.arange(seqs) * T)[:, None, None]
+        return (slots.transpose(1, 0, 2).reshape(m.num_experts, -1),
+                weights.transpose(1, 0, 2).reshape(m.num_experts, -1))
     E = m.num_experts
     rows = jnp.arange(N)[:, None]
     dense = jnp.zeros((N, E), jnp.float32).at[rows, idx].add(probs)
@@ -416,7 +435,8 @@ def capacity_slots(probs, idx, m: MoEConfig):
         key = jnp.where(routed, dense, -1.0)
     else:
         key = jnp.where(routed, (N - jnp.arange(N, dtype=jnp.float32))[:, None], 0.0)
-    _, slots = jax.lax.top_k(key.T, capacity(N, m))                       # [E, cap]
+    cap = sequence_capacity(N, m) if m.capacity_per_sequence else capacity(N, m)
+    _, slots = jax.lax.top_k(key.T, cap)                                  # [E, cap]
     weights = jnp.take_along_axis(dense.T, slots, axis=1)
     return slots, weights
 
@@ -450,7 +470,7 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
     keep = jnp.ones(idx.shape, jnp.bool_)
     slots = None
     if m.capacity_factor is not None:
-        slots = capacity_slots(probs, idx, m)
+        slots = capacity_slots(probs, idx, m, seqs)
         kept = jnp.zeros((E, N), jnp.bool_).at[jnp.arange(E)[:, None], slots[0]].set(True)
         keep = kept.T[jnp.arange(N)[:, None], idx]
 

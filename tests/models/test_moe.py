@@ -489,3 +489,40 @@ def test_hooks_for_other_families_router_bias_and_clamped_glu():
                                                                                      1.5) + 1)
     np.testing.assert_allclose(M._glu(jnp.asarray(g), jnp.asarray(u), None, c.moe), want,
                                rtol=1e-5)
+
+
+def _maxtext_kept(idx, num_experts, factor):
+    """MaxText's generate_masks: per sequence, each expert keeps its first
+    int(max(ceil(S*k/E)*factor, factor)) assignments in (token, choice) order."""
+    B, S, k = idx.shape
+    cap = int(max(np.ceil(S * k / num_experts) * factor, factor))
+    mask = np.eye(num_experts, dtype=np.int64)[idx]                      # [B, S, k, E]
+    count = np.cumsum(mask.reshape(B, S * k, num_experts), axis=1).reshape(mask.shape)
+    return (mask * (count <= cap)).sum(-1).astype(bool)                   # [B, S, k]
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 1.5])
+def test_maxtext_capacity_is_per_sequence_in_token_order(factor):
+    B, S, E, k = 3, 16, 4, 2
+    logits = jax.random.normal(jax.random.key(3), (B * S, E))
+    m = M.MoEConfig(num_experts=E, topk=k, pre_softmax=True, capacity_factor=factor,
+                    capacity_per_sequence=True, drop_policy="position")
+    _, idx, keep, _, _ = M.route(logits, m, train=True, seqs=B)
+    want = _maxtext_kept(np.asarray(idx).reshape(B, S, k), E, factor)
+    np.testing.assert_array_equal(np.asarray(keep).reshape(B, S, k), want)
+    if not want.all():   # Megatron's batch-wide capacity drops other tokens
+        batch_wide = dataclasses.replace(m, capacity_per_sequence=False)
+        assert not np.array_equal(np.asarray(M.route(logits, batch_wide, train=True,
+                                                     seqs=B)[2]), np.asarray(keep))
+
+
+def test_moe_capacity_per_sequence_knob_reaches_the_model():
+    from jaxtrain.config import load_config
+
+    base = ["num_layers=2", "hidden_size=64", "num_attention_heads=4", "vocab_size=128",
+            "num_experts=4", "moe_router_topk=2", "moe_expert_capacity_factor=1.0",
+            "moe_router_pre_softmax=true"]
+    cfg = ModelConfig.from_config({**load_config(None, base)})
+    assert not cfg.moe.capacity_per_sequence
+    cfg = ModelConfig.from_config({**load_config(None, [*base, "moe_capacity_per_sequence=true"])})
+    assert cfg.moe.capacity_per_sequence

@@ -101,6 +101,9 @@ KNOBS = [
     K("moe_expert_capacity_factor", "float", None, "Per-expert token capacity as a multiple of the "
       "even share; extra tokens are dropped. Null (or negative) means dropless.", _M,
       status=HONORED),
+    K("moe_capacity_per_sequence", "bool", False, "Count the capacity per sequence as MaxText "
+      "does (int(max(ceil(T x k / E) x factor, factor)) tokens per expert and sequence) instead "
+      "of over the rank's tokens.", "jaxtrain", HONORED),
     K("moe_pad_expert_input_to_capacity", "bool", False, "Pad every expert's batch up to its "
       "capacity so shapes are fixed; needs a capacity factor.", _M, status=HONORED),
     K("moe_token_drop_policy", "str", "probs", "Which tokens an over-full expert keeps: those with "
