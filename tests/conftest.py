@@ -33,6 +33,40 @@ def persistent_compilation_cache(tmp_path_factory):
         jax.config.update(key, value)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _empty_hf_cache(tmp_path_factory):
+    """Hugging Face models come from an empty cache: a machine's own downloads do not change
+    what a test resolves (a test that needs one writes it; see write_hf_model)."""
+    home = tmp_path_factory.mktemp("hf_home")
+    saved = {k: os.environ.get(k) for k in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")}
+    os.environ["HF_HOME"], os.environ["HF_HUB_CACHE"] = str(home), str(home / "hub")
+    os.environ.pop("HUGGINGFACE_HUB_CACHE", None)
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+TINY_HF_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 32,
+                 "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+                 "intermediate_size": 64, "vocab_size": 128, "max_position_embeddings": 64,
+                 "rms_norm_eps": 1e-5, "hidden_act": "silu", "rope_theta": 10000.0,
+                 "tie_word_embeddings": False}
+
+
+def write_hf_model(path, config=None, **changes) -> pathlib.Path:
+    """A Hugging Face model directory holding only config.json (``config``, default a tiny
+    Llama, with ``changes``): what model.name_or_path reads the architecture from."""
+    import json
+
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**(config or TINY_HF_LLAMA), **changes}))
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _fresh_jaxtrain_logger():
     """Undo what a CLI run's setup_logging did to the ``jaxtrain`` logger (own handlers, no

@@ -20,7 +20,7 @@ def cfg(*args, path=None):
 
 def test_optimizer_family_follows_the_dialect_and_can_be_chosen(write):
     assert OptimConfig.from_config(cfg()).flavour == "megatron"
-    pgs = write("sft.yaml", "train: {max_steps: 50}\n")
+    pgs = write("sft.yaml", "model: {name_or_path: null}\ntrain: {max_steps: 50}\n")
     assert OptimConfig.from_config(load_config(pgs, enforce_status=False)).flavour == "pgs"
     chosen = cfg("optimizer_family=pgs")
     assert OptimConfig.from_config(chosen).flavour == "pgs"

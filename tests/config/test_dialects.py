@@ -2,6 +2,7 @@
 import pytest
 
 from jaxtrain.config import ConfigError, load_config
+from tests.conftest import write_hf_model
 
 
 def resolved(path=None, *overrides, world_size=None):
@@ -84,7 +85,7 @@ def test_primus_maxtext_framework_uses_maxtext_defaults(write):
 def test_pgs_sectioned_file_with_dashed_override(write):
     path = write("sft.yaml", """
         model:
-          name_or_path: ./my-model
+          name_or_path: null
         train:
           epochs: 3
           max_steps: -1
@@ -102,7 +103,10 @@ def test_pgs_sectioned_file_with_dashed_override(write):
     assert resolved(path)["lr"] == 2e-5
 
 
-def test_pgs_distill_file_named_sections(write):
+def test_pgs_distill_file_named_sections(write, tmp_path, monkeypatch):
+    # a tiny stand-in for the student in the local Hugging Face cache
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    write_hf_model(tmp_path / "hub" / "models--Qwen--Qwen3-0.6B" / "snapshots" / "abc")
     path = write("opd.yaml", """
         model:
           student: Qwen/Qwen3-0.6B

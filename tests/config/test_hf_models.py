@@ -359,6 +359,17 @@ def test_rope_band_and_group_score_knobs():
     assert moe.group_score_topk == 1
 
 
+def test_yarn_range_and_clamped_glu_knobs():
+    yarn = _model(rope_type="yarn", rotary_scaling_factor=4.0, yarn_beta_fast=16.0,
+                  yarn_beta_slow=2.0, yarn_correction_range_round_to_int=False)
+    assert (yarn.yarn_beta_fast, yarn.yarn_beta_slow, yarn.yarn_truncate) == (16.0, 2.0, False)
+    oss = dict(num_experts=4, swiglu=False, quick_geglu=True, glu_linear_offset=1.0,
+               activation_func_clamp_value=5.0)
+    assert (_model(**oss).moe.activation, _model(**oss).moe.glu_limit) == ("swiglu_oai", 5.0)
+    with pytest.raises(ConfigError, match="clamped GLU"):
+        _model(**{**oss, "glu_linear_offset": 0.5})
+
+
 def test_translation_is_jax_free_and_names_fields():
     with pytest.raises(ValueError, match="attention_bias"):
         hf_dialect.knobs({**TINY_HF_LLAMA, "attention_bias": True})

@@ -141,7 +141,7 @@ def test_hf_data_dir(tmp_path):
 
 def pgs_config(write, tmp_path, data: str, *extra):
     path = write("pgs.yml", f"""
-        model: {{name_or_path: x}}
+        model: {{name_or_path: null}}
         data: {{{data}, packing: true, max_seq_length: 8}}
         train: {{max_steps: 5}}
     """)

@@ -220,7 +220,7 @@ def test_pgs_local_dataset(tmp_path, write):
     tok = helpers.hf_tokenizer_dir(tmp_path / "tok")
     src = helpers.write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in helpers.texts(40)])
     path = write("pgs.yml", f"""
-        model: {{name_or_path: x}}
+        model: {{name_or_path: null}}
         data: {{dataset: {src}, packing: true, max_seq_length: 8}}
         train: {{max_steps: 5}}
     """)

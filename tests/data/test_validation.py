@@ -216,7 +216,7 @@ def test_pgs_eval_dataset_split_and_samples(tmp_path, write):
     assert len(train.samples) == 6
     assert train.samples[0]["tokens"][:3].tolist() == word.encode(texts[0]).ids[:3]
     path = write("pgs.yml", f"""
-        model: {{name_or_path: x}}
+        model: {{name_or_path: null}}
         data: {{dataset: {tmp_path / 'ds' / 'train.jsonl'}, eval_dataset: {tmp_path / 'ds'},
                 eval_samples: 5, eval_every: 3, max_seq_length: {T}}}
         train: {{max_steps: 6}}

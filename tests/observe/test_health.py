@@ -24,7 +24,8 @@ TINY = ["mock_data=true", "vocab_size=64", "seq_length=8", "max_position_embeddi
         "num_layers=2", "hidden_size=32", "num_attention_heads=2", "micro_batch_size=2",
         "global_batch_size=4", "lr_warmup_iters=0", "bf16=false", "hidden_dropout=0",
         "attention_dropout=0", "log_interval=1", "exp_name=run"]
-PGS = ("model: {torch_dtype: float32}\nlogging: {use_wandb: false, use_trackio: false}\n"
+PGS = ("model: {name_or_path: null, torch_dtype: float32}\n"
+       "logging: {use_wandb: false, use_trackio: false}\n"
        "train: {gradient_accumulation_steps: 2, save_final: false}\n")
 
 

@@ -134,6 +134,7 @@ def test_wandb_run_id_continues_on_resume(cfg, tmp_path):
 
 def test_pgs_use_wandb_and_project(cfg, tmp_path, write):
     path = write("pgs.yml", """
+        model: {name_or_path: null}
         train: {learning_rate: 1.0e-4}
         logging: {project: pgsproj, run_name: "", use_trackio: false}
         """)
@@ -243,7 +244,8 @@ def test_missing_package_is_a_config_error_naming_knob_and_package(cfg, monkeypa
     assert "disable_wandb" in str(e.value) and "pip install wandb" in str(e.value)
     with pytest.raises(ConfigError, match="pip install trackio"):
         trackers.check_trackers(cfg("--logging.use_trackio", "true"))
-    path = write("pgs.yml", "train: {learning_rate: 1.0e-4}\n")  # pgs defaults: W&B and trackio
+    # pgs defaults: W&B and trackio
+    path = write("pgs.yml", "model: {name_or_path: null}\ntrain: {learning_rate: 1.0e-4}\n")
     with caplog.at_level(logging.WARNING, "jaxtrain.observe"):
         assert trackers.check_trackers(cfg(file=path)) == []
     assert "pip install wandb" in caplog.text and "pip install trackio" in caplog.text

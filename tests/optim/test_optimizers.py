@@ -134,6 +134,7 @@ def test_from_config_reads_every_knob():
 
 def test_from_config_pgs_file(write):
     path = write("pgs.yml", """
+        model: {name_or_path: null}
         train:
           optimizer: muon
           learning_rate: 1.0e-4

@@ -210,7 +210,7 @@ PGS_STEPS = [0, 1, 10, 19, 20, 21, 56, 110, 164, 165, 182, 199, 200, 201, 260]
 
 def pgs_file(write, style, ratio=0.1):
     return write("sft.yaml", f"""
-        model: {{name_or_path: ./m}}
+        model: {{name_or_path: null}}
         train:
           learning_rate: 3.0e-4
           min_learning_rate: 3.0e-5
@@ -270,7 +270,7 @@ def test_pgs_warmup_steps_truncate_like_pgs():
 
 def test_pgs_distill_warms_up_from_step_plus_one(write):
     path = write("opd.yaml", """
-        model: {student: Qwen/Qwen3-0.6B}
+        model: {student: null}
         teachers:
           big: {model: Qwen/Qwen3-8B, backend: hf}
         train:
@@ -301,7 +301,7 @@ def test_pgs_file_reads_warmup_ratio_and_min_learning_rate(write):
 def test_schedule_family_selection(write):
     assert sched().family == "megatron"
     assert sched("train.lr_scheduler=cosine").family == "pgs"  # explicit in a flat config
-    path = write("sft.yaml", "model: {name_or_path: ./m}\ntrain: {max_steps: 50}\n")
+    path = write("sft.yaml", "model: {name_or_path: null}\ntrain: {max_steps: 50}\n")
     pgs_default = sched(path=path)
     assert (pgs_default.family, pgs_default.style, pgs_default.decay) == ("pgs", "cosine", 50)
     with pytest.raises(ConfigError, match="keep one"):   # found by the dry run

@@ -38,6 +38,7 @@ PLANNED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma", "gemma2", "gemma3", 
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
            "gpt_neox", "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
            "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "smollm3", "lfm2")
+PLANNED_PREFIXES = ("gemma", "llama4", "qwen3_5", "qwen3_next")
 # config.json entries that mark a model reading more than text.
 MULTIMODAL_FIELDS = ("vision_config", "audio_config", "speech_config", "image_token_id",
                      "image_token_index", "video_token_id")
@@ -149,7 +150,7 @@ def knobs(hf: dict) -> dict:
 def unsupported(hf: dict) -> str:
     """Why a model_type outside :data:`FAMILIES` is not built: planned (issue #25) or refused."""
     family = hf.get("model_type")
-    if family in PLANNED:
+    if family in PLANNED or str(family).startswith(PLANNED_PREFIXES):
         return (f"the {family} family is not built yet; it is planned for issue #25 (model "
                 f"families). Built: {', '.join(FAMILIES)}")
     multimodal = [f for f in MULTIMODAL_FIELDS if f in hf]

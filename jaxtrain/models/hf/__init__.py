@@ -1,0 +1,131 @@
+"""Hugging Face checkpoints: ``from_hf`` reads, ``to_hf`` writes (config.json + safetensors).
+
+Families, one adapter module each (see :class:`common.Adapter`):
+
+- llama.py: Llama (2, 3.x with llama3 rope scaling), Mistral (sliding window), Qwen2 (qkv
+  bias), Qwen3 (qk norm);
+- moe.py: Mixtral and Qwen3-MoE (router + experts [E, ...], dense layers where Qwen3-MoE's
+  mlp_only_layers/decoder_sparse_step say);
+- gpt2.py: GPT-2 (learned positions, LayerNorm, biases, Conv1D weights stored [in, out]);
+- deepseek_v3.py: DeepSeek-V3 (multi-latent attention with YaRN; dense layers first, then MoE
+  layers with group-limited sigmoid routing, e_score_correction_bias and a shared expert);
+- gpt_oss.py: gpt-oss (sinks, alternating sliding windows, biases, YaRN; biased router and
+  clamped-GLU experts with biases).
+
+config.json -> ModelConfig goes through jaxtrain's knobs: ``config_from_hf`` is
+``ModelConfig.from_config`` of the knob values jaxtrain/config/dialects/hf.py translates the
+file into, the same values a pgs run naming the model (``model.name_or_path``) resolves to.
+A config.json value these models cannot reproduce raises ``ValueError`` naming the field; a
+checkpoint tensor that nothing consumes raises too. Neither direction needs torch.
+
+Adding a family: a module with an ``ADAPTER`` listed in :data:`ADAPTERS`, and its translation
+in config/dialects/hf.py.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors.numpy import save_file
+
+from jaxtrain.config.dialects import hf as translation
+from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
+from jaxtrain.models.config import ModelConfig
+from jaxtrain.models.hf import deepseek_v3, gpt2, gpt_oss, llama, moe
+from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
+from jaxtrain.models.params import abstract
+
+# In the order hf_family asks them which family reproduces a config most directly.
+ADAPTERS: tuple[Adapter, ...] = (deepseek_v3.ADAPTER, gpt_oss.ADAPTER, moe.ADAPTER,
+                                 gpt2.ADAPTER, llama.ADAPTER)
+_BY_FAMILY = {family: a for a in ADAPTERS for family in a.families}
+FAMILIES = tuple(f for f in translation.FAMILIES if f in _BY_FAMILY)
+assert set(FAMILIES) == set(_BY_FAMILY), "every adapter family needs its config translation"
+
+# What config_from_hf assumes of the run beyond config.json: float32 compute and weights, the
+# plain-XLA attention (eager). ``overrides`` replace any of them.
+RUN_KNOBS = {"dtype": "float32", "weight_dtype": "float32", "model.attn_implementation": "eager"}
+
+
+def _adapter(family: str) -> Adapter:
+    if family not in _BY_FAMILY:
+        raise ValueError(f"family={family!r}: supported families are {FAMILIES}")
+    return _BY_FAMILY[family]
+
+
+# ---------------------------------------------------------------- config.json -> ModelConfig
+
+def config_from_hf(hf: dict, **overrides) -> ModelConfig:
+    """ModelConfig for an HF config.json dict; ``overrides`` replace fields (e.g. dtype)."""
+    cfg = ModelConfig.from_config({**RUN_KNOBS, **translation.knobs(hf)})
+    return cfg.replace(**overrides) if overrides else cfg
+
+
+def from_hf(path, **overrides) -> tuple[ModelConfig, dict]:
+    """(ModelConfig, params) from a local HF directory (config.json + *.safetensors)."""
+    path = pathlib.Path(path)
+    hf = json.loads((path / "config.json").read_text())
+    cfg = config_from_hf(hf, **overrides)
+    t = Tensors(read_tensors(path))
+    params = _adapter(hf["model_type"]).params(t, cfg, hf)
+    t.done()
+    # Leaves take their declared dtype: weight_dtype, but fp32 for sink logits.
+    return cfg, jax.tree.map(lambda a, s: jnp.asarray(np.asarray(a, s.dtype)), params,
+                             abstract(cfg))
+
+
+# ---------------------------------------------------------------- export
+
+def hf_family(cfg: ModelConfig) -> str:
+    """The HF family that reproduces ``cfg`` most directly."""
+    for adapter in ADAPTERS:
+        family = adapter.picks(cfg)
+        if family is not None:
+            return family
+    raise AssertionError("the Llama adapter picks every config")
+
+
+def check_exportable(cfg: ModelConfig, family: str):
+    """ValueError naming the ModelConfig fields ``family`` has no equivalent for."""
+    check(_adapter(family).problems(cfg, family), family)
+
+
+_check_exportable = check_exportable   # the name checkpoint.py and older callers use
+
+
+def hf_config(cfg: ModelConfig, family: str | None = None) -> dict:
+    """The config.json dict for ``cfg`` in ``family`` (default :func:`hf_family`)."""
+    family = family or hf_family(cfg)
+    adapter = _adapter(family)
+    check_exportable(cfg, family)
+    return {**common_config(cfg, family, adapter.architectures[family]),
+            **adapter.config(cfg, family)}
+
+
+def _hf_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
+    """The checkpoint tensors of ``params`` in ``family``'s layout (host arrays)."""
+    return _adapter(family).tensors(params, cfg, family)
+
+
+def to_hf(params: dict, cfg: ModelConfig, path, family: str | None = None) -> pathlib.Path:
+    """Write config.json + model.safetensors that ``AutoModelForCausalLM`` loads.
+
+    Exact conversions: zero-centred norm scales (apply_layernorm_1p) are written as 1 + scale;
+    interleaved RoPE is written as HF's half-split layout by permuting q/k channels.
+    """
+    family = family or hf_family(cfg)
+    config = hf_config(cfg, family)
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = _hf_tensors(jax.device_get(params), cfg, family)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config["torch_dtype"] = str(next(iter(tensors.values())).dtype)
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+__all__ = ["ADAPTERS", "FAMILIES", "HF_GROUP_SCORE_TOPK", "RUN_KNOBS", "check_exportable",
+           "config_from_hf", "from_hf", "hf_config", "hf_family", "to_hf"]
