@@ -108,8 +108,16 @@ def _corpus(cfg) -> TokenData:
 
 
 def _vocab(cfg, tok, name) -> int:
+    """The model's vocabulary: the tokenizer's, or a larger vocab_size a model file or the
+    config sets (MaxText model files and Hugging Face configs size the embedding themselves:
+    Qwen3's 151,936 rows for a 151,669-token tokenizer)."""
     if tok is not None:
-        return tok.vocab_size
+        given = cfg["vocab_size"] if cfg.is_set("vocab_size") else None
+        if given is not None and given < tok.vocab_size:
+            raise ConfigError(f"vocab_size {given} ({cfg.origin('vocab_size')}) is smaller than "
+                              f"the tokenizer's {tok.vocab_size} tokens ({name}); raise it or "
+                              f"leave it unset")
+        return given or tok.vocab_size
     if not cfg["vocab_size"]:
         raise ConfigError(f"{name}: set tokenizer_type/tokenizer_model (or vocab_size) so the "
                           "model knows the vocabulary")
@@ -233,7 +241,7 @@ def _packed(cfg, tok, docs, name: str, packing_type: str = "first_fit", eod_sep:
         arrays = text_files.pack(docs, length, "best" if packing_type == "best_fit" else "first")
     if len(arrays["tokens"]) == 0:
         raise ConfigError(f"{name}: the documents hold no tokens")
-    return TokenData(text_files.Rows(arrays), vocab or tok.vocab_size, name,
+    return TokenData(text_files.Rows(arrays), vocab or _vocab(cfg, tok, name), name,
                      **{**_loader(cfg, eod), "reset_position_ids": False,
                         "reset_attention_mask": False, **loader})
 
@@ -464,8 +472,8 @@ def data_plan(cfg) -> DataPlan:
         return DataPlan("indexed", tuple(files), _vocab(cfg, build_tokenizer(cfg), "data_path"))
     if cfg.is_set("data.dataset"):
         files = _dataset_files(cfg)
-        return DataPlan("data.dataset", tuple(files), _text_tokenizer(
-            cfg, "data.dataset").vocab_size)
+        return DataPlan("data.dataset", tuple(files), _vocab(
+            cfg, _text_tokenizer(cfg, "data.dataset"), "data.dataset"))
     kind = cfg["dataset_type"]
     if kind == "corpus":
         return DataPlan("corpus", (), corpus.tokenizer().get_vocab_size())
@@ -475,7 +483,7 @@ def data_plan(cfg) -> DataPlan:
             raise ConfigError("dataset_type hf needs hf_path (a local folder or file) or "
                               "hf_train_files")
         return DataPlan("dataset_type hf", tuple(files),
-                        _text_tokenizer(cfg, "dataset_type hf").vocab_size)
+                        _vocab(cfg, _text_tokenizer(cfg, "dataset_type hf"), "dataset_type hf"))
     if kind == "grain":
         key = ("grain_train_mixture_config_path" if cfg["grain_train_mixture_config_path"]
                else "grain_train_files")
@@ -603,6 +611,43 @@ def validation_data(cfg) -> list[TokenData] | None:
     if _synthetic(cfg):
         return [_random_tokens(cfg, "dataset_type synthetic validation", split=1)]
     return None
+
+
+def validation_plan(cfg) -> tuple[str, ...]:
+    """The files :func:`validation_data` and :func:`heldout_test_data` would read, found
+    without reading them: that they exist (a ConfigError naming the knob otherwise). The
+    Megatron prefixes of the training blend are :func:`data_plan`'s."""
+    if cfg["mock_data"]:
+        return ()
+    if _has_megatron_eval_paths(cfg):
+        _, per_split = _megatron_paths(cfg)
+        keys = ("train_data_path", "valid_data_path", "test_data_path")
+        files = []
+        for key, blend in zip(keys, per_split):
+            for prefix in gpt_dataset.parse_blend(blend, key)[0]:
+                for ext in (".bin", ".idx"):
+                    if not os.path.isfile(f"{prefix}{ext}"):
+                        raise ConfigError(f"{key}: {prefix}{ext} does not exist (a Megatron "
+                                          f"indexed dataset is PREFIX.bin + PREFIX.idx)")
+                    files.append(f"{prefix}{ext}")
+        return tuple(files)
+    if cfg["data.eval_dataset"]:
+        if cfg["data.eval_samples"] < 1:
+            raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
+                              "subset needs at least one sample")
+        return tuple(eval_files(cfg["data.eval_dataset"], cfg["data.eval_split"]))
+    kind = None if cfg.is_set("data.dataset") else cfg["dataset_type"]
+    if kind == "hf":
+        files = _hf_eval_files(cfg)
+        if files:
+            _columns(cfg, "eval")
+        return tuple(files or ())
+    if kind == "grain" and cfg["grain_eval_files"]:
+        _columns(cfg, "eval")
+        key = "grain_eval_files"
+        return tuple(f for pattern, _ in grain_files.parse_sources(cfg[key], key)
+                     for f in grain_files.find_files(pattern, key))
+    return ()
 
 
 def heldout_test_data(cfg) -> TokenData | None:
