@@ -7,13 +7,17 @@ config:
 (a) the dry run (``load_config`` + ``preflight``, as ``jaxtrain.train._checked`` does) either
     accepts the value or raises one ConfigError whose text names the key (or an alias of it);
     no other exception escapes;
-(b) a value the dry run accepts, of an honored or mapped knob, starts a one-step run on the CPU
-    that finishes or stops with a ConfigError naming the key: never a traceback, never the
-    loop's BuildError ("internal error").
+(b) a value the dry run accepts, of an honored or mapped knob, starts a short run on the CPU
+    that finishes or stops with a ConfigError naming the key: never another exception, and
+    never the loop's BuildError (an "internal error").
 
-Part (a) covers the whole registry in seconds. Part (b) compiles a step per value: the whole of
-it is marked slow; the default run takes a fixed sample. A subprocess test checks the exit
-status and stderr of the CLI for a few representative mistakes, with and without --dry-run.
+Knobs that act only with a feature on (MoE, multi-latent attention, fp16 loss scaling, FP8)
+are tried a second time with their feature on. Part (a) covers the whole registry in seconds.
+Part (b) compiles a step per value: the whole of it is marked slow, and the default run takes a
+fixed sample. The data files a run reads (tokenizer, data files and globs) are checked when
+the config reads them: :func:`test_data_paths_are_named` sets each where it is read. A
+subprocess test checks the CLI's exit status and stderr for a few representative mistakes,
+with and without --dry-run.
 """
 from __future__ import annotations
 
@@ -24,8 +28,10 @@ import pytest
 
 from jaxtrain.config import ConfigError, load_config, registry
 from jaxtrain.config.knob import HONORED, MAPPED
-from jaxtrain.config.ranges import EXISTING_PATHS
+from jaxtrain.config.ranges import EXISTING_PATHS, RANGES
 from jaxtrain.preflight import preflight, smallest_job
+from tests.conftest import run_module, write_hf_model
+from tests.data.helpers import write_indexed
 
 # The tiny mock-data run every value is tried on.
 BASE = ("mock_data=true", "vocab_size=64", "num_layers=2", "hidden_size=32",
@@ -33,7 +39,16 @@ BASE = ("mock_data=true", "vocab_size=64", "num_layers=2", "hidden_size=32",
         "micro_batch_size=2", "global_batch_size=4", "train_iters=1", "lr_warmup_iters=0",
         "hardware=cpu", "eval_iters=0", "bf16=false", "exp_name=run")
 
-MISSING = "<missing>"     # replaced by a path that does not exist (see _written)
+# area -> what turns its feature on: the area's knobs are tried with it on as well.
+FEATURES = {
+    "moe": ("num_experts=4", "moe_router_topk=2"),
+    "mla": ("multi_latent_attention=true", "kv_lora_rank=16", "qk_head_dim=8",
+            "qk_pos_emb_head_dim=8", "v_head_dim=8"),
+    "precision": ("fp16=true",),
+    "quant": ("fp8=e4m3",),
+}
+
+MISSING = "<missing>"     # stands for a path that does not exist (see _written)
 _PATHLIKE = re.compile(r"path|dir|file|model|tokenizer|prefix|load")
 
 
@@ -47,9 +62,8 @@ def bad_values(knob) -> list:
         values += [-1, 0]
     elif "float" in bases:
         values += [-1.0, 0.0]
-    for part in parts:
-        if part in ("list[int]", "list[float]"):
-            values.append("[-1]")
+    if "list[int]" in parts or "list[float]" in parts:
+        values.append("[-1]")
     if not bases & {"str", "any"}:
         values.append("maybe" if bases == {"bool"} else "abc")
     elif bases == {"str"}:
@@ -61,9 +75,16 @@ def bad_values(knob) -> list:
     return values
 
 
-def cases() -> list[tuple[str, object]]:
-    """(key, bad value) for every non-templated knob, in registry order."""
-    return [(k.key, v) for k in registry() if not k.templated for v in bad_values(k)]
+def cases() -> list[tuple[str, str, object]]:
+    """(feature, key, bad value) for every non-templated knob, in registry order; feature ""
+    is the plain base config."""
+    return [(feature, k.key, v) for k in registry() if not k.templated
+            for feature in ("", *([k.area] if k.area in FEATURES else []))
+            for v in bad_values(k)]
+
+
+def _args(feature: str, key: str, value, missing: str) -> list[str]:
+    return [*BASE, *FEATURES.get(feature, ()), _written(key, value, missing)]
 
 
 def _written(key, value, missing: str) -> str:
@@ -92,17 +113,21 @@ def dry_run(args):
 
 @functools.lru_cache(maxsize=None)
 def outcomes(missing: str) -> dict:
-    """(key, value) -> ("accepted", None) | ("refused", message) | ("crash", description)."""
+    """(feature, key, value) -> ("accepted", None) | ("refused", message) | ("crash", text)."""
     out = {}
-    for key, value in cases():
+    for feature, key, value in cases():
         try:
-            dry_run([*BASE, _written(key, value, missing)])
-            out[key, value] = ("accepted", None)
+            dry_run(_args(feature, key, value, missing))
+            out[feature, key, value] = ("accepted", None)
         except ConfigError as e:
-            out[key, value] = ("refused", str(e))
+            out[feature, key, value] = ("refused", str(e))
         except Exception as e:  # noqa: BLE001 -- what the test is looking for
-            out[key, value] = ("crash", f"{type(e).__name__}: {e}")
+            out[feature, key, value] = ("crash", f"{type(e).__name__}: {e}")
     return out
+
+
+def _shown(feature, key, value) -> str:
+    return f"{key}={value!r}" + (f" (with {' '.join(FEATURES[feature])})" if feature else "")
 
 
 @pytest.fixture(scope="module")
@@ -110,39 +135,56 @@ def missing(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("battery") / "no" / "such" / "path")
 
 
-def test_base_config_is_accepted():
-    dry_run(list(BASE))
+@pytest.mark.parametrize("feature", ["", *FEATURES])
+def test_base_configs_are_accepted(feature):
+    dry_run([*BASE, *FEATURES.get(feature, ())])
 
 
 def test_every_bad_value_is_accepted_or_refused_by_name(missing):
     crashes, unnamed = [], []
-    for (key, value), (kind, text) in outcomes(missing).items():
+    for (feature, key, value), (kind, text) in outcomes(missing).items():
         if kind == "crash":
-            crashes.append(f"{key}={value!r}: {text}")
+            crashes.append(f"{_shown(feature, key, value)}: {text}")
         elif kind == "refused" and not named(text, key):
-            unnamed.append(f"{key}={value!r}: {text[:300]}")
+            unnamed.append(f"{_shown(feature, key, value)}: {text[:300]}")
     assert not crashes, "the dry run crashed:\n" + "\n".join(crashes)
     assert not unnamed, "refusals that do not name the key:\n" + "\n".join(unnamed)
 
 
-def accepted(missing) -> list[tuple[str, object]]:
-    """The (key, value) pairs of honored and mapped knobs the dry run accepts."""
+def test_range_table_names_known_knobs():
     reg = registry()
-    return [(key, value) for (key, value), (kind, _) in outcomes(missing).items()
-            if kind == "accepted" and reg.knobs[key].status in (HONORED, MAPPED)]
+    for key, (low, high) in RANGES.items():
+        knob = reg.knobs.get(key)
+        assert knob is not None, f"RANGES names {key!r}, which is not a knob"
+        assert any(p.split("[")[-1].rstrip("]") in ("int", "float")
+                   for p in knob.type.split("|")), f"{key}: {knob.type} holds no number"
+        assert low is None or high is None or low <= high, key
+    for key in EXISTING_PATHS:
+        assert key in reg.knobs and "str" in reg.knobs[key].type, key
 
 
-def one_step(key, value, tmp_path) -> str | None:
-    """Resolve, preflight and run one step of the base config with ``key`` set to ``value``;
-    None when it finished or a ConfigError named the key, else what went wrong."""
+# --- (b) accepted values start a run --------------------------------------------------------
+
+def accepted(missing) -> list[tuple[str, str, object]]:
+    """The (feature, key, value) cases of honored and mapped knobs the dry run accepts."""
+    reg = registry()
+    return [case for case, (kind, _) in outcomes(missing).items()
+            if kind == "accepted" and reg.knobs[case[1]].status in (HONORED, MAPPED)]
+
+
+def short_run(feature, key, value, tmp_path) -> str | None:
+    """Resolve and preflight the base config with ``key`` set to ``value`` and run it for two
+    steps (so that per-step intervals are taken past step 1) on one CPU device; None when it
+    finished or a ConfigError named the key, else what went wrong."""
     from jaxtrain import loop
     from jaxtrain.parallel import xla_flags
 
-    args = [*BASE, f"workspace={tmp_path}", _written(key, value, str(tmp_path / "no/such"))]
+    args = [*_args(feature, key, value, str(tmp_path / "no" / "such")), "train_iters=2",
+            f"workspace={tmp_path}"]
     try:
         cfg = load_config(None, args, world_size=1)
         preflight(cfg, 1)
-        platform = xla_flags.platform_kind(cfg)   # what the CLI computes before the backend
+        platform = xla_flags.platform_kind(cfg)   # what the CLI reads before the backend
         xla_flags.xla_flags(cfg, platform)
         xla_flags.runtime_options(cfg)
         loop.train(cfg)
@@ -153,28 +195,107 @@ def one_step(key, value, tmp_path) -> str | None:
     return None
 
 
-def _sample(pairs, n=10):
-    """n pairs spread evenly over the list (deterministic)."""
-    if len(pairs) <= n:
-        return pairs
-    return [pairs[i * len(pairs) // n] for i in range(n)]
+def _sample(items, n=10):
+    """n items spread evenly over the list (deterministic)."""
+    if len(items) <= n:
+        return items
+    return [items[i * len(items) // n] for i in range(n)]
 
 
-def _one_step_failures(pairs, tmp_path_factory):
+def _run_failures(cases_, tmp_path_factory):
     failures = []
-    for key, value in pairs:
-        problem = one_step(key, value, tmp_path_factory.mktemp("run"))
+    for feature, key, value in cases_:
+        problem = short_run(feature, key, value, tmp_path_factory.mktemp("run"))
         if problem:
-            failures.append(f"{key}={value!r}: {problem[:400]}")
+            failures.append(f"{_shown(feature, key, value)}: {problem[:400]}")
     return failures
 
 
-def test_accepted_values_start_a_one_step_run_sample(missing, tmp_path_factory):
-    failures = _one_step_failures(_sample(accepted(missing)), tmp_path_factory)
+def test_accepted_values_start_a_run_sample(missing, tmp_path_factory):
+    failures = _run_failures(_sample(accepted(missing)), tmp_path_factory)
     assert not failures, "\n".join(failures)
 
 
 @pytest.mark.slow
-def test_accepted_values_start_a_one_step_run(missing, tmp_path_factory):
-    failures = _one_step_failures(accepted(missing), tmp_path_factory)
+def test_accepted_values_start_a_run(missing, tmp_path_factory):
+    failures = _run_failures(accepted(missing), tmp_path_factory)
     assert not failures, "\n".join(failures)
+
+
+# --- data paths, where the config reads them -----------------------------------------------
+
+TEXT = ("mock_data=false", "tokenizer_type=NullTokenizer")
+
+
+@pytest.mark.parametrize("key, extra", [
+    ("data_path", ()),
+    ("train_data_path", ()),
+    ("valid_data_path", ("train_data_path=<train>", "eval_iters=1")),
+    ("data_args_path", ()),
+    ("per_split_data_args_path", ()),
+    ("hf_train_files", ("dataset_type=hf",)),
+    ("hf_train_files", ("dataset_type=hf", "hf_train_files=<jsonl_dir>/*.parquet")),
+    ("hf_path", ("dataset_type=hf",)),
+    ("hf_eval_files", ("dataset_type=hf", "hf_train_files=<jsonl>", "eval_iters=1")),
+    ("grain_train_files", ("dataset_type=grain",)),
+    ("grain_eval_files", ("dataset_type=grain", "grain_train_files=<jsonl>",
+                          "grain_file_type=parquet", "eval_iters=1")),
+    ("grain_train_mixture_config_path", ("dataset_type=grain",)),
+    ("olmo_index_path", ("dataset_type=olmo_grain",)),
+    ("tokenizer_model", ("dataset_type=hf", "hf_train_files=<jsonl>",
+                         "tokenizer_type=HuggingFaceTokenizer")),
+    ("vocab_file", ("dataset_type=hf", "hf_train_files=<jsonl>",
+                    "tokenizer_type=GPT2BPETokenizer")),
+    ("data.dataset", ()),
+    ("data.eval_dataset", ("data.dataset=<jsonl>", "eval_iters=1")),
+])
+def test_data_paths_are_named(key, extra, tmp_path):
+    """A missing input the run would read stops the dry run with its key named."""
+    (tmp_path / "docs").mkdir()
+    jsonl = tmp_path / "docs" / "train.jsonl"
+    jsonl.write_text('{"text": "1 2 3 4"}\n' * 8)
+    write_indexed(tmp_path / "train", [[1, 2, 3, 4] * 8] * 4)
+    subst = {"<jsonl>": str(jsonl), "<jsonl_dir>": str(tmp_path / "docs"),
+             "<train>": str(tmp_path / "train")}
+    written = [re.sub("|".join(map(re.escape, subst)), lambda m: subst[m.group(0)], a)
+               for a in extra]
+    if not any(a.startswith(f"{key}=") for a in written):
+        written.append(f"{key}={tmp_path / 'no' / 'such'}")
+    with pytest.raises(ConfigError) as info:
+        dry_run([*BASE, *TEXT, *written])
+    assert named(str(info.value), key), str(info.value)
+
+
+# --- the command line ---------------------------------------------------------------------
+
+def _flat(args) -> str:
+    return "".join(f"{a.split('=', 1)[0]}: {a.split('=', 1)[1]}\n" for a in args)
+
+
+CLI_CASES = {
+    "negative micro batch": ("", ["micro_batch_size=-1"], "micro_batch_size"),
+    "batch not divisible": ("", ["global_batch_size=5", "micro_batch_size=2"],
+                            "global_batch_size"),
+    "mock data without a vocabulary": ("", ["vocab_size=null"], "vocab_size"),
+    # two systems' optimizer (LR schedule) knobs in one file, each away from its default
+    "two optimizers": ("optimizer: sgd\ntrain:\n  optimizer: muon\n", [], "train.optimizer"),
+    "two LR schedules": ("lr_decay_style: linear\ntrain:\n  lr_scheduler: linear\n", [],
+                         "train.lr_scheduler"),
+}
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "run"])
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_cli_refuses_with_exit_2_and_the_key(case, dry, tmp_path):
+    head, overrides, key = CLI_CASES[case]
+    text = head + _flat(a for a in BASE if not head or a != "train_iters=1")
+    if head:   # a pgs file: its model is a local Hugging Face folder, its length max_steps
+        text = text.replace("train:\n", "train:\n  max_steps: 1\n", 1)
+        text += f"model:\n  name_or_path: {write_hf_model(tmp_path / 'hf')}\n"
+    path = tmp_path / "run.yml"
+    path.write_text(text)
+    result = run_module("jaxtrain.train", path, *overrides, f"workspace={tmp_path}",
+                        *(["--dry-run"] if dry else []), env={"JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert named(result.stderr, key), result.stderr

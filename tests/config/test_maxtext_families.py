@@ -512,3 +512,16 @@ def test_tiny_family_runs_forward(family):
     out = forward(params, jnp.arange(32, dtype=jnp.int32).reshape(2, 16), m)
     logits = out[0] if isinstance(out, tuple) else out
     assert logits.shape == (2, 16, 256) and bool(jnp.all(jnp.isfinite(logits)))
+
+
+def test_capacity_factor_is_per_sequence_on_the_dense_path():
+    from jaxtrain.models import ModelConfig
+
+    args = ["model_name=mixtral-8x7b", "capacity_factor=1.0", "hardware=cpu"]
+    dropless = load_config("base.yml", args, enforce_status=False)
+    assert dropless["moe_expert_capacity_factor"] is None
+    assert any("sparse_matmul" in w for w in dropless.warnings)
+    dense = load_config("base.yml", [*args, "sparse_matmul=false"], enforce_status=False)
+    moe = ModelConfig.from_config({**dense}).moe
+    assert (moe.capacity_factor, moe.capacity_per_sequence, moe.drop_policy) == (
+        1.0, True, "position")

@@ -161,10 +161,9 @@ KNOBS = [
       "moe_ffn_hidden_size for decoder_block qwen3_moe and deepseek (times the "
       "global_parameter_scale factor); mixtral and gpt_oss size their experts by base_mlp_dim, "
       "and MaxText requires the two to agree in a model of MoE layers only"),
-    K("capacity_factor", "float", -1.0, "Per-expert token capacity as a multiple of the even "
-      "share; -1 drops no tokens.", _MT, REJECTED,
-      "MaxText caps each expert per sequence (ceil(seq x k / experts) x factor) while jaxtrain "
-      "caps per batch as Megatron does; set moe_expert_capacity_factor"),
+    K("capacity_factor", "float", -1.0, "Per-expert token capacity per sequence, as a multiple "
+      "of the even share, on the dense path (sparse_matmul false); -1 drops no tokens.", _MT,
+      HONORED),
     K("load_balance_loss_weight", "float", 0.0, "Weight of MaxText's per-sequence load-balancing "
       "loss (mean of token share x probability, times experts squared).", _MT, HONORED,
       "Megatron's seq_aux_loss with moe_aux_loss_coeff = weight x top-k / MoE layers (MaxText "

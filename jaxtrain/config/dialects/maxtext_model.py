@@ -346,6 +346,15 @@ def _experts(c, block, because) -> None:
         elif layers:
             router["moe_router_load_balancing_type"] = "seq_aux_loss"
             router["moe_aux_loss_coeff"] = weight * k / (layers - first)
+    factor = c.get("capacity_factor", -1.0)
+    if factor > 0 and c.get("sparse_matmul", True):
+        c.warnings.append(f"capacity_factor {factor} drops nothing with sparse_matmul true (as in "
+                          f"MaxText, whose grouped-matmul path is dropless); set sparse_matmul: "
+                          f"false for per-sequence expert capacity")
+    elif factor > 0:
+        # MaxText drops tokens only on its dense (einsum) path: per sequence, in token order
+        router.update(moe_expert_capacity_factor=float(factor), moe_capacity_per_sequence=True,
+                      moe_token_drop_policy="position")
     for key, wanted in router.items():
         _imply(c, key, wanted, because + " with its MoE router")
 

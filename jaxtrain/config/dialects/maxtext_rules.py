@@ -79,8 +79,11 @@ def maxtext_mesh(c):
             where = f"issue #{issue}" if issue else "a later issue"
             size = sizes[axis] if sizes else "-1 (fill)" if -1 in (
                 c.get(f"ici_{axis}_parallelism"), c.get(f"dcn_{axis}_parallelism")) else guess[axis]
+            keys = [f"{lvl}_{axis}_parallelism" for lvl in ("ici", "dcn")
+                    if c.get(f"{lvl}_{axis}_parallelism", 1) != 1]
             c.error(f"not implemented yet: {axis} parallelism of {size} "
-                    f"(ici/dcn_{axis}_parallelism) is {what}, planned for {where}; set it to 1")
+                    f"({', '.join(c.where(k) for k in keys)}) is {what}, planned for {where}; "
+                    f"set {' and '.join(keys)} to 1")
     if sizes is None:
         return
     c.adopt("tensor_model_parallel_size", sizes["tensor"] * sizes["tensor_sequence"],
