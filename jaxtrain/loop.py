@@ -350,10 +350,12 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
                                   decrease_if_needed=tcfg.decrease_batch_size_if_needed)
     batches = global_batches(data, tcfg, seed=tcfg.seed, batch_size=sizes, consumed=consumed,
                              rows=run.layout.local_rows(run.rows))
-    it, exiting = first - 1, False
+    it, exiting, first_batch = first - 1, False, None
     for it in range(first, steps + 1):
         with watch.timers("batch", level=1):
-            batch = run.put_batch(next(batches))
+            batch = first_batch or run.put_batch(next(batches))
+        if tcfg.reuse_example_batch:   # MaxText: every step trains on the first batch again
+            first_batch = batch
         consumed += batch["tokens"].shape[0] * run.rows
         t0 = time.perf_counter()
         watch.window.step_begin(it)

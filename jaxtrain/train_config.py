@@ -85,6 +85,7 @@ class TrainConfig:
     full_validation: bool = False
     multiple_validation_sets: bool = False
     skip_train: bool = False
+    reuse_example_batch: bool = False     # MaxText benchmark aid: train on the first batch again
     manual_gc_eval: bool = False
     weight_hash_interval: int | None = None
     # MaxText num_epoch: the run ends when the text data has been read this many times
@@ -135,4 +136,5 @@ class TrainConfig:
             full_validation=cfg["full_validation"],
             multiple_validation_sets=cfg["multiple_validation_sets"],
             skip_train=cfg["skip_train"], manual_gc_eval=cfg["manual_gc_eval"],
+            reuse_example_batch=bool(cfg["reuse_example_batch"]),
             weight_hash_interval=cfg["check_weight_hash_across_dp_replicas_interval"])

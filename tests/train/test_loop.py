@@ -167,3 +167,19 @@ def test_weight_hash_check_runs_at_its_interval(tmp_path, monkeypatch):
     assert len(seen) == 2
     loop.train(config(tmp_path / "off", "train_iters=2"))
     assert len(seen) == 2
+
+
+def test_reuse_example_batch_reads_one_batch(tmp_path, monkeypatch):
+    real, read = loop.global_batches, []
+
+    def counting(*args, **kw):
+        for b in real(*args, **kw):
+            read.append(1)
+            yield b
+
+    monkeypatch.setattr(loop, "global_batches", counting)
+    loop.train(config(tmp_path, "train_iters=4", "reuse_example_batch=1"))
+    assert len(read) == 1 and [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4]
+    read.clear()
+    loop.train(config(tmp_path / "b", "train_iters=4"))
+    assert len(read) >= 4

@@ -5,7 +5,7 @@ Canonical keys are MaxText's own (configs/base.yml); defaults are its base.yml v
 keys that name an existing jaxtrain setting are aliases on that knob instead (grad_dtype,
 save_checkpoint_on_completion, enable_autocheckpoint, num_vocab_tiling, ...).
 """
-from jaxtrain.config.knob import INERT, REJECTED, K
+from jaxtrain.config.knob import HONORED, INERT, REJECTED, K
 
 _MT = "maxtext"
 _SFT, _DPO = 19, 21
@@ -93,10 +93,8 @@ KNOBS = [
       "column.", _MT, issue=_SFT),
 
     # --- data ---
-    K("reuse_example_batch", "int", 0, "Benchmark aid: keep feeding the first batch instead of "
-      "reading new data.", _MT, issue=None,
-      reason="jaxtrain always reads the next batch (dataset_type synthetic gives data without "
-      "I/O)"),
+    K("reuse_example_batch", "int", 0, "Benchmark aid: keep feeding the first batch (already on "
+      "the devices) instead of reading new data.", _MT, HONORED),
     K("max_corpus_chars", "int", 10_000_000, "Most characters of text read when training a "
       "SentencePiece tokenizer.", _MT, INERT,
       _TOOL_ONLY.format(tool="tokenizer-training script")),
