@@ -5,7 +5,9 @@ Megatron's GPT datasets. ``TokenData.samples`` is any random-access source (``le
 ``[i]``): an in-memory array, a memory-mapped :class:`~jaxtrain.data.gpt_dataset.GPTDataset`
 or blend, or packed documents. A sample is an int array of ``T + 1`` tokens, or a dict with
 ``tokens`` and ``segment_ids`` (packed documents: 0 marks padding), and optionally ``keep``
-(0 keeps the whole sample out of the loss).
+(0 keeps the whole sample out of the loss) and ``positions`` (given positions: the segments
+are attention blocks of one running sequence, as in MaxText's packed synthetic rows, so every
+non-padding target counts, also across a segment boundary).
 
 Order: ``dataloader_type: single`` serves the samples in the source's own order (Megatron's
 GPT datasets are already shuffled by their shuffle index). ``cyclic`` (the default) over
@@ -147,6 +149,9 @@ def make_batch(rows, data: TokenData, per_micro: int) -> dict:
         batch = {"tokens": inputs, "targets": targets,
                  "loss_mask": ((s_in == s_tg) & (s_in > 0)).astype(np.float32),
                  "segment_ids": s_in.astype(np.int32), "positions": segment_positions(s_in)}
+        if "positions" in rows:        # one running sequence cut into attention segments
+            batch["positions"] = np.asarray(rows["positions"][:, :-1], np.int32)
+            batch["loss_mask"] = (s_in > 0).astype(np.float32)
         if data.eod_mask_loss:
             batch["loss_mask"][inputs == data.eod] = 0.0
         if "keep" in rows:             # a sample kept out of the loss entirely (keep 0)

@@ -1,7 +1,9 @@
 """Choosing the training data from the config.
 
 - Megatron ``mock_data`` and MaxText ``dataset_type: synthetic``: seeded uniform random tokens
-  over ``vocab_size`` (nothing to learn: for throughput and plumbing);
+  over ``vocab_size`` (nothing to learn: for throughput and plumbing); with ``packing`` on and
+  ``max_segments_per_seq`` >= 2, each synthetic row is cut into 2..max_segments_per_seq
+  attention segments, as MaxText's synthetic rows are;
 - Megatron indexed files: ``data_path`` (a blend "w1 prefix1 w2 prefix2", cut by ``split``),
   or ``train_data_path``/``valid_data_path``/``test_data_path``, or a file holding the blend
   (``data_args_path``) or per-split blends (``per_split_data_args_path``): GPT samples built
@@ -18,7 +20,8 @@
   ``data.seed`` orders the training samples; pgs documents end with the EOD when packed;
 - MaxText ``dataset_type: grain``: ``grain_train_files`` (a glob, or a weighted mixture;
   or ``grain_train_mixture_config_path``) of ArrayRecord/Parquet/TFRecord files
-  (``grain_file_type``; :mod:`jaxtrain.data.grain_files`), packed by ``grain_packing_type``;
+  (``grain_file_type``; :mod:`jaxtrain.data.grain_files`), packed by ``grain_packing_type``
+  (hf and grain first_fit rows hold at most ``max_segments_per_seq`` documents when it is > 0);
   ``grain_eval_files`` is the validation set (hf: ``hf_eval_files`` or ``hf_eval_split``);
 
   MaxText's hf and grain documents are framed as MaxText frames them: the column
@@ -77,14 +80,36 @@ def _loader(cfg, eod) -> dict:
 
 
 def _random_tokens(cfg, name: str, split: int = 0) -> TokenData:
-    """Seeded uniform tokens; ``split`` 1 and 2 (valid, test) draw other streams."""
+    """Seeded uniform tokens; ``split`` 1 and 2 (valid, test) draw other streams. MaxText's
+    synthetic rows are cut into segments when packing is on (:func:`_synthetic_segments`)."""
     vocab = cfg["vocab_size"]
     if not vocab:
         raise ConfigError(f"{name} needs vocab_size (the range of the random token ids)")
     rng = np.random.default_rng([cfg["seed"], split] if split else cfg["seed"])
     stream = rng.integers(0, vocab, size=MOCK_TOKENS, dtype=np.int32)
-    return TokenData(windows(stream, cfg["seq_length"]), vocab, name,
+    rows = windows(stream, cfg["seq_length"])
+    if not cfg["mock_data"] and _synthetic(cfg):
+        rows = _synthetic_segments(cfg, rows, rng)
+    return TokenData(rows, vocab, name,
                      dataloader_type=cfg["dataloader_type"], num_workers=cfg["num_workers"])
+
+
+def _synthetic_segments(cfg, rows: np.ndarray, rng):
+    """MaxText's synthetic rows with packing on and max_segments_per_seq >= 2: each row cut
+    at random places into 2..max_segments_per_seq segments (at most seq_length), attention
+    kept inside a segment, positions running on through the row and every target counted,
+    as MaxText's ``_make_packed_segment_ids`` batches are; otherwise the rows unchanged."""
+    T, most = cfg["seq_length"], cfg["max_segments_per_seq"]
+    if not cfg["packing"] or most < 2 or T < 2:
+        return rows
+    n = len(rows)
+    count = rng.integers(2, min(most, T) + 1, size=(n, 1))
+    ranks = np.argsort(np.argsort(rng.random((n, T - 1)), axis=-1), axis=-1)
+    starts = np.concatenate([np.ones((n, 1), bool), ranks < count - 1,
+                             np.zeros((n, 1), bool)], axis=-1)   # the last target: last segment
+    return text_files.Rows({"tokens": rows, "segment_ids": np.cumsum(starts, -1, np.int32),
+                            "positions": np.broadcast_to(np.arange(T + 1, dtype=np.int32),
+                                                         rows.shape)})
 
 
 def _gpt_loader(cfg, tok) -> dict:
@@ -110,14 +135,11 @@ def _corpus(cfg) -> TokenData:
 def _vocab(cfg, tok, name) -> int:
     """The model's vocabulary: the tokenizer's, or a larger vocab_size a model file or the
     config sets (MaxText model files and Hugging Face configs size the embedding themselves:
-    Qwen3's 151,936 rows for a 151,669-token tokenizer)."""
+    Qwen3's 151,936 rows for a 151,669-token tokenizer); a smaller one yields to the tokenizer,
+    as Megatron's vocab_size does."""
     if tok is not None:
         given = cfg["vocab_size"] if cfg.is_set("vocab_size") else None
-        if given is not None and given < tok.vocab_size:
-            raise ConfigError(f"vocab_size {given} ({cfg.origin('vocab_size')}) is smaller than "
-                              f"the tokenizer's {tok.vocab_size} tokens ({name}); raise it or "
-                              f"leave it unset")
-        return given or tok.vocab_size
+        return max(given or 0, tok.vocab_size)
     if not cfg["vocab_size"]:
         raise ConfigError(f"{name}: set tokenizer_type/tokenizer_model (or vocab_size) so the "
                           "model knows the vocabulary")
@@ -225,10 +247,12 @@ def _encode(tok, texts) -> list:
 
 
 def _packed(cfg, tok, docs, name: str, packing_type: str = "first_fit", eod_sep: bool = True,
-            bos: int | None = None, vocab: int | None = None, **loader) -> TokenData:
+            bos: int | None = None, vocab: int | None = None, max_docs: int | None = None,
+            **loader) -> TokenData:
     """Token lists packed (``packing_type``: first_fit, best_fit, concat_then_split) or padded
     into samples of seq_length + 1 tokens; with ``eod_sep`` and packing each document ends
-    with the EOD (the MaxText pipelines frame documents themselves: :func:`_framed`)."""
+    with the EOD (the MaxText pipelines frame documents themselves: :func:`_framed`).
+    ``max_docs`` caps the documents of a first_fit/best_fit row (max_segments_per_seq)."""
     eod = tok.eod if tok is not None else None
     if eod_sep and cfg["packing"] and eod is not None:
         docs = [list(d) + [eod] for d in docs]
@@ -238,7 +262,8 @@ def _packed(cfg, tok, docs, name: str, packing_type: str = "first_fit", eod_sep:
     elif packing_type == "concat_then_split":
         arrays = text_files.concat_split(docs, length, bos)
     else:
-        arrays = text_files.pack(docs, length, "best" if packing_type == "best_fit" else "first")
+        arrays = text_files.pack(docs, length, "best" if packing_type == "best_fit" else "first",
+                                 max_docs)
     if len(arrays["tokens"]) == 0:
         raise ConfigError(f"{name}: the documents hold no tokens")
     return TokenData(text_files.Rows(arrays), vocab or _vocab(cfg, tok, name), name,
@@ -303,7 +328,8 @@ def _hf(cfg, files: list[str], name: str, split: str = "train") -> TokenData:
     docs = _framed(cfg, tok, text_files.read_documents(files, field, not tokenize, tkey),
                    tokenize, hf=True)
     return _packed(cfg, tok, docs, name, eod_sep=False,
-                   vocab=_vocab(cfg, tok, f"{name} (token ids)"))
+                   vocab=_vocab(cfg, tok, f"{name} (token ids)"),
+                   max_docs=cfg["max_segments_per_seq"])
 
 
 def _grain(cfg, key: str, name: str, workers_key: str) -> TokenData:
@@ -331,8 +357,11 @@ def _grain(cfg, key: str, name: str, workers_key: str) -> TokenData:
     else:
         docs = docs[0]
     bos = getattr(tok, "bos", None) if tokenize and cfg["add_bos"] else None
+    # MaxText caps grain's first_fit bins only (its best_fit and concat_then_split take no cap)
+    cap = cfg["max_segments_per_seq"] if cfg["grain_packing_type"] == "first_fit" else None
     return _packed(cfg, tok, docs, name, cfg["grain_packing_type"], eod_sep=False, bos=bos,
-                   vocab=_vocab(cfg, tok, f"{name} (token ids)"), **_workers(cfg, workers_key))
+                   vocab=_vocab(cfg, tok, f"{name} (token ids)"), max_docs=cap,
+                   **_workers(cfg, workers_key))
 
 
 def _workers(cfg, key: str) -> dict:
@@ -461,14 +490,18 @@ def data_plan(cfg) -> DataPlan:
         return DataPlan(name, (), cfg["vocab_size"])
     if has_megatron_paths(cfg):
         data_path, per_split = _megatron_paths(cfg)
-        prefixes = gpt_dataset.parse_blend(data_path)[0] + [
-            p for blend in per_split for p in gpt_dataset.parse_blend(blend, "train_data_path")[0]]
-        files = [f"{p}{ext}" for p in prefixes for ext in (".bin", ".idx")]
-        missing = [f for f in files if not os.path.isfile(f)]
-        if missing:
-            raise ConfigError(f"data_path: {missing[0]} does not exist (a Megatron indexed "
-                              f"dataset is PREFIX.bin + PREFIX.idx; write them with python -m "
-                              f"jaxtrain.data.preprocess)")
+        keys = (["data_args_path" if cfg["data_args_path"] else "data_path"]
+                + (["per_split_data_args_path"] * 3 if cfg["per_split_data_args_path"] else
+                   ["train_data_path", "valid_data_path", "test_data_path"]))
+        files = []
+        for key, blend in zip(keys, [data_path, *per_split]):
+            for prefix in gpt_dataset.parse_blend(blend, key)[0]:
+                for ext in (".bin", ".idx"):
+                    if not os.path.isfile(f"{prefix}{ext}"):
+                        raise ConfigError(f"{key}: {prefix}{ext} does not exist (a Megatron "
+                                          f"indexed dataset is PREFIX.bin + PREFIX.idx; write "
+                                          f"them with python -m jaxtrain.data.preprocess)")
+                    files.append(f"{prefix}{ext}")
         return DataPlan("indexed", tuple(files), _vocab(cfg, build_tokenizer(cfg), "data_path"))
     if cfg.is_set("data.dataset"):
         files = _dataset_files(cfg)
@@ -621,7 +654,8 @@ def validation_plan(cfg) -> tuple[str, ...]:
         return ()
     if _has_megatron_eval_paths(cfg):
         _, per_split = _megatron_paths(cfg)
-        keys = ("train_data_path", "valid_data_path", "test_data_path")
+        keys = (("per_split_data_args_path",) * 3 if cfg["per_split_data_args_path"] else
+                ("train_data_path", "valid_data_path", "test_data_path"))
         files = []
         for key, blend in zip(keys, per_split):
             for prefix in gpt_dataset.parse_blend(blend, key)[0]:

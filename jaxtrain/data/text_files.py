@@ -116,15 +116,18 @@ def read_documents(paths: list[str], field: str, token_ids: bool = False,
             raise ConfigError(f"{path}: the file holds no rows")
 
 
-def pack(docs, length: int, fit: str = "first") -> dict:
+def pack(docs, length: int, fit: str = "first", max_docs: int | None = None) -> dict:
     """First-fit packing of token lists into rows of ``length``: {"tokens", "segment_ids"}
     [N, length] int32. Rows stay open for later documents while they have room (the oldest
     of more than 256 open rows is closed first). ``fit="best"`` puts each piece in the open
-    row it fills most tightly instead of the first one it fits in."""
+    row it fills most tightly instead of the first one it fits in. ``max_docs`` > 0 closes a
+    row once it holds that many pieces (grain's ``max_sequences_per_bin``; None or <= 0: no
+    cap)."""
     rows_tok: list[list[int]] = []
     rows_seg: list[list[int]] = []
     room: list[int] = []     # free slots of the open rows
     which: list[int] = []    # their row numbers
+    cap = max_docs if max_docs is not None and max_docs > 0 else None
     for doc in docs:
         doc = list(doc)
         pieces = [doc[i:i + length] for i in range(0, len(doc), length)] or []
@@ -145,7 +148,7 @@ def pack(docs, length: int, fit: str = "first") -> dict:
             seg = (rows_seg[r][-1] + 1) if rows_seg[r] else 1
             rows_tok[r].extend(piece)
             rows_seg[r].extend([seg] * len(piece))
-            if room[j] == 0:
+            if room[j] == 0 or (cap is not None and seg >= cap):
                 del room[j], which[j]
             elif len(room) > OPEN_BINS:
                 del room[0], which[0]

@@ -138,7 +138,7 @@ class HFTokenizer:
             self._tok = transformers.AutoTokenizer.from_pretrained(
                 path, trust_remote_code=trust_remote_code, local_files_only=True)
         except Exception as e:  # noqa: BLE001 - transformers raises many kinds
-            raise ConfigError(f"tokenizer {path!r}: cannot load it with AutoTokenizer: "
+            raise ConfigError(f"tokenizer_model {path!r}: cannot load it with AutoTokenizer: "
                               f"{type(e).__name__}: {e}") from e
         self.bos = self._tok.bos_token_id
         self.pad = self._tok.pad_token_id
@@ -171,7 +171,7 @@ def read_tiktoken_ranks(path: str) -> dict[bytes, int]:
     The ranks must be 0..n-1 and include every single byte (so any text can be encoded).
     """
     def bad(what):
-        return ConfigError(f"TikTokenizer vocabulary {path}: {what}")
+        return ConfigError(f"tokenizer_model {path}: not a TikTokenizer vocabulary: {what}")
 
     ranks: dict[bytes, int] = {}
     try:
@@ -391,7 +391,8 @@ def load_tokenizer(tokenizer_type: str | None, model: str | None = None, *,
         try:
             tok = Tokenizer(models.BPE.from_file(vocab, merges))
         except Exception as e:  # noqa: BLE001
-            raise ConfigError(f"GPT2BPETokenizer: cannot read {vocab} / {merges}: {e}") from e
+            raise ConfigError(f"GPT2BPETokenizer: cannot read vocab_file {vocab!r} / merge_file "
+                              f"{merges!r}: {e}") from e
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         return _TokenizersTokenizer(tok)
@@ -403,7 +404,7 @@ def load_tokenizer(tokenizer_type: str | None, model: str | None = None, *,
             try:
                 return _TokenizersTokenizer(Tokenizer.from_file(path))
             except Exception as e:  # noqa: BLE001
-                raise ConfigError(f"tokenizer {path!r}: not a tokenizer.json: {e}") from e
+                raise ConfigError(f"tokenizer_model {path!r}: not a tokenizer.json: {e}") from e
         return HFTokenizer(path, trust_remote_code)
     if tokenizer_type == "TikTokenizer":
         path = _need_path(model, "tokenizer_model")

@@ -66,6 +66,17 @@ def test_perf_recipe_model_resolves_like_maxtext(write):
     assert expected == 20_580_608 and count(m) == expected
 
 
+def test_gpu_model_files_cap_packed_segments(write):
+    """MaxText's GPU model files set max_segments_per_seq: 32 (packing on, synthetic data):
+    they load, and each synthetic row holds 2..32 attention segments as MaxText's do."""
+    from jaxtrain.data.sources import training_data
+
+    cfg, _ = model(write, PERF + "max_segments_per_seq: 32\nmax_target_length: 256\n")
+    assert cfg["max_segments_per_seq"] == 32 and cfg["packing"]
+    most = training_data(cfg).samples.arrays["segment_ids"].max(axis=1)
+    assert most.min() == 2 and most.max() == 32
+
+
 def test_maxtext_defaults_in_maxtext_files_only(write):
     cfg, m = model(write, "decoder_block: llama2\n")
     assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads) == (16, 2048, 16, 16)

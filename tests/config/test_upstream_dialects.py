@@ -340,7 +340,7 @@ def test_learnable_softmax_type_is_sink_attention():
 
     cfg = load_config(None, [*SMALL, "--softmax-type", "learnable", "--vocab-size", "64",
                              "--position-embedding-type", "rope"])
-    assert cfg["use_sink_attention"] is True
+    assert cfg["softmax_type"] == "learnable" and cfg["use_sink_attention"] is True
     assert ModelConfig.from_config({**cfg}).attention_sinks
     assert not ModelConfig.from_config({**load_config(None, [*SMALL, "--vocab-size", "64"])}
                                        ).attention_sinks

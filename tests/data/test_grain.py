@@ -112,6 +112,23 @@ def test_packing_types(tmp_path):
     assert len(padded.samples) == 60
 
 
+def test_max_segments_per_seq_caps_first_fit_only(tmp_path):
+    """MaxText hands max_segments_per_seq to grain's first_fit packer only; its best_fit and
+    concat_then_split packers take no cap."""
+    write_arrayrecord(tmp_path / "d.array_record", examples(helpers.texts(60, seed=3)))
+    most = {}
+    for kind in ("first_fit", "best_fit", "concat_then_split"):
+        for cap in (-1, 2):
+            data = training_data(grain(tmp_path, f"grain_train_files={tmp_path}/d.array_record",
+                                       f"grain_packing_type={kind}", "use_truncation=false",
+                                       "seq_length=32", "max_position_embeddings=64",
+                                       f"max_segments_per_seq={cap}"))
+            most[kind, cap] = int(data.samples.arrays["segment_ids"].max())
+    assert most["first_fit", 2] == 2 and most["first_fit", -1] > 2
+    assert most["best_fit", 2] == most["best_fit", -1] > 2
+    assert most["concat_then_split", 2] == most["concat_then_split", -1] > 2
+
+
 def test_mixture_weights_hold(tmp_path):
     write_arrayrecord(tmp_path / "cats.array_record", examples(["the cat"] * 200))
     write_arrayrecord(tmp_path / "dogs.array_record", examples(["a dog"] * 100))

@@ -12,7 +12,7 @@ from jaxtrain.data.sources import training_data, validation_data
 from jaxtrain.data.tokenizers import build_tokenizer, llama3_special_tokens
 from jaxtrain.train_config import TrainConfig
 from tests.data import helpers
-from tests.data.test_pipeline import BASE, config
+from tests.data.test_pipeline import BASE, config, take
 
 BOS, EOS = 1, 0      # the test tokenizer's <unk> serves as its BOS; EOD is id 0
 
@@ -237,3 +237,71 @@ def test_num_epoch_ends_the_run_when_the_data_runs_out(tmp_path):
     assert steps("framework=maxtext", "num_query_groups=2")[0] == n // 4
     with pytest.raises(ConfigError, match="num_epoch must be at least 1"):
         steps("num_epoch=0")
+
+
+@pytest.mark.parametrize("fit", ["first", "best"])
+def test_max_docs_packs_as_grain_max_sequences_per_bin(fit):
+    """pack's document cap against grain's own first/best-fit packers with
+    max_sequences_per_bin (enough bins that grain never flushes, bins in order)."""
+    import grain
+    from grain.experimental import BestFitPackIterDataset, FirstFitPackIterDataset
+
+    from jaxtrain.data import text_files
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 50, rng.integers(1, 7)).tolist() for _ in range(60)]
+    packer = FirstFitPackIterDataset if fit == "first" else BestFitPackIterDataset
+    for cap in (2, 3, None):
+        ours = text_files.pack(docs, 16, fit, cap)
+        rows = list(packer(grain.MapDataset.source(
+            [{"inputs": np.asarray(d, np.int32)} for d in docs]).to_iter_dataset(),
+            length_struct={"inputs": 16}, num_packing_bins=len(docs), shuffle_bins=False,
+            max_sequences_per_bin=cap))
+        assert np.array_equal(ours["tokens"], np.stack([r["inputs"] for r in rows])), cap
+        assert np.array_equal(ours["segment_ids"],
+                              np.stack([r["inputs_segment_ids"] for r in rows])), cap
+        most = ours["segment_ids"].max()
+        assert (most == cap) if cap else (most > 3)                   # the cap binds
+    assert text_files.pack(docs, 16, fit, -1)["segment_ids"].max() > 3     # <= 0: no cap
+
+
+def test_max_segments_per_seq_caps_hf_packing(tmp_path):
+    texts = helpers.texts(60, seed=1)
+    longer = ("seq_length=32", "max_position_embeddings=64")
+    free = training_data(hf(tmp_path, texts, *longer))
+    capped = training_data(hf(tmp_path, texts, *longer, "max_segments_per_seq=2"))
+    assert free.samples.arrays["segment_ids"].max() > 2
+    assert capped.samples.arrays["segment_ids"].max() == 2
+    assert sorted(docs_of(capped)) == sorted(docs_of(free))        # the same documents
+    assert len(capped.samples) > len(free.samples)
+
+
+def test_synthetic_rows_carry_maxtext_packed_segments():
+    """MaxText's synthetic data with packing: each row holds 2..max_segments_per_seq
+    attention segments, positions do not restart, every target counts."""
+    base = ("dataset_type=synthetic", "vocab_size=64", "seq_length=32",
+            "max_position_embeddings=64", "packing=true")
+    cfg = config(*base, "max_segments_per_seq=5")
+    data = training_data(cfg)
+    seg = data.samples.arrays["segment_ids"][:, :-1]
+    counts = seg.max(axis=1)
+    assert set(counts.tolist()) == {2, 3, 4, 5}
+    assert (seg[:, 0] == 1).all() and set(np.diff(seg, axis=1).ravel().tolist()) == {0, 1}
+    plain = [training_data(config(*base[:-1], "packing=false", "max_segments_per_seq=5")),
+             training_data(config(*base))]                             # -1: no segments
+    for other in plain:
+        assert np.array_equal(other.samples, data.samples.arrays["tokens"])   # same tokens
+    batch = take(data, cfg, 2)[1]
+    T = 32
+    assert batch["segment_ids"].shape == (2, 2, T)           # M x (micro batch x DP)
+    rows = batch["segment_ids"].reshape(-1, T)
+    assert ((rows.max(axis=1) >= 2) & (rows.max(axis=1) <= 5)).all()
+    assert (batch["positions"] == np.arange(T)).all()
+    assert (batch["loss_mask"] == 1).all()
+    for other, c in zip(plain, (config(*base[:-1], "packing=false", "max_segments_per_seq=5"),
+                                config(*base))):
+        b = take(other, c, 1)[0]
+        assert "segment_ids" not in b and (b["loss_mask"] == 1).all()   # one sequence a row
+    assert validation_data(cfg)[0].samples.arrays["segment_ids"].max() == 5
+    mock = training_data(config("mock_data=true", "vocab_size=64", "max_segments_per_seq=5"))
+    assert isinstance(mock.samples, np.ndarray)                        # Megatron's: unchanged

@@ -102,9 +102,9 @@ KNOBS = [
       "hosts, feed padding batches so every host keeps stepping.", _MT, issue=None),
     K("generate_padding_batch_eval", "bool", False, "generate_padding_batch_train for the "
       "validation data.", _MT, issue=None),
-    K("max_segments_per_seq", "int", -1, "Most documents packed into one sequence "
-      "(TransformerEngine's limit); -1 means no limit.", _MT, issue=None,
-      reason="jaxtrain's packing has no per-sequence document cap"),
+    K("max_segments_per_seq", "int", -1, "Cap on documents per packed row (hf and grain "
+      "first_fit packing); synthetic data with packing splits each row into 2..cap segments. "
+      "<= 0: no cap.", _MT, HONORED),
     K("dataset_path", "str", "", "tfds: directory (or bucket) holding the TFDS datasets (also "
       "the data of MaxText's offline distillation).", _MT, INERT, _TFDS + "; MaxText's offline "
       "distillation reads it too, planned with the distill_* keys"),
