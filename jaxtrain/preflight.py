@@ -30,6 +30,41 @@ def _problems(what: str, error: Exception) -> list[str]:
     return [f"{what}: {error}"]
 
 
+def _validation(cfg, tcfg, devices: int) -> None:
+    """What the evaluator builds before the first step: the validation and test files (when
+    validation runs) and MaxText's validation batch for ``devices`` devices."""
+    import types
+
+    from jaxtrain.data.sources import validation_plan
+    from jaxtrain.evaluation import _eval_rows
+
+    counts = tcfg.eval_iters if isinstance(tcfg.eval_iters, tuple) else (tcfg.eval_iters,)
+    if tcfg.full_validation or max(counts) > 0:
+        validation_plan(cfg)
+    _eval_rows(cfg, tcfg, types.SimpleNamespace(mesh=types.SimpleNamespace(size=devices)))
+
+
+def _restore_inputs(ccfg) -> None:
+    """The checkpoints the run's first restore reads (in Checkpointer.candidates' order), where
+    a path that is not there leaves nothing else to restore from: the run would stop at start."""
+    def there(path):
+        return path is not None and path.exists()
+
+    earlier = ccfg.auto_resume and there(ccfg.save_dir)   # save's newest checkpoint comes first
+    if ccfg.resume_from is not None and not earlier and not ccfg.resume_from.exists():
+        raise ConfigError(f"train.resume_from {ccfg.resume_from} does not exist; point it at a "
+                          f"checkpoint, or set it to auto")
+    earlier = earlier or ccfg.resume_from is not None or there(ccfg.load)
+    if ccfg.pretrained is not None and not earlier and not ccfg.pretrained.exists():
+        raise ConfigError(f"pretrained_checkpoint {ccfg.pretrained} does not exist"
+                          + (f", and load {ccfg.load} holds no checkpoint either"
+                             if ccfg.load is not None else ""))
+    if ccfg.load is not None and ccfg.exit_on_missing and not earlier and ccfg.pretrained is None:
+        raise ConfigError(f"load {ccfg.load} does not exist (and exit_on_missing_checkpoint is "
+                          f"true); fix the path, or set exit_on_missing_checkpoint to false to "
+                          f"start from scratch")
+
+
 def preflight(cfg, world_size: int | None = None) -> None:
     """Build every device-free part of the run; raise one ConfigError with all problems.
 
@@ -56,10 +91,17 @@ def preflight(cfg, world_size: int | None = None) -> None:
         except (ConfigError, ValueError, TypeError, KeyError, OSError) as e:
             problems.extend(_problems(what, e))
             return None
+        except Exception as e:  # noqa: BLE001 -- a bug, reported with the other problems
+            problems.append(f"internal error while checking the {what}: {type(e).__name__}: "
+                            f"{e} (a bug in jaxtrain: this config should be refused with a "
+                            f"reason, or accepted)")
+            return None
 
     tcfg = attempt("training", lambda: TrainConfig.from_config(cfg))
     attempt("trackers", lambda: check_trackers(cfg))
     plan = attempt("data", lambda: data_plan(cfg))
+    if tcfg is not None:
+        attempt("validation", lambda: _validation(cfg, tcfg, world_size or smallest_job(cfg)))
     vocab = plan.vocab_size if plan is not None else cfg.get("vocab_size")
     model_cfg = None
     if vocab:
@@ -75,7 +117,8 @@ def preflight(cfg, world_size: int | None = None) -> None:
     if opt_cfg is not None and model_cfg is not None and schedule is not None:
         attempt("optimizer", lambda: build_optimizer(opt_cfg, schedule,
                                                      models.logical_axes(model_cfg)))
-    attempt("checkpointing", lambda: CheckpointConfig.from_config(cfg, run_dir(cfg)))
+    attempt("checkpointing", lambda: _restore_inputs(CheckpointConfig.from_config(
+        cfg, run_dir(cfg))))
     attempt("loss scaling", lambda: LossScaleConfig.from_config(cfg))
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))

@@ -80,15 +80,17 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
            "check_weight_hash_across_dp_replicas_interval suggested_communication_unit_size",
            POSITIVE),
     # run length, batches, exits (exit_* 0 is off, as in Megatron)
-    **_all("train_iters train_samples train.epochs micro_batch_size global_batch_size "
+    **_all("train_samples train.epochs micro_batch_size global_batch_size "
            "train.gradient_accumulation_steps num_epoch make_vocab_size_divisible_by "
            "seq_length", POSITIVE),
+    "train_iters": FILL,      # MaxText's steps -1: learning_rate_schedule_steps; 0: no steps
     "per_device_batch_size": ABOVE_ZERO, "rampup_batch_size": NON_NEGATIVE,
     **_all("exit_duration_in_mins exit_interval manual_gc_interval", NON_NEGATIVE),
     **_all("seed data.seed", SEED),
     "train.spike_z_threshold": ABOVE_ZERO,
-    # validation: eval_interval 0 is off; eval_iters -1 is MaxText's whole split
-    "eval_interval": NON_NEGATIVE, "eval_iters": FILL,
+    # validation: eval_interval 0 is off (MaxText's base.yml writes -1 for off); eval_iters -1
+    # is MaxText's whole split
+    **_all("eval_interval eval_iters", FILL),
     "data.eval_samples": POSITIVE, "eval_per_device_batch_size": NON_NEGATIVE,
     # optimizer
     **_all("adam_beta1 adam_beta2 sgd_momentum muon_momentum optimizer_offload_fraction",
@@ -106,7 +108,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     # loss and data loading (grain worker counts: -1 picks one automatically)
     "memory.loss_num_chunks": POSITIVE,
     **_all("num_workers grain_shuffle_buffer_size", NON_NEGATIVE),
-    "num_dataset_builder_threads": POSITIVE,
+    "num_dataset_builder_threads": POSITIVE, "reuse_example_batch": NON_NEGATIVE,
     **_all("grain_worker_count grain_worker_count_eval expansion_factor_real_data", FILL),
     # checkpoints (save_interval 0 saves only at exits and the end, as in Megatron)
     **_all("save_interval train.keep_checkpoints ckpt_step", NON_NEGATIVE),
@@ -120,14 +122,14 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "timing_log_level": (0, 2),
 }
 
-# Knobs naming an input that must exist when set. Outputs (save, tensorboard_dir, ...) are
-# created by the run and are not listed, nor are inputs that may also be a Hugging Face hub id
-# (tokenizer_model, hf_path) or a glob (hf_train_files, grain_train_files, ...): the data plan
-# (jaxtrain.data.sources.data_plan) checks those when the run reads them, naming the key.
-EXISTING_PATHS: frozenset[str] = frozenset({
-    "vocab_file", "merge_file", "data_args_path", "per_split_data_args_path",
-    "grain_train_mixture_config_path", "olmo_index_path",
-})
+# Knobs whose value must name an existing file or folder, checked as the config resolves.
+# Empty on purpose: an input is checked by the dry run where the run reads it, with the key
+# named (the data plan: tokenizer, vocab/merge files, data files, globs, args files and the OLMo
+# index; the validation plan; the checkpoints a restore reads), so that a config naming another
+# machine's files (the upstream corpus, a file being inspected) still resolves, and a path the
+# run does not read (a tokenizer beside mock data) stops nothing. Outputs (save,
+# tensorboard_dir, ...) are created by the run.
+EXISTING_PATHS: frozenset[str] = frozenset()
 
 
 def bounds(key: str) -> dict:

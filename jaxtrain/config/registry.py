@@ -12,6 +12,7 @@ import re
 
 from jaxtrain.config.areas import AREAS
 from jaxtrain.config.knob import Alias, Knob
+from jaxtrain.config.ranges import bounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +86,6 @@ class Registry:
 
 @functools.lru_cache(maxsize=None)
 def registry() -> Registry:
-    from jaxtrain.config.ranges import bounds
-
     knobs = []
     for area in AREAS:
         module = importlib.import_module(f"jaxtrain.config.areas.{area}")

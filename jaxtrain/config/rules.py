@@ -1,11 +1,11 @@
 """Cross-key rules and derived values, checked once before anything compiles.
 
-The rules follow Megatron-LM's argument validation and pgs's ``validate()`` (see
-shared/notes/knob-semantics.md). Where Megatron quietly adjusts a value (sequence parallel
-off at TP = 1), so do we, recording the new value's origin as ``derived``. Where a default
-stands in the way of a value the user chose (Primus's ``lr_warmup_iters: 40`` against an
-explicit ``lr_warmup_fraction``), the default yields; two explicit choices that contradict
-each other are an error.
+The rules follow Megatron-LM's argument validation (``validate_args`` in
+megatron/training/arguments.py) and pgs's (palingenesis's) config ``validate()``. Where Megatron
+quietly adjusts a value (sequence parallel off at TP = 1), so do we, recording the new value's
+origin as ``derived``. Where a default stands in the way of a value the user chose (Primus's
+``lr_warmup_iters: 40`` against an explicit ``lr_warmup_fraction``), the default yields; two
+explicit choices that contradict each other are an error.
 """
 from __future__ import annotations
 

@@ -531,7 +531,8 @@ def data_plan(cfg) -> DataPlan:
         return DataPlan("dataset_type grain", tuple(files),
                         _vocab(cfg, tok, "dataset_type grain (token ids)"))
     if kind == "olmo_grain":
-        return DataPlan("dataset_type olmo_grain", (), _vocab(
+        source = olmo.instances(cfg)   # the index and its token files (memory-mapped, not read)
+        return DataPlan("dataset_type olmo_grain", tuple(f for f, _, _ in source.files), _vocab(
             cfg, build_tokenizer(cfg), "dataset_type olmo_grain"))
     return _training_data(cfg)   # the "no training data configured" error
 

@@ -171,7 +171,7 @@ def read_tiktoken_ranks(path: str) -> dict[bytes, int]:
     The ranks must be 0..n-1 and include every single byte (so any text can be encoded).
     """
     def bad(what):
-        return ConfigError(f"tokenizer_model {path}: not a TikTokenizer vocabulary: {what}")
+        return ConfigError(f"tokenizer_model: TikTokenizer vocabulary {path}: {what}")
 
     ranks: dict[bytes, int] = {}
     try:

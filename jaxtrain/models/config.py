@@ -10,6 +10,7 @@ import contextlib
 import contextvars
 import dataclasses
 import math
+import re
 from typing import Any, Mapping
 
 import jax
@@ -201,6 +202,9 @@ class ModelConfig:
         check(self.rotary_dim % 2 == 0, "rotary_percent",
               f"kv_channels*rotary_percent = {self.rotary_dim} must be even")
         check(0 < self.rotary_percent <= 1, "rotary_percent", "must be in (0, 1]")
+        for field in ("hidden_dropout", "attention_dropout"):
+            check(0 <= getattr(self, field) < 1, field, f"{getattr(self, field)} must be in "
+                  "[0, 1): dropping every activation leaves nothing to rescale")
         check(not (self.qk_layernorm and self.qk_l2_norm), "qk_l2_norm",
               "qk_layernorm and qk_l2_norm are exclusive")
         check(not (self.use_rope_scaling and self.rope_type == "yarn"), "use_rope_scaling",
@@ -429,6 +433,46 @@ class ModelConfig:
         except ConfigError as e:
             raise ConfigError([f"{p} ({attention_impl!r} was chosen by {chosen_by}.)"
                                for p in e.problems]) from None
+        except ValueError as e:
+            raise ValueError(_knob_message(str(e))) from None
+
+
+# ModelConfig fields read from a knob of another name: a config's problem names the knob.
+_FIELD_KNOBS = {"sliding_window": "sliding_window_size",
+                "sliding_window_layers": "window_attn_skip_freq",
+                "yarn_scaling_factor": "rotary_scaling_factor", "yarn_mscale": "mscale",
+                "yarn_mscale_all_dim": "mscale_all_dim"}
+
+
+def _knob_message(text: str) -> str:
+    """A ModelConfig validation message ("ModelConfig.field: ...") as the config's knob."""
+    prefix, sep, rest = text.partition(": ")
+    if not sep or not prefix.startswith("ModelConfig."):
+        return text
+    field = prefix.removeprefix("ModelConfig.")
+    return f"{_FIELD_KNOBS.get(field, field)}: {rest}"
+
+
+# MoEConfig fields (in its messages) -> the Megatron knobs they are read from.
+_MOE_KNOBS = {"topk": "moe_router_topk", "num_groups": "moe_router_num_groups",
+              "group_topk": "moe_router_group_topk",
+              "group_score_topk": "moe_router_group_score_topk",
+              "score_function": "moe_router_score_function",
+              "drop_policy": "moe_token_drop_policy", "dispatcher": "moe_token_dispatcher_type",
+              "force_balancing": "moe_router_force_load_balancing_type",
+              "router_dtype": "moe_router_dtype", "aux_loss_coeff": "moe_aux_loss_coeff",
+              "pad_to_capacity": "moe_pad_expert_input_to_capacity",
+              "load balancing type": "moe_router_load_balancing_type",
+              "load balancing types": "moe_router_load_balancing_type",
+              "expert bias": "moe_router_enable_expert_bias",
+              "capacity factor": "moe_expert_capacity_factor"}
+_MOE_WORDS = re.compile(r"(?<![\w.])(" + "|".join(
+    re.escape(k) for k in sorted(_MOE_KNOBS, key=len, reverse=True)) + r")(?![\w])")
+
+
+def _moe_knob_message(text: str) -> str:
+    """An MoEConfig problem with its fields named as the knobs they come from."""
+    return _MOE_WORDS.sub(lambda m: _MOE_KNOBS[m.group(1)], text.removeprefix("MoEConfig: "))
 
 
 _ASSUMED_ACCELERATOR: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -787,6 +831,15 @@ def _moe_config(cfg: Mapping[str, Any]):
         dispatcher = "alltoall"   # Primus's older name; Turbo DeepEP is an all-to-all dispatch
     factor = g("moe_expert_capacity_factor")
     activation, glu_limit = _expert_activation(g)
+    try:
+        return _moe(g, etp, tp, turbo, dispatcher, factor, activation, glu_limit)
+    except ValueError as e:
+        raise ValueError(_moe_knob_message(str(e))) from None
+
+
+def _moe(g, etp, tp, turbo, dispatcher, factor, activation, glu_limit):
+    from jaxtrain.models.moe import MoEConfig, parse_layer_freq
+
     return MoEConfig(
         num_experts=g("num_experts"), topk=g("moe_router_topk", 2),
         layer_freq=parse_layer_freq(g("moe_layer_freq", 1)),

@@ -178,6 +178,10 @@ class OptimConfig:
                f"Megatron's Newton-Schulz (Emerging-Optimizers, quintic coefficients) cycles "
                f"through its {n_sets} coefficient sets and refuses other counts")
         _check(self.clip_grad >= 0, f"clip_grad must be >= 0, got {self.clip_grad}")
+        for key in ("adam_beta1", "adam_beta2", "muon_momentum"):
+            # a decay rate of 1 never forgets: Adam's bias correction divides by 1 - beta^t = 0
+            _check(0 <= getattr(self, key) < 1,
+                   f"{key} must be in [0, 1), got {getattr(self, key)}")
         _check(self.tp_size >= 1, f"tensor_model_parallel_size {self.tp_size}")
         for key in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
                     "exp_avg_sq_dtype"):

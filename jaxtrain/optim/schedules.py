@@ -213,21 +213,22 @@ def _megatron_knobs(cfg, is_set, total_steps) -> dict:
     rampup = parse_rampup(get("rampup_batch_size"))
     train_samples = get("train_samples")
     if train_samples:  # sample-based run: the *_samples knobs lead
-        decay = get("lr_decay_samples")
+        decay, decay_key = get("lr_decay_samples"), "lr_decay_samples"
         if decay is None:
-            decay = train_samples if get("lr_decay_iters") is None else in_samples("lr_decay_iters")
+            decay, decay_key = ((train_samples, "train_samples") if get("lr_decay_iters") is None
+                                else (in_samples("lr_decay_iters"), "lr_decay_iters"))
         wd_incr = train_samples
         wsd = get("lr_wsd_decay_samples")
         if wsd is None and get("lr_wsd_decay_iters") is not None:
             wsd = in_samples("lr_wsd_decay_iters")
         if fraction is not None:
-            warmup = fraction * decay
+            warmup, warmup_key = fraction * decay, "lr_warmup_fraction"
         elif warmup_samples:
-            warmup = warmup_samples
+            warmup, warmup_key = warmup_samples, "lr_warmup_samples"
         elif warmup_iters and is_set("lr_warmup_iters"):  # Primus's default 40 is no choice
-            warmup = in_samples("lr_warmup_iters")
+            warmup, warmup_key = in_samples("lr_warmup_iters"), "lr_warmup_iters"
         else:
-            warmup = 0
+            warmup, warmup_key = 0, None
     else:  # iteration-based run: the *_iters knobs lead
         iters = total_steps if total_steps is not None else get("train_iters")
         if not iters or iters <= 0:
@@ -238,20 +239,28 @@ def _megatron_knobs(cfg, is_set, total_steps) -> dict:
                              "instead of train_iters")
         gbs = _need_batch(gbs, "the Megatron schedule (it counts samples)")
         if get("lr_decay_iters") is not None:
-            decay = in_samples("lr_decay_iters")
+            decay, decay_key = in_samples("lr_decay_iters"), "lr_decay_iters"
         elif get("lr_decay_samples") is not None:
-            decay = get("lr_decay_samples")
+            decay, decay_key = get("lr_decay_samples"), "lr_decay_samples"
         else:
-            decay = iters * gbs
+            decay, decay_key = iters * gbs, "train_iters"
         wd_incr = iters * gbs
         wsd = (in_samples("lr_wsd_decay_iters") if get("lr_wsd_decay_iters") is not None
                else get("lr_wsd_decay_samples"))
         if fraction is not None:
-            warmup = fraction * decay
+            warmup, warmup_key = fraction * decay, "lr_warmup_fraction"
         elif warmup_iters:
-            warmup = in_samples("lr_warmup_iters")
+            warmup, warmup_key = in_samples("lr_warmup_iters"), "lr_warmup_iters"
         else:
-            warmup = warmup_samples
+            warmup, warmup_key = warmup_samples, "lr_warmup_samples"
+    if decay <= 0:
+        raise ValueError(f"{decay_key} = {get(decay_key)}: the LR decay horizon must be "
+                         f"positive ({decay} samples)")
+    if warmup_key and not 0 <= warmup < decay:
+        raise ValueError(f"{warmup_key} = {get(warmup_key)} gives a warmup of {warmup:g} "
+                         f"samples, which must be shorter than the LR decay horizon, "
+                         f"{decay_key} = {get(decay_key)} ({decay:g} samples); lower "
+                         f"{warmup_key} or raise {decay_key}")
     multiple = None
     derived = getattr(cfg, "derived", None) or {}
     if get("decrease_batch_size_if_needed") and derived.get("data_parallel_size"):

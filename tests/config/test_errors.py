@@ -63,7 +63,8 @@ def test_bad_input_exits_2_with_message(name, write, tmp_path, cli):
 
 
 def test_batch_divisibility_needs_world_size(write, cli):
-    path = write("run.yml", "global_batch_size: 16\nmicro_batch_size: 2\n")
+    path = write("run.yml", "global_batch_size: 16\nmicro_batch_size: 2\nmock_data: true\n"
+                 "vocab_size: 64\n")
     code, _, err = cli(path, "--dry-run", "--world-size", "3")
     assert code == 2 and "global_batch_size (16) must be divisible by micro_batch_size x " \
                         "data-parallel size (2 x 3)" in err

@@ -7,18 +7,22 @@ from tests.conftest import run_module
 from jaxtrain.config import load_config
 from jaxtrain.logs import LOG_FILE, run_dir
 
-NO_DATA = "no training data configured"
+# A config the dry run accepts (it is checked for the smallest job, one device) that the run
+# refuses once the backend is up with its two CPU devices: the batch does not split over them.
+TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+NOT_DIVISIBLE = "global_batch_size (2) must be divisible"
 
 
 def _run(tmp_path, *overrides, env=None):
     """The real CLI, training mode, writing its run directory under tmp_path."""
     return run_module("jaxtrain.train", tmp_path / "run.yml", f"workspace={tmp_path}",
-                      "exp_name=exp", *overrides, env=env)
+                      "exp_name=exp", *overrides, env={**TWO_DEVICES, **(env or {})})
 
 
 @pytest.fixture
 def config_file(tmp_path):
-    (tmp_path / "run.yml").write_text("hardware: cpu\n")
+    (tmp_path / "run.yml").write_text("hardware: cpu\nmock_data: true\nvocab_size: 64\n"
+                                      "micro_batch_size: 2\nglobal_batch_size: 2\n")
     return tmp_path
 
 
@@ -32,7 +36,7 @@ def test_run_directory_follows_primus_fields(tmp_path):
 @pytest.mark.parametrize("level, shown", [("INFO", True), ("WARNING", False)])
 def test_stderr_sink_level(config_file, level, shown):
     result = _run(config_file, f"stderr_sink_level={level}")
-    assert result.returncode == 2 and NO_DATA in result.stderr
+    assert result.returncode == 2 and NOT_DIVISIBLE in result.stderr
     assert ("JAX backend cpu" in result.stderr) is shown
 
 
@@ -62,7 +66,8 @@ def test_hardware_gpu_without_a_gpu_is_a_clear_error(config_file):
     assert "hardware: gpu asks for platform(s) cuda,rocm" in result.stderr
     assert "Traceback" not in result.stderr
     result = run_module("jaxtrain.train", config_file / "run.yml", "hardware=cpu",
-                        f"workspace={config_file}", env={**env, "JAX_PLATFORMS": ""})
+                        f"workspace={config_file}", env={**env, **TWO_DEVICES,
+                                                         "JAX_PLATFORMS": ""})
     assert "JAX backend cpu" in result.stderr
 
 

@@ -268,7 +268,7 @@ def test_bad_data_exits_2(tmp_path, write, cli):
         workspace: {tmp_path}
     """)
     code, _, err = cli(path)
-    assert code == 2 and "missing.idx does not exist" in err
+    assert code == 2 and "data_path: " in err and "missing.bin does not exist" in err
 
 
 @pytest.mark.slow

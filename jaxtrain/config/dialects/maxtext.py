@@ -18,6 +18,7 @@ import os
 import pathlib
 import re
 
+from jaxtrain.config.areas.maxtext_model import BUILT_BLOCKS, PLANNED_BLOCKS
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.config.files import BUILTIN_BASE, BUILTIN_BASES, CONFIGS_DIR, read_chain
 from jaxtrain.config.sources import Layer, flatten
@@ -118,7 +119,6 @@ def model_layers(name: str, file: pathlib.Path | None, chain, origin: str) -> li
 def _no_model_file(name: str, stem: str, origin: str) -> str:
     """Why model_name has no file: a MaxText model of a family jaxtrain does not build (named
     by configs/models/maxtext/families.json), or an unknown name."""
-    from jaxtrain.config.areas.maxtext_model import BUILT_BLOCKS, PLANNED_BLOCKS
     index = CONFIGS_DIR / "models" / "maxtext" / "families.json"
     families = json.loads(index.read_text()) if index.is_file() else {}
     block = families.get("decoder_block", {}).get(stem)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 
 from jaxtrain.config.areas.maxtext_model import BUILT_BLOCKS, MOE_BLOCKS
+from jaxtrain.config.dialects.maxtext import pinned_base
 
 _MEGATRON_ACTIVATIONS = ("swiglu", "quick_geglu", "openai_gelu", "squared_relu")
 # MaxText activation names (flax.linen functions) -> jaxtrain activation. flax's gelu is the
@@ -132,7 +133,6 @@ def _imply(c, key, wanted, because: str) -> None:
 
 def _set(c, key) -> bool:
     """``key`` is written, to a value away from MaxText's default (base.yml)."""
-    from jaxtrain.config.dialects.maxtext import pinned_base
     default = pinned_base()[1].get(key, c.defaults.get(key))
     value = c.values.get(key)
     return c.explicit(key) and value is not None and value != default
