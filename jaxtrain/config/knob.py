@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any, Callable, Mapping
 
 HONORED, MAPPED, INERT, REJECTED, PLANNED = "honored", "mapped", "inert", "rejected", "planned"
@@ -238,8 +239,6 @@ def _check_range(knob: Knob, value) -> None:
                 bound = f"between {knob.low:g} and {knob.high:g}"
             raise CoerceError(f"{item!r} is out of range: it must be {bound}")
     if knob.existing_path and isinstance(value, str) and value and "://" not in value:
-        import os
-
         if not os.path.exists(os.path.expanduser(value)):
             raise CoerceError(f"{value!r} does not exist (a file or folder is expected)")
 

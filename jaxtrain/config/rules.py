@@ -259,6 +259,9 @@ def iterations(c: Context):
 def batch(c: Context):
     mbs = c.get("micro_batch_size", 1)
     accum = c.get("train.gradient_accumulation_steps")
+    if accum and not c.explicit("train.gradient_accumulation_steps") and c.explicit(
+            "global_batch_size"):
+        accum = None   # a default accumulation (MaxText's 1, pgs's 16) yields to a chosen batch
     if c.world_size is None:
         if accum:
             c.derived["num_microbatches"] = accum

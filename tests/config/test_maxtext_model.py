@@ -222,8 +222,8 @@ def test_mixtral_moe_keys(write):
     assert (m.moe.num_experts, m.moe.topk, m.moe.ffn_hidden_size) == (4, 2, 1024)
     assert (m.moe.score_function, m.moe.pre_softmax) == ("softmax", False)
     assert model(write, PERF, "num_experts=1")[1].moe is None        # MaxText: 1 expert = dense
-    with pytest.raises(ConfigError, match="capacity_factor is not supported"):
-        model(write, PERF, *moe, "capacity_factor=1.25")
+    dense = model(write, PERF, *moe, "capacity_factor=1.25", "sparse_matmul=false")[1].moe
+    assert (dense.capacity_factor, dense.capacity_per_sequence) == (1.25, True)
     # keys the mixtral block does not read, or reads in a way jaxtrain's router does not build
     for key in ("shared_experts=1", "first_num_dense_layers=1", "routed_scaling_factor=2.5",
                 "routed_score_func=sigmoid", "routed_bias=true", "n_routing_groups=8",

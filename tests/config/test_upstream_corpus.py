@@ -19,7 +19,30 @@ from jaxtrain.config import ConfigError, load_config
 CORPUS = json.loads((ROOT / "tests" / "data" / "upstream_corpus.json").read_text())
 UPSTREAM = pathlib.Path(os.environ.get("JAXTRAIN_UPSTREAM", "/nonexistent"))
 # Entries that load today (the floor a change may not fall below), per dialect.
-LOADS = {"megatron-lm": 44, "primus": 185, "maxtext": 67, "pgs": 1}
+LOADS = {"megatron-lm": 44, "primus": 185, "maxtext": 67, "pgs": 4}
+# config.json of the models pgs's files name (published values), for a local Hugging Face cache.
+HF_CONFIGS = {
+    "meta-llama/Llama-3.1-8B-Instruct": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rms_norm_eps=1e-5,
+        rope_theta=500000.0, max_position_embeddings=131072, tie_word_embeddings=False,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "Qwen/Qwen2.5-3B-Instruct": dict(
+        model_type="qwen2", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+        num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=True),
+    "Qwen/Qwen3-0.6B": dict(
+        model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
+        tie_word_embeddings=True),
+    **{name: dict(model_type="qwen3_5") for name in (
+        "Qwen/Qwen3.5-0.8B", "Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-35B-A22B",
+        "Qwen/Qwen3.5-35B-A3B-Instruct")},
+    **{name: dict(model_type="gemma4") for name in (
+        "google/gemma-4-12B-it", "google/gemma-4-E2B-it", "google/gemma-4-E4B-it")},
+}
 
 
 def outcome(entry) -> tuple[str, str]:
@@ -61,5 +84,11 @@ def test_maxtext_files_and_command_lines():
 @pytest.mark.slow
 @pytest.mark.skipif(not (UPSTREAM / "palingenesis").is_dir(),
                     reason="JAXTRAIN_UPSTREAM has no palingenesis")
-def test_pgs_files():
+def test_pgs_files(tmp_path, monkeypatch):
+    for repo, config in HF_CONFIGS.items():
+        snapshot = tmp_path / "hub" / ("models--" + repo.replace("/", "--")) / "snapshots" / "r"
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     check("pgs")

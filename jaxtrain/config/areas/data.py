@@ -240,31 +240,37 @@ KNOBS = [
 
     # pgs: chat-SFT shaping (later SFT issue)
     K("data.messages_field", "str", "messages", "Row field holding the chat turns (conversations, "
-      "chat, dialogue, turns are tried too).", "pgs-train"),
+      "chat, dialogue, turns are tried too).", "pgs-train", issue=19),
     K("data.tools_field", "str", "tools", "Name of the column whose tool list is given to the "
-      "chat template.", "pgs-train"),
+      "chat template.", "pgs-train", issue=19),
     K("data.include_observations", "bool", False, "Also train on tool/observation turns, so the "
-      "model learns to predict tool output.", "pgs-train"),
+      "model learns to predict tool output.", "pgs-train", issue=19),
     K("data.train_on_reasoning", "bool", True, "Keep <think>/reasoning tokens in the loss; false "
-      "trains only on the final answer.", "pgs-train"),
+      "trains only on the final answer.", "pgs-train", issue=19),
     K("data.turn_scaling", "str", "uniform", "Per-assistant-turn loss weights (mean 1): uniform, "
-      "progressive (later heavier) or last_heavy.", "pgs-train", choices=_TURN_SCALING),
+      "progressive (later heavier) or last_heavy.", "pgs-train", choices=_TURN_SCALING, issue=19),
+    K("data.seq_len_curriculum", "bool", False, "Grow the longest sequence from "
+      "data.seq_len_curriculum_min to data.max_seq_length over the ramp.", "pgs-train", issue=20),
+    K("data.seq_len_curriculum_min", "int", 1024, "Longest sequence at the curriculum's start.",
+      "pgs-train", issue=20),
+    K("data.seq_len_curriculum_ramp_steps", "int", 1000, "Steps over which the sequence-length "
+      "curriculum reaches data.max_seq_length.", "pgs-train", issue=20),
     K("data.last_turn_only", "bool", False, "Mask every assistant turn but the last, in training "
-      "and in eval scoring.", "pgs-train"),
+      "and in eval scoring.", "pgs-train", issue=19),
     K("data.length_group_buffer", "int", 512, "Without packing: sort this many samples by length "
-      "into batch groups to cut padding; 0 disables.", "pgs-train"),
+      "into batch groups to cut padding; 0 disables.", "pgs-train", issue=19),
 
     # pgs: multi-source mixing, replay and evaluation sources (later SFT issue)
     K("data.sources", "list", [], "Several training datasets, each a mapping with dataset, split, "
-      "weight, mode, messages_field.", "pgs-train"),
+      "weight, mode, messages_field.", "pgs-train", issue=19),
     K("data.mix_epoch", "str", "total", "What one epoch over data.sources means: total rows drawn "
-      "by weight, or until the first source runs out.", "pgs-train", choices=_MIX_EPOCH),
+      "by weight, or until the first source runs out.", "pgs-train", choices=_MIX_EPOCH, issue=19),
     K("data.eval_sources", "list", [], "Validation sets scored separately and combined into a "
-      "weighted composite for best-model tracking.", "pgs-train"),
+      "weighted composite for best-model tracking.", "pgs-train", issue=19),
     K("data.pretrain_replay_dataset", "str", "", "Raw-text dataset mixed into SFT with loss on "
-      "every token; empty disables replay.", "pgs-train"),
+      "every token; empty disables replay.", "pgs-train", issue=19),
     K("data.pretrain_replay_weight", "float", 0.1, "Per-example probability of drawing a replay "
-      "document instead of an SFT example.", "pgs-train"),
+      "document instead of an SFT example.", "pgs-train", issue=19),
 
     # pgs: MSFT adaptive source weights (not wired in palingenesis itself)
     K("data.msft_tracking", "bool", False, "Adaptive per-source weight scheduling (MSFT), "
@@ -280,7 +286,7 @@ KNOBS = [
 
     # pgs: pre-tokenised cache (later SFT issue)
     K("data.pretokenize", "bool", False, "Write the fully tokenised, masked, mixed and packed "
-      "stream to disk once and train from that cache.", "pgs-train"),
+      "stream to disk once and train from that cache.", "pgs-train", issue=19),
     K("data.pretokenize_path", "str", "./pretokenized", "Directory of the pre-tokenised cache.",
-      "pgs-train"),
+      "pgs-train", issue=19),
 ]

@@ -110,7 +110,7 @@ KNOBS = [
     # --- multi-token prediction ---
     K("mtp_num_layers", "int", None, "Number of multi-token-prediction modules; each predicts one "
       "more future token from the previous depth's hidden state. Null (MaxText: 0) turns MTP "
-      "off.", _LPM, doc_defaults={"maxtext": 0}, parse=_zero_is_off,
+      "off.", _LPM, parse=_zero_is_off,
       aliases=(Alias("num_nextn_predict_layers", "primus", to_canonical=_zero_is_off,
                      note="Kimi K3's name (Hugging Face's) for the MTP depth; 0 means none"),)),
     K("mtp_loss_scaling_factor", "float", 0.1, "Weight of the MTP loss (mean over depths) added "

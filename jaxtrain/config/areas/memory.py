@@ -17,16 +17,16 @@ KNOBS = [
     # --- gradient memory ---
     K("memory.gradient_release", "bool", False, "Update each parameter as soon as its gradient "
       "exists, keeping no gradient buffer; no accumulation, no Muon.",
-      _PGS),
+      _PGS, issue=20),
     K("memory.selective_diff", "bool", True, "Skip saving activations needed only for frozen "
-      "weights' gradients; meant for train.freeze_non_attention.", _PGS),
+      "weights' gradients; meant for train.freeze_non_attention.", _PGS, issue=20),
 
     # --- SeCO / SpaCO chunked long-sequence training ---
     K("memory.seco", "bool", False, "Train long sequences chunk by chunk (KV-cache prefill, then "
-      "reverse backward): activations scale with chunk size; exact.", _PGS),
-    K("memory.seco_chunk_size", "int", 4096, "Chunk length in tokens for SeCO.", _PGS),
+      "reverse backward): activations scale with chunk size; exact.", _PGS, issue=20),
+    K("memory.seco_chunk_size", "int", 4096, "Chunk length in tokens for SeCO.", _PGS, issue=20),
     K("memory.seco_kv_offload", "bool", False, "Keep SeCO's full-attention K/V in pinned host "
-      "memory and stream it to the device block by block.", _PGS),
+      "memory and stream it to the device block by block.", _PGS, issue=20),
     K("memory.spaco_budget", "int", 0, "How many randomly chosen chunks of each sequence SpaCO "
-      "backpropagates (unbiased); 0 falls back to exact SeCO.", _PGS),
+      "backpropagates (unbiased); 0 falls back to exact SeCO.", _PGS, issue=20),
 ]

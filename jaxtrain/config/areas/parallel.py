@@ -79,11 +79,11 @@ KNOBS = [
       aliases=(Alias("torch_fsdp2_reshard_after_forward", ("megatron-lm", "primus"),
                      note="Megatron-LM's dest of --torch-fsdp2-no-reshard-after-forward"),)),
     K("parallel.context_parallel", "bool", False, "Ring attention: split each sequence over the "
-      "devices for very long contexts.", "pgs-train"),
+      "devices for very long contexts.", "pgs-train", issue=23),
     K("parallel.cp_rotate_method", "str", "allgather", "Collective that ring attention rotates "
       "K/V with; alltoall saves memory, allgather is the simpler one.", "pgs-train",
       choices=_CP_ROTATE_METHODS, value_aliases={"all_gather": "allgather",
-                                                 "all_to_all": "alltoall"}),
+                                                 "all_to_all": "alltoall"}, issue=23),
 
     # MaxText
     K("shardy", "bool", False, "Partition the program with the Shardy partitioner "

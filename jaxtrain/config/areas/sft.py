@@ -7,69 +7,73 @@ _MERGE_METHODS = ("lerp", "slerp")
 KNOBS = [
     # AdaGC: per-tensor adaptive gradient clipping (replaces global clipping)
     K("train.adagc", "bool", False, "Clip each gradient tensor against an EMA of its own norm "
-      "instead of clipping the global norm.", _PGS),
+      "instead of clipping the global norm.", _PGS, issue=20),
     K("train.adagc_lambda", "float", 1.5, "AdaGC threshold: a tensor is clipped when its norm "
-      "exceeds this multiple of its norm EMA.", _PGS),
+      "exceeds this multiple of its norm EMA.", _PGS, issue=20),
     K("train.adagc_beta", "float", 0.95, "AdaGC: smoothing factor of the running per-tensor "
-      "gradient-norm average.", _PGS),
+      "gradient-norm average.", _PGS, issue=20),
 
     # EMA of the weights (an fp32 shadow copy kept in host memory)
     K("train.ema", "bool", False, "Keep an exponential moving average of the weights in host "
-      "memory.", _PGS),
+      "memory.", _PGS, issue=20),
     K("train.ema_decay", "float", 0.999, "EMA decay cap; the effective decay ramps as "
-      "min(decay, 1 - 1/(t+1)).", _PGS),
-    K("train.ema_every", "int", 10, "Optimizer steps between EMA updates.", _PGS),
+      "min(decay, 1 - 1/(t+1)).", _PGS, issue=20),
+    K("train.ema_every", "int", 10, "Optimizer steps between EMA updates.", _PGS, issue=20),
 
     # Periodic merge back toward the pretrained weights (anti-forgetting)
     K("train.base_merge", "bool", False, "Every few steps pull the weights part of the way back "
-      "toward the pretrained ones.", _PGS),
+      "toward the pretrained ones.", _PGS, issue=20),
     K("train.base_merge_ratio", "float", 0.1, "Merge ratio r: weights become (1-r)*current + "
-      "r*base.", _PGS),
+      "r*base.", _PGS, issue=20),
     K("train.base_merge_every", "int", 500, "Optimizer steps between merges toward the base "
-      "weights.", _PGS),
+      "weights.", _PGS, issue=20),
     K("train.base_merge_method", "str", "lerp", "How weights are blended: lerp along a straight "
-      "line, or slerp, spherical on matrices so norms hold.", _PGS, choices=_MERGE_METHODS),
+      "line, or slerp, spherical on matrices so norms hold.", _PGS, choices=_MERGE_METHODS,
+      issue=20),
 
     # Optimizer-side extras
     K("train.adamc", "bool", False, "AdamC: scale weight decay with the LR schedule for layers "
-      "followed by normalisation.", _PGS),
+      "followed by normalisation.", _PGS, issue=20),
     K("train.llrd_decay", "float", 1.0, "Layer-wise LR decay d: layer i gets lr*d^(L-i), "
-      "embeddings lr*d^(L+1); 1.0 is off.", _PGS),
+      "embeddings lr*d^(L+1); 1.0 is off.", _PGS, issue=20),
     K("train.freeze_non_attention", "bool", False, "Hybrid models: freeze linear-attention / "
-      "recurrent layers except their norms; a warned no-op elsewhere.", _PGS),
+      "recurrent layers except their norms; a warned no-op elsewhere.", _PGS, issue=20),
     K("train.hyperball", "bool", False, "Keep attention/MLP matrices at their initial Frobenius "
-      "norm, moving them by an angular step.", _PGS),
+      "norm, moving them by an angular step.", _PGS, issue=20),
     K("train.hyperball_lr", "float", 0.0, "Hyperball angular step per update (fraction of the "
-      "matrix norm); 0 derives it per matrix.", _PGS),
+      "matrix norm); 0 derives it per matrix.", _PGS, issue=20),
     K("train.mona", "bool", False, "MONA: add an EMA of gradient differences to the gradient "
-      "(curvature-aware acceleration).", _PGS),
-    K("train.mona_beta_a", "float", 0.975, "MONA decay of the gradient-difference EMA.", _PGS),
+      "(curvature-aware acceleration).", _PGS, issue=20),
+    K("train.mona_beta_a", "float", 0.975, "MONA decay of the gradient-difference EMA.", _PGS,
+      issue=20),
     K("train.mona_lite", "bool", True, "Keep MONA's buffers in bf16 to cut its memory and time "
-      "cost.", _PGS),
+      "cost.", _PGS, issue=20),
 
     # Token-weighting objectives (mutually exclusive)
     K("plugins.deft", "bool", False, "DEFT: weight each token's CE by p_t^alpha, alpha the "
-      "squared-probability mass (detached).", _PGS),
+      "squared-probability mass (detached).", _PGS, issue=19),
     K("plugins.dft", "bool", False, "DFT: weight each token's CE by its detached target "
-      "probability.", _PGS),
+      "probability.", _PGS, issue=19),
     K("plugins.cadft", "bool", False, "CADFT: DFT times a per-sample factor that down-weights "
-      "samples with high NLL z-scores.", _PGS),
-    K("plugins.cadft_beta", "float", 1.0, "CADFT sensitivity beta in exp(-beta*max(0, z)).", _PGS),
+      "samples with high NLL z-scores.", _PGS, issue=19),
+    K("plugins.cadft_beta", "float", 1.0, "CADFT sensitivity beta in exp(-beta*max(0, z)).", _PGS,
+      issue=19),
     K("plugins.info_sft", "bool", False, "Weight tokens by their information content (InfoSFT), "
-      "rescaled to average 1.", _PGS),
+      "rescaled to average 1.", _PGS, issue=19),
     K("plugins.info_sft_pbar", "float", 0.93, "InfoSFT reference probability; tokens above it "
-      "get no weight.", _PGS),
+      "get no weight.", _PGS, issue=19),
 
     # Embedding noise
     K("plugins.sym_noise", "bool", False, "Add symmetric +-1 noise to the input embeddings "
-      "during training (regulariser).", _PGS),
+      "during training (regulariser).", _PGS, issue=19),
     K("plugins.sym_noise_alpha", "float", 5.0, "Embedding noise scale alpha; magnitude is "
-      "alpha/sqrt(seq_len*hidden).", _PGS),
+      "alpha/sqrt(seq_len*hidden).", _PGS, issue=19),
 
     # Pre-RL objective
     K("plugins.pre_rl", "bool", False, "Pre-RL: mask high-entropy/high-KL tokens from CE and add "
-      "an entropy bonus and KL anchor.", _PGS),
-    K("plugins.pre_rl_entropy_coeff", "float", 0.1, "Pre-RL weight of the entropy bonus.", _PGS),
+      "an entropy bonus and KL anchor.", _PGS, issue=19),
+    K("plugins.pre_rl_entropy_coeff", "float", 0.1, "Pre-RL weight of the entropy bonus.", _PGS,
+      issue=19),
     K("plugins.pre_rl_kl_coeff", "float", 0.5, "Pre-RL weight of the KL penalty to the base "
-      "model.", _PGS),
+      "model.", _PGS, issue=19),
 ]

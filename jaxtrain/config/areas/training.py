@@ -3,9 +3,10 @@ from jaxtrain.config.knob import Alias, HONORED, INERT, MAPPED, K, REJECTED
 
 
 def _unset_if_negative(value):
-    """pgs writes -1 for "not set"; any negative number becomes None."""
+    """pgs writes -1 for "not set" (its trainer reads any max_steps <= 0 so); 0 or a negative
+    number becomes None."""
     try:
-        if value is not None and not isinstance(value, bool) and float(value) < 0:
+        if value is not None and not isinstance(value, bool) and float(value) <= 0:
             return None
     except (TypeError, ValueError):
         pass
