@@ -59,7 +59,7 @@ class ProfileWindow:
         port = SERVER_PORT + process_index if cfg["run_workload_inspector_server"] else None
         maxtext_on = cfg["profiler"] == "xplane"
         first = last = None
-        if process_index in (cfg["profile_ranks"] or ()):
+        if process_index in (cfg["profile_ranks"] or ()) or cfg["upload_all_profiler_results"]:
             if cfg["profile"]:
                 first, last = cfg["profile_step_start"] + 1, cfg["profile_step_end"]
             elif maxtext_on:

@@ -72,6 +72,9 @@ def test_no_window_by_default_and_other_ranks(cfg, tmp_path, monkeypatch):
     assert calls == [] and not (tmp_path / "run" / "profile").exists()
     c = cfg("profile=true", "profile_step_start=0", "profile_step_end=1", "profile_ranks=[1]")
     assert ProfileWindow.from_config(c, tmp_path / "run", process_index=1).active
+    every = cfg("profile=true", "profile_step_start=0", "profile_step_end=1",
+                "upload_all_profiler_results=true")   # MaxText: every process traces
+    assert ProfileWindow.from_config(every, tmp_path / "run", process_index=3).active
 
 
 def test_maxtext_window(cfg, tmp_path):

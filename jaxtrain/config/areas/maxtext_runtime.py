@@ -3,7 +3,7 @@ compilation and XLA dumps, kernel tuning, profiling, cloud services and multi-ho
 
 Canonical keys are MaxText's own (configs/base.yml); defaults are its base.yml values.
 """
-from jaxtrain.config.knob import INERT, MAPPED, REJECTED, Alias, K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
 _MT = "maxtext"
 _CP, _PP = 23, 24
@@ -296,9 +296,9 @@ KNOBS = [
       _MT, INERT, "tunes a TPU kernel jaxtrain does not run; the values are the same"),
 
     # --- profiling ---
-    K("upload_all_profiler_results", "bool", False, "Every host writes (uploads) its profile; "
-      "false: only the first host.", _MT, issue=None,
-      reason="not converted yet; profile_ranks lists the processes that trace"),
+    K("upload_all_profiler_results", "bool", False, "Every process writes its profile into the "
+      "run directory; false: the processes of profile_ranks (the first by default).", _MT,
+      HONORED),
     K("hide_profiler_step_metric", "bool", False, "Leave the steps at a profile window's edges "
       "out of the logged step metrics.", _MT, INERT,
       "only hides MaxText's metrics of those steps; jaxtrain logs every step and training is "
