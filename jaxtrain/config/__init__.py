@@ -6,7 +6,7 @@
 """
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.config.registry import registry
-from jaxtrain.config.resolve import load_config
+from jaxtrain.config.resolve import complete, load_config
 from jaxtrain.config.resolved import Config
 
-__all__ = ["Config", "ConfigError", "load_config", "registry"]
+__all__ = ["Config", "ConfigError", "complete", "load_config", "registry"]

@@ -9,6 +9,8 @@ a user fixes a file in one pass.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from jaxtrain.config import rules
 from jaxtrain.config.dialects import DIALECTS, load_sources
 from jaxtrain.config.errors import ConfigError
@@ -198,6 +200,15 @@ def resolve(sources: Sources, world_size: int | None = None, enforce_status: boo
         raise ConfigError(problems)
     return Config(values, origins, derived, sources.dialect, warnings, context.adjusted,
                   defaults_about=dialect.about)
+
+
+def complete(cfg) -> Mapping:
+    """``cfg`` over every knob's registry default: what a subsystem's ``from_config`` reads when
+    research code or a test hands it a partial mapping of canonical keys. A resolved Config is
+    complete already and comes back as it is."""
+    if isinstance(cfg, Config):
+        return cfg
+    return {**{k.key: k.default for k in registry() if not k.templated}, **cfg}
 
 
 def load_config(path=None, overrides=(), world_size: int | None = None,

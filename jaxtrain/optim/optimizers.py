@@ -86,6 +86,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
+from jaxtrain.config import complete
 from jaxtrain.config.areas import optim as _knob_areas
 from jaxtrain.optim import quantized as q
 
@@ -215,12 +216,13 @@ class OptimConfig:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "OptimConfig":
         """Read the optimizer knobs of a resolved config (or any mapping of canonical keys)."""
+        cfg = complete(cfg)
         get = cfg.get
         is_set = getattr(cfg, "is_set", lambda k: k in cfg)
         flavour = get("optimizer_family") or MEGATRON
-        name = get("train.optimizer", "adamw") if flavour == PGS else get("optimizer", "adam")
+        name = get("train.optimizer") if flavour == PGS else get("optimizer")
         pgs_muon = flavour == PGS and name == "muon"
-        scale_mode = get("muon_scale_mode", "spectral")
+        scale_mode = get("muon_scale_mode")
         if pgs_muon and not is_set("muon_scale_mode"):
             scale_mode = "shape_scaling"  # torch.optim.Muon's "original" adjust_lr
         nesterov = get("muon_use_nesterov")
@@ -230,40 +232,40 @@ class OptimConfig:
         sf_warmup = (int(steps * frac) if steps and frac is not None
                      else int(get("lr_warmup_iters") or 0))
         return cls(
-            name=name, flavour=flavour, schedule_free=bool(get("plugins.schedule_free", False)),
-            lr=float(get("lr", 2e-5)), min_lr=float(get("min_lr") or 0.0),
+            name=name, flavour=flavour, schedule_free=bool(get("plugins.schedule_free")),
+            lr=float(get("lr")), min_lr=float(get("min_lr") or 0.0),
             lr_warmup_init=float(get("lr_warmup_init") or 0.0),
             decoupled_lr=_opt_float(get("decoupled_lr")),
             decoupled_min_lr=_opt_float(get("decoupled_min_lr")),
-            adam_beta1=float(get("adam_beta1", 0.9)), adam_beta2=float(get("adam_beta2", 0.999)),
-            adam_eps=float(get("adam_eps", 1e-8)),
+            adam_beta1=float(get("adam_beta1")), adam_beta2=float(get("adam_beta2")),
+            adam_eps=float(get("adam_eps")),
             adam_eps_root=float(get("adam_eps_root") or 0.0),
             decay_all=bool(get("decay_all_params")) and flavour == MEGATRON,
-            sgd_momentum=float(get("sgd_momentum", 0.9)),
+            sgd_momentum=float(get("sgd_momentum")),
             weight_decay=float(get("weight_decay") or 0.0),
-            weight_decay_incr_style=get("weight_decay_incr_style") or "constant",
+            weight_decay_incr_style=get("weight_decay_incr_style"),
             clip_grad=float(get("clip_grad") or 0.0),
-            muon_momentum=float(get("muon_momentum", 0.95)), muon_nesterov=bool(nesterov),
-            muon_num_ns_steps=int(get("muon_num_ns_steps", 5)),
+            muon_momentum=float(get("muon_momentum")), muon_nesterov=bool(nesterov),
+            muon_num_ns_steps=int(get("muon_num_ns_steps")),
             muon_coefficients="jordan" if pgs_muon else "quintic",
             muon_scale_mode=scale_mode,
-            muon_extra_scale_factor=float(get("muon_extra_scale_factor", 1.0)),
-            muon_fp32_matmul_prec=get("muon_fp32_matmul_prec", "medium"),
-            muon_split_qkv=bool(get("muon_split_qkv", True)),
+            muon_extra_scale_factor=float(get("muon_extra_scale_factor")),
+            muon_fp32_matmul_prec=get("muon_fp32_matmul_prec"),
+            muon_split_qkv=bool(get("muon_split_qkv")),
             muon_fuse_fc1=flavour == MEGATRON,
-            muon_tp_mode=get("muon_tp_mode", "blockwise"),
+            muon_tp_mode=get("muon_tp_mode"),
             muon_lr_mult=PGS_MUON_LR_MULT if pgs_muon else 1.0,
             tp_size=int(get("tensor_model_parallel_size") or 1),
             schedule_free_warmup_steps=sf_warmup,
-            use_precision_aware_optimizer=bool(get("use_precision_aware_optimizer", False)),
-            main_grads_dtype=get("main_grads_dtype", "fp32"),
-            main_params_dtype=get("main_params_dtype", "fp32"),
-            exp_avg_dtype=get("exp_avg_dtype", "fp32"),
-            exp_avg_sq_dtype=get("exp_avg_sq_dtype", "fp32"),
-            optimizer_memory_host_offload=bool(get("optimizer_memory_host_offload", False)),
-            optimizer_cpu_offload=bool(get("optimizer_cpu_offload", False)),
-            offload_fraction=float(get("optimizer_offload_fraction", 1.0)),
-            pin_host_memory=bool(get("pin_cpu_params", True)),
+            use_precision_aware_optimizer=bool(get("use_precision_aware_optimizer")),
+            main_grads_dtype=get("main_grads_dtype"),
+            main_params_dtype=get("main_params_dtype"),
+            exp_avg_dtype=get("exp_avg_dtype"),
+            exp_avg_sq_dtype=get("exp_avg_sq_dtype"),
+            optimizer_memory_host_offload=bool(get("optimizer_memory_host_offload")),
+            optimizer_cpu_offload=bool(get("optimizer_cpu_offload")),
+            offload_fraction=float(get("optimizer_offload_fraction")),
+            pin_host_memory=bool(get("pin_cpu_params")),
         )
 
 

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxtrain.config.areas import optim as _optim_knobs
+from jaxtrain.config import complete
 from jaxtrain.config.areas import schedule as _schedule_knobs
 
 MEGATRON = "megatron"
@@ -118,11 +119,12 @@ class ScheduleConfig:
         epochs × steps per epoch); when given it replaces ``train_iters``. Sample-based runs
         (``train_samples``) take their horizons from samples whatever ``total_steps`` is.
         """
+        cfg = complete(cfg)
         is_set = getattr(cfg, "is_set", None) or (lambda key: cfg.get(key) is not None)
         family = cfg.get("lr_schedule_family") or MEGATRON
         common = dict(
-            lr=_float(cfg, "lr"), min_lr=_float(cfg, "min_lr", 0.0),
-            warmup_init=_float(cfg, "lr_warmup_init", 0.0),
+            lr=_float(cfg, "lr"), min_lr=_float(cfg, "min_lr"),
+            warmup_init=_float(cfg, "lr_warmup_init"),
             decoupled_lr=_opt_float(cfg, "decoupled_lr"),
             decoupled_min_lr=_opt_float(cfg, "decoupled_min_lr"),
             **_weight_decay_knobs(cfg))
@@ -161,18 +163,18 @@ def _maxtext_knobs(cfg, is_set, total_steps) -> dict:
     warmup = int(horizon * (0.1 if fraction is None else fraction))
     lr = _float(cfg, "lr")
     final = (_float(cfg, "min_lr") if is_set("min_lr")
-             else lr * float(get("learning_rate_final_fraction", 0.1)))
-    style = get("lr_schedule_type") or "cosine"
-    wsd = int(horizon * float(get("wsd_decay_steps_fraction", 0.1))) if style == "wsd" else None
+             else lr * float(get("learning_rate_final_fraction")))
+    style = get("lr_schedule_type")
+    wsd = int(horizon * float(get("wsd_decay_steps_fraction"))) if style == "wsd" else None
     return dict(family=MAXTEXT, style=style, min_lr=final, warmup_init=0.0,
                 warmup=float(warmup), decay=float(horizon),
                 wsd_decay=None if wsd is None else float(wsd),
-                wsd_style=get("wsd_decay_style") or "linear", run=float(run),
+                wsd_style=get("wsd_decay_style"), run=float(run),
                 wd_incr=float(run), global_batch_size=_batch(cfg))
 
 
 def _weight_decay_knobs(cfg) -> dict:
-    style = cfg.get("weight_decay_incr_style") or "constant"
+    style = cfg.get("weight_decay_incr_style")
     start, end = cfg.get("start_weight_decay"), cfg.get("end_weight_decay")
     if style == "constant":
         if start is not None or end is not None:
@@ -265,10 +267,10 @@ def _megatron_knobs(cfg, is_set, total_steps) -> dict:
     derived = getattr(cfg, "derived", None) or {}
     if get("decrease_batch_size_if_needed") and derived.get("data_parallel_size"):
         multiple = int(get("micro_batch_size") or 1) * int(derived["data_parallel_size"])
-    return dict(family=MEGATRON, style=get("lr_decay_style") or "linear",
+    return dict(family=MEGATRON, style=get("lr_decay_style"),
                 warmup=float(warmup), decay=float(decay),
                 wsd_decay=None if wsd is None else float(wsd),
-                wsd_style=get("lr_wsd_decay_style") or "exponential",
+                wsd_style=get("lr_wsd_decay_style"),
                 global_batch_size=gbs, rampup=rampup, running_multiple=multiple,
                 wd_incr=float(wd_incr))
 
@@ -298,7 +300,7 @@ def _pgs_knobs(cfg, total_steps) -> dict:
         warmup = in_steps("lr_warmup_samples")
     else:
         warmup = 0
-    return dict(family=PGS, style=get("train.lr_scheduler") or "cosine",
+    return dict(family=PGS, style=get("train.lr_scheduler"),
                 warmup=float(warmup), decay=float(horizon),
                 warmup_offset=int(get("lr_warmup_offset") or 0),
                 global_batch_size=gbs, wd_incr=float(steps))
