@@ -8,7 +8,8 @@ A checkpoint is one Orbax step directory ``<root>/step_<N>`` holding the items
     train        {step, opt_step}: iterations run and updates applied
     loss_scale   fp16 loss-scale state, when the run has one
     spike_stats  pgs gradient-spike statistics, when the run has them
-    fp8          FP8 delayed-scaling state (amax histories, scales), when the run has one
+    fp8          the quantization state (``TrainState.quant_state``: FP8 delayed scaling's amax
+                 histories and scales), when the run has one
     meta         JSON: consumed samples (the data iterator's whole state), param_scan_axis,
                  the ModelConfig, the LR-schedule knobs and the resolved config
 
@@ -48,6 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxtrain import local_checkpoint
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.models import hf
 
 log = logging.getLogger("jaxtrain.checkpoint")
 
@@ -55,6 +57,10 @@ STEP_PREFIX = "step"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(rf"^{STEP_PREFIX}_(\d+)$")
 ITEMS = ("params", "opt_state", "rng", "train", "loss_scale", "spike_stats", "fp8", "meta")
+# Train-state fields saved whole, each as its own item: field name -> item name on disk. The
+# quantization state keeps the item name "fp8" of the field's first name (TrainState.fp8), so
+# checkpoints from before and after the rename to quant_state are the same and load alike.
+STATE_ITEMS = {"loss_scale": "loss_scale", "spike_stats": "spike_stats", "quant_state": "fp8"}
 FLAT_ITEMS = ("params", "opt_state")  # stored as {leaf name: array}; strictness compares names
 FINAL_DIR = "final"
 NON_PERSISTENT_DIR = "non_persistent"  # Megatron's subdirectory of the save/load directory
@@ -285,7 +291,6 @@ class Checkpointer:
         # in this run ("unexpected", Megatron's word) or only in the checkpoint ("missing")
         self.mismatch: dict = {"unexpected": {}, "missing": {}}
         if ccfg.final_dir is not None and model_cfg is not None:
-            from jaxtrain.models import hf
             try:
                 hf._check_exportable(model_cfg, hf.hf_family(model_cfg))
             except ValueError as e:
@@ -400,12 +405,9 @@ class Checkpointer:
         if c.save_rng and state.rng is not None:
             items["rng"] = {"key": jax.random.key_data(state.rng)
                             if jnp.issubdtype(state.rng.dtype, jax.dtypes.prng_key) else state.rng}
-        if state.loss_scale is not None:
-            items["loss_scale"] = state.loss_scale
-        if state.spike_stats is not None:
-            items["spike_stats"] = state.spike_stats
-        if getattr(state, "fp8", None) is not None:
-            items["fp8"] = state.fp8
+        for field, item in STATE_ITEMS.items():
+            if getattr(state, field, None) is not None:
+                items[item] = getattr(state, field)
         meta = {"format": FORMAT_VERSION, "step": int(step), "consumed": int(consumed),
                 "items": sorted(items),
                 "param_scan_axis": getattr(self.model_cfg, "param_scan_axis", None),
@@ -428,9 +430,7 @@ class Checkpointer:
         """pgs train.save_final: the model in Hugging Face format in ``<save>/final``."""
         if self.ccfg.final_dir is None or self.model_cfg is None:
             return None
-        from jaxtrain.models import to_hf
-
-        path = to_hf(params, self.model_cfg, self.ccfg.final_dir)
+        path = hf.to_hf(params, self.model_cfg, self.ccfg.final_dir)
         self.log.info("final model exported in Hugging Face format to %s", path)
         return path
 
@@ -715,9 +715,9 @@ class Checkpointer:
             wanted["train"] = {"step": template.step, "opt_step": template.opt_step}
             if c.load_optim:
                 wanted["opt_state"] = _flat(template.opt_state)
-            for name in ("loss_scale", "spike_stats", "fp8"):
-                if getattr(template, name, None) is not None:
-                    wanted[name] = getattr(template, name)
+            for field, item in STATE_ITEMS.items():
+                if getattr(template, field, None) is not None:
+                    wanted[item] = getattr(template, field)
             if c.load_rng and rng_template is not None:
                 wanted["rng"] = rng_template
         missing = sorted(k for k in wanted if k not in saved_items)
@@ -760,9 +760,11 @@ class Checkpointer:
         consumed = 0
         if mode == "full":
             changes.update(step=out["train"]["step"], opt_step=out["train"]["opt_step"])
-            for name in ("opt_state", "loss_scale", "spike_stats", "fp8"):
-                if name in out:
-                    changes[name] = out[name]
+            if "opt_state" in out:
+                changes["opt_state"] = out["opt_state"]
+            for field, item in STATE_ITEMS.items():
+                if item in out:
+                    changes[field] = out[item]
             if "rng" in out:
                 changes["rng"] = (jax.random.wrap_key_data(
                     out["rng"]["key"], impl=jax.random.key_impl(template.rng))

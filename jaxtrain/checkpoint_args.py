@@ -21,6 +21,7 @@ import logging
 from jaxtrain.checkpoint import Checkpointer, schedule_policy, schedule_settings
 from jaxtrain.config.resolved import is_default
 from jaxtrain.config.rules import DERIVED
+from jaxtrain.logs import run_dir
 
 log = logging.getLogger("jaxtrain.checkpoint")
 
@@ -88,8 +89,6 @@ def checkpoint_overrides(cfg, run_directory=None) -> list[str]:
     if not use_args and not adopt_schedule:
         return []
     if run_directory is None:
-        from jaxtrain.logs import run_dir
-
         run_directory = run_dir(cfg)
     ckpt = Checkpointer.from_config(cfg, run_directory)
     try:

@@ -9,6 +9,7 @@ socket, a worker's pipe) is a real error and propagates.
 from __future__ import annotations
 
 import os
+import select
 import sys
 from collections.abc import Callable
 
@@ -17,8 +18,6 @@ def stdout_closed() -> bool:
     """Whether stdout's reader has gone (a pipe whose read end is closed). Where that cannot
     be asked (no poll, stdout not a file), a BrokenPipeError counts as a closed stdout."""
     try:
-        import select
-
         fd = sys.stdout.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLOUT)

@@ -52,8 +52,8 @@ def make_eval_step(model_cfg, *, loss_chunks: int = 0, half_precision: bool = Fa
     """The pure eval step ``(params, batch [M,B,T], quant_state=None) -> (loss sum, token
     count)`` in float32: the training loss (:func:`jaxtrain.loss.model_loss`) forward only,
     dropout off, microbatch by microbatch under ``lax.scan``. ``quant_state`` is the train
-    state's quantization state (``TrainState.fp8``), read as the training forward reads it, so
-    FP8 delayed scaling evaluates with the training scales. ``loss_chunks``,
+    state's quantization state (``TrainState.quant_state``), read as the training forward
+    reads it, so FP8 delayed scaling evaluates with the training scales. ``loss_chunks``,
     ``half_precision``, ``layout`` and ``params_memory`` (to_device, to_host) mean what they
     mean for the train step."""
     to_device = params_memory[0] if params_memory else (lambda t: t)
@@ -168,7 +168,7 @@ class Evaluator:
     def run(self, params, step: int, quant_state=None) -> dict:
         """One validation run: metrics ``val_loss``, ``val_ppl``, ``val_tokens`` (and per set
         ``val/<name>/...`` with multiple_validation_sets). ``quant_state``: the train state's
-        quantization state (``TrainState.fp8``), so the run uses the training scales."""
+        quantization state (``TrainState.quant_state``), so the run uses the training scales."""
         if not self.sets:
             return {}
         collect = self.tcfg.manual_gc and self.tcfg.manual_gc_eval

@@ -275,7 +275,7 @@ def _train(cfg, tcfg, logger, devices) -> dict:
                                       memory_movers(run.shardings.params))
     if tcfg.skip_train:
         row = {"step": first - 1, **evaluator.evaluate_only(state.params, first - 1,
-                                                               quant_state=state.fp8)}
+                                                               quant_state=state.quant_state)}
         watch.log.write_eval(row)
         ckpt.close()
         watch.close(first - 1, consumed * tcfg.seq_length)
@@ -362,7 +362,7 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
         state, metrics = run.step_fn(state, batch)
         if watch.health is not None and watch.health.due(it):
             metrics = {**metrics, **watch.health.fields(it, state.params, batch,
-                                                        quant_state=state.fp8)}
+                                                        quant_state=state.quant_state)}
         watch.window.step_end(it, block_on=metrics)
         phases = watch.timers.take()  # this step's batch time goes into this step's row
         if pending is not None:
@@ -372,7 +372,7 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
             report.finish(*pending)
             pending = None
             watch.log.write_eval({"step": it, **evaluator.run(state.params, it,
-                                                              quant_state=state.fp8)})
+                                                              quant_state=state.quant_state)})
         with watch.timers("save-checkpoint", level=1):
             saved = ckpt.maybe_save(it, state, consumed, extra={"eval": evaluator.state()})
         if pending is not None:  # the save belongs to this step's row too
@@ -405,7 +405,7 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
     if not exiting:
         if evaluator.enabled and it >= first:
             watch.log.write_eval({"step": it, **evaluator.final(state.params, it,
-                                                                quant_state=state.fp8)})
+                                                                quant_state=state.quant_state)})
         ckpt.export_final(state.params)
     return it, consumed
 

@@ -4,10 +4,11 @@ token cross-entropy from the final hidden states, whole or chunked.
 :func:`model_loss` runs the model over a microbatch and returns its weighted token-loss sum
 (with the MoE router statistics). The train step, the validation/test step
 (:mod:`jaxtrain.evaluation`) and the health monitor (:mod:`jaxtrain.observe.health`) all call
-it, each passing the model's state explicitly: the quantization state (``TrainState.fp8``: the
-FP8 delayed-scaling amax histories and scales; evaluation and health read the same scales the
-training forward uses, they do not update them) and the MoE state (global_aux_loss's counts so
-far). ``train`` turns dropout and the router's training-only statistics on.
+it, each passing the model's state explicitly: the quantization state
+(``TrainState.quant_state``: the FP8 delayed-scaling amax histories and scales; evaluation and
+health read the same scales the training forward uses, they do not update them) and the MoE
+state (global_aux_loss's counts so far). ``train`` turns dropout and the router's training-only
+statistics on.
 
 ``row_losses`` returns per-sequence sums of masked token losses and token counts; how they are
 normalised (Megatron's ``calculate_per_token_loss``) is the train step's business.

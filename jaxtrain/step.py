@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import optax
 
 from jaxtrain import loss_scale as ls
-from jaxtrain import quant, spikes
+from jaxtrain import spikes
 from jaxtrain.loss import model_loss
 from jaxtrain.models import moe
 from jaxtrain.models import params as model_params
+from jaxtrain.models import quant_state as model_quant_state
 
 
 @jax.tree_util.register_dataclass
@@ -37,23 +38,25 @@ class TrainState:
     rng: jax.Array
     loss_scale: ls.LossScale | None
     spike_stats: spikes.SpikeStats | None
-    # FP8 delayed-scaling state (amax histories, scales; jaxtrain.quant), or None. Updated by
-    # overwrite each step, never by the optimizer.
-    fp8: Any = None
+    # The quantization state (delayed scaling's amax histories and scales;
+    # jaxtrain.models.quant_state), or None. Updated by overwrite each step, never by the
+    # optimizer. Checkpoints store it as the item "fp8" (jaxtrain.checkpoint).
+    quant_state: Any = None
 
 
-def init_state(params, optimizer, tcfg, rng, fp8=None) -> TrainState:
+def init_state(params, optimizer, tcfg, rng, quant_state=None) -> TrainState:
     return TrainState(
         step=jnp.int32(0), opt_step=jnp.int32(0), params=params,
         opt_state=optimizer.init(moe.trainable(params)), rng=rng,   # no expert bias: not trained
         loss_scale=tcfg.loss_scale.init() if tcfg.loss_scale else None,
-        spike_stats=spikes.init() if tcfg.spike_detection else None, fp8=fp8)
+        spike_stats=spikes.init() if tcfg.spike_detection else None,
+        quant_state=quant_state)
 
 
 def _make_state(key, model_cfg, optimizer, tcfg) -> TrainState:
     params = model_params.init(model_cfg, jax.random.fold_in(key, 0))
     return init_state(params, optimizer, tcfg, jax.random.fold_in(key, 1),
-                      fp8=quant.init_state(model_cfg))
+                      quant_state=model_quant_state.init_state(model_cfg))
 
 
 def abstract_state(model_cfg, optimizer, tcfg) -> TrainState:
@@ -75,7 +78,7 @@ def state_shardings(layout, model_cfg, abstract: TrainState,
         opt_state=layout.opt_state(abstract.opt_state, logical, abstract.params),
         rng=repl, loss_scale=jax.tree.map(lambda _: repl, abstract.loss_scale),
         spike_stats=jax.tree.map(lambda _: repl, abstract.spike_stats),
-        fp8=jax.tree.map(lambda _: repl, abstract.fp8))
+        quant_state=jax.tree.map(lambda _: repl, abstract.quant_state))
 
 
 def create_state(key, model_cfg, optimizer, tcfg, shardings: TrainState) -> TrainState:
@@ -141,10 +144,10 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
     pin = ((lambda t: jax.lax.with_sharding_constraint(t, grad_shardings))
            if grad_shardings is not None else (lambda t: t))
 
-    def micro_loss(params, fp8, micro, weights, rng, moe_state, scale, num_micro):
+    def micro_loss(params, qstate, micro, weights, rng, moe_state, scale, num_micro):
         """(objective x scale, (LM loss, MoE stats)): the objective adds the MoE aux losses
         (summed over layers, weighted by their coefficients) averaged over microbatches."""
-        lm, stats = model_loss(params, micro, weights, model_cfg, quant_state=fp8,
+        lm, stats = model_loss(params, micro, weights, model_cfg, quant_state=qstate,
                                moe_state=moe_state, train=True, rngs=rng,
                                num_chunks=tcfg.loss_chunks,
                                half_precision=tcfg.half_precision_loss)
@@ -161,25 +164,25 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         rng, step_rng = jax.random.split(state.rng)
 
         def accumulate(carry, xs):
-            grads, loss, fp8, moe_sum = carry
+            grads, loss, qstate, moe_sum = carry
             micro, w, i = xs
             moe_state = None if moe_sum is None or "aux_counts" not in moe_sum else {
                 "aux_counts": moe_sum["aux_counts"], "steps": i.astype(jnp.float32)}
-            # The fp8 state's "gradient" is its updated value (overwrite-with-gradient, see
-            # jaxtrain.quant.matmul): each microbatch's forward/backward moves it one call on.
-            (_, (lm, stats)), (g, fp8) = jax.value_and_grad(
+            # The quantization state's "gradient" is its updated value (overwrite-with-gradient,
+            # see jaxtrain.quant.matmul): each microbatch's forward/backward moves it one call on.
+            (_, (lm, stats)), (g, qstate) = jax.value_and_grad(
                 lambda p, q: micro_loss(p, q, micro, w, jax.random.fold_in(step_rng, i),
                                         moe_state, scale, M),
-                argnums=(0, 1), has_aux=True)(state.params, fp8)
+                argnums=(0, 1), has_aux=True)(state.params, qstate)
             grads = pin(jax.tree.map(lambda a, b: a + b.astype(accum_dtype), grads, g))
             if moe_sum is not None:
                 moe_sum = jax.tree.map(jnp.add, moe_sum, stats)
-            return (grads, loss + lm, fp8, moe_sum), None
+            return (grads, loss + lm, qstate, moe_sum), None
 
         zeros = pin(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), state.params))
         M = weights.shape[0]
-        (grads, loss, fp8, moe_sum), _ = jax.lax.scan(
-            accumulate, (zeros, jnp.float32(0.0), state.fp8, moe.zero_stats(model_cfg)),
+        (grads, loss, qstate, moe_sum), _ = jax.lax.scan(
+            accumulate, (zeros, jnp.float32(0.0), state.quant_state, moe.zero_stats(model_cfg)),
             (batch, weights, jnp.arange(M)))
         grads = jax.tree.map(lambda g, p: (g.astype(jnp.float32) / scale).astype(p.dtype),
                              grads, state.params)
@@ -211,7 +214,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             loss_scale=(ls.update(state.loss_scale, overflow, tcfg.loss_scale)
                         if state.loss_scale is not None else None),
             spike_stats=spike_stats,
-            fp8=keep(fp8, state.fp8))   # a skipped step keeps it, as it keeps the params
+            quant_state=keep(qstate, state.quant_state))   # a skip keeps it, as the params
         metrics = {"loss": loss, "grad_norm": grad_norm, "lr": jnp.asarray(lr, jnp.float32),
                    "skipped": skip, "spike": spiked,
                    "tokens": jnp.sum(batch["loss_mask"].astype(jnp.float32))}

@@ -6,7 +6,15 @@ A configuration problem prints one message on stderr and exits with status 2.
 """
 from __future__ import annotations
 
+import os
 import sys
+
+from jaxtrain.checks import TrainingError
+from jaxtrain.config import ConfigError, load_config, registry
+from jaxtrain.logs import run_dir, setup_logging
+from jaxtrain.parallel import distributed, xla_flags
+from jaxtrain.preflight import preflight, smallest_job
+from jaxtrain.runtime import select_platform
 
 USAGE = """usage: python -m jaxtrain.train [CONFIG] [OVERRIDE ...] [--dry-run] [--world-size N]
                                 [--primus-path DIR]
@@ -64,9 +72,6 @@ def _fail(message: str) -> int:
 
 
 def main(argv=None) -> int:
-    from jaxtrain.config import ConfigError, load_config, registry
-    from jaxtrain.logs import setup_logging
-
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         flags, rest = _split_args(argv)
@@ -105,8 +110,6 @@ def main(argv=None) -> int:
 def apply_env(cfg) -> dict:
     """Primus ``env``: set the experiment's environment variables before JAX starts; the
     caller's own settings win. Returns what was set."""
-    import os
-
     added = {str(k): str(v) for k, v in (cfg.get("env") or {}).items()
              if str(k) not in os.environ}
     os.environ.update(added)
@@ -116,9 +119,6 @@ def apply_env(cfg) -> dict:
 def _checked(path, overrides, world_size, primus_path):
     """(config, device count) resolved and preflighted (jaxtrain.preflight) for ``world_size``
     devices, or for the smallest job the config's parallel sizes allow."""
-    from jaxtrain.config import load_config
-    from jaxtrain.preflight import preflight, smallest_job
-
     cfg = load_config(path, overrides, world_size=world_size, primus_path=primus_path)
     if world_size is None:
         world_size = smallest_job(cfg)
@@ -130,20 +130,13 @@ def _checked(path, overrides, world_size, primus_path):
 def _train(cfg, path, overrides, primus_path, logger) -> int:
     """Set XLA flags, join the multi-process job if there is one, pick the platform,
     re-resolve for the job's device count, and run the loop."""
-    import jax
-
-    from jaxtrain.checks import TrainingError
-    from jaxtrain.config import ConfigError, load_config
-    from jaxtrain.logs import run_dir, setup_logging
-    from jaxtrain.parallel import distributed, xla_flags
-    from jaxtrain.runtime import select_platform
+    import jax   # JAX, the checkpoint code and the loop load only for a training run
 
     try:
         apply_env(cfg)
         platform = xla_flags.platform_kind(cfg)
         xla_flags.apply(cfg, platform)
         if cfg.get("jax_cache_dir"):  # MaxText: JAX's persistent compilation cache
-            import os
             jax.config.update("jax_compilation_cache_dir",
                               os.path.expanduser(cfg["jax_cache_dir"]))
         setup = distributed.initialize(cfg, platform)

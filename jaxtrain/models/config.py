@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.models.attention import ATTENTION_IMPLS
+from jaxtrain.models.moe.config import MoEConfig, moe_pattern, parse_layer_freq
 from jaxtrain.models.remat import REMAT_POLICIES
 from jaxtrain.quant.config import from_config as quant_config
 from jaxtrain.quant.kvcache import KV_QUANT_AXES, KV_QUANT_DTYPES
@@ -139,7 +140,7 @@ class ModelConfig:
     recompute_num_layers: int | None = None
     recompute_layer_ids: tuple[int, ...] | None = None
     recompute_modules: tuple[str, ...] = ()
-    # Mixture of experts (models/moe.py MoEConfig); None: a dense model.
+    # Mixture of experts (models/moe/config.py MoEConfig); None: a dense model.
     moe: Any = None
 
     def __post_init__(self):
@@ -242,7 +243,6 @@ class ModelConfig:
         for i in self.recompute_layer_ids or ():
             check(0 <= i < self.num_layers, "recompute_layer_ids", f"layer {i} out of range")
         if self.moe is not None:
-            from jaxtrain.models.moe import moe_pattern
             moe_pattern(self.moe, self.num_layers)   # raises on a pattern of the wrong length
         for m in self.recompute_modules:
             if m in MOE_RECOMPUTE_MODULES:
@@ -683,7 +683,6 @@ def _check_expert_activation(g, moe, num_layers: int) -> None:
     """The clamped GLU exists in the experts only: every layer must be an MoE layer."""
     if _expert_activation(g)[0] is None:
         return
-    from jaxtrain.models.moe import moe_pattern
     if moe is None or not all(moe_pattern(moe, num_layers)):
         raise ConfigError("GPT-OSS's clamped GLU (activation_func_clamp_value, "
                           "glu_linear_offset) is built in MoE experts only, and this model has "
@@ -749,9 +748,8 @@ def _megatron_window(g) -> dict:
     layers, freq = g("num_layers", 24), g("window_attn_skip_freq")
     if freq is None:
         return {"sliding_window": size[0] + 1}
-    from jaxtrain.models.moe import parse_layer_freq   # the same int / 0-1 list forms
     try:
-        freq = parse_layer_freq(freq)
+        freq = parse_layer_freq(freq)   # the same int / 0-1 list forms as moe_layer_freq
     except ValueError as e:
         raise ConfigError(str(e).replace("moe_layer_freq", "window_attn_skip_freq")) from None
     if isinstance(freq, int):
@@ -816,8 +814,6 @@ def _recompute(cfg: Mapping[str, Any]):
 
 def _moe_config(cfg: Mapping[str, Any]):
     """The MoEConfig of Megatron's MoE knobs; None without ``num_experts`` (a dense model)."""
-    from jaxtrain.models.moe import MoEConfig, parse_layer_freq
-
     g = cfg.get
     if not g("num_experts"):
         return None
@@ -838,8 +834,6 @@ def _moe_config(cfg: Mapping[str, Any]):
 
 
 def _moe(g, etp, tp, turbo, dispatcher, factor, activation, glu_limit):
-    from jaxtrain.models.moe import MoEConfig, parse_layer_freq
-
     return MoEConfig(
         num_experts=g("num_experts"), topk=g("moe_router_topk", 2),
         layer_freq=parse_layer_freq(g("moe_layer_freq", 1)),

@@ -27,9 +27,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxtrain import quant
 from jaxtrain.models import layers as L
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
+from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.transformer import (RESIDUAL, _periodic_runs, decoder_layer, embed_inputs,
                                          logits_head)
 from jaxtrain.parallel.sharding import constrain, gather_weights
@@ -118,7 +118,7 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None):
 def _layers(params, x, cache, ctx, cfg, quant_state):
     """Every layer over x with its cache slice: a scan over each periodic run of layer kinds
     (dense/MoE) when ``cfg.scan_layers``, else a Python loop. Returns (x, cache)."""
-    attached = quant.attach(params, cfg, quant_state)
+    attached = attach_quant_state(params, cfg, quant_state)
     stacks = {k: jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), attached[k])
               for k in STACKS if k in attached}
     axes = {k: layer_axes(cfg, k) for k in stacks}

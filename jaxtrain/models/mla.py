@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxtrain.models import layers as L
-from jaxtrain.models.params import ParamSpec, _linear_init, _norm, _zeros
+from jaxtrain.models.spec import ParamSpec, _linear_init, _norm, _zeros
 from jaxtrain.parallel.sharding import constrain
 
 

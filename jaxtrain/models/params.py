@@ -18,71 +18,26 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
 Every leaf under ``layers`` carries a stacked layer axis of size L at position
 ``cfg.param_scan_axis`` (MaxText's default 1: ``wq`` is [D,L,N,H], a norm scale [D,L]). With
 MoE, ``layers`` stacks only the dense layers and ``moe_layers`` the MoE ones, each in layer
-order (:func:`layer_kinds` says which stack layer i is in); either may be absent.
+order (:func:`layer_kinds` says which stack layer i is in); either may be absent. The
+declaration primitives (:class:`ParamSpec`, the initializers) and the stacks come from
+:mod:`jaxtrain.models.spec` and are importable from here too.
 
 Legend: V vocab, D hidden, P positions, N query heads, K kv heads (query groups), H head dim,
 F ffn hidden, L layers.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import zlib
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-Init = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamSpec:
-    """One parameter. ``init`` makes one layer's value; ``layer_axis`` is where L sits, if any."""
-
-    shape: tuple[int, ...]
-    dtype: Any
-    axes: tuple[str | None, ...]
-    init: Init
-    layer_axis: int | None = None
-
-    def stacked(self, num_layers: int, axis: int) -> "ParamSpec":
-        shape = self.shape[:axis] + (num_layers,) + self.shape[axis:]
-        axes = self.axes[:axis] + ("layers",) + self.axes[axis:]
-        return dataclasses.replace(self, shape=shape, axes=axes, layer_axis=axis)
-
-    def make(self, key: jax.Array) -> jax.Array:
-        if self.layer_axis is None:
-            return self.init(key, self.shape, self.dtype)
-        a = self.layer_axis
-        one = self.shape[:a] + self.shape[a + 1:]
-        keys = jax.random.split(key, self.shape[a])
-        return jnp.moveaxis(jax.vmap(lambda k: self.init(k, one, self.dtype))(keys), 0, a)
-
-
-def _zeros(key, shape, dtype):
-    return jnp.zeros(shape, dtype)
-
-
-def _ones(key, shape, dtype):
-    return jnp.ones(shape, dtype)
-
-
-def _linear_init(cfg, in_axis, out_axis, output_layer=False) -> Init:
-    """Megatron's init: N(0, std), output layers N(0, std/sqrt(2L)); or Xavier uniform."""
-    if cfg.init_method_xavier_uniform:
-        return jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis, out_axis)
-    std = cfg.init_method_std / (2 * cfg.num_layers) ** 0.5 if output_layer else cfg.init_method_std
-    return jax.nn.initializers.normal(std)
-
-
-def _norm(cfg, size: int) -> dict:
-    dt = cfg.param_dtype
-    spec = {"scale": ParamSpec((size,), dt, ("norm",), _zeros if cfg.apply_layernorm_1p else _ones)}
-    if cfg.normalization == "LayerNorm":
-        spec["bias"] = ParamSpec((size,), dt, ("norm",), _zeros)
-    return spec
+from jaxtrain.models.mla import mla_specs
+from jaxtrain.models.spec import (DENSE_STACK, MOE_STACK, STACKS, Init, ParamSpec, _is_spec,
+                                  _leaf_key, _linear_init, _norm, _zeros, layer_kinds,
+                                  layer_slots)
 
 
 def _layer_specs(cfg, kind: str = "layers") -> dict:
@@ -105,7 +60,6 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
     if cfg.qk_layernorm:
         attn["q_norm"], attn["k_norm"] = _norm(cfg, H), _norm(cfg, H)
     if cfg.multi_latent_attention:
-        from jaxtrain.models.mla import mla_specs
         attn = mla_specs(cfg)
     if cfg.attention_sinks:   # fp32 whatever weight_dtype is, zero-initialised (Primus)
         attn["sinks"] = ParamSpec((N,), jnp.float32, ("q_heads",), _zeros)
@@ -157,27 +111,6 @@ def _moe_specs(cfg) -> dict:
     return tree
 
 
-DENSE_STACK, MOE_STACK = "layers", "moe_layers"
-STACKS = (DENSE_STACK, MOE_STACK)
-
-
-def layer_kinds(cfg) -> tuple[str, ...]:
-    """The stack each layer's parameters live in: 'layers' (dense) or 'moe_layers'."""
-    from jaxtrain.models.moe import moe_pattern
-    return tuple(MOE_STACK if is_moe else DENSE_STACK
-                 for is_moe in moe_pattern(getattr(cfg, "moe", None), cfg.num_layers))
-
-
-def layer_slots(cfg) -> tuple[tuple[str, int], ...]:
-    """(stack, index in that stack) of each layer."""
-    seen = {k: 0 for k in STACKS}
-    out = []
-    for kind in layer_kinds(cfg):
-        out.append((kind, seen[kind]))
-        seen[kind] += 1
-    return tuple(out)
-
-
 def layer_tree(params: dict, cfg, i: int) -> dict:
     """Layer i's parameters without the stacked axis (numpy or jax arrays alike)."""
     kind, j = layer_slots(cfg)[i]
@@ -205,10 +138,6 @@ def param_specs(cfg) -> dict:
     return tree
 
 
-def _is_spec(x) -> bool:
-    return isinstance(x, ParamSpec)
-
-
 def abstract(cfg) -> dict:
     """ShapeDtypeStruct tree of the parameters."""
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), param_specs(cfg),
@@ -224,10 +153,6 @@ def layer_axes(cfg, kind: str = DENSE_STACK) -> dict:
     """Logical axes of one layer's parameters (the stacked ``kind`` tree without L)."""
     return jax.tree.map(lambda s: PartitionSpec(*s.axes), _layer_specs(cfg, kind),
                         is_leaf=_is_spec)
-
-
-def _leaf_key(key, path) -> jax.Array:
-    return jax.random.fold_in(key, zlib.crc32(jax.tree_util.keystr(path).encode()))
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxtrain import quant
 from jaxtrain.models import layers as L
 from jaxtrain.models.attention import attention
 from jaxtrain.models.mla import mla_qkv
 from jaxtrain.models.moe import moe_block
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
+from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.parallel.sharding import constrain, gather_weights
 
@@ -335,7 +335,8 @@ def forward(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
     positions: [B,T] ints (default 0..T-1), for RoPE and learned position embeddings.
     segment_ids: [B,T] ints; tokens attend only within their segment (packed documents).
     deterministic: False turns dropout on; then ``rngs`` is a PRNG key.
-    quant_state: the delayed-scaling state (``TrainState.fp8``; see jaxtrain.quant).
+    quant_state: the delayed-scaling state (``TrainState.quant_state``; see
+    jaxtrain.models.quant_state).
     """
     hidden = hidden_states(params, tokens, cfg, positions=positions, segment_ids=segment_ids,
                            deterministic=deterministic, rngs=rngs, quant_state=quant_state)
@@ -366,7 +367,7 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
     emb_rng = jax.random.fold_in(rngs, cfg.num_layers) if rngs is not None else None
     x = L.dropout(constrain(x, *RESIDUAL), cfg.hidden_dropout, emb_rng, deterministic
                   ).astype(cfg.residual_dtype)
-    attached = quant.attach(params, cfg, quant_state)
+    attached = attach_quant_state(params, cfg, quant_state)
     stacks = {k: jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), attached[k])
               for k in STACKS if k in attached}
     x, stats = _run_layers(stacks, x, ctx, cfg)

@@ -341,7 +341,7 @@ class Health:
 
     def fields(self, step: int, params, batch: dict, quant_state=None) -> dict:
         """Dispatch the metrics due at ``step`` for the step's ``params`` and ``batch``;
-        ``quant_state`` is the train state's quantization state (``TrainState.fp8``), so the
+        ``quant_state`` is the train state's quantization state (``TrainState.quant_state``), so the
         forward passes use the training scales."""
         tier2, compare, tier3, entropy = _functions(*self._args)
         out: dict[str, Any] = {}

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.config.registry import registry
 from jaxtrain.parallel.xla_flags import platform_kind
 
 
@@ -236,8 +237,6 @@ def detect(platform: str = "gpu", *, coordinator: str | None = None,
 def _timeout_seconds(cfg: Mapping[str, Any] | None) -> int:
     minutes = (cfg or {}).get("distributed_timeout_minutes")
     if minutes is None:
-        from jaxtrain.config import registry
-
         minutes = registry().knobs["distributed_timeout_minutes"].default
     if minutes < 1:
         raise ConfigError(f"distributed_timeout_minutes must be at least 1, got {minutes}")

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.config.registry import registry
 
 LHS = "xla_gpu_enable_latency_hiding_scheduler"
 PIPELINED_AR = "xla_gpu_enable_pipelined_all_reduce"
@@ -76,8 +77,6 @@ def platform_kind(cfg: Mapping[str, Any] | None = None, platform: str | None = N
 def _value(cfg: Mapping[str, Any], key: str):
     if key in cfg:
         return cfg[key]
-    from jaxtrain.config import registry
-
     return registry().knobs[key].default
 
 
@@ -104,7 +103,9 @@ def accelerator_of(platform: str | None) -> str:
 
 def _params_per_shard(cfg, platform: str | None = None) -> int:
     """Parameters one model-parallel shard holds (what one DP bucket set covers). Counted
-    from the model knobs without starting the JAX backend (the flags are not written yet)."""
+    from the model knobs without starting the JAX backend (the flags are not written yet).
+    JAX and the model package are imported here: this start-up module stays importable
+    without them, and only ddp_num_buckets needs the count."""
     import jax
 
     from jaxtrain.models.config import ModelConfig, assumed_accelerator

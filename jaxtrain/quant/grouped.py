@@ -27,13 +27,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxtrain.ops import grouped_matmul
 from jaxtrain.quant import numerics as nx
 from jaxtrain.quant.config import QuantConfig
 from jaxtrain.quant.matmul import _BLOCK, _KIND
 
 
 def _mm(kernel: bool, x, w, sizes):
-    from jaxtrain.models.moe import grouped_matmul  # the models import this package
     return grouped_matmul(x, w, sizes, kernel=kernel)
 
 
@@ -120,7 +120,7 @@ _qgrouped.defvjp(_fwd, _bwd)
 
 
 def _qwix(x, w, sizes, qc: QuantConfig):
-    from qwix._src.core import ragged_dot_qt as rq
+    from qwix._src.core import ragged_dot_qt as rq   # slow to import: only for qwix recipes
 
     def dtype(name):
         if name is None:

@@ -154,7 +154,8 @@ def _dimension_numbers(eq: str):
 
 
 def _qwix(eq, x, w, qc: QuantConfig):
-    # qwix's quantized-training dot_general (what its QtProvider puts in place of dots)
+    # qwix's quantized-training dot_general (what its QtProvider puts in place of dots);
+    # qwix is slow to import and only its recipes need it
     from qwix._src.core import dot_general_qt as qt
 
     def dtype(name):

@@ -1,5 +1,6 @@
 """Checkpointing (issue 7): exact resume after SIGKILL, atomic async saves, reshard on load,
 scan-axis conversion, HF export, retention, the load/save knobs and the error cases."""
+import dataclasses
 import json
 import os
 import pathlib
@@ -219,6 +220,30 @@ def test_no_save_optim_and_no_save_rng(tmp_path):
     ckpt.close()
     assert sorted(p.name for p in (tmp_path / "step_2").iterdir()
                   if p.is_dir()) == ["meta", "params", "train"]
+
+
+def test_quant_state_is_the_fp8_item_on_disk(tmp_path):
+    """``TrainState.quant_state`` (first named ``fp8``) is stored as the item ``fp8``, the name
+    checkpoints written before the rename hold it under, and restores into ``quant_state``."""
+    from jaxtrain.models.quant_state import init_state
+    from jaxtrain.quant import QuantConfig
+
+    mc = _model(quant=QuantConfig("delayed", "e4m3", "e4m3", "e5m2", history_len=4))
+    with_quant = lambda state, k: dataclasses.replace(  # noqa: E731
+        state, quant_state=jax.tree.map(lambda a: a + k, init_state(mc)))
+    saved = with_quant(_state(mc), 2)
+    ckpt = Checkpointer(CheckpointConfig(save_dir=tmp_path), mc)
+    ckpt.maybe_save(3, saved, consumed=12, force=True)
+    ckpt.close()
+    assert sorted(p.name for p in (tmp_path / "step_3").iterdir() if p.is_dir()) == [
+        "fp8", "meta", "opt_state", "params", "rng", "train"]
+    c = Checkpointer.from_config(config("train_iters=20", f"load={tmp_path}", "finetune=false"),
+                                 tmp_path / "run", mc)
+    state, _ = c.restore(with_quant(_state(mc), 0))
+    c.close()
+    assert jax.tree.structure(state.quant_state) == jax.tree.structure(saved.quant_state)
+    assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(state.quant_state),
+                                                    jax.tree.leaves(saved.quant_state)))
 
 
 def test_train_resume_from_a_step_directory(tmp_path):

@@ -235,7 +235,7 @@ def test_num_epoch_ends_the_run_when_the_data_runs_out(tmp_path):
     assert plain == 1000 and n // 4 < 1000           # GBS 4
     assert steps("num_epoch=2")[0] == 2 * n // 4
     assert steps("framework=maxtext", "num_query_groups=2")[0] == n // 4
-    with pytest.raises(ConfigError, match="num_epoch must be at least 1"):
+    with pytest.raises(ConfigError, match="num_epoch .* must be at least 1"):
         steps("num_epoch=0")
 
 

@@ -9,10 +9,11 @@ import numpy as np
 
 from jaxtrain.models import ModelConfig, init
 from jaxtrain.models.moe import MoEConfig
+from jaxtrain.models.quant_state import init_state
 from jaxtrain.models.transformer import hidden_states
 from jaxtrain.parallel.mesh import MeshConfig, make_mesh
 from jaxtrain.parallel.sharding import Layout
-from jaxtrain.quant import QuantConfig, init_state
+from jaxtrain.quant import QuantConfig
 
 MOE = dict(num_experts=8, topk=2, shared_expert_size=16, z_loss_coeff=1e-3,
            load_balancing=("aux_loss", "seq_aux_loss", "global_aux_loss"),

@@ -1,5 +1,6 @@
 """MoE router against Megatron's formulas, dispatch correctness, the layer in the model, and
-each MoE knob flipped -> an effect (shared/notes/knob-semantics.md §1.3)."""
+each MoE knob flipped -> an effect (Megatron-LM's megatron/core/transformer/moe/router.py and
+moe_utils.py)."""
 import dataclasses
 
 import jax

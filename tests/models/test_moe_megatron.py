@@ -1,6 +1,6 @@
 """The MoE router side by side with Megatron's own ``TopKRouter`` (megatron-core): the same
 logits in, the same routing probabilities, expert choice and balancing-loss values out
-(shared/notes/knob-semantics.md §1.3). Skips when megatron.core cannot be imported."""
+(megatron/core/transformer/moe/router.py). Skips when megatron.core cannot be imported."""
 import types
 
 import jax.numpy as jnp

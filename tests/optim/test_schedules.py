@@ -1,8 +1,10 @@
 """LR and weight-decay schedules against independent reference formulas.
 
-The references below are written out from shared/notes/knob-semantics.md: Megatron-LM's
-scheduler (§1.6, counted in samples), rampup_batch_size (§1.7) and palingenesis's scheduler
-(§4.4, counted in optimizer steps). Exact comparisons run in float64 (``jax.enable_x64``).
+The references below are written out from the upstream code: Megatron-LM's scheduler
+(``OptimizerParamScheduler``, megatron/core/optimizer_param_scheduler.py; counted in samples),
+its rampup_batch_size (``RampupBatchsizeNumMicroBatchesCalculator``,
+megatron/core/num_microbatches_calculator.py) and palingenesis's scheduler (mii-llm/palingenesis;
+counted in optimizer steps). Exact comparisons run in float64 (``jax.enable_x64``).
 """
 import math
 

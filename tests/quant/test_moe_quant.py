@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain import models, quant
+from jaxtrain import models
+from jaxtrain.models import quant_state
 from jaxtrain.models.moe import MoEConfig
 from jaxtrain.quant import QuantConfig
 from jaxtrain.quant import numerics as nx
@@ -152,11 +153,11 @@ def _moe_cfg(**moe):
 def test_expert_projections_are_quantized_and_carry_state():
     cfg = _moe_cfg().replace(quant=QuantConfig("delayed", "e4m3", "e4m3", "e5m2",
                                                history_len=8))
-    paths = {"/".join(p) for p in quant.quantized_paths(cfg)}
+    paths = {"/".join(p) for p in quant_state.quantized_paths(cfg)}
     assert {"moe_layers/moe/experts/wi_0", "moe_layers/moe/experts/wo",
             "moe_layers/moe/shared/wi_0", "moe_layers/attn/wq"} <= paths
     assert not any("router" in p for p in paths)
-    state = quant.init_state(cfg)
+    state = quant_state.init_state(cfg)
     hist = state["moe_layers"]["moe"]["experts"]["wi_1"]["w"]["amax_history"]
     assert hist.shape == (2, 8)
 

@@ -10,9 +10,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxtrain import loop, models, quant
+from jaxtrain import loop, models
 from jaxtrain.config import load_config
 from jaxtrain.logs import run_dir
+from jaxtrain.models import quant_state
 from jaxtrain.quant import QuantConfig
 
 # jaxtrain's generated corpus (512-token BPE): learnable, unlike mock data
@@ -121,13 +122,13 @@ def test_delayed_state_rides_along_the_weights():
     cfg = models.ModelConfig(num_layers=3, hidden_size=32, num_attention_heads=2, vocab_size=64,
                              quant=QuantConfig("delayed", "e4m3", "e4m3", "e5m2",
                                                history_len=8))
-    paths = quant.quantized_paths(cfg)
+    paths = quant_state.quantized_paths(cfg)
     assert sorted(paths) == sorted([("layers", "attn", w) for w in ("wq", "wk", "wv", "wo")]
                                    + [("layers", "mlp", w) for w in ("wi_0", "wi_1", "wo")])
-    state = quant.init_state(cfg)
+    state = quant_state.init_state(cfg)
     shapes = jax.tree.map(lambda a: a.shape, state["layers"]["mlp"]["wo"])
     assert shapes == {r: {"amax_history": (3, 8), "scale": (3, 1)} for r in "xwg"}
-    assert quant.init_state(cfg.replace(quant=QuantConfig("tensorwise", "e4m3", "e4m3",
+    assert quant_state.init_state(cfg.replace(quant=QuantConfig("tensorwise", "e4m3", "e4m3",
                                                           "e5m2"))) is None
 
 
@@ -137,7 +138,7 @@ def test_state_update_is_the_same_under_remat_and_unscanned_layers():
     qc = QuantConfig("delayed", "e4m3", "e4m3", "e5m2", history_len=4)
     cfg = models.ModelConfig(num_layers=3, hidden_size=32, num_attention_heads=2,
                              vocab_size=64, quant=qc)
-    params, state = models.init(cfg, jax.random.key(0)), quant.init_state(cfg)
+    params, state = models.init(cfg, jax.random.key(0)), quant_state.init_state(cfg)
     tokens = jnp.arange(32).reshape(2, 16) % 64
 
     @jax.jit

@@ -9,8 +9,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxtrain import models, quant
+from jaxtrain import models
 from jaxtrain.evaluation import make_eval_step
+from jaxtrain.models.quant_state import init_state as init_quant_state
 from jaxtrain.observe.health import Health
 from jaxtrain.quant import QuantConfig
 from jaxtrain.step import init_state, make_train_step
@@ -30,20 +31,21 @@ def trained():
     # shows in the loss
     params = jax.tree.map(lambda a: a * 4, models.init(mcfg, jax.random.key(0)))
     state = init_state(params, optax.sgd(0.0), tcfg, jax.random.key(1),
-                       fp8=quant.init_state(mcfg))
+                       quant_state=init_quant_state(mcfg))
     step = jax.jit(make_train_step(mcfg, tcfg, optax.sgd(0.0), lambda n: jnp.float32(0.0)))
     for seed in (1, 2, 3):
         state, _ = step(state, batch(1, 4, seed=seed))
     spiked = jax.tree_util.tree_map_with_path(
-        lambda p, a: a / 64 if jax.tree_util.keystr(p).endswith("['scale']") else a, state.fp8)
-    return mcfg, step, dataclasses.replace(state, fp8=spiked), batch(1, 4, seed=7)
+        lambda p, a: a / 64 if jax.tree_util.keystr(p).endswith("['scale']") else a,
+        state.quant_state)
+    return mcfg, step, dataclasses.replace(state, quant_state=spiked), batch(1, 4, seed=7)
 
 
 def test_eval_loss_is_the_training_loss_on_the_training_scales(trained):
     mcfg, step, state, b = trained
     _, metrics = step(state, b)                  # the training forward's loss on b
     ev = jax.jit(make_eval_step(mcfg))
-    total, count = ev(state.params, b, state.fp8)
+    total, count = ev(state.params, b, state.quant_state)
     assert float(count) == b["loss_mask"].size
     np.testing.assert_allclose(float(total / count), float(metrics["loss"]), rtol=1e-6)
     ignored, _ = ev(state.params, b)             # without the state: other scales
@@ -60,10 +62,10 @@ def test_health_passes_use_the_training_scales(trained):
         got = jax.device_get(health.fields(1, state.params, b, quant_state=quant_state))
         return float(got["_health/entropy"]), got
 
-    logits = models.forward(state.params, b["tokens"][-1], mcfg, quant_state=state.fp8)
+    logits = models.forward(state.params, b["tokens"][-1], mcfg, quant_state=state.quant_state)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     want = float(jnp.mean(-jnp.sum(jnp.exp(logp) * logp, axis=-1)))
-    with_state, got = measured(state.fp8)
+    with_state, got = measured(state.quant_state)
     assert got["_health/entropy_tokens"] == b["tokens"][-1].size
     np.testing.assert_allclose(with_state, want, rtol=1e-5)
     without, got_none = measured(None)

@@ -1,7 +1,7 @@
-"""Which weights are quantized, their delayed-scaling state, and the hooks the layers call.
+"""Which of the model's weights are quantized, their delayed-scaling state, and attaching it.
 
-The state is a tree beside the parameters (``TrainState.fp8``), not inside them, one subtree
-per layer stack (dense ``layers``, ``moe_layers``):
+The state is a tree beside the parameters (``TrainState.quant_state``), not inside them, one
+subtree per layer stack (dense ``layers``, ``moe_layers``):
 
     {"layers": {"attn": {"wq": {"x": {"amax_history": [L, H], "scale": [L, 1]},
                                 "w": {...}, "g": {...}}, ...},
@@ -9,53 +9,27 @@ per layer stack (dense ``layers``, ``moe_layers``):
      "moe_layers": {"attn": {...}, "moe": {"experts": {"wi_0": {...}, ...}, "shared": {...}}}}
 
 (layer axis first, H = history length). :func:`attach` puts each projection's slice of it next
-to its weight as a :class:`QWeight` before the layer stacks run, so it rides through the layer
-scan and remat with the weight; ``dense`` and the MoE experts unwrap it. The quantized
-projections are the ``w*`` weights of the layer stacks: attention (MLA's too), MLP, the
-experts and the shared expert; the router, embedding and output layer stay in the compute
-dtype (as in Megatron and MaxText).
+to its weight as a :class:`jaxtrain.quant.QWeight` before the layer stacks run, so it rides
+through the layer scan and remat with the weight; ``dense`` and the MoE experts unwrap it
+(:mod:`jaxtrain.quant.hooks`). The quantized projections are the ``w*`` weights of the layer
+stacks: attention (MLA's too), MLP, the experts and the shared expert; the router, embedding
+and output layer stay in the compute dtype (as in Megatron and MaxText).
 """
 from __future__ import annotations
-
-import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.models.params import param_specs
+from jaxtrain.models.spec import STACKS, ParamSpec, layer_slots
+from jaxtrain.parallel import sharding
 from jaxtrain.quant import numerics as nx
-from jaxtrain.quant.matmul import qeinsum
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class QWeight:
-    """A projection weight with its delayed-scaling state (``meta``) and a per-layer switch
-    ``on`` (bool [1]; False runs the layer unquantized: first_last_layers_bf16)."""
-
-    w: Any
-    meta: Any = None
-    on: Any = None
-
-    @property
-    def shape(self):
-        return self.w.shape
-
-    @property
-    def ndim(self):
-        return self.w.ndim
-
-    @property
-    def dtype(self):
-        return self.w.dtype
+from jaxtrain.quant.hooks import QWeight
 
 
 def quantized_paths(cfg) -> list[tuple[str, ...]]:
     """Paths (the layer stack first) of the weights the quantized matmuls take."""
-    # imported here: the models import this module
-    from jaxtrain.models.params import STACKS, ParamSpec, param_specs
-
     specs = param_specs(cfg)
     found = []
     for stack in STACKS:
@@ -72,8 +46,6 @@ def quantized_paths(cfg) -> list[tuple[str, ...]]:
 
 def _stack_layers(cfg) -> dict[str, list[int]]:
     """Each layer stack's layers (0-based model layer numbers, in stack order)."""
-    from jaxtrain.models.params import layer_slots
-
     out: dict[str, list[int]] = {}
     for i, (stack, _) in enumerate(layer_slots(cfg)):
         out.setdefault(stack, []).append(i)
@@ -107,8 +79,6 @@ def init_state(cfg) -> dict | None:
 
 
 def _check_layout():
-    from jaxtrain.parallel import sharding
-
     layout = sharding.active_layout()
     if layout is not None and layout.mcfg.stage >= 3 and not layout.mcfg.reshard_after_forward:
         raise ConfigError("quantization with per-layer state or layer switches (delayed "
@@ -141,33 +111,3 @@ def attach(params: dict, cfg, state: dict | None = None) -> dict:
             meta = jax.tree.map(lambda a: jnp.moveaxis(a, 0, ax), _get(state, path))
         out = _put(out, path, QWeight(_get(params, path), meta, on.get(path[0])))
     return out
-
-
-def _switched(x, w, cfg, quantized, plain):
-    """``quantized(x, w, meta)`` in the compute dtype, or ``plain(x, w)`` in the layers that
-    first_last_layers_bf16 keeps unquantized (w a :class:`QWeight` with a switch)."""
-    dt = cfg.compute_dtype
-    meta = on = None
-    if isinstance(w, QWeight):
-        w, meta, on = w.w, w.meta, w.on
-    x, w = x.astype(dt), w.astype(dt)
-    if on is None:
-        return quantized(x, w, meta)
-    return jax.lax.cond(jnp.reshape(on, ()), lambda a, b: quantized(a, b, None), plain, x, w)
-
-
-def project(eq: str, x, w, cfg):
-    """The quantized form of ``einsum(eq, x, w)`` in the compute dtype (``dense``'s hook)."""
-    return _switched(x, w, cfg, lambda a, b, meta: qeinsum(eq, a, b, cfg.quant, meta),
-                     lambda a, b: jnp.einsum(eq, a, b))
-
-
-def grouped_project(x, w, sizes, cfg, *, kernel: bool = False):
-    """The quantized grouped matmul of the MoE experts (rows x [M, K] sorted by expert, w
-    [G, K, N] or its :class:`QWeight`) in the compute dtype; see jaxtrain.quant.grouped."""
-    from jaxtrain.models.moe import grouped_matmul
-    from jaxtrain.quant.grouped import qgrouped
-
-    return _switched(x, w, cfg,
-                     lambda a, b, meta: qgrouped(a, b, sizes, cfg.quant, meta, kernel=kernel),
-                     lambda a, b: grouped_matmul(a, b, sizes, kernel=kernel))

@@ -1,0 +1,128 @@
+"""The MoE layer (:func:`moe_block`): router and routed experts, plus the always-on shared expert.
+
+Each device routes its own tokens: without a layout the routed part runs on the whole batch;
+under a layout it runs in a ``shard_map`` over the whole mesh (:func:`_sharded`), which reads
+from the logical-axis table how the tokens and the experts are split and hands the collectives
+that split implies to the router and the dispatch as a :class:`~jaxtrain.models.moe.comm.Comm`.
+Quantized expert weights (:class:`jaxtrain.quant.QWeight`) keep their scaling state and layer
+switch replicated inside it.
+
+Legend: B batch, T length, D hidden, E experts.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from jaxtrain.models import layers as L
+from jaxtrain.models.moe.comm import LOCAL, Comm
+from jaxtrain.models.moe.dispatch import experts_local
+from jaxtrain.models.moe.router import _gate, route
+from jaxtrain.parallel.sharding import active_layout, constrain, spec_for
+from jaxtrain.quant import QWeight
+
+
+def _routed_local(p, x, xr, rand, prev, steps, cfg, train, comm: Comm):
+    """Router + experts on one device's tokens x [b, t, D] -> (y [b, t, D], stats)."""
+    m = cfg.moe
+    b, t, D = x.shape
+    logits = _gate(p["router"], xr.reshape(b * t, D), m, cfg)
+    probs, idx, keep, slots, stats = route(
+        logits, m, train=train, bias=p["router"].get("expert_bias") if m.expert_bias else None,
+        rand_logits=None if rand is None else rand.reshape(b * t, -1), prev_aux_counts=prev,
+        prev_steps=steps, comm=comm, seqs=b)
+    y = experts_local(p["experts"], x.reshape(b * t, D), probs, idx, keep, slots, cfg, comm)
+    return y.reshape(b, t, D), stats
+
+
+def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
+              prev_steps=None):
+    """The MoE FFN on x [B, T, D] -> (y [B, T, D], stats); ``p`` holds router, experts and
+    optionally shared (the always-on expert). ``rng`` feeds input jitter and
+    random-logit forced balancing; ``prev_*`` carry global_aux_loss's running counts."""
+    m = cfg.moe
+    x = constrain(x, "act_batch", "act_seq", "act_embed")
+    B, T, D = x.shape
+    key = rng if rng is not None else jax.random.key(0)
+    xr = x
+    if train and m.input_jitter_eps and rng is not None:
+        eps = m.input_jitter_eps
+        noise = jax.random.uniform(jax.random.fold_in(key, 0), x.shape, jnp.float32,
+                                   1.0 - eps, 1.0 + eps)
+        xr = (x * noise).astype(x.dtype)
+    rand = (jax.random.normal(jax.random.fold_in(key, 1), (B, T, m.num_experts), jnp.float32)
+            if m.force_balancing == "uniform" else None)
+    routed = {"router": p["router"], "experts": p["experts"]}
+    layout = active_layout()
+    if layout is None or layout.mesh.size == 1:
+        y, stats = _routed_local(routed, x, xr, rand, prev_aux_counts, prev_steps, cfg, train,
+                                 LOCAL)
+    else:
+        y, stats = _sharded(layout, routed, x, xr, rand, prev_aux_counts, prev_steps, cfg,
+                            train, spec_for)
+    if "shared" in p:
+        shared = L.mlp
+        if "shared_experts" in cfg.recompute_modules:
+            shared = jax.checkpoint(shared, static_argnums=(2,))
+        y = y + shared(p["shared"], x, cfg).astype(y.dtype)
+    return y, stats
+
+
+def _axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _sharded(layout, routed, x, xr, rand, prev, steps, cfg, train, spec_for):
+    """The routed part in a shard_map over the whole mesh (see the module docstring)."""
+    m = cfg.moe
+    rules, shape = layout.rules, layout.mesh_shape
+    xs = spec_for(("act_batch", "act_seq", "act_embed"), x.shape, rules, shape)
+    batch, seq = _axes(xs[0]), _axes(xs[1])
+    wnames = {"wi": ("exp", "embed", "mlp"), "wi_0": ("exp", "embed", "mlp"),
+              "wi_1": ("exp", "embed", "mlp"), "wo": ("exp", "mlp", "embed"),
+              "bi": ("exp", "mlp"), "bi_0": ("exp", "mlp"), "bi_1": ("exp", "mlp"),
+              "bo": ("exp", "embed")}
+
+    def wspec(name, a):
+        names = tuple(None if n == "mlp" and not m.expert_tensor_parallel else n
+                      for n in wnames[name])
+        spec = spec_for(names, a.shape, rules, shape)
+        if isinstance(a, QWeight):   # quantized: its scaling state and switch are replicated
+            return QWeight(spec, jax.tree.map(lambda _: P(), a.meta),
+                           None if a.on is None else P())
+        return spec
+
+    espec = {n: wspec(n, a) for n, a in routed["experts"].items()}
+    wo = getattr(espec["wo"], "w", espec["wo"])
+    ep_axes, tensor = _axes(wo[0]), _axes(wo[1])
+    if len(ep_axes) > 1:
+        raise ValueError(f"experts split over several mesh axes {ep_axes}; expected one")
+    expert = ep_axes[0] if ep_axes else None
+    comm = Comm(seq=seq, batch=batch, expert=expert,
+                ep=shape[expert] if expert else 1, tokens_split=expert in batch,
+                tensor=tensor[0] if tensor else None)
+    tok = P(*xs)
+    rspec = jax.tree.map(lambda _: P(), routed["router"])
+    in_specs = ({"router": rspec, "experts": espec}, tok, tok,
+                None if rand is None else P(xs[0], xs[1], None),
+                None if prev is None else P(), None if steps is None else P())
+
+    def body(routed, x, xr, rand, prev, steps):
+        return _routed_local(routed, x, xr, rand, prev, steps, cfg, train, comm)
+
+    args = (routed, x, xr, rand, prev, steps)
+    keep = [i for i, a in enumerate(args) if a is not None]
+    fn = jax.shard_map(
+        lambda *live: body(*_fill(live, keep, len(args))), mesh=layout.mesh,
+        in_specs=tuple(in_specs[i] for i in keep), out_specs=(tok, P()))
+    return fn(*(args[i] for i in keep))
+
+
+def _fill(live, keep, n):
+    out = [None] * n
+    for i, a in zip(keep, live):
+        out[i] = a
+    return out

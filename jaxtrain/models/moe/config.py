@@ -1,0 +1,200 @@
+"""MoE configuration: :class:`MoEConfig` (one MoE layer's knobs, checked the way Megatron's
+argument validation checks them), the ``moe_layer_freq`` parser, and which layers are MoE.
+
+``moe_pattern`` is defined with the layer stacks in :mod:`jaxtrain.models.spec` (the parameter
+tree needs it below the MoE package) and re-exported here.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import Any
+
+from jaxtrain.models.spec import moe_pattern
+
+
+__all__ = ["BALANCING", "DISPATCHERS", "DROP_POLICIES", "EXPERT_ACTIVATIONS", "FORCE_BALANCING",
+           "LOSS_METRICS", "MoEConfig", "NON_TRAINABLE", "SCORE_FUNCTIONS", "SINKHORN_MAX_ITERS",
+           "SINKHORN_TOL", "moe_pattern", "parse_layer_freq"]
+
+SCORE_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")
+BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+DISPATCHERS = ("allgather", "alltoall")
+DROP_POLICIES = ("probs", "position")
+FORCE_BALANCING = ("even", "uniform")
+EXPERT_ACTIVATIONS = ("swiglu_oai",)   # beyond the model's own activation (GPT-OSS's clamped GLU)
+NON_TRAINABLE = ("expert_bias",)       # parameter leaves the optimizer never updates
+
+# Metric name of each balancing loss (reported without its coefficient, as Megatron logs it).
+LOSS_METRICS = {"aux_loss": "moe_aux_loss", "seq_aux_loss": "moe_seq_aux_loss",
+                "global_aux_loss": "moe_global_aux_loss"}
+SINKHORN_TOL, SINKHORN_MAX_ITERS = 1e-4, 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    """One MoE layer's knobs (Megatron names without the ``moe_``/``moe_router_`` prefix).
+
+    ``layer_freq``: int N (every Nth layer from layer 0) or a 0/1 tuple per layer.
+    ``ffn_hidden_size`` None: the model's ffn_hidden_size (filled in by ModelConfig).
+    ``load_balancing``/``aux_loss_coeff``: equal-length tuples (one coefficient per type).
+    ``capacity_factor`` None (or negative): dropless. ``capacity_per_sequence``: MaxText's
+    capacity, int(max(ceil(T·k/E)·factor, factor)) tokens per expert in each sequence of T
+    tokens, kept in token order, instead of Megatron's ceil(N·k/E·factor) over a rank's N
+    tokens. ``router_dtype`` None: compute dtype.
+    ``router_bias``: a learned router bias (GPT-OSS); ``expert_bias``: Megatron's aux-free bias.
+    ``activation`` None: the model's; 'swiglu_oai' is GPT-OSS's clamped GLU (``glu_limit``).
+    ``expert_tensor_parallel``: split expert FFNs over the tensor axis (ETP = TP) or not (1).
+    ``group_score_topk``: how group-limited routing scores a group: None is Megatron's rule (the
+    sum of its top ``topk // group_topk`` scores); an int n sums its top n scores (Hugging
+    Face's DeepSeek-V3/Kimi routers: 2, whatever topk).
+    """
+
+    num_experts: int
+    topk: int = 2
+    layer_freq: Any = 1
+    ffn_hidden_size: int | None = None
+    shared_expert_size: int | None = None
+    score_function: str = "softmax"
+    pre_softmax: bool = False
+    router_dtype: str | None = None
+    topk_scaling_factor: float | None = None
+    num_groups: int | None = None
+    group_topk: int | None = None
+    group_score_topk: int | None = None
+    router_bias: bool = False
+    expert_bias: bool = False
+    bias_update_rate: float = 1e-3
+    load_balancing: tuple[str, ...] = ("aux_loss",)
+    aux_loss_coeff: tuple[float, ...] = (0.0,)
+    z_loss_coeff: float | None = None
+    input_jitter_eps: float | None = None
+    router_softcap: float | None = None
+    force_balancing: str | None = None
+    capacity_factor: float | None = None
+    capacity_per_sequence: bool = False
+    pad_to_capacity: bool = False
+    drop_policy: str = "probs"
+    dispatcher: str = "allgather"
+    grouped_gemm: bool = False
+    per_layer_logging: bool = False
+    expert_tensor_parallel: bool = True
+    activation: str | None = None
+    glu_limit: float | None = None
+
+    def __post_init__(self):
+        def put(name, value):
+            object.__setattr__(self, name, value)
+
+        types = (self.load_balancing,) if isinstance(self.load_balancing, str) else tuple(
+            self.load_balancing)
+        coeffs = self.aux_loss_coeff
+        coeffs = (float(coeffs),) * len(types) if isinstance(coeffs, (int, float)) else tuple(
+            float(c) for c in coeffs)
+        put("load_balancing", types)
+        put("aux_loss_coeff", coeffs)
+        if self.capacity_factor is not None and self.capacity_factor < 0:
+            put("capacity_factor", None)
+        if isinstance(self.layer_freq, (list, tuple)):
+            put("layer_freq", tuple(int(v) for v in self.layer_freq))
+        if self.router_dtype is not None:
+            put("router_dtype", {"fp32": "float32", "float32": "float32"}.get(
+                self.router_dtype, self.router_dtype))
+        problems = self.problems()
+        if problems:
+            raise ValueError("MoEConfig: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """What Megatron's validation refuses in this combination (empty: fine). Megatron's
+        "top-1 softmax needs pre_softmax" stays a config rule (config/rules.py): a top-1
+        router with weight 1 is what HF Mixtral checkpoints with one expert per token do."""
+        out, E, k = [], self.num_experts, self.topk
+
+        def need(ok, msg):
+            if not ok:
+                out.append(msg)
+
+        need(E >= 1, f"num_experts {E} must be positive")
+        need(1 <= k <= E, f"topk {k} must be in [1, num_experts={E}]")
+        need(self.score_function in SCORE_FUNCTIONS,
+             f"score_function {self.score_function!r} is not one of {SCORE_FUNCTIONS}")
+        for t in self.load_balancing:
+            need(t in BALANCING, f"load balancing type {t!r} is not one of {BALANCING}")
+        need(len(self.aux_loss_coeff) == len(self.load_balancing),
+             f"{len(self.load_balancing)} load balancing types need as many aux_loss_coeff "
+             f"values, got {len(self.aux_loss_coeff)}")
+        sinkhorn = "sinkhorn" in self.load_balancing
+        if sinkhorn:
+            need(set(self.load_balancing) <= {"sinkhorn", "none"},
+                 "sinkhorn routing cannot be combined with aux-loss balancing types")
+            need(not any(self.aux_loss_coeff), "sinkhorn needs moe_aux_loss_coeff 0")
+            need(self.capacity_factor is None, "sinkhorn takes no capacity factor")
+        need(not self.expert_bias or self.score_function in ("sigmoid", "sqrtsoftplus"),
+             "expert bias needs the sigmoid or sqrtsoftplus score function")
+        if self.group_topk is not None or self.num_groups is not None:
+            G, g = self.num_groups, self.group_topk
+            need(G is not None and g is not None, "group-limited routing needs both num_groups "
+                 "and group_topk")
+            if G and g:
+                need(E % G == 0, f"num_experts {E} must be divisible by num_groups {G}")
+                need(g <= G, f"group_topk {g} must not exceed num_groups {G}")
+                n = self.group_score_topk
+                if n is None:
+                    need(k >= g and g * (E // G) >= k, f"topk {k} must be at least group_topk "
+                         f"{g} and fit in {g} groups of {E // max(G, 1)} experts")
+                else:
+                    need(g * (E // G) >= k, f"topk {k} must fit in {g} groups of "
+                         f"{E // max(G, 1)} experts")
+                    need(1 <= n <= E // max(G, 1), f"group_score_topk {n} must be in [1, "
+                         f"experts per group = {E // max(G, 1)}]")
+        need(not self.pad_to_capacity or self.capacity_factor is not None,
+             "pad_to_capacity needs a capacity factor")
+        need(self.drop_policy in DROP_POLICIES,
+             f"drop_policy {self.drop_policy!r} is not one of {DROP_POLICIES}")
+        need(self.dispatcher in DISPATCHERS,
+             f"dispatcher {self.dispatcher!r} is not one of {DISPATCHERS}")
+        need(self.force_balancing in (None,) + FORCE_BALANCING,
+             f"force_balancing {self.force_balancing!r} is not one of {FORCE_BALANCING}")
+        need(self.router_dtype in (None, "float32"), f"router_dtype {self.router_dtype!r}: "
+             "only fp32 (or null, the compute dtype)")
+        need(self.activation in (None,) + EXPERT_ACTIVATIONS,
+             f"activation {self.activation!r} is not one of {EXPERT_ACTIVATIONS}")
+        return out
+
+    @property
+    def objective_types(self) -> tuple[tuple[str, float], ...]:
+        """(balancing type, coefficient) pairs that add a loss (coefficient > 0)."""
+        return tuple((t, c) for t, c in zip(self.load_balancing, self.aux_loss_coeff)
+                     if t in LOSS_METRICS and c > 0)
+
+
+# ----------------------------------------------------------------------------- layer pattern
+
+def parse_layer_freq(value) -> int | tuple[int, ...]:
+    """``moe_layer_freq`` as an int or a 0/1 tuple; strings are list expressions such as
+    ``"[0]*3+[1]*58"`` (list literals, ``*`` by an int, ``+``), evaluated without ``eval``."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = _list_expr(ast.parse(text, mode="eval").body) if text.startswith(
+                "[") or "*" in text or "+" in text else int(text)
+        except (ValueError, SyntaxError, TypeError) as e:
+            raise ValueError(f"moe_layer_freq {text!r}: expected an int or a list expression "
+                             f"like [0]*3+[1]*5 ({e})") from None
+    if isinstance(value, (list, tuple)):
+        bad = [v for v in value if v not in (0, 1)]
+        if bad:
+            raise ValueError(f"moe_layer_freq list entries must be 0 or 1, got {bad[:4]}")
+        return tuple(int(v) for v in value)
+    return int(value)
+
+
+def _list_expr(node):
+    if isinstance(node, ast.List):
+        return [_list_expr(e) for e in node.elts]
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add)):
+        a, b = _list_expr(node.left), _list_expr(node.right)
+        return a * b if isinstance(node.op, ast.Mult) else a + b
+    raise ValueError(f"unsupported element {ast.dump(node)[:40]}")

@@ -1,0 +1,262 @@
+"""The router: gating, scores, top-k (group-limited, expert bias, sinkhorn), capacity, and the
+balancing losses, for one rank's tokens (:func:`route`).
+
+The order is Megatron's TopKRouter (megatron/core/transformer/moe/router.py and moe_utils.py in
+Megatron-LM): input jitter (router input only; applied by the block) -> gating in
+``router_dtype`` -> forced-uniform random logits (straight-through) -> Primus soft-cap
+(differentiable here) -> z-loss -> routing (top-k, group limit, expert bias, sinkhorn) ->
+capacity dropping -> aux losses -> expert-load counting -> forced-even round-robin slots
+(Primus: the real top-k weights on slots (n·k + j) mod E). Capacity ``position`` keeps each
+expert's earliest tokens (Megatron's tie order there is unspecified).
+
+Formulas (T a rank's tokens, E experts, k top-k; the coefficients weigh the losses into
+``stats["objective"]``):
+
+- softmax: top-k on the logits then a softmax over the k (``pre_softmax``: softmax over all
+  experts, then top-k); sigmoid / sqrtsoftplus: scores in fp32, selection on score + expert
+  bias, the unbiased scores as probabilities, renormalised when k > 1; then
+  ``topk_scaling_factor``.
+- group-limited routing: a group's score is the sum of its top ``topk // group_topk`` scores
+  (or ``group_score_topk``); the best ``group_topk`` groups stay, the rest are masked.
+- switch (aux) loss: E/(k·T²)·Σ_i P_i·c_i with P_i the summed probabilities and c_i the routed
+  counts of expert i, both from unbiased scores over all experts with their own top-k map;
+  ``seq_aux_loss`` per sequence, averaged; ``global_aux_loss`` over all ranks with running
+  counts over the global batch.
+- z-loss: mean(logsumexp(logits)²), training only.
+- capacity: ceil(T·k/E·factor), at most T (MaxText's per-sequence form with
+  ``capacity_per_sequence``).
+- sinkhorn (training): top-k of sinkhorn(exp(logits)); probabilities are the sigmoid (k = 1) or
+  softmax of the raw logits at the chosen experts.
+
+The losses are reported without their coefficients as ``moe_aux_loss``, ``moe_seq_aux_loss``,
+``moe_global_aux_loss``, ``moe_z_loss`` (:func:`jaxtrain.models.moe.step.metrics`).
+
+Legend: N tokens, E experts, k top-k.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxtrain.models.moe.comm import LOCAL, Comm
+from jaxtrain.models.moe.config import LOSS_METRICS, SINKHORN_MAX_ITERS, SINKHORN_TOL, MoEConfig
+
+
+def _gate(p, x, m: MoEConfig, cfg):
+    dt = jnp.dtype(m.router_dtype) if m.router_dtype else cfg.compute_dtype
+    logits = jnp.einsum("nd,de->ne", x.astype(dt), p["w"].astype(dt))
+    if "bias" in p:
+        logits = logits + p["bias"].astype(dt)
+    return logits
+
+
+def _score(fn: str, logits):
+    x = logits.astype(jnp.float32)
+    if fn == "softmax":
+        return jax.nn.softmax(x, axis=-1)
+    if fn == "sigmoid":
+        return jax.nn.sigmoid(x)
+    return jnp.sqrt(jax.nn.softplus(x))
+
+
+def group_score_topk(m: MoEConfig) -> int:
+    """How many of a group's best scores make its score (Megatron: topk // group_topk)."""
+    return m.group_score_topk if m.group_score_topk is not None else m.topk // m.group_topk
+
+
+def _select(scores, m: MoEConfig):
+    """Top-k (values, indices) of scores [N, E], group-limited when num_groups is set: group
+    score = sum of its top :func:`group_score_topk` scores; only the best group_topk groups
+    stay."""
+    if not m.num_groups:
+        return jax.lax.top_k(scores, m.topk)
+    N, E = scores.shape
+    G = m.num_groups
+    grouped = scores.reshape(N, G, E // G)
+    group_score = jax.lax.top_k(grouped, group_score_topk(m))[0].sum(-1)
+    _, kept = jax.lax.top_k(group_score, m.group_topk)
+    keep = jnp.any(jax.nn.one_hot(kept, G, dtype=jnp.bool_), axis=1)          # [N, G]
+    masked = jnp.where(jnp.repeat(keep, E // G, axis=1), scores, -jnp.inf)
+    return jax.lax.top_k(masked, m.topk)
+
+
+def topk_routing(logits, m: MoEConfig, bias=None):
+    """(probs [N, k] float32, experts [N, k]) from router logits [N, E] (Megatron's
+    topk_routing_with_score_function). Softmax: top-k on the logits then softmax over the k
+    (``pre_softmax``: softmax over all, then top-k). Sigmoid/sqrtsoftplus: scores in fp32,
+    selection on score + expert bias, unbiased scores as probs, renormalised when k > 1."""
+    if m.score_function == "softmax":
+        if m.pre_softmax:
+            probs, idx = _select(_score("softmax", logits), m)
+        else:
+            vals, idx = _select(logits, m)
+            probs = jax.nn.softmax(vals.astype(jnp.float32), axis=-1)
+    else:
+        scores = _score(m.score_function, logits)
+        if bias is not None:
+            _, idx = _select(scores + jax.lax.stop_gradient(bias.astype(jnp.float32)), m)
+            probs = jnp.take_along_axis(scores, idx, axis=1)
+        else:
+            probs, idx = _select(scores, m)
+        if m.topk > 1:
+            probs = probs / (probs.sum(-1, keepdims=True) + 1e-20)
+    if m.topk_scaling_factor:
+        probs = probs * m.topk_scaling_factor
+    return probs.astype(jnp.float32), idx
+
+
+def sinkhorn(cost, tol: float = SINKHORN_TOL, max_iters: int = SINKHORN_MAX_ITERS):
+    """Megatron's Sinkhorn on exp(cost) [N, E]: alternate d0 = 1/(N·Σ_e d1·C),
+    d1 = 1/(E·Σ_n d0·C) until mean|Δd1| < tol; returns d1·C·d0 (float32, no gradient)."""
+    c = jnp.exp(jax.lax.stop_gradient(cost).astype(jnp.float32))
+    N, E = c.shape
+    eps = 1e-8
+
+    def body(state):
+        d0, d1, _, it = state
+        d0 = (1.0 / N) / (jnp.sum(d1[None, :] * c, axis=1) + eps)
+        new = (1.0 / E) / (jnp.sum(d0[:, None] * c, axis=0) + eps)
+        return d0, new, jnp.mean(jnp.abs(new - d1)), it + 1
+
+    def cond(state):
+        return (state[2] > tol) & (state[3] < max_iters)
+
+    d0, d1, _, _ = jax.lax.while_loop(
+        cond, body, (jnp.ones(N, jnp.float32), jnp.ones(E, jnp.float32), jnp.float32(1e9), 0))
+    return d1[None, :] * c * d0[:, None]
+
+
+def sinkhorn_routing(logits, m: MoEConfig, train: bool):
+    """Training: top-k of sinkhorn(logits); probs = sigmoid (k = 1) or softmax of the raw
+    logits at those experts. Evaluation: plain top-k of those probs."""
+    act = jax.nn.sigmoid(logits.astype(jnp.float32)) if m.topk == 1 else jax.nn.softmax(
+        logits.astype(jnp.float32), axis=-1)
+    _, idx = jax.lax.top_k(sinkhorn(logits) if train else act, m.topk)
+    return jnp.take_along_axis(act, idx, axis=1), idx
+
+
+def aux_scores(logits, m: MoEConfig):
+    """(scores [N, E], 0/1 routing map [N, E]) for the aux losses: unbiased scores over all
+    experts (softmax, or sigmoid/sqrtsoftplus sum-normalised over the experts whatever topk,
+    as Megatron's compute_routing_scores_for_aux_loss) with their own top-k map."""
+    s = _score(m.score_function, logits)
+    if m.score_function != "softmax":
+        s = s / (s.sum(-1, keepdims=True) + 1e-20)
+    _, idx = jax.lax.top_k(s, m.topk)
+    return s, jax.nn.one_hot(idx, s.shape[-1], dtype=jnp.float32).sum(1)
+
+
+def switch_loss(probs_sum, counts, tokens, m: MoEConfig):
+    """E/(k·T²)·Σ_i P_i·c_i: P_i summed probs, c_i routed counts of expert i over T tokens."""
+    return jnp.sum(probs_sum * counts) * (m.num_experts / (m.topk * tokens * tokens))
+
+
+def capacity(num_tokens: int, m: MoEConfig) -> int:
+    """Megatron's ceil(T·k/E·factor), at most T (nothing is dropped then)."""
+    cap = math.ceil(num_tokens * m.topk / m.num_experts * m.capacity_factor)
+    return max(1, min(cap, num_tokens))
+
+
+def sequence_capacity(seq_tokens: int, m: MoEConfig) -> int:
+    """MaxText's per-sequence capacity int(max(ceil(T·k/E)·factor, factor)), at most T."""
+    cap = int(max(math.ceil(seq_tokens * m.topk / m.num_experts) * m.capacity_factor,
+                  m.capacity_factor))
+    return max(1, min(cap, seq_tokens))
+
+
+def capacity_slots(probs, idx, m: MoEConfig, seqs: int = 1):
+    """Each expert's kept tokens [E, cap] (token ids) and their weights [E, cap]: the top-cap
+    tokens by routing probability (``probs``) or the first cap routed tokens (``position``).
+    Unrouted tokens can fill spare slots with weight 0 (what pad_to_capacity computes). With
+    ``capacity_per_sequence`` each of the ``seqs`` sequences keeps its own capacity."""
+    N, k = idx.shape
+    if m.capacity_per_sequence and seqs > 1:
+        T = N // seqs
+        slots, weights = jax.vmap(lambda p, i: capacity_slots(p, i, m))(
+            probs.reshape(seqs, T, k), idx.reshape(seqs, T, k))          # [S, E, cap]
+        slots = slots + (jnp.arange(seqs) * T)[:, None, None]
+        return (slots.transpose(1, 0, 2).reshape(m.num_experts, -1),
+                weights.transpose(1, 0, 2).reshape(m.num_experts, -1))
+    E = m.num_experts
+    rows = jnp.arange(N)[:, None]
+    dense = jnp.zeros((N, E), jnp.float32).at[rows, idx].add(probs)
+    routed = jnp.zeros((N, E), jnp.bool_).at[rows, idx].set(True)
+    if m.drop_policy == "probs":
+        key = jnp.where(routed, dense, -1.0)
+    else:
+        key = jnp.where(routed, (N - jnp.arange(N, dtype=jnp.float32))[:, None], 0.0)
+    cap = sequence_capacity(N, m) if m.capacity_per_sequence else capacity(N, m)
+    _, slots = jax.lax.top_k(key.T, cap)                                  # [E, cap]
+    weights = jnp.take_along_axis(dense.T, slots, axis=1)
+    return slots, weights
+
+
+def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
+          prev_aux_counts=None, prev_steps=None, comm: Comm = LOCAL, seqs: int = 1):
+    """Routing for one rank's tokens. logits [N, E] (N = seqs sequences of N/seqs tokens).
+
+    Returns (probs [N, k], experts [N, k], keep [N, k] bool, slots, stats): ``slots`` is
+    capacity_slots' (token ids, weights) with a capacity factor, else None; ``stats`` holds
+    the raw losses (``lb`` per balancing type, ``z``), the weighted ``objective``, ``counts``
+    (tokens kept per expert, all ranks) and ``aux_counts`` (global_aux_loss's map).
+    """
+    N, E = logits.shape
+    if rand_logits is not None:   # forced balancing 'uniform': random logits, straight-through
+        logits = logits + jax.lax.stop_gradient(rand_logits.astype(logits.dtype) - logits)
+    if m.router_softcap:
+        logits = m.router_softcap * jnp.tanh(logits / m.router_softcap)
+    f32 = jnp.float32
+    stats = {"lb": jnp.zeros((len(m.load_balancing),), f32), "z": f32(0.0),
+             "objective": f32(0.0)}
+    if train and m.z_loss_coeff:
+        lse = jax.nn.logsumexp(logits.astype(f32), axis=-1)
+        z = comm.mean_ranks(comm.sum_seq(jnp.sum(lse * lse)) / comm.sum_seq(f32(N)))
+        stats["z"], stats["objective"] = z, m.z_loss_coeff * z
+
+    if "sinkhorn" in m.load_balancing:
+        probs, idx = sinkhorn_routing(logits, m, train)
+    else:
+        probs, idx = topk_routing(logits, m, bias)
+    keep = jnp.ones(idx.shape, jnp.bool_)
+    slots = None
+    if m.capacity_factor is not None:
+        slots = capacity_slots(probs, idx, m, seqs)
+        kept = jnp.zeros((E, N), jnp.bool_).at[jnp.arange(E)[:, None], slots[0]].set(True)
+        keep = kept.T[jnp.arange(N)[:, None], idx]
+
+    if train and any(t in LOSS_METRICS for t in m.load_balancing):
+        s, amap = aux_scores(logits, m)
+        lbs = []
+        for t, c in zip(m.load_balancing, m.aux_loss_coeff):
+            if t == "aux_loss":
+                tokens = comm.sum_seq(f32(N))
+                loss = comm.mean_ranks(switch_loss(comm.sum_seq(s.sum(0)),
+                                                   comm.sum_seq(amap.sum(0)), tokens, m))
+            elif t == "seq_aux_loss":
+                per = lambda a: comm.sum_seq(a.reshape(seqs, N // seqs, E).sum(1))  # noqa: E731
+                tokens = comm.sum_seq(f32(N // seqs))
+                losses = jax.vmap(lambda p, n: switch_loss(p, n, tokens, m))(per(s), per(amap))
+                loss = comm.mean_ranks(jnp.mean(losses))
+            elif t == "global_aux_loss":
+                counts = comm.sum_all(amap.sum(0))
+                stats["aux_counts"] = counts
+                prev = prev_aux_counts if prev_aux_counts is not None else jnp.zeros_like(counts)
+                steps = prev_steps if prev_steps is not None else 0
+                mean_counts = (prev + counts) / (steps + 1.0)
+                loss = switch_loss(comm.sum_all(s.sum(0)), mean_counts, comm.sum_all(f32(N)), m)
+            else:
+                loss = f32(0.0)
+            lbs.append(loss)
+            stats["objective"] = stats["objective"] + c * loss
+        stats["lb"] = jnp.stack(lbs).astype(f32)
+    if "global_aux_loss" in m.load_balancing and "aux_counts" not in stats:
+        stats["aux_counts"] = jnp.zeros((E,), f32)
+
+    onehot = jax.nn.one_hot(idx, E, dtype=f32) * keep[..., None]
+    stats["counts"] = comm.sum_all(onehot.sum((0, 1)))
+    if m.force_balancing == "even":  # Primus: round-robin slots carry the real top-k weights
+        idx = ((jnp.arange(N)[:, None] * m.topk + jnp.arange(m.topk)[None]) % E).astype(idx.dtype)
+        slots = None
+    return probs, idx, keep, slots, stats

@@ -1,0 +1,90 @@
+"""The train step's MoE side: the non-trainable expert bias, its update, the statistics'
+accumulator and the metrics.
+
+Expert bias (aux-loss-free balancing) is a float32 parameter leaf ``expert_bias`` that the
+optimizer never sees (:data:`~jaxtrain.models.moe.config.NON_TRAINABLE`); the train step adds
+``rate * sign(mean(c) - c)`` once per global batch from the loads ``c`` counted by the forward
+(:func:`update_expert_bias`). Keeping it among the parameters makes checkpoints, evaluation
+and HF export (DeepSeek's ``e_score_correction_bias``) see it without extra state.
+
+The aux and z losses join the objective averaged over microbatches (also with
+calculate_per_token_loss, where Megatron's scaling divides them by the token count instead) and
+are reported without their coefficients as ``moe_aux_loss``, ``moe_seq_aux_loss``,
+``moe_global_aux_loss``, ``moe_z_loss`` (:func:`metrics`).
+
+Legend: L_moe MoE layers, E experts.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxtrain.models.moe.config import LOSS_METRICS, NON_TRAINABLE, moe_pattern
+
+
+def trainable(tree):
+    """``tree`` (params, grads or their logical axes) without the non-trainable leaves."""
+    if isinstance(tree, dict):
+        return {k: trainable(v) for k, v in tree.items() if k not in NON_TRAINABLE}
+    return tree
+
+
+def merge_trainable(full, part):
+    """``full`` with the leaves of ``part`` (a :func:`trainable` subtree) put back in."""
+    if isinstance(full, dict):
+        return {k: (merge_trainable(v, part[k]) if k in part else v) for k, v in full.items()}
+    return part
+
+
+def update_expert_bias(params: dict, counts, cfg) -> dict:
+    """Megatron's aux-free update, once per global batch: bias += rate·sign(mean(c) − c) per
+    MoE layer, so under-loaded experts rise. counts [L_moe, E]: tokens kept per expert."""
+    m = cfg.moe
+    if m is None or not m.expert_bias or "moe_layers" not in params:
+        return params
+    c = counts.astype(jnp.float32)
+    delta = m.bias_update_rate * jnp.sign(c.mean(-1, keepdims=True) - c)      # [L_moe, E]
+    layers = params["moe_layers"]
+    router = layers["moe"]["router"]
+    bias = router["expert_bias"]
+    axis = cfg.param_scan_axis if bias.ndim == 2 else 0
+    new = bias + jnp.moveaxis(delta, 0, axis).astype(bias.dtype)
+    return {**params, "moe_layers": {**layers, "moe": {**layers["moe"], "router": {
+        **router, "expert_bias": new}}}}
+
+
+def metrics(stats: dict, cfg, moe_layer_ids) -> dict:
+    """Metrics rows from stats averaged over microbatches ([L_moe, ...] leaves): each balancing
+    loss and the z-loss without their coefficients, averaged over MoE layers (and per layer,
+    named by the global layer index, with per_layer_logging)."""
+    m = cfg.moe
+    out = {}
+    named = [(LOSS_METRICS[t], stats["lb"][:, j]) for j, (t, c) in
+             enumerate(zip(m.load_balancing, m.aux_loss_coeff)) if t in LOSS_METRICS and c > 0]
+    if m.z_loss_coeff:
+        named.append(("moe_z_loss", stats["z"]))
+    for name, per_layer in named:
+        out[name] = jnp.mean(per_layer)
+        if m.per_layer_logging:
+            for j, layer in enumerate(moe_layer_ids):
+                out[f"{name}_layer_{layer}"] = per_layer[j]
+    return out
+
+
+def moe_layer_ids(cfg) -> tuple[int, ...]:
+    """Global indices of the MoE layers, in the order their statistics are stacked."""
+    return tuple(i for i, on in enumerate(moe_pattern(cfg.moe, cfg.num_layers)) if on)
+
+
+def zero_stats(cfg):
+    """Zeros shaped like the forward's stacked MoE statistics (None without MoE layers): the
+    train step's accumulator over microbatches."""
+    m = cfg.moe
+    n = len(moe_layer_ids(cfg)) if m is not None else 0
+    if not n:
+        return None
+    f32 = jnp.float32
+    stats = {"lb": jnp.zeros((n, len(m.load_balancing)), f32), "z": jnp.zeros((n,), f32),
+             "objective": jnp.zeros((n,), f32), "counts": jnp.zeros((n, m.num_experts), f32)}
+    if "global_aux_loss" in m.load_balancing:
+        stats["aux_counts"] = jnp.zeros((n, m.num_experts), f32)
+    return stats

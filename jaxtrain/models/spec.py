@@ -1,0 +1,116 @@
+"""Parameter-declaration primitives and the layer stacks, below every other model module.
+
+:class:`ParamSpec` declares one parameter (shape, dtype, logical axes, initializer); the
+initializers here are Megatron's. The layer stacks say where each layer's parameters live:
+``layers`` holds the dense layers and ``moe_layers`` the MoE ones, each in layer order, and
+:func:`moe_pattern` (Megatron's ``moe_layer_freq``) decides which layers are MoE.
+
+:mod:`jaxtrain.models.params` builds the model's parameter tree from these; the MoE package,
+multi-latent attention and the quantization state read the stacks from here, so none of them
+imports the others to find out where a layer lives.
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+Init = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """One parameter. ``init`` makes one layer's value; ``layer_axis`` is where L sits, if any."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    axes: tuple[str | None, ...]
+    init: Init
+    layer_axis: int | None = None
+
+    def stacked(self, num_layers: int, axis: int) -> "ParamSpec":
+        shape = self.shape[:axis] + (num_layers,) + self.shape[axis:]
+        axes = self.axes[:axis] + ("layers",) + self.axes[axis:]
+        return dataclasses.replace(self, shape=shape, axes=axes, layer_axis=axis)
+
+    def make(self, key: jax.Array) -> jax.Array:
+        if self.layer_axis is None:
+            return self.init(key, self.shape, self.dtype)
+        a = self.layer_axis
+        one = self.shape[:a] + self.shape[a + 1:]
+        keys = jax.random.split(key, self.shape[a])
+        return jnp.moveaxis(jax.vmap(lambda k: self.init(k, one, self.dtype))(keys), 0, a)
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+def _leaf_key(key, path) -> jax.Array:
+    """The initialization key of the leaf at ``path``: adding a parameter leaves the others'
+    keys unchanged."""
+    return jax.random.fold_in(key, zlib.crc32(jax.tree_util.keystr(path).encode()))
+
+
+def _zeros(key, shape, dtype):
+    return jnp.zeros(shape, dtype)
+
+
+def _ones(key, shape, dtype):
+    return jnp.ones(shape, dtype)
+
+
+def _linear_init(cfg, in_axis, out_axis, output_layer=False) -> Init:
+    """Megatron's init: N(0, std), output layers N(0, std/sqrt(2L)); or Xavier uniform."""
+    if cfg.init_method_xavier_uniform:
+        return jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis, out_axis)
+    std = cfg.init_method_std / (2 * cfg.num_layers) ** 0.5 if output_layer else cfg.init_method_std
+    return jax.nn.initializers.normal(std)
+
+
+def _norm(cfg, size: int) -> dict:
+    dt = cfg.param_dtype
+    spec = {"scale": ParamSpec((size,), dt, ("norm",), _zeros if cfg.apply_layernorm_1p else _ones)}
+    if cfg.normalization == "LayerNorm":
+        spec["bias"] = ParamSpec((size,), dt, ("norm",), _zeros)
+    return spec
+
+
+# ----------------------------------------------------------------------------- layer stacks
+
+DENSE_STACK, MOE_STACK = "layers", "moe_layers"
+STACKS = (DENSE_STACK, MOE_STACK)
+
+
+def moe_pattern(moe, num_layers: int) -> tuple[bool, ...]:
+    """Which layers are MoE for ``moe`` (a ``MoEConfig`` or None) (Megatron: int N -> layer i
+    is MoE when i % N == 0; a 0/1 tuple names each layer)."""
+    if moe is None:
+        return (False,) * num_layers
+    freq = moe.layer_freq
+    if isinstance(freq, int):
+        if freq < 1:
+            raise ValueError(f"moe_layer_freq {freq} must be positive")
+        return tuple(i % freq == 0 for i in range(num_layers))
+    if len(freq) != num_layers:
+        raise ValueError(f"moe_layer_freq has {len(freq)} entries for {num_layers} layers")
+    return tuple(bool(v) for v in freq)
+
+
+def layer_kinds(cfg) -> tuple[str, ...]:
+    """The stack each layer's parameters live in: 'layers' (dense) or 'moe_layers'."""
+    return tuple(MOE_STACK if is_moe else DENSE_STACK
+                 for is_moe in moe_pattern(getattr(cfg, "moe", None), cfg.num_layers))
+
+
+def layer_slots(cfg) -> tuple[tuple[str, int], ...]:
+    """(stack, index in that stack) of each layer."""
+    seen = {k: 0 for k in STACKS}
+    out = []
+    for kind in layer_kinds(cfg):
+        out.append((kind, seen[kind]))
+        seen[kind] += 1
+    return tuple(out)
