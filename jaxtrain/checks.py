@@ -16,6 +16,11 @@ class TrainingError(RuntimeError):
     """A fatal problem found during training (the CLI reports it and exits 1)."""
 
 
+class BuildError(RuntimeError):
+    """An unexpected exception while building the run from a config the checks accepted: a bug
+    (the dry run should have refused the config); the CLI reports it without a traceback."""
+
+
 class SpikeWatch:
     """Megatron's spiky-value check for one series (loss or gradient norm)."""
 

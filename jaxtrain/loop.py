@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxtrain import models
 from jaxtrain.checkpoint import Checkpointer
-from jaxtrain.checks import Checks, TrainingError
+from jaxtrain.checks import BuildError, Checks, TrainingError
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.data.batches import global_batches
 from jaxtrain.data.sources import training_data
@@ -232,11 +232,6 @@ def upcycled_state(run: Setup, ckpt: Checkpointer, logger) -> TrainState:
                 "training starts at iteration 0 with a fresh optimizer", reader.where(root, step),
                 step, mc.moe.num_experts)
     return state
-
-
-class BuildError(RuntimeError):
-    """An unexpected exception while building the run from a config the checks accepted: a bug
-    (the dry run should have refused the config); the CLI reports it without a traceback."""
 
 
 def _train(cfg, tcfg, logger, devices) -> dict:

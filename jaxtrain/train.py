@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from jaxtrain.checks import TrainingError
+from jaxtrain.checks import BuildError, TrainingError
 from jaxtrain.config import ConfigError, load_config, registry
 from jaxtrain.logs import run_dir, setup_logging
 from jaxtrain.parallel import distributed, xla_flags
@@ -149,7 +149,7 @@ def _train(cfg, path, overrides, primus_path, logger) -> int:
 
         cfg, _ = _checked(path, [*overrides, *checkpoint_overrides(cfg)], jax.device_count(),
                           primus_path)
-        from jaxtrain.loop import BuildError, train
+        from jaxtrain.loop import train
 
         train(cfg, logger)
     except ConfigError as e:

@@ -31,7 +31,7 @@ INERT_KNOBS = ("align_grad_reduce", "align_param_gather", "ddp_pad_buckets_for_h
                "ddp_average_in_collective", "gradient_reduce_div_fusion")
 
 
-def flags(platform="gpu", **cfg):
+def flags(platform="gpu", /, **cfg):
     """{flag name: value} emitted for ``cfg`` (other knobs at their defaults)."""
     out = {}
     for flag in xf.xla_flags(cfg, platform):

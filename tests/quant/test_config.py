@@ -78,7 +78,6 @@ def test_model_config_carries_it():
     (["fp8=hybrid", "fp8_recipe=custom"], "quantizer factory"),
     (["quantization=intmp"], "quant_cfg_path"),
     (["quantization=te_nvfp4"], "Hadamard"),
-    (["fp8_param_gather=true"], "fp8_param_gather is not supported"),
 ])
 def test_rules(extra, message):
     with pytest.raises(ConfigError, match=message):
