@@ -1,31 +1,40 @@
 """Learning-rate and weight-decay schedules, and the global-batch ramp-up.
 
-Two families (see shared/notes/knob-semantics.md §1.6, §1.7, §4.4):
+Three families, after the public sources:
 
-- **megatron** (``lr_decay_style``): Megatron-LM's scheduler. It counts *samples*: every
-  iteration-valued knob is multiplied by ``global_batch_size``. Linear warmup from
-  ``lr_warmup_init``; then constant, linear, cosine, inverse-square-root or WSD (stable, then
-  a final decay of ``lr_wsd_decay_style``); ``min_lr`` past the decay horizon. Weight decay
-  moves from ``start_weight_decay`` to ``end_weight_decay`` over the run.
-- **pgs** (``train.lr_scheduler``): palingenesis's multiplier on the peak LR. It counts
-  *optimizer steps*: warmup ``int(steps * warmup_ratio)`` steps from 0, then power_decay
-  ``(1 - p)^4``, wsd (flat for 80% of the post-warmup steps, then ``(1 - q)^4``; not Megatron's
-  WSD), cosine, linear or constant, floored at ``min_learning_rate``. pgs distill files warm up
-  over ``train.warmup_steps`` with ``(step + 1) / warmup``, as its trainer does.
-
+- **megatron** (``lr_decay_style``): Megatron-LM's ``OptimizerParamScheduler``
+  (megatron/core/optimizer_param_scheduler.py). It counts *samples*: every iteration-valued
+  knob is multiplied by ``global_batch_size``. Linear warmup from ``lr_warmup_init``; then
+  constant, linear ``1 - r``, cosine ``(1 + cos(pi r)) / 2``, inverse-square-root
+  ``max(min_lr, lr * sqrt(warmup) / sqrt(n))`` or WSD (flat until the last
+  ``lr_wsd_decay_*``, then ``lr_wsd_decay_style``: linear, cosine, exponential
+  ``2 * 0.5^r - 1`` or minus_sqrt ``1 - sqrt(r)``); ``min_lr`` past the decay horizon. Weight
+  decay moves from ``start_weight_decay`` to ``end_weight_decay`` over the run (linear, or
+  cosine ``(cos(pi (1 - r)) + 1) / 2``). ``rampup_batch_size`` follows Megatron-LM's
+  ``RampupBatchsizeNumMicroBatchesCalculator`` (megatron/core/num_microbatches_calculator.py):
+  ``start + floor(consumed / (samples / n)) * increment`` with
+  ``n = (global_batch_size - start) / increment``, the full batch once ``consumed > samples``;
+  it needs sample-based training (``train_samples``).
+- **pgs** (``train.lr_scheduler``): palingenesis's ``build_scheduler``
+  (mii-llm/palingenesis, src/palingenesis/optim.py), a ``LambdaLR`` multiplier on the peak LR.
+  It counts *optimizer steps*: warmup ``int(steps * warmup_ratio)`` steps from 0, then
+  power_decay ``(1 - p)^4``, wsd (flat for 80% of the post-warmup steps, then ``(1 - q)^4``;
+  not Megatron's WSD), cosine, linear or constant, floored at ``min_learning_rate``. pgs
+  distill files warm up over ``train.warmup_steps`` with ``(step + 1) / warmup``, as its
+  trainer does.
 - **maxtext** (MaxText files, unless ``lr_decay_style`` is set; ``lr_schedule_type``): MaxText's
-  schedule over optimizer steps, with ``S`` = learning_rate_schedule_steps (``lr_decay_iters``,
-  else the run) and ``W = int(S * warmup_steps_fraction)``: ``lr * k / W`` for ``k < W`` (from
-  0); cosine: ``final + (lr - final) * (1 + cos(pi * (k - W) / (S - W - 1))) / 2`` up to
-  ``S``; wsd: ``lr`` until ``S - D`` (``D = int(S * wsd_decay_steps_fraction)``), then linear
-  over ``D - 1`` steps or the cosine over ``D`` down to ``final``; and 0 from ``S`` on when the
-  run is longer. ``final = lr * learning_rate_final_fraction`` (an explicit ``min_lr``
-  replaces it).
+  ``create_learning_rate_schedule`` (maxtext_utils.py), over optimizer steps, with ``S`` =
+  learning_rate_schedule_steps (``lr_decay_iters``, else the run) and
+  ``W = int(S * warmup_steps_fraction)``: ``lr * k / W`` for ``k < W`` (from 0); cosine:
+  ``final + (lr - final) * (1 + cos(pi * (k - W) / (S - W - 1))) / 2`` up to ``S``; wsd: ``lr``
+  until ``S - D`` (``D = int(S * wsd_decay_steps_fraction)``), then linear over ``D - 1`` steps
+  or the cosine over ``D`` down to ``final``; and 0 from ``S`` on when the run is longer.
+  ``final = lr * learning_rate_final_fraction`` (an explicit ``min_lr`` replaces it).
 
 ``ScheduleConfig.from_config`` picks the family and converts the knobs into the family's unit;
 ``lr_at`` / ``pgs_lr_at`` / ``weight_decay_at`` are pure ``jnp`` functions (jit-safe, float64
 under ``jax.enable_x64``); ``make_lr_schedule`` gives an ``optax.Schedule`` of the optimizer
-step, where step ``k`` is the LR of the ``k``-th update (0-based), as both references do.
+step, where step ``k`` is the LR of the ``k``-th update (0-based), as the references do.
 """
 from __future__ import annotations
 
@@ -174,16 +183,14 @@ def _maxtext_knobs(cfg, is_set, total_steps) -> dict:
 
 
 def _weight_decay_knobs(cfg) -> dict:
+    """weight_decay under the constant style, else start_weight_decay -> end_weight_decay.
+    Which of these knobs go together is the config's rule (``learning_rate`` in
+    jaxtrain/config/rules.py), checked when a config resolves."""
     style = cfg.get("weight_decay_incr_style")
-    start, end = cfg.get("start_weight_decay"), cfg.get("end_weight_decay")
     if style == "constant":
-        if start is not None or end is not None:
-            raise ValueError("start_weight_decay/end_weight_decay need weight_decay_incr_style "
-                             "linear or cosine; constant uses weight_decay")
         start = end = cfg.get("weight_decay") or 0.0
-    elif start is None or end is None:
-        raise ValueError(f"weight_decay_incr_style {style} needs start_weight_decay and "
-                         f"end_weight_decay")
+    else:
+        start, end = _float(cfg, "start_weight_decay"), _float(cfg, "end_weight_decay")
     return dict(wd_style=style, start_wd=float(start), end_wd=float(end))
 
 

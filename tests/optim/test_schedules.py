@@ -589,6 +589,11 @@ def test_impossible_settings_raise():
     with pytest.raises(ValueError, match="only increases"):
         sched("weight_decay_incr_style=linear", "start_weight_decay=0.1",
               "end_weight_decay=0.01")
+    # which weight-decay knobs go together: the config's rule (config/rules.py learning_rate)
+    with pytest.raises(ConfigError, match="linear needs start_weight_decay and end_"):
+        sched("weight_decay_incr_style=linear", "start_weight_decay=0.1")
+    with pytest.raises(ConfigError, match="need weight_decay_incr_style linear or cosine"):
+        sched("end_weight_decay=0.1")
     with pytest.raises(ValueError, match="decoupled_min_lr is set"):
         sched("decoupled_min_lr=1e-5")
     with pytest.raises(ValueError, match="pgs_lr_at evaluates the pgs"):
