@@ -17,7 +17,7 @@ Chunked mode (pgs ``memory.chunked_loss``) runs output layer + cross-entropy one
 at a time under ``jax.checkpoint`` inside ``lax.map``: only one chunk's logits [B,C,V] exist at
 a time, forward or backward, never the whole [B,T,V].
 
-Legend: B batch, T length, C chunk length, D hidden, V vocab.
+Legend: B batch, T length, C chunk length, n chunks, D hidden, V vocab.
 """
 from __future__ import annotations
 
@@ -28,17 +28,17 @@ from jaxtrain.models.transformer import hidden_states, logits_head
 
 
 def model_hidden(params, micro: dict, model_cfg, *, quant_state=None, moe_state=None,
-                 train: bool = False, rngs=None):
+                 train: bool = False, rng=None):
     """(final hidden states [B,T,D], MoE stats or None) of a microbatch (``tokens`` and
     optionally ``positions``/``segment_ids`` [B,T]); see :func:`model_loss` for the states."""
     return hidden_states(params, micro["tokens"], model_cfg, positions=micro.get("positions"),
                          segment_ids=micro.get("segment_ids"), deterministic=not train,
-                         rngs=rngs, quant_state=quant_state, moe_state=moe_state,
+                         rng=rng, quant_state=quant_state, moe_state=moe_state,
                          with_moe_stats=True)
 
 
 def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe_state=None,
-               train: bool = False, rngs=None, num_chunks: int = 0,
+               train: bool = False, rng=None, num_chunks: int = 0,
                half_precision: bool = False):
     """(Σ weights · token loss over the microbatch, MoE stats or None): the loss training,
     evaluation and the health monitor share.
@@ -47,52 +47,52 @@ def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe
     [B,T]: the loss mask, or the train step's normalised token weights. ``quant_state``: the
     quantization state the forward takes its scales from (None: a recipe without state, or
     none kept); ``moe_state``: {aux_counts, steps} of global_aux_loss (training only).
-    ``train``: dropout on (``rngs`` a key) and the routers' training statistics (aux and z
+    ``train``: dropout on (``rng`` a key) and the routers' training statistics (aux and z
     losses); off, the forward is deterministic. ``num_chunks``/``half_precision``: as
     :func:`row_losses`.
     """
-    hidden, stats = model_hidden(params, micro, model_cfg, quant_state=quant_state,
-                                 moe_state=moe_state, train=train, rngs=rngs)
-    sums, _ = row_losses(params, hidden, micro["targets"], weights, model_cfg,
-                         num_chunks=num_chunks, half_precision=half_precision)
-    return jnp.sum(sums), stats
+    hidden_BTD, stats = model_hidden(params, micro, model_cfg, quant_state=quant_state,
+                                     moe_state=moe_state, train=train, rng=rng)
+    sums_B, _ = row_losses(params, hidden_BTD, micro["targets"], weights, model_cfg,
+                           num_chunks=num_chunks, half_precision=half_precision)
+    return jnp.sum(sums_B), stats
 
 
 def token_nll(logits, targets, half_precision: bool = False):
     """-log p(target) per token [B,T] in float32; ``half_precision`` computes the softmax in the
     logits' half dtype first (Megatron's ``fp16_lm_cross_entropy``)."""
-    if half_precision:
-        logits = logits.astype(jnp.float16)
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return (log_z - picked).astype(jnp.float32)
+    logits_BTV = logits.astype(jnp.float16) if half_precision else logits
+    log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+    picked_BT = jnp.take_along_axis(logits_BTV, targets[..., None], axis=-1)[..., 0]
+    return (log_z_BT - picked_BT).astype(jnp.float32)
 
 
-def _chunk_sums(params, hidden, targets, mask, model_cfg, half):
-    nll = token_nll(logits_head(params, hidden, model_cfg), targets, half)
-    return jnp.sum(nll * mask, axis=-1)
+def _chunk_sums(params, hidden_BTD, targets_BT, mask_BT, model_cfg, half):
+    """Σ masked token losses [B] of hidden states [B,T,D] (or a chunk [B,C,D])."""
+    nll_BT = token_nll(logits_head(params, hidden_BTD, model_cfg), targets_BT, half)
+    return jnp.sum(nll_BT * mask_BT, axis=-1)
 
 
 def row_losses(params, hidden, targets, loss_mask, model_cfg, *, num_chunks: int = 0,
                half_precision: bool = False):
     """(sum of masked token losses [B], masked token count [B]) for hidden [B,T,D]."""
-    mask = loss_mask.astype(jnp.float32)
-    counts = jnp.sum(mask, axis=-1)
+    mask_BT = loss_mask.astype(jnp.float32)
+    counts_B = jnp.sum(mask_BT, axis=-1)
     B, T, _ = hidden.shape
     if num_chunks <= 1:
-        return _chunk_sums(params, hidden, targets, mask, model_cfg, half_precision), counts
+        return _chunk_sums(params, hidden, targets, mask_BT, model_cfg, half_precision), counts_B
     if T % num_chunks:
         raise ValueError(f"sequence length {T} is not divisible by memory.loss_num_chunks "
                          f"{num_chunks}")
     C = T // num_chunks
 
-    def split(x):
-        return jnp.moveaxis(x.reshape(B, num_chunks, C, *x.shape[2:]), 1, 0)
+    def split(x_BT):   # [B,T,...] -> [num_chunks,B,C,...]
+        return jnp.moveaxis(x_BT.reshape(B, num_chunks, C, *x_BT.shape[2:]), 1, 0)
 
     @jax.checkpoint
     def one(args):
-        h, t, m = args
-        return _chunk_sums(params, h, t, m, model_cfg, half_precision)
+        hidden_BCD, targets_BC, mask_BC = args
+        return _chunk_sums(params, hidden_BCD, targets_BC, mask_BC, model_cfg, half_precision)
 
-    sums = jax.lax.map(one, (split(hidden), split(targets), split(mask)))
-    return jnp.sum(sums, axis=0), counts
+    sums_nB = jax.lax.map(one, (split(hidden), split(targets), split(mask_BT)))
+    return jnp.sum(sums_nB, axis=0), counts_B

@@ -9,6 +9,8 @@ state, so neither the optimizer's count nor the LR schedule advances.
 
 Batch layout: ``tokens``, ``targets``, ``loss_mask`` (and optionally ``positions``,
 ``segment_ids``) shaped [M, B, T], B = micro_batch_size x data-parallel size.
+
+Legend: M microbatches, B batch, T length, P data-parallel shards, b = B/P rows per shard.
 """
 from __future__ import annotations
 
@@ -113,16 +115,16 @@ def _global_norm(tree) -> jax.Array:
                         for x in jax.tree.leaves(tree)))
 
 
-def _loss_weights(mask, tcfg):
+def _loss_weights(loss_mask_MBT, tcfg):
     """Per-token weights [M,B,T] whose weighted sum is the step's loss (Megatron normalising)."""
-    mask = mask.astype(jnp.float32)
+    mask_MBT = loss_mask_MBT.astype(jnp.float32)
     if tcfg.per_token_loss:
-        return mask / jnp.maximum(jnp.sum(mask), 1.0)
-    M, B, T = mask.shape
-    dp = tcfg.data_parallel_size
-    shards = mask.reshape(M, dp, B // dp, T)
-    per_shard = jnp.maximum(jnp.sum(shards, axis=(2, 3), keepdims=True), 1.0)
-    return (shards / per_shard / (M * dp)).reshape(M, B, T)
+        return mask_MBT / jnp.maximum(jnp.sum(mask_MBT), 1.0)
+    M, B, T = mask_MBT.shape
+    P = tcfg.data_parallel_size
+    mask_MPbT = mask_MBT.reshape(M, P, B // P, T)
+    tokens_MP11 = jnp.maximum(jnp.sum(mask_MPbT, axis=(2, 3), keepdims=True), 1.0)
+    return (mask_MPbT / tokens_MP11 / (M * P)).reshape(M, B, T)
 
 
 def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr_schedule,
@@ -144,11 +146,11 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
     pin = ((lambda t: jax.lax.with_sharding_constraint(t, grad_shardings))
            if grad_shardings is not None else (lambda t: t))
 
-    def micro_loss(params, qstate, micro, weights, rng, moe_state, scale, num_micro):
+    def micro_loss(params, qstate, micro, weights_BT, rng, moe_state, scale, num_micro):
         """(objective x scale, (LM loss, MoE stats)): the objective adds the MoE aux losses
         (summed over layers, weighted by their coefficients) averaged over microbatches."""
-        lm, stats = model_loss(params, micro, weights, model_cfg, quant_state=qstate,
-                               moe_state=moe_state, train=True, rngs=rng,
+        lm, stats = model_loss(params, micro, weights_BT, model_cfg, quant_state=qstate,
+                               moe_state=moe_state, train=True, rng=rng,
                                num_chunks=tcfg.loss_chunks,
                                half_precision=tcfg.half_precision_loss)
         aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
@@ -159,19 +161,19 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             return _step(dataclasses.replace(state, params=params_in(state.params)), batch)
 
     def _step(state: TrainState, batch: dict):
-        weights = _loss_weights(batch["loss_mask"], tcfg)
+        weights_MBT = _loss_weights(batch["loss_mask"], tcfg)
         scale = state.loss_scale.scale if state.loss_scale is not None else jnp.float32(1.0)
         rng, step_rng = jax.random.split(state.rng)
 
         def accumulate(carry, xs):
             grads, loss, qstate, moe_sum = carry
-            micro, w, i = xs
+            micro, weights_BT, i = xs   # one microbatch: [B,T] leaves
             moe_state = None if moe_sum is None or "aux_counts" not in moe_sum else {
                 "aux_counts": moe_sum["aux_counts"], "steps": i.astype(jnp.float32)}
             # The quantization state's "gradient" is its updated value (overwrite-with-gradient,
             # see jaxtrain.quant.matmul): each microbatch's forward/backward moves it one call on.
             (_, (lm, stats)), (g, qstate) = jax.value_and_grad(
-                lambda p, q: micro_loss(p, q, micro, w, jax.random.fold_in(step_rng, i),
+                lambda p, q: micro_loss(p, q, micro, weights_BT, jax.random.fold_in(step_rng, i),
                                         moe_state, scale, M),
                 argnums=(0, 1), has_aux=True)(state.params, qstate)
             grads = pin(jax.tree.map(lambda a, b: a + b.astype(accum_dtype), grads, g))
@@ -180,10 +182,10 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             return (grads, loss + lm, qstate, moe_sum), None
 
         zeros = pin(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), state.params))
-        M = weights.shape[0]
+        M = weights_MBT.shape[0]
         (grads, loss, qstate, moe_sum), _ = jax.lax.scan(
             accumulate, (zeros, jnp.float32(0.0), state.quant_state, moe.zero_stats(model_cfg)),
-            (batch, weights, jnp.arange(M)))
+            (batch, weights_MBT, jnp.arange(M)))
         grads = jax.tree.map(lambda g, p: (g.astype(jnp.float32) / scale).astype(p.dtype),
                              grads, state.params)
         grad_norm = _global_norm(grads)

@@ -36,12 +36,6 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     # Config loading and the dry run's translation stay free of JAX (a test checks that the HF
     # translation does not import it); the MoE layer-frequency parser lives in the models.
     ("jaxtrain.config.rules", "jaxtrain.models.moe"): LAZY + " (config loading)",
-    # The one remaining cycle, config <-> models through the dialect code: models/config.py
-    # translates MaxText's mlp_activations with the dialect's parser, and the dialect checks
-    # a MaxText file's Megatron activation switches with ModelConfig's reading of them. It
-    # goes when the dialect translation leaves models/config.py (issue 18).
-    ("jaxtrain.models.config", "jaxtrain.config.dialects.maxtext_model"): "cycle (see above)",
-    ("jaxtrain.config.dialects.maxtext_model", "jaxtrain.models.config"): "cycle (see above)",
     # parallel/ is start-up code importable without JAX (flags are computed and written before
     # the backend starts); only ddp_num_buckets's parameter count needs the model package.
     ("jaxtrain.parallel.xla_flags", "jaxtrain.models.config"): LAZY + " (start-up)",

@@ -89,14 +89,6 @@ def precision(c: Context):
     if c.get("fp8") and c.get("fp4"):
         c.error(f"fp8 and fp4 are exclusive: {c.where('fp8')} and {c.where('fp4')}")
     quantization(c)
-    kv_cache_quantization(c)
-
-
-def kv_cache_quantization(c: Context):
-    """MaxText's rule: a quantized KV cache needs the axes its scales are taken over."""
-    if c.get("quantize_kvcache") and not c.get("kv_quant_axis"):
-        c.error(f"kv_quant_axis cannot be empty when quantize_kvcache is on: "
-                f"{c.where('kv_quant_axis')}; use dkv or heads_and_dkv")
 
 
 # MaxText quantization values that scale by an amax history (Flax's fp8 ops, TE delayed).
@@ -164,14 +156,14 @@ def context_and_experts(c: Context):
 
 
 def model_shape(c: Context):
+    """Megatron's derived sizes, and the rules on knobs the model does not read as they are
+    (group_query_attention, vocabulary padding). Checks on the model's own fields (head
+    counts dividing, the head dim, multi-latent attention's RoPE) are ModelConfig's; the dry run
+    reaches them when it builds the model (jaxtrain/preflight.py)."""
     hidden, heads = c.get("hidden_size"), c.get("num_attention_heads")
     if hidden and heads:
-        if c.values.get("kv_channels") is None:
-            if hidden % heads:
-                c.error(f"hidden_size ({hidden}) must be divisible by num_attention_heads "
-                        f"({heads}) unless kv_channels is set")
-            else:
-                c.set("kv_channels", hidden // heads)
+        if c.values.get("kv_channels") is None and not hidden % heads:
+            c.set("kv_channels", hidden // heads)
         if c.values.get("ffn_hidden_size") is None:
             ffn = int(4 * hidden * 2 / 3 / 64) * 64 if c.get("swiglu") else 4 * hidden
             c.set("ffn_hidden_size", ffn)
@@ -181,23 +173,15 @@ def model_shape(c: Context):
                 c.error(f"num_query_groups is set ({c.get('num_query_groups')}) but "
                         f"group_query_attention is false; set group_query_attention: true")
             c.derived["num_query_groups"] = heads
-        elif c.get("group_query_attention"):
-            groups = c.get("num_query_groups")
-            if not groups:
-                c.error("group_query_attention needs num_query_groups")
-            elif heads % groups:
-                c.error(f"num_attention_heads ({heads}) must be divisible by num_query_groups "
-                        f"({groups})")
+        elif c.get("group_query_attention") and not c.get("num_query_groups"):
+            c.error("group_query_attention needs num_query_groups")
     vocab = c.get("vocab_size")
     if vocab:
         multiple = c.get("make_vocab_size_divisible_by", 1) * c.get(
             "tensor_model_parallel_size", 1)
         c.derived["padded_vocab_size"] = int(math.ceil(vocab / multiple) * multiple)
-    if c.get("multi_latent_attention"):
-        if c.get("group_query_attention"):
-            c.error("multi_latent_attention excludes group_query_attention")
-        if c.get("rotary_interleaved"):
-            c.error("multi_latent_attention does not support rotary_interleaved")
+    if c.get("multi_latent_attention") and c.get("group_query_attention"):
+        c.error("multi_latent_attention excludes group_query_attention")
 
 
 def learning_rate(c: Context):
@@ -307,38 +291,18 @@ def batch(c: Context):
     c.derived["num_microbatches"] = gbs // (mbs * dp)
 
 
-def recompute(c: Context):
-    granularity = c.get("recompute_granularity")
-    method, layers = c.get("recompute_method"), c.get("recompute_num_layers")
-    if granularity == "full" and not c.get("recompute_layer_ids") and (
-            method is None or layers is None):
-        c.error("recompute_granularity full needs recompute_method and recompute_num_layers "
-                "(or recompute_layer_ids)")
-    if granularity == "selective" and (method is not None or layers is not None):
-        c.error("recompute_granularity selective takes no recompute_method/recompute_num_layers")
-
-
 def moe_router(c: Context):
+    """Megatron's rule that MoEConfig leaves to the config: a top-1 softmax router needs
+    pre-softmax scores (else its one weight is always 1), unless sinkhorn routes. A top-1 router
+    with weight 1 is what HF Mixtral checkpoints with one expert per token do, so a hand-built
+    MoEConfig may. The other router rules (expert bias, expert groups) are MoEConfig's checks;
+    the dry run reaches them when it builds the model (jaxtrain/preflight.py)."""
     score = c.get("moe_router_score_function", "softmax")
-    if c.get("moe_router_enable_expert_bias") and score not in ("sigmoid", "sqrtsoftplus"):
-        c.error(f"moe_router_enable_expert_bias needs moe_router_score_function sigmoid or "
-                f"sqrtsoftplus, not {score}")
     balancing = c.get("moe_router_load_balancing_type")
     balancing = set(balancing) if isinstance(balancing, list) else {balancing}
     if (c.get("num_experts") and c.get("moe_router_topk") == 1 and score == "softmax"
             and not c.get("moe_router_pre_softmax") and "sinkhorn" not in balancing):
         c.error("moe_router_topk 1 with softmax scores needs moe_router_pre_softmax: true")
-    groups, group_topk = c.get("moe_router_num_groups"), c.get("moe_router_group_topk")
-    if group_topk and not groups:
-        c.error("moe_router_group_topk needs moe_router_num_groups")
-    if groups:
-        experts = c.get("num_experts")
-        if experts and experts % groups:
-            c.error(f"num_experts ({experts}) must be divisible by moe_router_num_groups "
-                    f"({groups})")
-        if group_topk and group_topk > groups:
-            c.error(f"moe_router_group_topk ({group_topk}) must not exceed "
-                    f"moe_router_num_groups ({groups})")
 
 
 def _family(c: Context, key: str, choosers: dict[str, str], what: str):
@@ -479,7 +443,7 @@ def pgs(c: Context):
 
 
 RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions, checkpoint_format, precision, tensor_parallel, context_and_experts, model_shape,
-         learning_rate, iterations, batch, recompute, moe_router, upcycling, pgs, evaluate_only)
+         learning_rate, iterations, batch, moe_router, upcycling, pgs, evaluate_only)
 
 
 def apply(c: Context):

@@ -6,7 +6,7 @@
 
 Legend: B batch, T query length, S key length, N query heads, K kv heads, G = N/K query heads
 per kv head (query head n = k*G + g, as in Megatron and HF), H head dim (of q and k), Hv value
-head dim (= H except in multi-latent attention).
+head dim (= H except in multi-latent attention), W the wider of H and Hv.
 """
 from __future__ import annotations
 
@@ -47,13 +47,13 @@ def attention(q, k, v, *, impl: str = "xla", causal: bool = True, segment_ids=No
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     H, Hv = q.shape[-1], v.shape[-1]
     if H != Hv:   # equal widths for the kernels: zero columns change neither scores nor outputs
-        width = max(H, Hv)
-        pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])  # noqa: E731
+        W = max(H, Hv)
+        pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, W - x.shape[-1])])  # noqa: E731
         q, k, v = pad(q), pad(k), pad(v)
-        out = attention(q, k, v, impl=impl, causal=causal, segment_ids=segment_ids,
-                        sliding_window=sliding_window, softcap=softcap, scale=scale,
-                        sinks=sinks, block_sizes=block_sizes)
-        return out[..., :Hv]
+        out_BTNW = attention(q, k, v, impl=impl, causal=causal, segment_ids=segment_ids,
+                             sliding_window=sliding_window, softcap=softcap, scale=scale,
+                             sinks=sinks, block_sizes=block_sizes)
+        return out_BTNW[..., :Hv]
     if impl == "flash":
         from kernels.flash_attention import flash_attention
         return flash_attention(q, k, v, causal=causal, segment_ids=segment_ids,
@@ -63,13 +63,13 @@ def attention(q, k, v, *, impl: str = "xla", causal: bool = True, segment_ids=No
         raise ValueError("cuDNN attention has no attention sinks; use 'flash' or 'xla'")
     if softcap:
         raise ValueError("cuDNN attention has no logit soft-capping; use 'flash' or 'xla'")
-    mask = None
+    mask_B1TS = None
     if segment_ids is not None:
-        mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+        mask_B1TS = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
     if sliding_window is not None and not causal:
         raise ValueError("cuDNN attention windows are causal only; use 'flash' or 'xla'")
     window = None if sliding_window is None else (sliding_window - 1, 0)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal,
+    return jax.nn.dot_product_attention(q, k, v, mask=mask_B1TS, scale=scale, is_causal=causal,
                                         local_window_size=window, implementation="cudnn")
 
 
@@ -94,41 +94,45 @@ def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
       as is (not scaled, soft-capped or masked), so they only shrink the other probabilities.
     """
     B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
+    S, K, Hv = k.shape[1], k.shape[2], v.shape[-1]
+    G = N // K
     scale = H ** -0.5 if scale is None else scale
     acc = jnp.float32 if softmax_fp32 else q.dtype
-    qg = q.reshape(B, T, K, N // K, H)
-    s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=acc) * jnp.asarray(scale, acc)
+    q_BTKGH = q.reshape(B, T, K, G, H)
+    scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k,
+                              preferred_element_type=acc) * jnp.asarray(scale, acc)
     if softcap:
-        s = jnp.tanh(s / softcap) * softcap
-    mask = _mask(T, S, causal, sliding_window, segment_ids, q_offset)
+        scores_BKGTS = jnp.tanh(scores_BKGTS / softcap) * softcap
+    mask = _mask(T, S, causal, sliding_window, segment_ids, q_offset)   # broadcasts to BKGTS
     if mask is not None:
-        s = jnp.where(mask, s, jnp.finfo(acc).min)
+        scores_BKGTS = jnp.where(mask, scores_BKGTS, jnp.finfo(acc).min)
     if sinks is None:
-        p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+        probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v.dtype)
     else:
-        sink = jnp.broadcast_to(sinks.astype(acc).reshape(K, N // K, 1, 1), s.shape[:-1] + (1,))
-        p = jax.nn.softmax(jnp.concatenate([s, sink], -1), axis=-1)[..., :-1].astype(v.dtype)
+        sink_BKGT1 = jnp.broadcast_to(sinks.astype(acc).reshape(K, G, 1, 1),
+                                      scores_BKGTS.shape[:-1] + (1,))
+        probs_BKGTS = jax.nn.softmax(jnp.concatenate([scores_BKGTS, sink_BKGT1], -1),
+                                     axis=-1)[..., :-1].astype(v.dtype)
     if dropout_rate > 0.0:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, p.shape)
-        p = jnp.where(keep, p / (1.0 - dropout_rate), 0).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", p, v, preferred_element_type=acc)
-    return out.reshape(B, T, N, v.shape[-1]).astype(q.dtype)
+        keep_BKGTS = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BKGTS.shape)
+        probs_BKGTS = jnp.where(keep_BKGTS, probs_BKGTS / (1.0 - dropout_rate),
+                                0).astype(v.dtype)
+    out_BTKGHv = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v, preferred_element_type=acc)
+    return out_BTKGHv.reshape(B, T, N, Hv).astype(q.dtype)
 
 
 def _mask(T, S, causal, sliding_window, segment_ids, q_offset=None):
     """Boolean [B|1, 1, 1, T, S] visibility mask, or None when everything is visible."""
-    t = jnp.arange(T)[:, None] + (S - T if q_offset is None else q_offset)
-    s = jnp.arange(S)[None, :]
-    mask = None
+    t_T1 = jnp.arange(T)[:, None] + (S - T if q_offset is None else q_offset)   # query's key pos.
+    s_1S = jnp.arange(S)[None, :]
+    mask_TS = None
     if causal:
-        mask = s <= t
+        mask_TS = s_1S <= t_T1
     if sliding_window is not None:
-        window = t - s < sliding_window
-        mask = window if mask is None else mask & window
-    if mask is not None:
-        mask = mask[None, None, None]
+        window_TS = t_T1 - s_1S < sliding_window
+        mask_TS = window_TS if mask_TS is None else mask_TS & window_TS
+    mask = None if mask_TS is None else mask_TS[None, None, None]
     if segment_ids is not None:
-        same = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None, None]
-        mask = same if mask is None else mask & same
+        same_B11TS = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None, None]
+        mask = same_B11TS if mask is None else mask & same_B11TS
     return mask

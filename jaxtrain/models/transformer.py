@@ -329,22 +329,22 @@ def embed_inputs(params: dict, tokens, positions, cfg):
 
 
 def forward(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
-            deterministic: bool = True, rngs=None, quant_state=None):
+            deterministic: bool = True, rng=None, quant_state=None):
     """Logits [B,T,V] (float32) for int tokens [B,T].
 
     positions: [B,T] ints (default 0..T-1), for RoPE and learned position embeddings.
     segment_ids: [B,T] ints; tokens attend only within their segment (packed documents).
-    deterministic: False turns dropout on; then ``rngs`` is a PRNG key.
+    deterministic: False turns dropout on; then ``rng`` is a PRNG key.
     quant_state: the delayed-scaling state (``TrainState.quant_state``; see
     jaxtrain.models.quant_state).
     """
     hidden = hidden_states(params, tokens, cfg, positions=positions, segment_ids=segment_ids,
-                           deterministic=deterministic, rngs=rngs, quant_state=quant_state)
+                           deterministic=deterministic, rng=rng, quant_state=quant_state)
     return logits_head(params, hidden, cfg)
 
 
 def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
-                  deterministic: bool = True, rngs=None, quant_state=None, moe_state=None,
+                  deterministic: bool = True, rng=None, quant_state=None, moe_state=None,
                   with_moe_stats: bool = False):
     """The final-normed hidden states [B,T,D] that ``logits_head`` turns into logits (the
     loss can then run the output layer chunk by chunk). Arguments as :func:`forward`.
@@ -360,11 +360,11 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
     ctx = {
         "segment_ids": segment_ids,
         "deterministic": deterministic,
-        "rng": rngs,
+        "rng": rng,
         "rope": rope,
         "moe_state": moe_state,
     }
-    emb_rng = jax.random.fold_in(rngs, cfg.num_layers) if rngs is not None else None
+    emb_rng = jax.random.fold_in(rng, cfg.num_layers) if rng is not None else None
     x = L.dropout(constrain(x, *RESIDUAL), cfg.hidden_dropout, emb_rng, deterministic
                   ).astype(cfg.residual_dtype)
     attached = attach_quant_state(params, cfg, quant_state)

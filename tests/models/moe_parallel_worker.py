@@ -45,7 +45,7 @@ def run(variant: str, mesh: str) -> dict:
     layout = Layout(make_mesh(mc), mc)
 
     def loss(p, q):
-        h, st = hidden_states(p, toks, cfg, deterministic=False, rngs=jax.random.key(3),
+        h, st = hidden_states(p, toks, cfg, deterministic=False, rng=jax.random.key(3),
                               with_moe_stats=True, quant_state=q)
         return jnp.mean(h * h) + jnp.sum(st["objective"]), st
 

@@ -1,6 +1,7 @@
 """ModelConfig: Megatron-style derivations and ``from_config`` on (partial) flat configs."""
 import pytest
 
+from jaxtrain.config import load_config, registry
 from jaxtrain.models import ModelConfig
 from jaxtrain.models.remat import REMAT_POLICIES, checkpoint_policy
 
@@ -13,7 +14,7 @@ def test_derived_sizes():
     assert ModelConfig(rope_type="yarn").original_max_position_embeddings == 4096
 
 
-def test_from_partial_config_uses_megatron_defaults():
+def test_from_partial_config_uses_the_registry_defaults():
     cfg = ModelConfig.from_config({"vocab_size": 1000})
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads) == (24, 1024, 16)
     assert cfg.vocab_size == 1024                       # padded to make_vocab_size_divisible_by
@@ -22,7 +23,8 @@ def test_from_partial_config_uses_megatron_defaults():
     assert cfg.position_embedding_type == "learned_absolute"
     assert cfg.normalization == "LayerNorm" and cfg.dtype == "bfloat16"
     assert cfg.hidden_dropout == cfg.attention_dropout == 0.1
-    assert cfg.max_position_embeddings == 4096 and cfg.remat_policy == "none"
+    assert cfg.max_position_embeddings == registry().knobs["seq_length"].default   # unset
+    assert cfg.remat_policy == "none"
 
 
 def test_from_config_reads_every_knob():
@@ -81,11 +83,13 @@ def test_activation_flags(flags, expected):
 
 
 def test_dtype_from_megatron_precision_flags():
-    assert ModelConfig.from_config({"vocab_size": 8, "bf16": False}).dtype == "float32"
-    assert ModelConfig.from_config({"vocab_size": 8, "fp16": True, "bf16": False}).dtype == \
-        "float16"
-    assert ModelConfig.from_config({"vocab_size": 8, "dtype": "float32", "bf16": True}).dtype == \
-        "float32"
+    """bf16/fp16 choose the compute dtype (config/rules.py precision); the model reads dtype."""
+    def dtype(*overrides):
+        return ModelConfig.from_config(load_config(None, ["vocab_size=8", *overrides])).dtype
+
+    assert dtype("bf16=false") == "float32"
+    assert dtype("fp16=true", "bf16=false") == "float16"
+    assert dtype("dtype=float32") == "float32"          # a chosen dtype beats bf16's default
 
 
 @pytest.mark.parametrize("flat,expected", [
@@ -107,8 +111,10 @@ def test_recompute_knobs(flat, expected):
     cfg = ModelConfig.from_config({"vocab_size": 8, "num_layers": 4, **flat})
     assert (cfg.remat_policy, cfg.recompute_method, cfg.recompute_num_layers,
             cfg.recompute_layer_ids, cfg.recompute_modules) == expected
-    if cfg.remat_policy == "custom":
-        assert cfg.remat_tensors == (("query_proj", "offload"), ("mlpwo", "device"))
+    if cfg.remat_policy == "custom":   # the other tensors keep the registry's modes
+        modes = dict(cfg.remat_tensors)
+        assert (modes["query_proj"], modes["mlpwo"], modes["key_proj"]) == (
+            "offload", "device", "remat")
 
 
 @pytest.mark.parametrize("flat,match", [
@@ -119,7 +125,7 @@ def test_recompute_knobs(flat, expected):
      "selective"),
     ({"vocab_size": 8, "recompute_granularity": "selective", "recompute_modules": ["moe"]},
      "recompute_modules"),
-    ({"vocab_size": 8, "remat_policy": "custom"}, "remat_tensors"),
+    ({"vocab_size": 8, "remat_policy": "custom", "query_proj": "sideways"}, "remat_tensors"),
     ({"vocab_size": 8, "remat_policy": "save_everything"}, "remat_policy"),
     ({"vocab_size": 8, "normalization": "ScaleNorm"}, "normalization"),
     ({"vocab_size": 8, "position_embedding_type": "alibi"}, "position_embedding_type"),
@@ -132,6 +138,11 @@ def test_recompute_knobs(flat, expected):
 def test_invalid_configs_raise(flat, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig.from_config(flat)
+
+
+def test_custom_remat_needs_its_tensors():
+    with pytest.raises(ValueError, match="remat_tensors"):
+        ModelConfig(remat_policy="custom")
 
 
 def test_every_remat_policy_name_resolves():

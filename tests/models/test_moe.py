@@ -295,7 +295,7 @@ def test_mixed_layers_are_two_stacks_scanned_in_blocks():
 def test_moe_stats_come_out_per_moe_layer():
     c = tiny(num_layers=4, moe=cfg_(layer_freq=2, aux_loss_coeff=0.01, z_loss_coeff=1e-3))
     stats = jax.jit(lambda p: hidden_states(p, tokens(), c, deterministic=False,
-                                            rngs=jax.random.key(0), with_moe_stats=True)[1],
+                                            rng=jax.random.key(0), with_moe_stats=True)[1],
                     compiler_options=FAST)(random_params(c))
     assert stats["lb"].shape == (2, 1) and stats["counts"].shape == (2, E)
     np.testing.assert_allclose(stats["counts"].sum(-1), 2 * tokens().size)   # k per token

@@ -47,7 +47,7 @@ def _forward(state, mcfg):
     step_rng = jax.random.split(state.rng)[1]
 
     def fn(p, t, y, r):
-        h, stats = hidden_states(p, t, mcfg, deterministic=False, rngs=r, with_moe_stats=True)
+        h, stats = hidden_states(p, t, mcfg, deterministic=False, rng=r, with_moe_stats=True)
         sums, counts = row_losses(p, h, y, jnp.ones(y.shape), mcfg)
         return stats, jnp.sum(sums) / jnp.sum(counts)
 

@@ -12,21 +12,21 @@ from jaxtrain.models import forward
 from jaxtrain.models.attention import dot_product_attention
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 
-DROP = dict(deterministic=False, rngs=jax.random.key(7))
+DROP = dict(deterministic=False, rng=jax.random.key(7))
 BF16 = dict(dtype="bfloat16")
 
 
 @functools.lru_cache(maxsize=None)
 def _fwd(cfg, deterministic=True):
     return jax.jit(lambda p, t, pos, seg, rng: forward(p, t, cfg, positions=pos, segment_ids=seg,
-                                                       deterministic=deterministic, rngs=rng))
+                                                       deterministic=deterministic, rng=rng))
 
 
 def run(cfg, params=None, toks=None, positions=None, segment_ids=None, deterministic=True,
-        rngs=None):
+        rng=None):
     params = random_params(cfg) if params is None else params
     toks = tokens() if toks is None else toks
-    return _fwd(cfg, deterministic)(params, toks, positions, segment_ids, rngs)
+    return _fwd(cfg, deterministic)(params, toks, positions, segment_ids, rng)
 
 
 # (knob, base changes, variant changes, forward kwargs): flipping the knob changes the logits.
@@ -203,9 +203,9 @@ def test_dropout_needs_rng_and_is_reproducible():
     cfg = tiny(hidden_dropout=0.2, attention_dropout=0.2)
     with pytest.raises(ValueError, match="rng"):
         run(cfg, deterministic=False)
-    a = run(cfg, deterministic=False, rngs=jax.random.key(1))
-    assert max_diff(a, run(cfg, deterministic=False, rngs=jax.random.key(1))) == 0
-    assert max_diff(a, run(cfg, deterministic=False, rngs=jax.random.key(2))) > 1e-3
+    a = run(cfg, deterministic=False, rng=jax.random.key(1))
+    assert max_diff(a, run(cfg, deterministic=False, rng=jax.random.key(1))) == 0
+    assert max_diff(a, run(cfg, deterministic=False, rng=jax.random.key(2))) > 1e-3
 
 
 def _loss_and_grads(cfg, params, toks):

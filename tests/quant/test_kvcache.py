@@ -43,9 +43,10 @@ def test_knobs_reach_model_config_and_cache():
 
 
 def test_empty_axis_needs_the_cache_unquantized():
-    load_config(None, ["kv_quant_axis="])
-    with pytest.raises(ConfigError, match="kv_quant_axis cannot be empty when quantize_kvcache"):
-        load_config(None, ["quantize_kvcache=true", "kv_quant_axis="])
+    ModelConfig.from_config(load_config(None, ["vocab_size=64", "kv_quant_axis="]))
+    quantized = load_config(None, ["vocab_size=64", "quantize_kvcache=true", "kv_quant_axis="])
+    with pytest.raises(ValueError, match="kv_quant_axis: cannot be empty when quantize_kvcache"):
+        ModelConfig.from_config(quantized)   # the dry run builds the model (preflight)
     with pytest.raises(ConfigError, match="kv_quant_dtype"):
         load_config(None, ["kv_quant_dtype=fp8"])
     with pytest.raises(ValueError, match="kv_quant_axis: cannot be empty"):

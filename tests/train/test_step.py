@@ -21,7 +21,7 @@ def model_cfg(**kw):
                 seq_length=T, max_position_embeddings=T, position_embedding_type="rope",
                 normalization="RMSNorm", hidden_dropout=0.0, attention_dropout=0.0,
                 make_vocab_size_divisible_by=1, bf16=False, dtype="float32",
-                weight_dtype="float32")
+                weight_dtype="float32", use_iota_embed=False)   # a gather: no [B,T,V] one-hot
     return models.ModelConfig.from_config({**base, **kw})
 
 

@@ -5,10 +5,11 @@ Most MaxText model keys are aliases of Megatron knobs (``base_emb_dim`` is ``hid
 done here, before the shape rules run: ``global_parameter_scale`` grows the base sizes, a
 ``decoder_block`` fixes its family's norms, biases, positions, attention and MoE router (a value
 the block implies replaces a default; an explicit different value is an error), MaxText's YaRN
-keys become jaxtrain's YaRN, ``mlp_activations`` and the Megatron activation switches must not
-contradict each other, and a few MaxText values (``num_experts: 1``, tied logits divided by
-sqrt(emb_dim)) mean something of their own. Where MaxText's block computes something jaxtrain's
-model cannot, the configuration is refused by naming the key and the reason.
+keys become jaxtrain's YaRN, ``mlp_activations`` becomes the Megatron activation switches where
+one names the same MLP (and must not contradict an explicit one), and a few MaxText values
+(``num_experts: 1``, tied logits divided by sqrt(emb_dim)) mean something of their own. Where
+MaxText's block computes something jaxtrain's model cannot, the configuration is refused by
+naming the key and the reason.
 
 What each block is (MaxText's models/*.py, layers/attentions.py, attention_mla.py, moe.py):
 
@@ -31,13 +32,11 @@ from __future__ import annotations
 
 import math
 
+from jaxtrain.config.activations import (SWITCHES, megatron_activation, mlp_from_activations,
+                                         switches_for)
 from jaxtrain.config.areas.maxtext_model import BUILT_BLOCKS, MOE_BLOCKS
 from jaxtrain.config.dialects.maxtext import pinned_base
 
-_MEGATRON_ACTIVATIONS = ("swiglu", "quick_geglu", "openai_gelu", "squared_relu")
-# MaxText activation names (flax.linen functions) -> jaxtrain activation. flax's gelu is the
-# tanh approximation.
-_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu_tanh", "relu": "relu"}
 # Scaled size knobs: (canonical key, which of MaxText's four scales applies).
 _SCALED = (("hidden_size", 0), ("num_attention_heads", 1), ("num_query_groups", 1),
            ("ffn_hidden_size", 2), ("moe_ffn_hidden_size", 2), ("num_layers", 3))
@@ -78,20 +77,6 @@ def individual_scales(scale: int) -> tuple[int, int, int, int]:
     base, rem = divmod(log2, 3)
     heads = base + int(rem > 0)
     return base + int(rem > 1), heads, heads, base
-
-
-def mlp_from_activations(acts) -> tuple[str, bool]:
-    """(activation, gated) for MaxText's mlp_activations; ValueError names what is unsupported.
-
-    MaxText multiplies one projection per entry; 'linear' is the identity. So [act, linear]
-    (either order) is a gated MLP with act on the gate, [act] a plain MLP."""
-    acts = list(acts)
-    known = [a for a in acts if a != "linear"]
-    if len(acts) not in (1, 2) or len(known) != 1 or known[0] not in _ACTIVATIONS:
-        raise ValueError(
-            f"mlp_activations {acts!r} is not supported: jaxtrain builds [act] (plain MLP) or "
-            f"[act, 'linear'] (gated MLP) with act one of {sorted(_ACTIVATIONS)}")
-    return _ACTIVATIONS[known[0]], len(acts) == 2
 
 
 def maxtext_model(c) -> None:
@@ -517,8 +502,11 @@ def _yarn(c) -> None:
 
 
 def _activations(c) -> None:
+    """``mlp_activations`` as Megatron's activation switches (the canonical knobs) where a switch
+    names the same MLP; what none names stays (see config/activations.py). Beside an explicit
+    switch the two must agree: a MaxText default yields to the switch, an explicit value is an
+    error."""
     acts = c.values.get("mlp_activations")
-    flags = [k for k in _MEGATRON_ACTIVATIONS if c.explicit(k)]
     if acts is None:
         return
     try:
@@ -526,17 +514,23 @@ def _activations(c) -> None:
     except ValueError as e:
         c.error(str(e))
         return
+    flags = [k for k in SWITCHES if c.explicit(k)]
     if flags:
-        from jaxtrain.models.config import _megatron_activation
         try:
-            same = _megatron_activation(c.values.get) == chosen
+            same = megatron_activation(c.values) == chosen
         except ValueError:
             return   # exclusive Megatron switches: reported where the model is built
-        if same:
-            return
-        if c.explicit("mlp_activations"):
+        if not same and c.explicit("mlp_activations"):
             c.error(f"mlp_activations and {', '.join(flags)} both choose the MLP activation: "
                     f"{c.where('mlp_activations')}, {', '.join(c.where(k) for k in flags)}; "
                     f"keep one")
-        else:
-            c.set("mlp_activations", None)   # MaxText's default yields to an explicit switch
+        else:   # the switches say it already, or MaxText's default yields to them
+            c.set("mlp_activations", None)
+        return
+    switches = switches_for(*chosen)
+    if switches is None:
+        return
+    for key, on in switches.items():
+        if c.values.get(key) != on:
+            c.set(key, on)
+    c.set("mlp_activations", None)

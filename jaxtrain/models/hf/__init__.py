@@ -46,8 +46,10 @@ FAMILIES = tuple(f for f in translation.FAMILIES if f in _BY_FAMILY)
 assert set(FAMILIES) == set(_BY_FAMILY), "every adapter family needs its config translation"
 
 # What config_from_hf assumes of the run beyond config.json: float32 compute and weights, the
-# plain-XLA attention (eager). ``overrides`` replace any of them.
-RUN_KNOBS = {"dtype": "float32", "weight_dtype": "float32", "model.attn_implementation": "eager"}
+# plain-XLA attention (eager), embeddings looked up by a gather (as HF does). The other knobs
+# take the registry's defaults. ``overrides`` replace any of them.
+RUN_KNOBS = {"dtype": "float32", "weight_dtype": "float32", "model.attn_implementation": "eager",
+             "use_iota_embed": False}
 
 
 def _adapter(family: str) -> Adapter:

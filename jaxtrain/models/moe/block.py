@@ -7,7 +7,8 @@ that split implies to the router and the dispatch as a :class:`~jaxtrain.models.
 Quantized expert weights (:class:`jaxtrain.quant.QWeight`) keep their scaling state and layer
 switch replicated inside it.
 
-Legend: B batch, T length, D hidden, E experts.
+Legend: B batch, T length, D hidden, E experts; b, t one device's share of B, T (under a
+layout), N = b·t its tokens, k top-k.
 """
 from __future__ import annotations
 
@@ -23,17 +24,20 @@ from jaxtrain.parallel.sharding import active_layout, constrain, spec_for
 from jaxtrain.quant import QWeight
 
 
-def _routed_local(p, x, xr, rand, prev, steps, cfg, train, comm: Comm):
-    """Router + experts on one device's tokens x [b, t, D] -> (y [b, t, D], stats)."""
+def _routed_local(p, x_btD, xr_btD, rand_btE, prev, steps, cfg, train, comm: Comm):
+    """Router + experts on one device's tokens x [b, t, D] (``xr``: the router's input, ``rand``:
+    random logits or None) -> (y [b, t, D], stats)."""
     m = cfg.moe
-    b, t, D = x.shape
-    logits = _gate(p["router"], xr.reshape(b * t, D), m, cfg)
-    probs, idx, keep, slots, stats = route(
-        logits, m, train=train, bias=p["router"].get("expert_bias") if m.expert_bias else None,
-        rand_logits=None if rand is None else rand.reshape(b * t, -1), prev_aux_counts=prev,
-        prev_steps=steps, comm=comm, seqs=b)
-    y = experts_local(p["experts"], x.reshape(b * t, D), probs, idx, keep, slots, cfg, comm)
-    return y.reshape(b, t, D), stats
+    b, t, D = x_btD.shape
+    logits_NE = _gate(p["router"], xr_btD.reshape(b * t, D), m, cfg)
+    probs_Nk, idx_Nk, keep_Nk, slots, stats = route(
+        logits_NE, m, train=train,
+        bias=p["router"].get("expert_bias") if m.expert_bias else None,
+        rand_logits=None if rand_btE is None else rand_btE.reshape(b * t, -1),
+        prev_aux_counts=prev, prev_steps=steps, comm=comm, seqs=b)
+    y_ND = experts_local(p["experts"], x_btD.reshape(b * t, D), probs_Nk, idx_Nk, keep_Nk,
+                         slots, cfg, comm)
+    return y_ND.reshape(b, t, D), stats
 
 
 def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
@@ -42,31 +46,31 @@ def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
     optionally shared (the always-on expert). ``rng`` feeds input jitter and
     random-logit forced balancing; ``prev_*`` carry global_aux_loss's running counts."""
     m = cfg.moe
-    x = constrain(x, "act_batch", "act_seq", "act_embed")
-    B, T, D = x.shape
+    x_BTD = constrain(x, "act_batch", "act_seq", "act_embed")
+    B, T, D = x_BTD.shape
     key = rng if rng is not None else jax.random.key(0)
-    xr = x
+    xr_BTD = x_BTD   # the router's input
     if train and m.input_jitter_eps and rng is not None:
         eps = m.input_jitter_eps
-        noise = jax.random.uniform(jax.random.fold_in(key, 0), x.shape, jnp.float32,
-                                   1.0 - eps, 1.0 + eps)
-        xr = (x * noise).astype(x.dtype)
-    rand = (jax.random.normal(jax.random.fold_in(key, 1), (B, T, m.num_experts), jnp.float32)
-            if m.force_balancing == "uniform" else None)
+        noise_BTD = jax.random.uniform(jax.random.fold_in(key, 0), x_BTD.shape, jnp.float32,
+                                       1.0 - eps, 1.0 + eps)
+        xr_BTD = (x_BTD * noise_BTD).astype(x_BTD.dtype)
+    rand_BTE = (jax.random.normal(jax.random.fold_in(key, 1), (B, T, m.num_experts),
+                                  jnp.float32) if m.force_balancing == "uniform" else None)
     routed = {"router": p["router"], "experts": p["experts"]}
     layout = active_layout()
     if layout is None or layout.mesh.size == 1:
-        y, stats = _routed_local(routed, x, xr, rand, prev_aux_counts, prev_steps, cfg, train,
-                                 LOCAL)
+        y_BTD, stats = _routed_local(routed, x_BTD, xr_BTD, rand_BTE, prev_aux_counts,
+                                     prev_steps, cfg, train, LOCAL)
     else:
-        y, stats = _sharded(layout, routed, x, xr, rand, prev_aux_counts, prev_steps, cfg,
-                            train, spec_for)
+        y_BTD, stats = _sharded(layout, routed, x_BTD, xr_BTD, rand_BTE, prev_aux_counts,
+                                prev_steps, cfg, train, spec_for)
     if "shared" in p:
         shared = L.mlp
         if "shared_experts" in cfg.recompute_modules:
             shared = jax.checkpoint(shared, static_argnums=(2,))
-        y = y + shared(p["shared"], x, cfg).astype(y.dtype)
-    return y, stats
+        y_BTD = y_BTD + shared(p["shared"], x_BTD, cfg).astype(y_BTD.dtype)
+    return y_BTD, stats
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -75,11 +79,11 @@ def _axes(entry) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _sharded(layout, routed, x, xr, rand, prev, steps, cfg, train, spec_for):
+def _sharded(layout, routed, x_BTD, xr_BTD, rand_BTE, prev, steps, cfg, train, spec_for):
     """The routed part in a shard_map over the whole mesh (see the module docstring)."""
     m = cfg.moe
     rules, shape = layout.rules, layout.mesh_shape
-    xs = spec_for(("act_batch", "act_seq", "act_embed"), x.shape, rules, shape)
+    xs = spec_for(("act_batch", "act_seq", "act_embed"), x_BTD.shape, rules, shape)
     batch, seq = _axes(xs[0]), _axes(xs[1])
     wnames = {"wi": ("exp", "embed", "mlp"), "wi_0": ("exp", "embed", "mlp"),
               "wi_1": ("exp", "embed", "mlp"), "wo": ("exp", "mlp", "embed"),
@@ -107,13 +111,13 @@ def _sharded(layout, routed, x, xr, rand, prev, steps, cfg, train, spec_for):
     tok = P(*xs)
     rspec = jax.tree.map(lambda _: P(), routed["router"])
     in_specs = ({"router": rspec, "experts": espec}, tok, tok,
-                None if rand is None else P(xs[0], xs[1], None),
+                None if rand_BTE is None else P(xs[0], xs[1], None),
                 None if prev is None else P(), None if steps is None else P())
 
-    def body(routed, x, xr, rand, prev, steps):
-        return _routed_local(routed, x, xr, rand, prev, steps, cfg, train, comm)
+    def body(routed, x_btD, xr_btD, rand_btE, prev, steps):
+        return _routed_local(routed, x_btD, xr_btD, rand_btE, prev, steps, cfg, train, comm)
 
-    args = (routed, x, xr, rand, prev, steps)
+    args = (routed, x_BTD, xr_BTD, rand_BTE, prev, steps)
     keep = [i for i, a in enumerate(args) if a is not None]
     fn = jax.shard_map(
         lambda *live: body(*_fill(live, keep, len(args))), mesh=layout.mesh,

@@ -9,8 +9,8 @@ MoEAllGatherTokenDispatcher); the ``alltoall`` dispatcher sends each token only 
 owning its experts and back (``all_to_all`` with fixed slots of the worst-case size, or
 capacity-sized slots with pad_to_capacity: ``ragged_all_to_all`` has no CPU lowering).
 
-Legend: N tokens, k top-k, D hidden, E experts, ep expert-parallel ranks, E_loc = E / ep,
-C capacity, S = N·k slots.
+Legend: N tokens, k top-k, D hidden, E experts, P = ep expert-parallel ranks, L = E_loc = E / P
+local experts, C capacity, S = N·k slots, M = P·N gathered tokens.
 """
 from __future__ import annotations
 
@@ -30,88 +30,91 @@ def experts_local(pe, x, probs, idx, keep, slots, cfg, comm: Comm = LOCAL):
     E, ep = m.num_experts, comm.ep
     E_loc = E // ep
     dt = cfg.compute_dtype
-    w = (probs * keep).astype(jnp.float32)
+    w_Nk = (probs * keep).astype(jnp.float32)
     if ep == 1 or not comm.tokens_split:
         # every expert rank holds all of its tokens: run the local experts, sum over ranks
         e0 = comm.rank() * E_loc
         if slots is not None and m.pad_to_capacity:
-            s, sw = (jax.lax.dynamic_slice_in_dim(a, e0, E_loc) for a in slots)
-            y = _buffer_ffn(pe, x, s, sw, cfg, m, comm.tensor)
+            slots_LC, weights_LC = (jax.lax.dynamic_slice_in_dim(a, e0, E_loc) for a in slots)
+            y_ND = _buffer_ffn(pe, x, slots_LC, weights_LC, cfg, m, comm.tensor)
         else:
-            ids = (idx - e0).reshape(-1)
-            ids = jnp.where((ids >= 0) & keep.reshape(-1), ids, E_loc)
-            y = _sorted_ffn(pe, x[jnp.arange(N * k) // k], ids, w.reshape(-1), E_loc, cfg, m,
-                            comm.tensor)
-            y = _combine(y, N, k)
-        return _psum(y, comm.expert).astype(dt) if ep > 1 else y.astype(dt)
+            ids_S = (idx - e0).reshape(-1)
+            ids_S = jnp.where((ids_S >= 0) & keep.reshape(-1), ids_S, E_loc)
+            y_SD = _sorted_ffn(pe, x[jnp.arange(N * k) // k], ids_S, w_Nk.reshape(-1), E_loc,
+                               cfg, m, comm.tensor)
+            y_ND = _combine(y_SD, N, k)
+        return _psum(y_ND, comm.expert).astype(dt) if ep > 1 else y_ND.astype(dt)
     if m.dispatcher == "alltoall":
-        return _alltoall(pe, x, w, idx, keep, slots, cfg, comm).astype(dt)
-    return _allgather(pe, x, w, idx, keep, slots, cfg, comm).astype(dt)
+        return _alltoall(pe, x, w_Nk, idx, keep, slots, cfg, comm).astype(dt)
+    return _allgather(pe, x, w_Nk, idx, keep, slots, cfg, comm).astype(dt)
 
 
-def _allgather(pe, x, w, idx, keep, slots, cfg, comm: Comm):
+def _allgather(pe, x_ND, w_Nk, idx_Nk, keep_Nk, slots, cfg, comm: Comm):
     """Gather the expert group's tokens, run the local experts on all of them, reduce-scatter
     the partial outputs back to their devices (Megatron's allgather dispatcher)."""
     m = cfg.moe
-    N, k = idx.shape
+    N, k = idx_Nk.shape
     E_loc = m.num_experts // comm.ep
     e0 = comm.rank() * E_loc
     gather = lambda a: jax.lax.all_gather(a, comm.expert, tiled=True)  # noqa: E731
-    X = gather(x)
+    x_MD = gather(x_ND)
     if slots is not None and m.pad_to_capacity:
-        s, sw = slots                                                        # [E, C]
-        offset = jnp.arange(comm.ep)[:, None, None] * N
-        S = jax.lax.all_gather(s, comm.expert) + offset                      # [ep, E, C]
-        SW = jax.lax.all_gather(sw, comm.expert)
+        slots_EC, weights_EC = slots
+        offset_P11 = jnp.arange(comm.ep)[:, None, None] * N
+        slots_PEC = jax.lax.all_gather(slots_EC, comm.expert) + offset_P11
+        weights_PEC = jax.lax.all_gather(weights_EC, comm.expert)
+        # [P, E, C] -> the local experts' [L, P·C]
         take = lambda a: jnp.moveaxis(jax.lax.dynamic_slice_in_dim(a, e0, E_loc, axis=1),
                                       1, 0).reshape(E_loc, -1)  # noqa: E731
-        y = _buffer_ffn(pe, X, take(S), take(SW), cfg, m, comm.tensor)
+        y_MD = _buffer_ffn(pe, x_MD, take(slots_PEC), take(weights_PEC), cfg, m, comm.tensor)
     else:
-        ids = (gather(idx) - e0).reshape(-1)
-        ids = jnp.where((ids >= 0) & gather(keep).reshape(-1), ids, E_loc)
-        M = X.shape[0]
-        y = _sorted_ffn(pe, X[jnp.arange(M * k) // k], ids, gather(w).reshape(-1), E_loc, cfg, m,
-                        comm.tensor)
-        y = _combine(y, M, k)
-    return jax.lax.psum_scatter(y, comm.expert, scatter_dimension=0, tiled=True)
+        ids = (gather(idx_Nk) - e0).reshape(-1)                              # [M·k]
+        ids = jnp.where((ids >= 0) & gather(keep_Nk).reshape(-1), ids, E_loc)
+        M = x_MD.shape[0]
+        y = _sorted_ffn(pe, x_MD[jnp.arange(M * k) // k], ids, gather(w_Nk).reshape(-1), E_loc,
+                        cfg, m, comm.tensor)                                  # [M·k, D]
+        y_MD = _combine(y, M, k)
+    return jax.lax.psum_scatter(y_MD, comm.expert, scatter_dimension=0, tiled=True)
 
 
-def _alltoall(pe, x, w, idx, keep, slots, cfg, comm: Comm):
+def _alltoall(pe, x_ND, w_Nk, idx_Nk, keep_Nk, slots, cfg, comm: Comm):
     """Send each (token, expert) pair to the device owning the expert in fixed-size slots
     (all_to_all), run the experts there, send the outputs back and combine them."""
     m = cfg.moe
-    N, k = idx.shape
+    N, k = idx_Nk.shape
     ep, E_loc = comm.ep, m.num_experts // comm.ep
     a2a = lambda a: jax.lax.all_to_all(a, comm.expert, 0, 0, tiled=False)  # noqa: E731
     if slots is not None and m.pad_to_capacity:
-        s, sw = slots                                                        # [E, C]
-        C = s.shape[1]
-        recv = a2a(x[s].reshape(ep, E_loc, C, -1))                           # [ep_src, E_loc, C, D]
-        xe = jnp.moveaxis(recv, 0, 1).reshape(E_loc, ep * C, -1)
-        y = _psum(_ffn_buffers(pe, xe, cfg, m), comm.tensor)
+        slots_EC, weights_EC = slots
+        C = slots_EC.shape[1]
+        recv_PLCD = a2a(x_ND[slots_EC].reshape(ep, E_loc, C, -1))           # from each source
+        x_LPCD = jnp.moveaxis(recv_PLCD, 0, 1).reshape(E_loc, ep * C, -1)  # [L, P·C, D]
+        y = _psum(_ffn_buffers(pe, x_LPCD, cfg, m), comm.tensor)           # [L, P·C, D]
         if "bo" in pe:
             y = y + pe["bo"].astype(y.dtype)[:, None, :]
-        back = a2a(jnp.moveaxis(y.reshape(E_loc, ep, C, -1), 1, 0))          # [ep_dst, E_loc, C, D]
-        y = back.reshape(m.num_experts, C, -1) * sw.astype(y.dtype)[..., None]
-        return jnp.zeros((N, y.shape[-1]), y.dtype).at[s.reshape(-1)].add(
-            y.reshape(-1, y.shape[-1]))
+        back_PLCD = a2a(jnp.moveaxis(y.reshape(E_loc, ep, C, -1), 1, 0))   # to each source
+        y_ECD = back_PLCD.reshape(m.num_experts, C, -1) * weights_EC.astype(y.dtype)[..., None]
+        return jnp.zeros((N, y_ECD.shape[-1]), y_ECD.dtype).at[slots_EC.reshape(-1)].add(
+            y_ECD.reshape(-1, y_ECD.shape[-1]))
     # dropless: pair p = (token p // k, expert idx); slot = rank among pairs for that device
-    flat, live = idx.reshape(-1), keep.reshape(-1)
-    dest = jnp.where(live, flat // E_loc, ep)
-    order = jnp.argsort(dest, stable=True)
-    sent = jnp.sum(jax.nn.one_hot(dest, ep, dtype=jnp.int32), axis=0)       # pairs per device
-    start = jnp.cumsum(sent) - sent
-    S = N * k                                                                # worst case
-    d_sorted = dest[order]
-    pos = jnp.arange(S) - start[jnp.minimum(d_sorted, ep - 1)]
-    buf = jnp.zeros((ep + 1, S), jnp.int32).at[d_sorted, pos].set(order, mode="drop")[:ep]
-    used = jnp.zeros((ep + 1, S), jnp.bool_).at[d_sorted, pos].set(True, mode="drop")[:ep]
-    xs = jnp.where(used[..., None], x[buf // k], 0).astype(cfg.compute_dtype)  # [ep, S, D]
-    ids = jnp.where(used, flat[buf] % E_loc, E_loc)
-    rx, rids = a2a(xs), a2a(ids)                                             # from each source
-    y = _sorted_ffn(pe, rx.reshape(ep * S, -1), rids.reshape(-1),
+    flat_S, live_S = idx_Nk.reshape(-1), keep_Nk.reshape(-1)
+    dest_S = jnp.where(live_S, flat_S // E_loc, ep)
+    order_S = jnp.argsort(dest_S, stable=True)
+    sent_P = jnp.sum(jax.nn.one_hot(dest_S, ep, dtype=jnp.int32), axis=0)  # pairs per device
+    start_P = jnp.cumsum(sent_P) - sent_P
+    S = N * k                                                               # worst case
+    dest_sorted_S = dest_S[order_S]
+    pos_S = jnp.arange(S) - start_P[jnp.minimum(dest_sorted_S, ep - 1)]
+    buf_PS = jnp.zeros((ep + 1, S), jnp.int32).at[dest_sorted_S, pos_S].set(
+        order_S, mode="drop")[:ep]
+    used_PS = jnp.zeros((ep + 1, S), jnp.bool_).at[dest_sorted_S, pos_S].set(
+        True, mode="drop")[:ep]
+    x_PSD = jnp.where(used_PS[..., None], x_ND[buf_PS // k], 0).astype(cfg.compute_dtype)
+    ids_PS = jnp.where(used_PS, flat_S[buf_PS] % E_loc, E_loc)
+    recv_PSD, recv_ids_PS = a2a(x_PSD), a2a(ids_PS)                         # from each source
+    y = _sorted_ffn(pe, recv_PSD.reshape(ep * S, -1), recv_ids_PS.reshape(-1),
                     jnp.ones((ep * S,), jnp.float32), E_loc, cfg, m, comm.tensor)
-    y = a2a(y.reshape(ep, S, -1))                                            # back to sources
-    pairs = jnp.zeros((N * k + 1, y.shape[-1]), y.dtype).at[
-        jnp.where(used, buf, N * k).reshape(-1)].add(y.reshape(ep * S, -1))[:N * k]
-    return _combine(pairs * w.reshape(-1)[:, None].astype(y.dtype), N, k)
+    y_PSD = a2a(y.reshape(ep, S, -1))                                       # back to sources
+    pairs_SD = jnp.zeros((N * k + 1, y_PSD.shape[-1]), y_PSD.dtype).at[
+        jnp.where(used_PS, buf_PS, N * k).reshape(-1)].add(y_PSD.reshape(ep * S, -1))[:N * k]
+    return _combine(pairs_SD * w_Nk.reshape(-1)[:, None].astype(y_PSD.dtype), N, k)

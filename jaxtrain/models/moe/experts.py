@@ -9,7 +9,7 @@ matmul). The experts' FFN dimension is split over the tensor axis (expert tensor
 parallelism = TP), with a psum after the down projection; ETP = 1 keeps whole experts on every
 tensor rank. ``swiglu_oai`` is GPT-OSS's clamped GLU.
 
-Legend: M rows, D hidden, E_loc local experts, C capacity.
+Legend: M rows, D hidden, F expert FFN hidden, L = E_loc local experts, C capacity.
 """
 from __future__ import annotations
 
@@ -34,28 +34,28 @@ def _glu(h0, h1, act, m: MoEConfig):
     return act(h0) * h1
 
 
-def _ffn_rows(pe, xs, key, sizes, cfg, m: MoEConfig):
-    """Rows xs [M, D] sorted by local expert (``key`` [M], E_loc for none; ``sizes`` [E_loc])
+def _ffn_rows(pe, x_MD, key_M, sizes_L, cfg, m: MoEConfig):
+    """Rows x [M, D] sorted by local expert (``key`` [M], E_loc for none; ``sizes`` [E_loc])
     through their experts: grouped matmuls, activation, down projection -> [M, D]."""
     dt = cfg.compute_dtype
-    gmm = _expert_matmul(pe, sizes, cfg, m)
+    gmm = _expert_matmul(pe, sizes_L, cfg, m)
     act = functools.partial(activation, cfg.activation)
-    E_loc = sizes.shape[0]
-    live = key < E_loc
-    safe = jnp.where(live, key, 0)
+    E_loc = sizes_L.shape[0]
+    live_M = key_M < E_loc
+    safe_M = jnp.where(live_M, key_M, 0)
 
-    def bias(name):
+    def bias(name):   # each row's expert's bias [M, F], 0 for rows without a local expert
         b = pe.get(name)
-        return 0.0 if b is None else jnp.where(live[:, None], b.astype(dt)[safe], 0.0)
+        return 0.0 if b is None else jnp.where(live_M[:, None], b.astype(dt)[safe_M], 0.0)
 
-    xs = xs.astype(dt)
+    x_MD = x_MD.astype(dt)
     if cfg.gated_linear_unit:
-        h0 = gmm(xs, "wi_0") + bias("bi_0")
-        h1 = gmm(xs, "wi_1") + bias("bi_1")
-        h = _maybe_remat_act(lambda a, b: _glu(a, b, act, m), cfg)(h0, h1)
+        h0_MF = gmm(x_MD, "wi_0") + bias("bi_0")
+        h1_MF = gmm(x_MD, "wi_1") + bias("bi_1")
+        h_MF = _maybe_remat_act(lambda a, b: _glu(a, b, act, m), cfg)(h0_MF, h1_MF)
     else:
-        h = _maybe_remat_act(act, cfg)(gmm(xs, "wi") + bias("bi"))
-    return gmm(h.astype(dt), "wo")
+        h_MF = _maybe_remat_act(act, cfg)(gmm(x_MD, "wi") + bias("bi"))
+    return gmm(h_MF.astype(dt), "wo")
 
 
 def _expert_matmul(pe, sizes, cfg, m: MoEConfig):
@@ -69,10 +69,10 @@ def _expert_matmul(pe, sizes, cfg, m: MoEConfig):
                                           kernel=m.grouped_gemm)
 
 
-def _ffn_buffers(pe, xe, cfg, m: MoEConfig):
-    """Fixed buffers xe [E_loc, C, D] through their experts (pad_to_capacity) -> [E_loc, C, D]."""
+def _ffn_buffers(pe, x_LCD, cfg, m: MoEConfig):
+    """Fixed buffers x [E_loc, C, D] through their experts (pad_to_capacity) -> [E_loc, C, D]."""
     dt = cfg.compute_dtype
-    E, C, _ = xe.shape
+    E, C, _ = x_LCD.shape
     if getattr(cfg, "quant", None) is not None:   # the buffers as E groups of C rows
         gmm = _expert_matmul(pe, jnp.full((E,), C, jnp.int32), cfg, m)
         mm = lambda x, n: gmm(x.reshape(E * C, -1), n).reshape(E, C, -1)  # noqa: E731
@@ -82,35 +82,36 @@ def _ffn_buffers(pe, xe, cfg, m: MoEConfig):
     bias = lambda n: 0.0 if n not in pe else pe[n].astype(dt)[:, None, :]  # noqa: E731
     act = functools.partial(activation, cfg.activation)
     if cfg.gated_linear_unit:
-        h0, h1 = mm(xe, "wi_0") + bias("bi_0"), mm(xe, "wi_1") + bias("bi_1")
-        h = _maybe_remat_act(lambda a, b: _glu(a, b, act, m), cfg)(h0, h1)
+        h0_LCF, h1_LCF = mm(x_LCD, "wi_0") + bias("bi_0"), mm(x_LCD, "wi_1") + bias("bi_1")
+        h_LCF = _maybe_remat_act(lambda a, b: _glu(a, b, act, m), cfg)(h0_LCF, h1_LCF)
     else:
-        h = _maybe_remat_act(act, cfg)(mm(xe, "wi") + bias("bi"))
-    return mm(h, "wo")
+        h_LCF = _maybe_remat_act(act, cfg)(mm(x_LCD, "wi") + bias("bi"))
+    return mm(h_LCF, "wo")
 
 
 def _maybe_remat_act(fn, cfg):
     return jax.checkpoint(fn) if "moe_act" in cfg.recompute_modules else fn
 
 
-def _down_bias(pe, ids, live, dt):
-    """Each row's expert down-projection bias (``bo``), 0 for rows without a local expert."""
+def _down_bias(pe, ids_M, live_M, dt):
+    """Each row's expert down-projection bias (``bo``) [M, D], 0 for rows without a local
+    expert."""
     if "bo" not in pe:
         return 0.0
-    return jnp.where(live[:, None], pe["bo"].astype(dt)[jnp.where(live, ids, 0)], 0.0)
+    return jnp.where(live_M[:, None], pe["bo"].astype(dt)[jnp.where(live_M, ids_M, 0)], 0.0)
 
 
-def _sorted_ffn(pe, x, ids, weights, E_loc, cfg, m, tensor):
+def _sorted_ffn(pe, x_MD, ids_M, weights_M, E_loc, cfg, m, tensor):
     """Token rows x [M, D] with one local expert id each (ids [M]; ids >= E_loc: none) and
     routing weights [M]: sort by expert, grouped FFN (summed over ``tensor``), unsort ->
     weighted outputs [M, D]."""
-    live = ids < E_loc
-    key = jnp.where(live, ids, E_loc)
-    order = jnp.argsort(key, stable=True)
-    sizes = jnp.sum(jax.nn.one_hot(key, E_loc, dtype=jnp.int32), axis=0)
-    y = _psum(_ffn_rows(pe, x[order], key[order], sizes, cfg, m), tensor)
-    y = y[jnp.argsort(order)] + _down_bias(pe, ids, live, y.dtype)
-    return y * (weights * live).astype(y.dtype)[:, None]
+    live_M = ids_M < E_loc
+    key_M = jnp.where(live_M, ids_M, E_loc)
+    order_M = jnp.argsort(key_M, stable=True)
+    sizes_L = jnp.sum(jax.nn.one_hot(key_M, E_loc, dtype=jnp.int32), axis=0)
+    y_MD = _psum(_ffn_rows(pe, x_MD[order_M], key_M[order_M], sizes_L, cfg, m), tensor)
+    y_MD = y_MD[jnp.argsort(order_M)] + _down_bias(pe, ids_M, live_M, y_MD.dtype)
+    return y_MD * (weights_M * live_M).astype(y_MD.dtype)[:, None]
 
 
 def _combine(y_slots, N, k):
@@ -118,13 +119,13 @@ def _combine(y_slots, N, k):
     return y_slots.reshape(N, k, -1).sum(1)
 
 
-def _buffer_ffn(pe, x, slots, weights, cfg, m, tensor):
+def _buffer_ffn(pe, x_MD, slots_LC, weights_LC, cfg, m, tensor):
     """pad_to_capacity compute: x [M, D], slots [E_loc, C] token ids, weights [E_loc, C]
     -> the weighted outputs scattered back to [M, D]."""
     dt = cfg.compute_dtype
-    y = _psum(_ffn_buffers(pe, x[slots], cfg, m), tensor)
+    y_LCD = _psum(_ffn_buffers(pe, x_MD[slots_LC], cfg, m), tensor)
     if "bo" in pe:
-        y = y + pe["bo"].astype(dt)[:, None, :]
-    y = y * weights.astype(dt)[..., None]
-    return jnp.zeros((x.shape[0], y.shape[-1]), dt).at[slots.reshape(-1)].add(
-        y.reshape(-1, y.shape[-1]))
+        y_LCD = y_LCD + pe["bo"].astype(dt)[:, None, :]
+    y_LCD = y_LCD * weights_LC.astype(dt)[..., None]
+    return jnp.zeros((x_MD.shape[0], y_LCD.shape[-1]), dt).at[slots_LC.reshape(-1)].add(
+        y_LCD.reshape(-1, y_LCD.shape[-1]))

@@ -31,7 +31,8 @@ Formulas (T a rank's tokens, E experts, k top-k; the coefficients weigh the loss
 The losses are reported without their coefficients as ``moe_aux_loss``, ``moe_seq_aux_loss``,
 ``moe_global_aux_loss``, ``moe_z_loss`` (:func:`jaxtrain.models.moe.step.metrics`).
 
-Legend: N tokens, E experts, k top-k.
+Legend: N tokens, E experts, k top-k, G expert groups, g = E/G experts per group, C capacity,
+s sequences.
 """
 from __future__ import annotations
 
@@ -46,19 +47,19 @@ from jaxtrain.models.moe.config import LOSS_METRICS, SINKHORN_MAX_ITERS, SINKHOR
 
 def _gate(p, x, m: MoEConfig, cfg):
     dt = jnp.dtype(m.router_dtype) if m.router_dtype else cfg.compute_dtype
-    logits = jnp.einsum("nd,de->ne", x.astype(dt), p["w"].astype(dt))
+    logits_NE = jnp.einsum("nd,de->ne", x.astype(dt), p["w"].astype(dt))
     if "bias" in p:
-        logits = logits + p["bias"].astype(dt)
-    return logits
+        logits_NE = logits_NE + p["bias"].astype(dt)
+    return logits_NE
 
 
 def _score(fn: str, logits):
-    x = logits.astype(jnp.float32)
+    x_NE = logits.astype(jnp.float32)
     if fn == "softmax":
-        return jax.nn.softmax(x, axis=-1)
+        return jax.nn.softmax(x_NE, axis=-1)
     if fn == "sigmoid":
-        return jax.nn.sigmoid(x)
-    return jnp.sqrt(jax.nn.softplus(x))
+        return jax.nn.sigmoid(x_NE)
+    return jnp.sqrt(jax.nn.softplus(x_NE))
 
 
 def group_score_topk(m: MoEConfig) -> int:
@@ -74,12 +75,12 @@ def _select(scores, m: MoEConfig):
         return jax.lax.top_k(scores, m.topk)
     N, E = scores.shape
     G = m.num_groups
-    grouped = scores.reshape(N, G, E // G)
-    group_score = jax.lax.top_k(grouped, group_score_topk(m))[0].sum(-1)
-    _, kept = jax.lax.top_k(group_score, m.group_topk)
-    keep = jnp.any(jax.nn.one_hot(kept, G, dtype=jnp.bool_), axis=1)          # [N, G]
-    masked = jnp.where(jnp.repeat(keep, E // G, axis=1), scores, -jnp.inf)
-    return jax.lax.top_k(masked, m.topk)
+    scores_NGg = scores.reshape(N, G, E // G)
+    group_scores_NG = jax.lax.top_k(scores_NGg, group_score_topk(m))[0].sum(-1)
+    _, kept = jax.lax.top_k(group_scores_NG, m.group_topk)                 # [N, group_topk]
+    keep_NG = jnp.any(jax.nn.one_hot(kept, G, dtype=jnp.bool_), axis=1)
+    masked_NE = jnp.where(jnp.repeat(keep_NG, E // G, axis=1), scores, -jnp.inf)
+    return jax.lax.top_k(masked_NE, m.topk)
 
 
 def topk_routing(logits, m: MoEConfig, bias=None):
@@ -89,63 +90,63 @@ def topk_routing(logits, m: MoEConfig, bias=None):
     selection on score + expert bias, unbiased scores as probs, renormalised when k > 1."""
     if m.score_function == "softmax":
         if m.pre_softmax:
-            probs, idx = _select(_score("softmax", logits), m)
+            probs_Nk, idx_Nk = _select(_score("softmax", logits), m)
         else:
-            vals, idx = _select(logits, m)
-            probs = jax.nn.softmax(vals.astype(jnp.float32), axis=-1)
+            vals_Nk, idx_Nk = _select(logits, m)
+            probs_Nk = jax.nn.softmax(vals_Nk.astype(jnp.float32), axis=-1)
     else:
-        scores = _score(m.score_function, logits)
+        scores_NE = _score(m.score_function, logits)
         if bias is not None:
-            _, idx = _select(scores + jax.lax.stop_gradient(bias.astype(jnp.float32)), m)
-            probs = jnp.take_along_axis(scores, idx, axis=1)
+            _, idx_Nk = _select(scores_NE + jax.lax.stop_gradient(bias.astype(jnp.float32)), m)
+            probs_Nk = jnp.take_along_axis(scores_NE, idx_Nk, axis=1)
         else:
-            probs, idx = _select(scores, m)
+            probs_Nk, idx_Nk = _select(scores_NE, m)
         if m.topk > 1:
-            probs = probs / (probs.sum(-1, keepdims=True) + 1e-20)
+            probs_Nk = probs_Nk / (probs_Nk.sum(-1, keepdims=True) + 1e-20)
     if m.topk_scaling_factor:
-        probs = probs * m.topk_scaling_factor
-    return probs.astype(jnp.float32), idx
+        probs_Nk = probs_Nk * m.topk_scaling_factor
+    return probs_Nk.astype(jnp.float32), idx_Nk
 
 
 def sinkhorn(cost, tol: float = SINKHORN_TOL, max_iters: int = SINKHORN_MAX_ITERS):
     """Megatron's Sinkhorn on exp(cost) [N, E]: alternate d0 = 1/(N·Σ_e d1·C),
     d1 = 1/(E·Σ_n d0·C) until mean|Δd1| < tol; returns d1·C·d0 (float32, no gradient)."""
-    c = jnp.exp(jax.lax.stop_gradient(cost).astype(jnp.float32))
-    N, E = c.shape
+    c_NE = jnp.exp(jax.lax.stop_gradient(cost).astype(jnp.float32))
+    N, E = c_NE.shape
     eps = 1e-8
 
     def body(state):
-        d0, d1, _, it = state
-        d0 = (1.0 / N) / (jnp.sum(d1[None, :] * c, axis=1) + eps)
-        new = (1.0 / E) / (jnp.sum(d0[:, None] * c, axis=0) + eps)
-        return d0, new, jnp.mean(jnp.abs(new - d1)), it + 1
+        d0_N, d1_E, _, it = state
+        d0_N = (1.0 / N) / (jnp.sum(d1_E[None, :] * c_NE, axis=1) + eps)
+        new_E = (1.0 / E) / (jnp.sum(d0_N[:, None] * c_NE, axis=0) + eps)
+        return d0_N, new_E, jnp.mean(jnp.abs(new_E - d1_E)), it + 1
 
     def cond(state):
         return (state[2] > tol) & (state[3] < max_iters)
 
-    d0, d1, _, _ = jax.lax.while_loop(
+    d0_N, d1_E, _, _ = jax.lax.while_loop(
         cond, body, (jnp.ones(N, jnp.float32), jnp.ones(E, jnp.float32), jnp.float32(1e9), 0))
-    return d1[None, :] * c * d0[:, None]
+    return d1_E[None, :] * c_NE * d0_N[:, None]
 
 
 def sinkhorn_routing(logits, m: MoEConfig, train: bool):
     """Training: top-k of sinkhorn(logits); probs = sigmoid (k = 1) or softmax of the raw
     logits at those experts. Evaluation: plain top-k of those probs."""
-    act = jax.nn.sigmoid(logits.astype(jnp.float32)) if m.topk == 1 else jax.nn.softmax(
+    act_NE = jax.nn.sigmoid(logits.astype(jnp.float32)) if m.topk == 1 else jax.nn.softmax(
         logits.astype(jnp.float32), axis=-1)
-    _, idx = jax.lax.top_k(sinkhorn(logits) if train else act, m.topk)
-    return jnp.take_along_axis(act, idx, axis=1), idx
+    _, idx_Nk = jax.lax.top_k(sinkhorn(logits) if train else act_NE, m.topk)
+    return jnp.take_along_axis(act_NE, idx_Nk, axis=1), idx_Nk
 
 
 def aux_scores(logits, m: MoEConfig):
     """(scores [N, E], 0/1 routing map [N, E]) for the aux losses: unbiased scores over all
     experts (softmax, or sigmoid/sqrtsoftplus sum-normalised over the experts whatever topk,
     as Megatron's compute_routing_scores_for_aux_loss) with their own top-k map."""
-    s = _score(m.score_function, logits)
+    scores_NE = _score(m.score_function, logits)
     if m.score_function != "softmax":
-        s = s / (s.sum(-1, keepdims=True) + 1e-20)
-    _, idx = jax.lax.top_k(s, m.topk)
-    return s, jax.nn.one_hot(idx, s.shape[-1], dtype=jnp.float32).sum(1)
+        scores_NE = scores_NE / (scores_NE.sum(-1, keepdims=True) + 1e-20)
+    _, idx_Nk = jax.lax.top_k(scores_NE, m.topk)
+    return scores_NE, jax.nn.one_hot(idx_Nk, scores_NE.shape[-1], dtype=jnp.float32).sum(1)
 
 
 def switch_loss(probs_sum, counts, tokens, m: MoEConfig):
@@ -167,30 +168,30 @@ def sequence_capacity(seq_tokens: int, m: MoEConfig) -> int:
 
 
 def capacity_slots(probs, idx, m: MoEConfig, seqs: int = 1):
-    """Each expert's kept tokens [E, cap] (token ids) and their weights [E, cap]: the top-cap
-    tokens by routing probability (``probs``) or the first cap routed tokens (``position``).
+    """Each expert's kept tokens [E, C] (token ids) and their weights [E, C]: the top-C tokens
+    by routing probability (``probs``) or the first C routed tokens (``position``).
     Unrouted tokens can fill spare slots with weight 0 (what pad_to_capacity computes). With
     ``capacity_per_sequence`` each of the ``seqs`` sequences keeps its own capacity."""
     N, k = idx.shape
     if m.capacity_per_sequence and seqs > 1:
         T = N // seqs
-        slots, weights = jax.vmap(lambda p, i: capacity_slots(p, i, m))(
-            probs.reshape(seqs, T, k), idx.reshape(seqs, T, k))          # [S, E, cap]
-        slots = slots + (jnp.arange(seqs) * T)[:, None, None]
-        return (slots.transpose(1, 0, 2).reshape(m.num_experts, -1),
-                weights.transpose(1, 0, 2).reshape(m.num_experts, -1))
+        slots_sEC, weights_sEC = jax.vmap(lambda p, i: capacity_slots(p, i, m))(
+            probs.reshape(seqs, T, k), idx.reshape(seqs, T, k))
+        slots_sEC = slots_sEC + (jnp.arange(seqs) * T)[:, None, None]
+        return (slots_sEC.transpose(1, 0, 2).reshape(m.num_experts, -1),
+                weights_sEC.transpose(1, 0, 2).reshape(m.num_experts, -1))
     E = m.num_experts
-    rows = jnp.arange(N)[:, None]
-    dense = jnp.zeros((N, E), jnp.float32).at[rows, idx].add(probs)
-    routed = jnp.zeros((N, E), jnp.bool_).at[rows, idx].set(True)
+    rows_N1 = jnp.arange(N)[:, None]
+    probs_NE = jnp.zeros((N, E), jnp.float32).at[rows_N1, idx].add(probs)
+    routed_NE = jnp.zeros((N, E), jnp.bool_).at[rows_N1, idx].set(True)
     if m.drop_policy == "probs":
-        key = jnp.where(routed, dense, -1.0)
+        key_NE = jnp.where(routed_NE, probs_NE, -1.0)
     else:
-        key = jnp.where(routed, (N - jnp.arange(N, dtype=jnp.float32))[:, None], 0.0)
-    cap = sequence_capacity(N, m) if m.capacity_per_sequence else capacity(N, m)
-    _, slots = jax.lax.top_k(key.T, cap)                                  # [E, cap]
-    weights = jnp.take_along_axis(dense.T, slots, axis=1)
-    return slots, weights
+        key_NE = jnp.where(routed_NE, (N - jnp.arange(N, dtype=jnp.float32))[:, None], 0.0)
+    C = sequence_capacity(N, m) if m.capacity_per_sequence else capacity(N, m)
+    _, slots_EC = jax.lax.top_k(key_NE.T, C)
+    weights_EC = jnp.take_along_axis(probs_NE.T, slots_EC, axis=1)
+    return slots_EC, weights_EC
 
 
 def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
@@ -211,41 +212,44 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
     stats = {"lb": jnp.zeros((len(m.load_balancing),), f32), "z": f32(0.0),
              "objective": f32(0.0)}
     if train and m.z_loss_coeff:
-        lse = jax.nn.logsumexp(logits.astype(f32), axis=-1)
-        z = comm.mean_ranks(comm.sum_seq(jnp.sum(lse * lse)) / comm.sum_seq(f32(N)))
+        lse_N = jax.nn.logsumexp(logits.astype(f32), axis=-1)
+        z = comm.mean_ranks(comm.sum_seq(jnp.sum(lse_N * lse_N)) / comm.sum_seq(f32(N)))
         stats["z"], stats["objective"] = z, m.z_loss_coeff * z
 
     if "sinkhorn" in m.load_balancing:
-        probs, idx = sinkhorn_routing(logits, m, train)
+        probs_Nk, idx_Nk = sinkhorn_routing(logits, m, train)
     else:
-        probs, idx = topk_routing(logits, m, bias)
-    keep = jnp.ones(idx.shape, jnp.bool_)
+        probs_Nk, idx_Nk = topk_routing(logits, m, bias)
+    keep_Nk = jnp.ones(idx_Nk.shape, jnp.bool_)
     slots = None
     if m.capacity_factor is not None:
-        slots = capacity_slots(probs, idx, m, seqs)
-        kept = jnp.zeros((E, N), jnp.bool_).at[jnp.arange(E)[:, None], slots[0]].set(True)
-        keep = kept.T[jnp.arange(N)[:, None], idx]
+        slots = capacity_slots(probs_Nk, idx_Nk, m, seqs)   # ([E, C] token ids, [E, C] weights)
+        kept_EN = jnp.zeros((E, N), jnp.bool_).at[jnp.arange(E)[:, None], slots[0]].set(True)
+        keep_Nk = kept_EN.T[jnp.arange(N)[:, None], idx_Nk]
 
     if train and any(t in LOSS_METRICS for t in m.load_balancing):
-        s, amap = aux_scores(logits, m)
+        scores_NE, routed_NE = aux_scores(logits, m)
         lbs = []
         for t, c in zip(m.load_balancing, m.aux_loss_coeff):
             if t == "aux_loss":
                 tokens = comm.sum_seq(f32(N))
-                loss = comm.mean_ranks(switch_loss(comm.sum_seq(s.sum(0)),
-                                                   comm.sum_seq(amap.sum(0)), tokens, m))
+                loss = comm.mean_ranks(switch_loss(comm.sum_seq(scores_NE.sum(0)),
+                                                   comm.sum_seq(routed_NE.sum(0)), tokens, m))
             elif t == "seq_aux_loss":
                 per = lambda a: comm.sum_seq(a.reshape(seqs, N // seqs, E).sum(1))  # noqa: E731
                 tokens = comm.sum_seq(f32(N // seqs))
-                losses = jax.vmap(lambda p, n: switch_loss(p, n, tokens, m))(per(s), per(amap))
-                loss = comm.mean_ranks(jnp.mean(losses))
+                losses_s = jax.vmap(lambda p, n: switch_loss(p, n, tokens, m))(
+                    per(scores_NE), per(routed_NE))
+                loss = comm.mean_ranks(jnp.mean(losses_s))
             elif t == "global_aux_loss":
-                counts = comm.sum_all(amap.sum(0))
-                stats["aux_counts"] = counts
-                prev = prev_aux_counts if prev_aux_counts is not None else jnp.zeros_like(counts)
+                counts_E = comm.sum_all(routed_NE.sum(0))
+                stats["aux_counts"] = counts_E
+                prev_E = (prev_aux_counts if prev_aux_counts is not None
+                          else jnp.zeros_like(counts_E))
                 steps = prev_steps if prev_steps is not None else 0
-                mean_counts = (prev + counts) / (steps + 1.0)
-                loss = switch_loss(comm.sum_all(s.sum(0)), mean_counts, comm.sum_all(f32(N)), m)
+                mean_counts_E = (prev_E + counts_E) / (steps + 1.0)
+                loss = switch_loss(comm.sum_all(scores_NE.sum(0)), mean_counts_E,
+                                   comm.sum_all(f32(N)), m)
             else:
                 loss = f32(0.0)
             lbs.append(loss)
@@ -254,9 +258,10 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
     if "global_aux_loss" in m.load_balancing and "aux_counts" not in stats:
         stats["aux_counts"] = jnp.zeros((E,), f32)
 
-    onehot = jax.nn.one_hot(idx, E, dtype=f32) * keep[..., None]
-    stats["counts"] = comm.sum_all(onehot.sum((0, 1)))
+    onehot_NkE = jax.nn.one_hot(idx_Nk, E, dtype=f32) * keep_Nk[..., None]
+    stats["counts"] = comm.sum_all(onehot_NkE.sum((0, 1)))
     if m.force_balancing == "even":  # Primus: round-robin slots carry the real top-k weights
-        idx = ((jnp.arange(N)[:, None] * m.topk + jnp.arange(m.topk)[None]) % E).astype(idx.dtype)
+        idx_Nk = ((jnp.arange(N)[:, None] * m.topk + jnp.arange(m.topk)[None]) % E
+                  ).astype(idx_Nk.dtype)
         slots = None
-    return probs, idx, keep, slots, stats
+    return probs_Nk, idx_Nk, keep_Nk, slots, stats

@@ -12,7 +12,7 @@ calculate_per_token_loss, where Megatron's scaling divides them by the token cou
 are reported without their coefficients as ``moe_aux_loss``, ``moe_seq_aux_loss``,
 ``moe_global_aux_loss``, ``moe_z_loss`` (:func:`metrics`).
 
-Legend: L_moe MoE layers, E experts.
+Legend: L (L_moe) MoE layers, E experts.
 """
 from __future__ import annotations
 
@@ -41,13 +41,13 @@ def update_expert_bias(params: dict, counts, cfg) -> dict:
     m = cfg.moe
     if m is None or not m.expert_bias or "moe_layers" not in params:
         return params
-    c = counts.astype(jnp.float32)
-    delta = m.bias_update_rate * jnp.sign(c.mean(-1, keepdims=True) - c)      # [L_moe, E]
+    counts_LE = counts.astype(jnp.float32)
+    delta_LE = m.bias_update_rate * jnp.sign(counts_LE.mean(-1, keepdims=True) - counts_LE)
     layers = params["moe_layers"]
     router = layers["moe"]["router"]
     bias = router["expert_bias"]
     axis = cfg.param_scan_axis if bias.ndim == 2 else 0
-    new = bias + jnp.moveaxis(delta, 0, axis).astype(bias.dtype)
+    new = bias + jnp.moveaxis(delta_LE, 0, axis).astype(bias.dtype)
     return {**params, "moe_layers": {**layers, "moe": {**layers["moe"], "router": {
         **router, "expert_bias": new}}}}
 

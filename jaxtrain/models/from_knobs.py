@@ -1,0 +1,460 @@
+"""The flat knobs -> :class:`~jaxtrain.models.config.ModelConfig` translation.
+
+:func:`build` is what ``ModelConfig.from_config`` runs. It reads canonical knobs only: it
+completes the mapping with the registry's defaults first (:func:`jaxtrain.config.complete`; a
+resolved Config is complete already) and has no defaults of its own. The dialects have done
+their part by then (config/dialects and config/rules.py: aliases, MaxText's blocks and YaRN keys,
+Megatron's precision switches into ``dtype``); what is left here is how knobs of several systems
+become one model field:
+
+- the attention implementation from every knob that names a kernel (:func:`_attention_choice`;
+  those naming one must agree), and the softmax precision Megatron and MaxText ask for;
+- the MLP activation from Megatron's switches or MaxText's ``mlp_activations``
+  (:mod:`jaxtrain.config.activations`), GPT-OSS's clamped GLU in MoE experts;
+- RoPE from Megatron's knobs and MaxText's timescales, YaRN's correction range;
+- the sliding window and sink attention of Primus and Megatron-LM, multi-latent attention;
+- remat from MaxText's ``remat_policy`` or Megatron's ``recompute_*`` (:func:`_recompute`);
+- the MoEConfig of Megatron's MoE knobs (:func:`_moe_config`).
+
+Problems name the knob: a ModelConfig or MoEConfig check on a field read from a knob of another
+name is reported under the knob's name (:func:`_knob_message`, :func:`_moe_knob_message`).
+The checks on the model's own fields are ModelConfig's and MoEConfig's; the ones here are about
+knobs that do not reach the model as they are (``recompute_granularity``, ``window_size``, ...).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Mapping
+
+from jaxtrain.config import complete
+from jaxtrain.config.activations import megatron_activation, mlp_from_activations
+from jaxtrain.config.errors import ConfigError
+from jaxtrain.models.moe.config import MoEConfig, moe_pattern, parse_layer_freq
+from jaxtrain.quant.config import from_config as quant_config
+
+
+def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
+    """``cls`` (ModelConfig) from a flat config of canonical knobs; ``accelerator()`` names
+    the device kind the quantization is for ('cuda', 'rocm', 'cpu').
+
+    A Megatron ``recompute_granularity`` wins over ``remat_policy``. The attention
+    implementation comes from the knobs of every dialect that name a kernel (see
+    `_attention_choice`); those naming one must agree. Megatron's ``attention_softmax_in_fp32``
+    is read only when a Megatron knob picked the unfused (xla) path, as in Megatron, whose fused
+    kernels always work in fp32.
+    """
+    cfg = complete(cfg)
+    h = cfg["hidden_size"]
+    heads = cfg["num_attention_heads"]
+    groups = cfg["num_query_groups"] if cfg["group_query_attention"] else None
+    if cfg["mlp_activations"] is not None:    # what no Megatron switch names (see activations)
+        try:
+            activation, gated = mlp_from_activations(cfg["mlp_activations"])
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    else:
+        activation, gated = megatron_activation(cfg)
+
+    vocab = cfg["vocab_size"]
+    if vocab is None:
+        raise ValueError("vocab_size is unset; set it or let the tokenizer supply it")
+    multiple = cfg["make_vocab_size_divisible_by"] * cfg["tensor_model_parallel_size"]
+    vocab = int(math.ceil(vocab / multiple) * multiple)
+
+    pos = cfg["position_embedding_type"]
+    if cfg["use_rotary_position_embeddings"]:
+        pos = "rope"
+    norm = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}.get(
+        str(cfg["normalization"]).lower(), cfg["normalization"])
+    dtype = cfg["dtype"]   # config/rules.py derives it from Megatron's bf16/fp16 switches
+
+    attention_impl, chosen_by, megatron_unfused = _attention_choice(cfg)
+    softmax_fp32 = (cfg["attention_softmax_in_fp32"] or not megatron_unfused
+                    or cfg["apply_query_key_layer_scaling"])
+    f32_product, f32_logits = cfg["float32_qk_product"], cfg["float32_logits"]
+    if cfg["attention"] == "dot_product" and not megatron_unfused and (
+            f32_product is not None or f32_logits is not None):
+        # MaxText's dot_product attention (its knobs set, as in every MaxText file) keeps
+        # scores and softmax in the compute dtype unless float32_qk_product (an fp32
+        # product, hence fp32 scores) or float32_logits asks for float32.
+        softmax_fp32 = bool(f32_product or f32_logits or cfg["apply_query_key_layer_scaling"])
+
+    remat, method, nlayers, layer_ids, modules = _recompute(cfg)
+    if cfg["moe_layer_recompute"]:   # Megatron: selective recompute of the MoE block
+        if cfg["recompute_granularity"] == "full":
+            raise ConfigError("moe_layer_recompute recomputes the MoE block selectively; it "
+                              "cannot be combined with recompute_granularity full")
+        modules = tuple(modules) + ("moe",)
+    custom = tuple((name, cfg[name]) for name in _REMAT_TENSOR_NAMES if cfg[name] is not None)
+    mla = bool(cfg["multi_latent_attention"])
+    rope_type = cfg["rope_type"] or ("yarn" if mla else "rope")   # Megatron: MLA takes yarn
+    hidden_dropout, attention_dropout = (float(cfg["hidden_dropout"]),
+                                         float(cfg["attention_dropout"]))
+    if cfg["enable_dropout"] is False:    # MaxText: no dropout anywhere
+        hidden_dropout = attention_dropout = 0.0
+
+    fields = dict(
+        num_layers=cfg["num_layers"], hidden_size=h, num_attention_heads=heads,
+        num_query_groups=groups, kv_channels=cfg["kv_channels"],
+        ffn_hidden_size=cfg["ffn_hidden_size"], vocab_size=vocab,
+        max_position_embeddings=cfg["max_position_embeddings"] or cfg["seq_length"],
+        position_embedding_type=pos, rotary_percent=float(cfg["rotary_percent"]),
+        rotary_interleaved=cfg["rotary_interleaved"], **_rope_fields(cfg, rope_type),
+        yarn_scaling_factor=float(cfg["rotary_scaling_factor"]),
+        yarn_mscale=float(cfg["mscale"]), yarn_mscale_all_dim=float(cfg["mscale_all_dim"]),
+        **_yarn_range(cfg),
+        normalization=norm, norm_epsilon=float(cfg["norm_epsilon"]),
+        apply_layernorm_1p=cfg["apply_layernorm_1p"],
+        qk_layernorm=cfg["qk_layernorm"], qk_l2_norm=cfg["qk_l2_norm"],
+        activation=activation, gated_linear_unit=gated,
+        add_bias_linear=cfg["add_bias_linear"],
+        add_qkv_bias=cfg["add_qkv_bias"] or (cfg["add_bias_linear"] and not mla),
+        hidden_dropout=hidden_dropout, attention_dropout=attention_dropout,
+        untie_embeddings_and_output_weights=cfg["untie_embeddings_and_output_weights"],
+        fp32_residual_connection=cfg["fp32_residual_connection"],
+        apply_residual_connection_post_layernorm=cfg["apply_residual_connection_post_layernorm"],
+        init_method_std=float(cfg["init_method_std"]),
+        init_method_xavier_uniform=cfg["init_method_xavier_uniform"],
+        apply_query_key_layer_scaling=cfg["apply_query_key_layer_scaling"],
+        attention_softmax_in_fp32=softmax_fp32,
+        **_sink_fields(cfg), **_mla_fields(cfg),
+        final_logit_softcapping=cfg["final_logit_softcapping"] or None,
+        attn_logit_softcapping=cfg["attn_logit_softcapping"] or None,
+        attention_impl=attention_impl,
+        dtype=dtype, weight_dtype=_weight_dtype(cfg, dtype),
+        quant=quant_config(cfg, accelerator()),
+        quantize_kvcache=cfg["quantize_kvcache"],
+        kv_quant_axis=cfg["kv_quant_axis"] or "", kv_quant_dtype=cfg["kv_quant_dtype"],
+        logits_dot_in_fp32=cfg["logits_dot_in_fp32"], use_iota_embed=cfg["use_iota_embed"],
+        scan_layers=cfg["scan_layers"], param_scan_axis=cfg["param_scan_axis"],
+        remat_policy=remat, remat_tensors=custom, recompute_method=method,
+        recompute_num_layers=nlayers, recompute_layer_ids=layer_ids, recompute_modules=modules,
+        moe=_moe_config(cfg),
+    )
+    _check_expert_activation(cfg, fields["moe"], fields["num_layers"])
+    try:
+        return cls(**fields)
+    except ConfigError as e:
+        raise ConfigError([f"{p} ({attention_impl!r} was chosen by {chosen_by}.)"
+                           for p in e.problems]) from None
+    except ValueError as e:
+        raise ValueError(_knob_message(str(e))) from None
+
+
+# ModelConfig fields read from a knob of another name: a config's problem names the knob.
+_FIELD_KNOBS = {"sliding_window": "sliding_window_size",
+                "sliding_window_layers": "window_attn_skip_freq",
+                "yarn_scaling_factor": "rotary_scaling_factor", "yarn_mscale": "mscale",
+                "yarn_mscale_all_dim": "mscale_all_dim"}
+
+
+def _knob_message(text: str) -> str:
+    """A ModelConfig validation message ("ModelConfig.field: ...") as the config's knob."""
+    prefix, sep, rest = text.partition(": ")
+    if not sep or not prefix.startswith("ModelConfig."):
+        return text
+    field = prefix.removeprefix("ModelConfig.")
+    return f"{_FIELD_KNOBS.get(field, field)}: {rest}"
+
+
+# MoEConfig fields (in its messages) -> the Megatron knobs they are read from.
+_MOE_KNOBS = {"topk": "moe_router_topk", "num_groups": "moe_router_num_groups",
+              "group_topk": "moe_router_group_topk",
+              "group_score_topk": "moe_router_group_score_topk",
+              "score_function": "moe_router_score_function",
+              "drop_policy": "moe_token_drop_policy", "dispatcher": "moe_token_dispatcher_type",
+              "force_balancing": "moe_router_force_load_balancing_type",
+              "router_dtype": "moe_router_dtype", "aux_loss_coeff": "moe_aux_loss_coeff",
+              "pad_to_capacity": "moe_pad_expert_input_to_capacity",
+              "load balancing type": "moe_router_load_balancing_type",
+              "load balancing types": "moe_router_load_balancing_type",
+              "expert bias": "moe_router_enable_expert_bias",
+              "capacity factor": "moe_expert_capacity_factor"}
+_MOE_WORDS = re.compile(r"(?<![\w.])(" + "|".join(
+    re.escape(k) for k in sorted(_MOE_KNOBS, key=len, reverse=True)) + r")(?![\w])")
+
+
+def _moe_knob_message(text: str) -> str:
+    """An MoEConfig problem with its fields named as the knobs they come from."""
+    return _MOE_WORDS.sub(lambda m: _MOE_KNOBS[m.group(1)], text.removeprefix("MoEConfig: "))
+
+
+# Per knob: value -> implementation ("auto": the knob leaves the choice open).
+_ATTENTION_SPELLINGS = {
+    "attention": {"dot_product": "xla", "flash": "flash", "cudnn_flash_jax": "cudnn",
+                  "cudnn_flash_te": "auto", "autoselected": "auto"},
+    "attention_backend": {"flash": "flash", "fused": "flash", "unfused": "xla", "local": "xla",
+                          "auto": "auto"},
+    "use_flash_attn": {True: "auto", False: "xla"},
+    "transformer_impl": {"local": "xla", "transformer_engine": "auto",
+                         "inference_optimized": "auto"},
+    "model.attn_implementation": {"eager": "xla", "sdpa": "auto", "flash_attention_2": "flash"},
+}
+_MEGATRON_ATTENTION_KNOBS = ("attention_backend", "use_flash_attn", "transformer_impl")
+
+
+def _attention_choice(cfg: Mapping[str, Any]) -> tuple[str, str, bool]:
+    """(attention_impl, the knobs that chose it, whether a Megatron knob asked for unfused).
+
+    Every knob that names a kernel must name the same implementation, whatever its dialect; a
+    conflict is a ConfigError naming them. Values meaning "a fused kernel where it fits" name
+    none and leave the choice to auto (`auto_attention_impl`: the flash kernel on a GPU): MaxText
+    autoselected and cudnn_flash_te (TransformerEngine; the Primus default), Megatron auto,
+    use_flash_attn true and transformer_impl transformer_engine, HF sdpa. So every knob's
+    default leaves it open. Primus ``use_turbo_attention`` names flash only with
+    ``enable_primus_turbo`` on, as in Primus.
+    """
+    asks = []
+    for key, spellings in _ATTENTION_SPELLINGS.items():
+        value = cfg[key]
+        if value is None:
+            continue
+        if value not in spellings:
+            raise ConfigError(f"{key} = {value!r} is not an attention kernel jaxtrain trains "
+                              f"with; use one of {sorted(spellings, key=str)}.")
+        asks.append((key, value, spellings[value]))
+    if cfg["use_turbo_attention"] and cfg["enable_primus_turbo"]:
+        asks.append(("use_turbo_attention", True, "flash"))
+    named = [(k, v, impl) for k, v, impl in asks if impl != "auto"]
+    impls = {impl for _, _, impl in named}
+    if len(impls) > 1:
+        raise ConfigError("attention knobs disagree: " + ", ".join(
+            f"{k} = {v!r} selects {impl!r}" for k, v, impl in named)
+            + ". Set one of them, or make them name the same implementation.")
+    if not impls:
+        return "auto", "no attention knob naming a kernel (auto)", False
+    impl = impls.pop()
+    unfused = impl == "xla" and any(k in _MEGATRON_ATTENTION_KNOBS for k, _, _ in named)
+    return impl, ", ".join(f"{k} = {v!r}" for k, v, _ in named), unfused
+
+
+def _rope_fields(cfg: Mapping[str, Any], rope_type: str) -> dict:
+    """RoPE fields from Megatron's knobs and MaxText's timescales.
+
+    MaxText's timescales run geometrically from rope_min_timescale m to rope_max_timescale M
+    (the rotary_base alias) and rope_linear_scaling_factor s multiplies them: the angle of
+    channel pair i is pos / (s m (M/m)^(2i/R)), which is RoPE with base M/m on positions
+    divided by s*m. MaxText's llama3.1 rope_type is Llama-3.1 scaling with fixed constants."""
+    low, factor = float(cfg["rope_min_timescale"]), float(cfg["rope_linear_scaling_factor"])
+    if low <= 0 or factor <= 0:
+        raise ConfigError(f"rope_min_timescale ({low}) and rope_linear_scaling_factor ({factor}) "
+                          "must be positive")
+    interpolation = (cfg["rotary_seq_len_interpolation_factor"] or 1.0) * low * factor
+    fields = dict(rotary_base=float(cfg["rotary_base"]) / low,
+                  rotary_seq_len_interpolation_factor=(None if interpolation == 1.0
+                                                       else interpolation),
+                  use_rope_scaling=cfg["use_rope_scaling"],
+                  rope_scaling_factor=float(cfg["rope_scaling_factor"]),
+                  rope_low_freq_factor=float(cfg["rope_low_freq_factor"]),
+                  rope_high_freq_factor=float(cfg["rope_high_freq_factor"]),
+                  original_max_position_embeddings=cfg["original_max_position_embeddings"],
+                  rope_type=rope_type)
+    if rope_type == "llama3.1":
+        fields.update(rope_type="rope")
+        if cfg["rope_use_scale"]:   # MaxText's constants: factor 8, 1/4, 8192 tokens
+            fields.update(use_rope_scaling=True, rope_scaling_factor=8.0,
+                          original_max_position_embeddings=8192)
+    return fields
+
+
+def _yarn_range(cfg: Mapping[str, Any]) -> dict:
+    """YaRN's correction range (Megatron-LM's yarn_* names; unset: its 32, 1 and rounding)."""
+    fast, slow, rounded = (cfg["yarn_beta_fast"], cfg["yarn_beta_slow"],
+                           cfg["yarn_correction_range_round_to_int"])
+    return dict(yarn_beta_fast=32.0 if fast is None else float(fast),
+                yarn_beta_slow=1.0 if slow is None else float(slow),
+                yarn_truncate=True if rounded is None else bool(rounded))
+
+
+def _expert_activation(cfg: Mapping[str, Any]) -> tuple[str | None, float | None]:
+    """(MoEConfig.activation, glu_limit): GPT-OSS's clamped GLU is Megatron's quick_geglu with
+    glu_linear_offset 1 and activation_func_clamp_value; other offsets or clamps are not built."""
+    clamp, offset = cfg["activation_func_clamp_value"], float(cfg["glu_linear_offset"] or 0.0)
+    if clamp is None and not offset:
+        return None, None
+    if not (cfg["quick_geglu"] and offset == 1.0 and clamp is not None and clamp > 0):
+        raise ConfigError(f"activation_func_clamp_value = {clamp!r} with glu_linear_offset = "
+                          f"{offset!r}: jaxtrain builds only GPT-OSS's clamped GLU (quick_geglu, "
+                          f"offset 1, a positive clamp), in MoE experts")
+    return "swiglu_oai", float(clamp)
+
+
+def _check_expert_activation(cfg: Mapping[str, Any], moe, num_layers: int) -> None:
+    """The clamped GLU exists in the experts only: every layer must be an MoE layer."""
+    if _expert_activation(cfg)[0] is None:
+        return
+    if moe is None or not all(moe_pattern(moe, num_layers)):
+        raise ConfigError("GPT-OSS's clamped GLU (activation_func_clamp_value, "
+                          "glu_linear_offset) is built in MoE experts only, and this model has "
+                          "dense layers (moe_layer_freq)")
+
+
+def _weight_dtype(cfg: Mapping[str, Any], dtype: str) -> str:
+    """The parameters' storage dtype: MaxText's ``weight_dtype``, or the training dtype when
+    the optimizer keeps the master weights itself (Megatron ``main_params_dtype`` fp16)."""
+    if cfg["use_precision_aware_optimizer"] and cfg["main_params_dtype"] != "fp32":
+        return dtype
+    return cfg["weight_dtype"]
+
+
+def _sink_fields(cfg: Mapping[str, Any]) -> dict:
+    """Window and sink fields from ``sliding_window_size`` and Primus's sink-attention knobs.
+
+    ``use_sink_attention`` gives every layer a learned sink logit per head. Primus hands
+    ``sink_sliding_window`` W to flash-attn as the window (W, 0): W keys back plus the query's
+    own, so W + 1 keys here; on the even (0-based) layers with ``sink_window_even_layers_only``,
+    else on all. As in Primus both window knobs act only with sinks on, and a model-wide window
+    beside them is refused.
+    """
+    fields = {"sliding_window": cfg["sliding_window_size"] or None,
+              "attention_sinks": bool(cfg["use_sink_attention"])}
+    sink_window = cfg["sink_sliding_window"] or 0
+    if fields["attention_sinks"] and sink_window:
+        if fields["sliding_window"]:
+            raise ConfigError(f"sliding_window_size = {fields['sliding_window']} and "
+                              f"sink_sliding_window = {sink_window} both set a window; sink "
+                              "attention takes only sink_sliding_window (as in Primus): set one.")
+        fields["sliding_window"] = sink_window + 1
+        if cfg["sink_window_even_layers_only"]:
+            fields["sliding_window_layers"] = tuple(i % 2 == 0
+                                                    for i in range(cfg["num_layers"]))
+    megatron = _megatron_window(cfg)
+    if megatron:
+        if fields["sliding_window"]:
+            raise ConfigError(f"window_size = {cfg['window_size']!r} and a window of "
+                              f"{fields['sliding_window']} tokens (sliding_window_size or "
+                              "sink_sliding_window) both set the sliding window: set one.")
+        fields.update(megatron)
+    return fields
+
+
+def _megatron_window(cfg: Mapping[str, Any]) -> dict:
+    """Megatron-LM's ``window_size`` (left, right): each token sees ``left`` tokens back and
+    itself (left + 1 keys; -1: unbounded), none ahead (a causal model; right 0 or -1), on the
+    layers ``window_attn_skip_freq`` picks (1-based layer l is windowed unless N divides l, or
+    as a 0/1 per-layer list says; unset: every layer), as ``is_layer_window_attention`` does."""
+    size = cfg["window_size"]
+    if size is None:
+        return {}
+    if isinstance(size, str):
+        size = [int(v) for v in size.strip("()[] ").split(",") if v.strip()]
+    if len(size) != 2 or size[1] not in (0, -1) or size[0] < -1:
+        raise ConfigError(f"window_size = {cfg['window_size']!r}: give (left, 0), left tokens "
+                          "back (-1: unbounded) and none ahead, as a causal model attends")
+    if size[0] == -1:
+        return {}
+    layers, freq = cfg["num_layers"], cfg["window_attn_skip_freq"]
+    if freq is None:
+        return {"sliding_window": size[0] + 1}
+    try:
+        freq = parse_layer_freq(freq)   # the same int / 0-1 list forms as moe_layer_freq
+    except ValueError as e:
+        raise ConfigError(str(e).replace("moe_layer_freq", "window_attn_skip_freq")) from None
+    if isinstance(freq, int):
+        if freq < 1:
+            raise ConfigError(f"window_attn_skip_freq = {freq}: give a positive N (every Nth "
+                              "layer attends fully) or a 0/1 list per layer")
+        pattern = tuple((i + 1) % freq != 0 for i in range(layers))
+    else:
+        pattern = tuple(bool(v) for v in freq)
+        if len(pattern) != layers:
+            raise ConfigError(f"window_attn_skip_freq has {len(pattern)} entries for "
+                              f"{layers} layers (num_layers)")
+    return {"sliding_window": size[0] + 1, "sliding_window_layers": pattern} if any(
+        pattern) else {}
+
+
+def _mla_fields(cfg: Mapping[str, Any]) -> dict:
+    """Multi-latent attention fields when it is switched on."""
+    if not cfg["multi_latent_attention"]:
+        return {}
+    return dict(multi_latent_attention=True, q_lora_rank=cfg["q_lora_rank"] or None,
+                kv_lora_rank=cfg["kv_lora_rank"], qk_head_dim=cfg["qk_head_dim"],
+                qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"], v_head_dim=cfg["v_head_dim"])
+
+
+_REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",
+                       "qkv_proj", "context", "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo")
+
+
+def _recompute(cfg: Mapping[str, Any]):
+    """(remat_policy, method, num_layers, layer_ids, modules) from MaxText or Megatron knobs.
+
+    The rules on ``recompute_granularity`` and Megatron's legacy switches live here (they never
+    reach the model); ModelConfig checks the fields: a positive layer count for a method, layer
+    ids without a method and in range, known modules."""
+    granularity = cfg["recompute_granularity"]
+    if granularity is None and cfg["recompute_activations"]:
+        granularity = "selective"
+    if granularity is None and cfg["checkpoint_activations"]:
+        return "full", "uniform", cfg["recompute_num_layers"] or 1, None, ()
+    if granularity is None:
+        policy = cfg["remat_policy"]
+        return ("none" if policy in (None, "") else policy), None, None, None, ()
+    if granularity == "selective":
+        if cfg["recompute_method"] is not None or cfg["recompute_num_layers"] is not None:
+            raise ValueError("recompute_granularity='selective' takes no recompute_method or "
+                             "recompute_num_layers")
+        modules = cfg["recompute_modules"] or ["core_attn"]
+        return "none", None, None, None, tuple(modules)
+    if granularity != "full":
+        raise ValueError(f"recompute_granularity={granularity!r} is not 'full' or 'selective'")
+    ids, method = cfg["recompute_layer_ids"], cfg["recompute_method"]
+    if not ids and method is None:
+        raise ValueError("recompute_granularity='full' needs recompute_method "
+                         "('uniform' or 'block') or recompute_layer_ids")
+    # layer ids beside a method: ModelConfig refuses the pair
+    return ("full", method, None if method is None else cfg["recompute_num_layers"],
+            None if ids is None else tuple(ids), ())
+
+
+def _moe_config(cfg: Mapping[str, Any]):
+    """The MoEConfig of Megatron's MoE knobs; None without ``num_experts`` (a dense model)."""
+    if not cfg["num_experts"]:
+        return None
+    tp, etp = cfg["tensor_model_parallel_size"], cfg["expert_tensor_parallel_size"]
+    if etp not in (None, 1, tp):
+        raise ConfigError(f"expert_tensor_parallel_size {etp}: jaxtrain splits each expert over "
+                          f"the whole tensor axis ({tp}) or not at all (1)")
+    turbo = cfg["enable_primus_turbo"]
+    dispatcher = cfg["moe_token_dispatcher_type"]
+    if dispatcher == "alltoall_seq" or (turbo and cfg["use_turbo_deepep"]):
+        dispatcher = "alltoall"   # Primus's older name; Turbo DeepEP is an all-to-all dispatch
+    factor = cfg["moe_expert_capacity_factor"]
+    activation, glu_limit = _expert_activation(cfg)
+    try:
+        return _moe(cfg, etp, tp, turbo, dispatcher, factor, activation, glu_limit)
+    except ValueError as e:
+        raise ValueError(_moe_knob_message(str(e))) from None
+
+
+def _moe(cfg, etp, tp, turbo, dispatcher, factor, activation, glu_limit):
+    return MoEConfig(
+        num_experts=cfg["num_experts"], topk=cfg["moe_router_topk"],
+        layer_freq=parse_layer_freq(cfg["moe_layer_freq"]),
+        ffn_hidden_size=cfg["moe_ffn_hidden_size"],
+        shared_expert_size=cfg["moe_shared_expert_intermediate_size"],
+        score_function=cfg["moe_router_score_function"],
+        pre_softmax=cfg["moe_router_pre_softmax"], router_dtype=cfg["moe_router_dtype"],
+        topk_scaling_factor=cfg["moe_router_topk_scaling_factor"],
+        num_groups=cfg["moe_router_num_groups"], group_topk=cfg["moe_router_group_topk"],
+        group_score_topk=cfg["moe_router_group_score_topk"],
+        expert_bias=cfg["moe_router_enable_expert_bias"],
+        bias_update_rate=float(cfg["moe_router_bias_update_rate"]),
+        load_balancing=cfg["moe_router_load_balancing_type"],
+        aux_loss_coeff=cfg["moe_aux_loss_coeff"], z_loss_coeff=cfg["moe_z_loss_coeff"],
+        input_jitter_eps=cfg["moe_input_jitter_eps"],
+        router_softcap=cfg["router_logit_softcapping"] or None,
+        force_balancing=(cfg["moe_router_force_load_balancing_type"]
+                         if cfg["moe_router_force_load_balancing"] else None),
+        capacity_factor=None if factor is None or factor < 0 else float(factor),
+        capacity_per_sequence=bool(cfg["moe_capacity_per_sequence"]),
+        pad_to_capacity=cfg["moe_pad_expert_input_to_capacity"],
+        drop_policy=cfg["moe_token_drop_policy"],
+        dispatcher=dispatcher,
+        grouped_gemm=cfg["moe_grouped_gemm"] or (turbo and cfg["use_turbo_grouped_gemm"]),
+        per_layer_logging=cfg["moe_per_layer_logging"],
+        expert_tensor_parallel=etp in (None, tp),
+        router_bias=bool(cfg["add_bias_linear"]),   # Megatron: the router is a linear layer
+        activation=activation, glu_limit=glu_limit)
