@@ -259,8 +259,8 @@ KNOBS = [
                      "untie_embeddings_and_output_weights)"),)),
     K("normalize_embedding_logits", "bool", True, "MaxText: with logits_via_embedding, divide "
       "the tied logits by sqrt(emb_dim).", _MT, HONORED),
-    K("use_iota_embed", "bool", True, "Look up embeddings as a one-hot matmul built with iota "
-      "instead of a gather.", "maxtext", status=HONORED, doc_defaults={_MT: False}),
+    K("use_iota_embed", "bool", False, "Look up embeddings as a one-hot matmul built with iota "
+      "instead of a gather (Primus's MaxText preset turns it on).", "maxtext", status=HONORED),
     K("logits_dot_in_fp32", "bool", False, "Compute the output-head matmul in float32.",
       "maxtext", status=HONORED),
     K("cast_logits_to_fp32", "bool", True, "MaxText: hand the loss float32 logits.", _MT, INERT,
