@@ -101,11 +101,6 @@ def find_file(name: str, relative_to: pathlib.Path, subdir: str = "",
     return None
 
 
-def is_maxtext_base(path: pathlib.Path, data: dict) -> bool:
-    """MaxText's own base.yml: a file of that name at the root of a chain (no base of its own)."""
-    return path.name in BUILTIN_BASES and not any(k in data for k in CHAIN_KEYS)
-
-
 def read_chain(path: pathlib.Path, extra=(), _seen=()) -> list[tuple[pathlib.Path, dict]]:
     """The file and the files it extends, deepest base first; chain keys are removed.
 

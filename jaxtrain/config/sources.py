@@ -78,13 +78,3 @@ def flatten(mapping: dict, layer: Layer, origin: str):
                     layer.add(f"{key}.{name}.{sub}", v, origin)
         else:
             layer.add(key, value, origin)
-
-
-def file_layers(chain, name_of, kind="file") -> list[Layer]:
-    """One layer per file of a chain [(path, mapping)], named by ``name_of(path)``."""
-    layers = []
-    for path, data in chain:
-        layer = Layer(name_of(path), kind)
-        flatten(data, layer, layer.name)
-        layers.append(layer)
-    return layers

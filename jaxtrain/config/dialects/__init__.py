@@ -105,25 +105,29 @@ def _sources(path, overrides, primus_path) -> Sources:
         dialect = "maxtext" if framework == "maxtext" else "primus"
         # Primus hands all its settings to MaxText as overrides: the model file sits just
         # above the module presets.
-        at = sum(1 for layer in layers if layer.kind == "defaults")
-        return Sources(_with_model(layers + [cli], main_path, chain, at), dialect)
+        return Sources(_with_model(layers + [cli], main_path, chain, _defaults_count(layers)),
+                       dialect)
     layers = maxtext.chain_layers(chain, _file_name(main_path), "file")
     dialect = pgs.dialect_of(chain[-1][1])
     if dialect is None:
-        writes_maxtext = any(layer.kind == "defaults" for layer in layers) or any(
+        writes_maxtext = _defaults_count(layers) > 0 or any(
             data.get("framework") == "maxtext" for _, data in chain)
         if writes_maxtext or _maxtext_spelling(layers + [cli]):
             dialect = "maxtext"
-            if not any(layer.kind == "defaults" for layer in layers):
+            if not _defaults_count(layers):
                 layers.insert(0, maxtext.base_layer(BUILTIN_BASE, {}))
         else:
             dialect = "megatron"
     layers.append(cli)
     # MaxText merges the model file over the config files, under the command line; elsewhere
     # model_name is a preset under the files.
-    at = len(layers) - 1 if dialect == "maxtext" else sum(
-        1 for layer in layers if layer.kind == "defaults")
+    at = len(layers) - 1 if dialect == "maxtext" else _defaults_count(layers)
     return Sources(_with_model(layers, main_path, chain, at), dialect)
+
+
+def _defaults_count(layers: list[Layer]) -> int:
+    """How many layers are a default set (they come first)."""
+    return sum(1 for layer in layers if layer.kind == "defaults")
 
 
 def _file_name(main: pathlib.Path):
