@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.data import sft
 from jaxtrain.data.batches import TokenData, global_batches, make_batch
 from jaxtrain.data.sources import heldout_test_data, validation_data
 from jaxtrain.loss import model_loss
@@ -113,8 +114,11 @@ class Evaluator:
     def __init__(self, sets: list[EvalSet], step_fn, tcfg, *, test: EvalSet | None = None,
                  put_batch: Callable[[dict], dict] | None = None,
                  rows: tuple[int, int] | None = None, multiple: bool = False,
+                 weights: dict[str, float] | None = None,
+                 floors: dict[str, float] | None = None,
                  logger: logging.Logger | None = None):
         self.sets, self.test_set, self.tcfg = sets, test, tcfg
+        self.weights, self.floors = weights, floors or {}
         self.step_fn = step_fn
         self.put_batch = put_batch or _default_put
         self.rows, self.multiple = rows, multiple
@@ -153,8 +157,13 @@ class Evaluator:
             if layout is not None:
                 put_batch = functools.partial(layout.put_batch, rows=eval_rows)
                 rows = layout.local_rows(eval_rows)
+        sources = sft.eval_sources(cfg) if cfg["data.eval_sources"] else []
         return cls(sets, step, tcfg, test=test, put_batch=put_batch, rows=rows,
-                   multiple=tcfg.multiple_validation_sets, logger=logger)
+                   multiple=tcfg.multiple_validation_sets or bool(sources),
+                   weights={s.name: 1.0 if s.weight is None else s.weight for s in sources}
+                   or None,
+                   floors={s.name: s.regression_floor for s in sources
+                           if s.regression_floor is not None}, logger=logger)
 
     @property
     def enabled(self) -> bool:
@@ -174,13 +183,20 @@ class Evaluator:
         collect = self.tcfg.manual_gc and self.tcfg.manual_gc_eval
         if collect:
             gc.collect()
-        out, total, count = {}, 0.0, 0.0
+        out, total, count, losses = {}, 0.0, 0.0, {}
         for s in self.sets:
             s_total, s_count = self._pass(s, params, quant_state)
             total, count = total + s_total, count + s_count
+            losses[s.name] = s_total / max(s_count, 1.0)
             if self.multiple:
                 out.update(_metrics(f"val/{s.name}/", s_total, s_count))
+            if losses[s.name] > self.floors.get(s.name, math.inf):
+                self.log.warning("validation at step %d: %s loss %.4f is above its "
+                                 "regression_floor %.4f", step, s.name, losses[s.name],
+                                 self.floors[s.name])
         out = {**_metrics("val_", total, count), **out}
+        if self.weights:
+            out["val_composite"] = composite(losses, self.weights)
         self.log.info("validation at step %d | %s", step, describe(out))
         if collect:
             gc.collect(generation=0)
@@ -294,6 +310,15 @@ def _blank(sample):
     if isinstance(sample, dict):
         return {k: np.zeros_like(v) for k, v in sample.items()}
     return np.zeros_like(sample)
+
+
+def composite(losses: dict[str, float], weights: dict[str, float]) -> float:
+    """pgs eval_sources: the weighted mean of the sources' losses, the number best-model
+    tracking minimises."""
+    total = sum(weights[n] for n in losses)
+    if total <= 0:
+        raise ConfigError("data.eval_sources: the weights sum to 0")
+    return sum(weights[n] * v for n, v in losses.items()) / total
 
 
 def _metrics(prefix: str, total: float, count: float) -> dict:

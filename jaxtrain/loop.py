@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxtrain import models
-from jaxtrain.checkpoint import Checkpointer
+from jaxtrain.checkpoint import Checkpointer, hf_init
 from jaxtrain.checks import BuildError, Checks, TrainingError
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.data.batches import global_batches
@@ -32,7 +32,8 @@ from jaxtrain.observe import (MemoryProfile, MemoryReport, Observers, ProfileWin
 from jaxtrain.observe.health import Health
 from jaxtrain.optim.optimizers import (HOST_MEMORY, OptimConfig, build_optimizer,
                                        with_opt_state_memory_kind)
-from jaxtrain.optim.schedules import (ScheduleConfig, batch_size_at, make_lr_schedule,
+from jaxtrain.optim.schedules import (ScheduleConfig, batch_size_at, ga_ramp_sizes,
+                                      make_lr_schedule,
                                       make_weight_decay_schedule, rampup_train_iters)
 from jaxtrain.parallel.mesh import MeshConfig, make_mesh
 from jaxtrain.parallel.replicas import replica_mismatches
@@ -128,7 +129,8 @@ class Setup:
     abstract: TrainState          # shapes and dtypes of the state
     shardings: TrainState         # where each part of the state lives
     state: TrainState | None      # the initial state, already sharded
-    step_fn: Any                  # the jitted train step
+    step_fn: Any                  # the jitted train step (state, batch[, frozen])
+    frozen: dict | None = None    # parameter trees the step reads but never trains
 
     @property
     def rows(self) -> int:
@@ -176,7 +178,10 @@ def build(cfg, devices=None, tcfg: TrainConfig | None = None, materialize: bool 
         model_cfg, tcfg, optimizer, schedule, memory_movers(shardings.opt_state), layout=layout,
         grad_shardings=layout.grads(models.logical_axes(model_cfg), abstract.params),
         params_memory=memory_movers(shardings.params))
-    step_fn = jax.jit(train_step, in_shardings=(shardings, layout.batch()),
+    in_shardings = (shardings, layout.batch())
+    if tcfg.objective.needs_base:   # the frozen base weights, a third argument
+        in_shardings += ({"base": jax.tree.map(device_memory, shardings.params)},)
+    step_fn = jax.jit(train_step, in_shardings=in_shardings,
                       out_shardings=(shardings, layout.replicated()), donate_argnums=0)
     return Setup(data, model_cfg, tcfg, steps, layout, schedule, optimizer, abstract, shardings,
                  state, step_fn)
@@ -251,13 +256,24 @@ def _train(cfg, tcfg, logger, devices) -> dict:
     restored = None
     if cfg.get("moe_use_upcycling"):
         state = upcycled_state(run, ckpt, logger)
-        ckpt.maybe_save(0, state, 0, force=True, extra={"eval": evaluator.state()})
+        ckpt.maybe_save(0, state, 0, force=True, extra=_extra(evaluator, ckpt))
     else:
         restored = ckpt.restore(state)
+        hf_dir = hf_init.model_dir(cfg) if restored is None else None
+        if hf_dir is not None:
+            state = hf_init.start_from_hf(state, hf_dir, run.model_cfg, run.optimizer,
+                                          run.abstract, run.shardings,
+                                          jax.tree.map(device_memory, run.shardings))
+            logger.info("weights from %s (model.name_or_path)", hf_dir)
+    if tcfg.objective.needs_base:   # pgs pre_rl: the starting weights, frozen, for the KL
+        on_device = jax.tree.map(device_memory, run.shardings)
+        run.frozen = {"base": hf_init.load_params(hf_init.model_dir(cfg), run.model_cfg,
+                                                  run.abstract.params, on_device.params)}
     first, consumed = 1, 0
     if restored is not None:
         state, consumed = restored
         first = int(state.step) + 1
+        ckpt.best = ckpt.restored_extra.get("best")   # save_hf's best model so far
         if "eval" in ckpt.restored_extra:
             evaluator.restore(ckpt.restored_extra["eval"])
         else:
@@ -343,6 +359,9 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
                                   rampup=tcfg.rampup,
                                   micro_times_dp=tcfg.micro_batch_size * tcfg.data_parallel_size,
                                   decrease_if_needed=tcfg.decrease_batch_size_if_needed)
+    elif tcfg.ga_ramp_start:
+        sizes = ga_ramp_sizes(tcfg.ga_ramp_start, tcfg.num_microbatches, steps,
+                              tcfg.micro_batch_size * tcfg.data_parallel_size)
     batches = global_batches(data, tcfg, seed=tcfg.seed, batch_size=sizes, consumed=consumed,
                              rows=run.layout.local_rows(run.rows))
     it, exiting, first_batch = first - 1, False, None
@@ -352,9 +371,14 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
         if tcfg.reuse_example_batch:   # MaxText: every step trains on the first batch again
             first_batch = batch
         consumed += batch["tokens"].shape[0] * run.rows
+        if it in tcfg.iterations_to_skip:   # Megatron: the batch is read and dropped
+            state = dataclasses.replace(state, step=jax.device_put(state.step + 1,
+                                                                   run.shardings.step))
+            logger.info("iterations_to_skip: step %d's batch read and dropped, no update", it)
+            continue
         t0 = time.perf_counter()
         watch.window.step_begin(it)
-        state, metrics = run.step_fn(state, batch)
+        state, metrics = run.step_fn(state, batch, *([run.frozen] if run.frozen else []))
         if watch.health is not None and watch.health.due(it):
             metrics = {**metrics, **watch.health.fields(it, state.params, batch,
                                                         quant_state=state.quant_state)}
@@ -366,10 +390,11 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
         if evaluator.due(it):
             report.finish(*pending)
             pending = None
-            watch.log.write_eval({"step": it, **evaluator.run(state.params, it,
-                                                              quant_state=state.quant_state)})
+            row = evaluator.run(state.params, it, quant_state=state.quant_state)
+            watch.log.write_eval({"step": it, **row})
+            ckpt.track_best(state.params, it, row)
         with watch.timers("save-checkpoint", level=1):
-            saved = ckpt.maybe_save(it, state, consumed, extra={"eval": evaluator.state()})
+            saved = ckpt.maybe_save(it, state, consumed, extra=_extra(evaluator, ckpt))
         if pending is not None:  # the save belongs to this step's row too
             watch.timers.merge_into(phases)
         if saved:
@@ -396,13 +421,20 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
     if pending is not None:
         report.finish(*pending, force=True)
     if it >= first and (exiting or ckpt.ccfg.save_last):
-        ckpt.maybe_save(it, state, consumed, force=True, extra={"eval": evaluator.state()})
+        ckpt.maybe_save(it, state, consumed, force=True, extra=_extra(evaluator, ckpt))
     if not exiting:
         if evaluator.enabled and it >= first:
-            watch.log.write_eval({"step": it, **evaluator.final(state.params, it,
-                                                                quant_state=state.quant_state)})
+            row = evaluator.final(state.params, it, quant_state=state.quant_state)
+            watch.log.write_eval({"step": it, **row})
+            ckpt.track_best(state.params, it, row)
         ckpt.export_final(state.params)
     return it, consumed
+
+
+def _extra(evaluator, ckpt) -> dict:
+    """What a checkpoint keeps beside the state: the validation sets' positions and the best
+    validation result so far (save_hf's best/ model)."""
+    return {"eval": evaluator.state(), "best": ckpt.best}
 
 
 def _check_replicas(params, step: int):

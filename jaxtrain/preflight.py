@@ -65,6 +65,22 @@ def _restore_inputs(ccfg) -> None:
                           f"start from scratch")
 
 
+def _hf_weights(cfg, model_cfg, ccfg) -> None:
+    """The weights model.name_or_path starts a fresh run from: readable, and an embedding with
+    the model's vocabulary. A run that will resume from a checkpoint needs none."""
+    from jaxtrain.checkpoint import hf_init
+
+    path = hf_init.model_dir(cfg)
+    resumes = (ccfg.resume_from is not None or ccfg.load is not None
+               or ccfg.pretrained is not None
+               or (ccfg.auto_resume and ccfg.save_dir is not None and ccfg.save_dir.exists()))
+    if path is None or resumes:
+        return
+    hf_init.check_weights(path)
+    if model_cfg is not None:
+        hf_init.check_vocab(path, model_cfg)
+
+
 def preflight(cfg, world_size: int | None = None) -> None:
     """Build every device-free part of the run; raise one ConfigError with all problems.
 
@@ -120,5 +136,7 @@ def preflight(cfg, world_size: int | None = None) -> None:
     attempt("checkpointing", lambda: _restore_inputs(CheckpointConfig.from_config(
         cfg, run_dir(cfg))))
     attempt("loss scaling", lambda: LossScaleConfig.from_config(cfg))
+    attempt("model weights", lambda: _hf_weights(cfg, model_cfg, CheckpointConfig.from_config(
+        cfg, run_dir(cfg))))
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))

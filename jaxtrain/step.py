@@ -4,8 +4,10 @@ The step runs the global batch as ``M`` microbatches under ``lax.scan``, accumul
 gradients; normalises the loss as Megatron does (``calculate_per_token_loss``: over all tokens
 of the global batch; otherwise the mean over microbatches and data-parallel shards of each
 shard's token mean); unscales and checks fp16 gradients; skips pgs gradient spikes; and
-applies the optax update. A skipped step (fp16 overflow, spike) keeps params and optimizer
-state, so neither the optimizer's count nor the LR schedule advances.
+applies the optax update. The per-token loss is plain cross-entropy or one of pgs's
+token-weighting objectives (``TrainConfig.objective``), with pgs sym_noise's embedding noise
+when set; evaluation keeps plain cross-entropy. A skipped step (fp16 overflow, spike) keeps
+params and optimizer state, so neither the optimizer's count nor the LR schedule advances.
 
 Batch layout: ``tokens``, ``targets``, ``loss_mask`` (and optionally ``positions``,
 ``segment_ids``) shaped [M, B, T], B = micro_batch_size x data-parallel size.
@@ -146,21 +148,30 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
     pin = ((lambda t: jax.lax.with_sharding_constraint(t, grad_shardings))
            if grad_shardings is not None else (lambda t: t))
 
-    def micro_loss(params, qstate, micro, weights_BT, rng, moe_state, scale, num_micro):
+    def micro_loss(params, qstate, micro, weights_BT, rng, moe_state, scale, num_micro,
+                   base_params):
         """(objective x scale, (LM loss, MoE stats)): the objective adds the MoE aux losses
-        (summed over layers, weighted by their coefficients) averaged over microbatches."""
+        (summed over layers, weighted by their coefficients) averaged over microbatches. pgs
+        pre_rl's loss is a mean over the microbatch's tokens, averaged over microbatches."""
         lm, stats = model_loss(params, micro, weights_BT, model_cfg, quant_state=qstate,
                                moe_state=moe_state, train=True, rng=rng,
                                num_chunks=tcfg.loss_chunks,
-                               half_precision=tcfg.half_precision_loss)
+                               half_precision=tcfg.half_precision_loss,
+                               objective=tcfg.objective, embed_noise=tcfg.embed_noise,
+                               base_params=base_params)
+        if tcfg.objective.needs_base:
+            lm = lm / num_micro
         aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
         return (lm + aux) * scale, (lm, stats)
 
-    def step(state: TrainState, batch: dict):
+    def step(state: TrainState, batch: dict, frozen: dict | None = None):
+        """``frozen``: parameter trees held beside the state, never trained ({"base": the
+        starting weights} for pgs pre_rl)."""
         with layout.activations() if layout is not None else contextlib.nullcontext():
-            return _step(dataclasses.replace(state, params=params_in(state.params)), batch)
+            return _step(dataclasses.replace(state, params=params_in(state.params)), batch,
+                         frozen or {})
 
-    def _step(state: TrainState, batch: dict):
+    def _step(state: TrainState, batch: dict, frozen: dict):
         weights_MBT = _loss_weights(batch["loss_mask"], tcfg)
         scale = state.loss_scale.scale if state.loss_scale is not None else jnp.float32(1.0)
         rng, step_rng = jax.random.split(state.rng)
@@ -174,7 +185,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             # see jaxtrain.quant.matmul): each microbatch's forward/backward moves it one call on.
             (_, (lm, stats)), (g, qstate) = jax.value_and_grad(
                 lambda p, q: micro_loss(p, q, micro, weights_BT, jax.random.fold_in(step_rng, i),
-                                        moe_state, scale, M),
+                                        moe_state, scale, M, frozen.get("base")),
                 argnums=(0, 1), has_aux=True)(state.params, qstate)
             grads = pin(jax.tree.map(lambda a, b: a + b.astype(accum_dtype), grads, g))
             if moe_sum is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.loss import CE, TokenObjective
 from jaxtrain.loss_scale import LossScaleConfig
 from jaxtrain.optim.schedules import parse_rampup
 
@@ -45,6 +46,45 @@ def _data_epochs(cfg) -> int | None:
     if epochs is None or epochs < 1:
         raise ConfigError(f"num_epoch must be at least 1, got {epochs}")
     return epochs
+
+
+# pgs plugins that choose the token-weighting objective (config/rules.py allows one)
+_OBJECTIVE_KNOBS = ("dft", "deft", "cadft", "info_sft", "pre_rl")
+
+
+def _objective(cfg) -> TokenObjective:
+    """The training objective pgs's plugins.* choose (plain CE when none is on)."""
+    on = [k for k in _OBJECTIVE_KNOBS if cfg[f"plugins.{k}"]]
+    if len(on) > 1:
+        raise ConfigError("choose one token-weighting objective, not "
+                          + " and ".join(f"plugins.{k}" for k in on))
+    if not on:
+        return CE
+    pbar = cfg["plugins.info_sft_pbar"]
+    if on == ["info_sft"] and not 0.0 < pbar < 1.0:
+        raise ConfigError(f"plugins.info_sft_pbar must lie strictly between 0 and 1, got {pbar}")
+    if on == ["pre_rl"] and not cfg["model.name_or_path"]:
+        raise ConfigError("plugins.pre_rl anchors training to the base model by KL: name it in "
+                          "model.name_or_path (a Hugging Face model directory)")
+    return TokenObjective(on[0], cadft_beta=float(cfg["plugins.cadft_beta"]),
+                          info_sft_pbar=float(pbar),
+                          entropy_coeff=float(cfg["plugins.pre_rl_entropy_coeff"]),
+                          kl_coeff=float(cfg["plugins.pre_rl_kl_coeff"]))
+
+
+def _ga_ramp_start(cfg) -> int:
+    """pgs train.ga_ramp_start: 0 (off), or the micro-batch count of the first step when it is
+    below the full count; the ramp needs the run's length given (pgs's rule)."""
+    start, full = cfg["train.ga_ramp_start"] or 0, cfg.derived["num_microbatches"]
+    if not 0 < start < full:
+        return 0
+    if cfg["rampup_batch_size"]:
+        raise ConfigError("train.ga_ramp_start and rampup_batch_size both ramp the batch; "
+                          "keep one")
+    if cfg["train_iters"] is None:
+        raise ConfigError("train.ga_ramp_start ramps accumulation with the run's progress: set "
+                          "train.max_steps (the length the ramp spans)")
+    return start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +130,14 @@ class TrainConfig:
     weight_hash_interval: int | None = None
     # MaxText num_epoch: the run ends when the text data has been read this many times
     data_epochs: int | None = None
+    # the per-token training loss: plain CE or a pgs token-weighting objective (plugins.*)
+    objective: TokenObjective = CE
+    # pgs sym_noise: alpha of the ±alpha/sqrt(T·D) input-embedding noise in training; 0 off
+    embed_noise: float = 0.0
+    # pgs ga_ramp_start: micro-batches per step at step 1, growing to num_microbatches; 0 off
+    ga_ramp_start: int = 0
+    # Megatron iterations_to_skip: steps whose batch is read and dropped
+    iterations_to_skip: frozenset = frozenset()
 
     @classmethod
     def from_config(cls, cfg) -> "TrainConfig":
@@ -137,4 +185,9 @@ class TrainConfig:
             multiple_validation_sets=cfg["multiple_validation_sets"],
             skip_train=cfg["skip_train"], manual_gc_eval=cfg["manual_gc_eval"],
             reuse_example_batch=bool(cfg["reuse_example_batch"]),
-            weight_hash_interval=cfg["check_weight_hash_across_dp_replicas_interval"])
+            weight_hash_interval=cfg["check_weight_hash_across_dp_replicas_interval"],
+            objective=_objective(cfg),
+            embed_noise=float(cfg["plugins.sym_noise_alpha"]) if cfg["plugins.sym_noise"]
+            else 0.0,
+            ga_ramp_start=_ga_ramp_start(cfg),
+            iterations_to_skip=frozenset(cfg["iterations_to_skip"] or ()))

@@ -56,14 +56,25 @@ TINY_HF_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "
                  "tie_word_embeddings": False}
 
 
-def write_hf_model(path, config=None, **changes) -> pathlib.Path:
-    """A Hugging Face model directory holding only config.json (``config``, default a tiny
-    Llama, with ``changes``): what model.name_or_path reads the architecture from."""
+def write_hf_model(path, config=None, weights: bool = False, **changes) -> pathlib.Path:
+    """A Hugging Face model directory holding config.json (``config``, default a tiny Llama,
+    with ``changes``): what model.name_or_path reads the architecture from; with ``weights``
+    also random weights in model.safetensors, what a run starts from."""
     import json
 
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({**(config or TINY_HF_LLAMA), **changes}))
+    config = {**(config or TINY_HF_LLAMA), **changes}
+    (path / "config.json").write_text(json.dumps(config))
+    if weights:
+        import jax
+        from safetensors.numpy import save_file
+
+        from jaxtrain.models import hf, init
+
+        cfg = hf.config_from_hf(config)
+        tensors = hf._hf_tensors(init(cfg, jax.random.key(0)), cfg, config["model_type"])
+        save_file(tensors, str(path / "model.safetensors"))
     return path
 
 

@@ -6,6 +6,7 @@ import pathlib
 
 from jaxtrain.checkpoint.compat import TORCH_CONVERSION
 from jaxtrain.checkpoint.layout import FINAL_DIR
+from jaxtrain.config.dialects import hf as hf_config
 from jaxtrain.config.errors import ConfigError
 
 
@@ -26,6 +27,22 @@ def schedule_policy(cfg) -> str:
     return "checkpoint" if use_ckpt else "config" if override else "check"
 
 
+def side_dirs(cfg) -> tuple:
+    """Directories whose tokenizer and generation files go into exported models: the
+    tokenizer's, then the model's (model.name_or_path)."""
+    out = []
+    tok = cfg.get("tokenizer_model")
+    if tok and pathlib.Path(str(tok)).is_dir():
+        out.append(pathlib.Path(str(tok)))
+    name = cfg.get("model.name_or_path")
+    if name:
+        try:
+            out.append(hf_config.locate(str(name)))
+        except ConfigError:
+            pass
+    return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
     save_dir: pathlib.Path | None = None       # where step checkpoints go; None saves none
@@ -37,6 +54,8 @@ class CheckpointConfig:
     save_rng: bool = True
     save_last: bool = True                     # save when training ends (disable_last_saving)
     final_dir: pathlib.Path | None = None      # HF export at the end (pgs train.save_final)
+    hf_steps: bool = False                     # save_hf: each save (and the best) as HF too
+    side_dirs: tuple = ()                      # where the tokenizer/generation files come from
     auto_resume: bool = False                  # resume from save_dir's newest complete one
     resume_from: pathlib.Path | None = None    # pgs: resume fully from this checkpoint
     load: pathlib.Path | None = None           # Megatron load directory (or a step directory)
@@ -84,6 +103,8 @@ class CheckpointConfig:
             save_optim=not cfg.get("no_save_optim"), save_rng=not cfg.get("no_save_rng"),
             save_last=not cfg.get("disable_last_saving"),
             final_dir=pathlib.Path(save) / FINAL_DIR if (save_final and save) else None,
+            hf_steps=bool(cfg.get("save_hf") and save_dir is not None),
+            side_dirs=side_dirs(cfg),
             auto_resume=bool(cfg.get("auto_continue_train") or maxtext or resume == "auto"),
             resume_from=pathlib.Path(resume) if resume and resume != "auto" else None,
             load=pathlib.Path(cfg["load"]) if cfg.get("load") else None,

@@ -46,8 +46,9 @@ class Checkpointer(Restoring):
         # dist_ckpt_strictness return_*: leaf names per item that the last restore found only
         # in this run ("unexpected", Megatron's word) or only in the checkpoint ("missing")
         self.mismatch: dict = {"unexpected": {}, "missing": {}}
-        if ccfg.final_dir is not None and model_cfg is not None:
+        if (ccfg.final_dir is not None or ccfg.hf_steps) and model_cfg is not None:
             export.check_exportable(model_cfg)
+        self.best: float | None = None
 
     @classmethod
     def from_config(cls, cfg, run_directory, model_cfg=None, logger=None) -> "Checkpointer":
@@ -129,6 +130,10 @@ class Checkpointer(Restoring):
                 return False
             self._write(self.saver, step, state, consumed, extra)
             self.last_saved = step
+            if c.hf_steps and self.model_cfg is not None:
+                export.write_model(state.params, self.model_cfg, export.step_dir(c.save_dir, step),
+                                   c.side_dirs)
+                export.purge_steps(c.save_dir, set(self.saver.all_steps()) | {step})
             self.log.info("checkpoint step %d %s %s", step,
                           "being written to" if c.async_save else "saved in",
                           c.save_dir / f"{STEP_PREFIX}_{step}")
@@ -182,7 +187,24 @@ class Checkpointer(Restoring):
         """pgs train.save_final: the model in Hugging Face format in ``<save>/final``."""
         if self.ccfg.final_dir is None or self.model_cfg is None:
             return None
-        return export.export_final(params, self.model_cfg, self.ccfg.final_dir, self.log)
+        return export.export_final(params, self.model_cfg, self.ccfg.final_dir, self.log,
+                                   self.ccfg.side_dirs)
+
+    def track_best(self, params, step: int, metrics: dict) -> pathlib.Path | None:
+        """save_hf with validation: the model in ``<save>/best`` whenever ``val_composite``
+        (pgs eval_sources), else ``val_loss``, reaches a new low."""
+        c = self.ccfg
+        metric = "val_composite" if "val_composite" in metrics else "val_loss"
+        if not c.hf_steps or self.model_cfg is None or metric not in metrics:
+            return None
+        value = float(metrics[metric])
+        if self.best is not None and value >= self.best:
+            return None
+        self.best = value
+        path = export.write_best(params, self.model_cfg, c.save_dir, step, metric, value,
+                                 c.side_dirs)
+        self.log.info("best model so far (%s %.4f at step %d) in %s", metric, value, step, path)
+        return path
 
     def wait(self):
         for manager in self._writers.values():

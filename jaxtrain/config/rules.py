@@ -421,6 +421,13 @@ def pgs(c: Context):
     weighting = [k for k in _TOKEN_WEIGHTING if c.get(k)]
     if len(weighting) > 1:
         c.error(f"choose one token-weighting objective, not {' and '.join(weighting)}")
+    scaled = c.get("data.turn_scaling", "uniform") != "uniform"
+    if scaled and any(k != "plugins.deft" for k in weighting):
+        c.error(f"data.turn_scaling {c.get('data.turn_scaling')} weights the cross-entropy "
+                f"(and DEFT); {weighting[0]} replaces it: keep one (pgs)")
+    if c.get("data.pretokenize") and c.get("data.msft_tracking"):
+        c.error("data.pretokenize fixes the data stream on disk, and data.msft_tracking would "
+                "change it during training: keep one (pgs)")
     if c.get("plugins.schedule_free"):
         for k in ("train.mona", "train.hyperball"):
             if c.get(k):

@@ -69,6 +69,8 @@ class TokenData:
     seed: int | None = None  # the order's seed when not the run's (pgs data.seed)
     pad: int | None = None   # Megatron's GPT-dataset pad id (gpt_dataset.dataset_pad_id)
     megatron_order: bool = False  # cyclic: Megatron's sampler order (MegatronCyclicOrder)
+    group_lengths: Any = None     # [N] sample lengths: order by length groups (LengthGroups)
+    group_buffer: int = 0         # pgs data.length_group_buffer
 
     @property
     def num_samples(self) -> int:
@@ -154,6 +156,8 @@ def make_batch(rows, data: TokenData, per_micro: int) -> dict:
             batch["loss_mask"] = (s_in > 0).astype(np.float32)
         if data.eod_mask_loss:
             batch["loss_mask"][inputs == data.eod] = 0.0
+        if "weights" in rows:          # per-token loss weights of the targets (chat data)
+            batch["loss_mask"] *= np.asarray(rows["weights"][:, 1:], np.float32)
         if "keep" in rows:             # a sample kept out of the loss entirely (keep 0)
             batch["loss_mask"] *= np.asarray(rows["keep"], np.float32).reshape(n, 1)
     else:
@@ -242,6 +246,40 @@ class MegatronCyclicOrder:
         return (row % self.mbs) * self.dp + row // self.mbs
 
 
+class LengthGroups:
+    """pgs's length-grouped order (``data.length_group_buffer``), endless and random-access.
+
+    Each epoch is a fresh seeded shuffle, cut into buffers of ``buffer`` samples (rounded down
+    to whole groups); each buffer is sorted by length and cut into groups of ``group`` samples,
+    one microbatch step's rows, and its full groups are shuffled (a partial group, only in the
+    last buffer, comes last). A step's rows then differ little in length, which is what lets
+    padding shrink. Position ``j`` is sample ``order(j // N)[j % N]``.
+    """
+
+    def __init__(self, samples, lengths, buffer: int, group: int, seed: int):
+        self.samples, self.lengths = samples, np.asarray(lengths)
+        self.buffer, self.group, self.seed = max(buffer - buffer % group, group), group, seed
+        self._epoch = (None, None)
+
+    def order(self, epoch: int) -> np.ndarray:
+        if self._epoch[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            perm, out = rng.permutation(len(self.lengths)), []
+            for start in range(0, len(perm), self.buffer):
+                chunk = perm[start:start + self.buffer]
+                chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+                groups = [chunk[i:i + self.group] for i in range(0, len(chunk), self.group)]
+                full = [g for g in groups if len(g) == self.group]
+                rest = [g for g in groups if len(g) < self.group]
+                out += [full[i] for i in rng.permutation(len(full))] + rest
+            self._epoch = (epoch, np.concatenate(out))
+        return self._epoch[1]
+
+    def __getitem__(self, j: int):
+        epoch, k = divmod(j, len(self.lengths))
+        return self.samples[int(self.order(epoch)[k])]
+
+
 def ordered(data: TokenData, seed: int, tcfg=None):
     """The sample order as an endless random-access source (position -> sample): a grain
     MapDataset, or Megatron's cyclic order (``data.megatron_order``, no ``data.seed``; needs
@@ -251,6 +289,10 @@ def ordered(data: TokenData, seed: int, tcfg=None):
             and tcfg is not None):
         return MegatronCyclicOrder(data.samples, tcfg.micro_batch_size,
                                    tcfg.data_parallel_size)
+    if data.group_lengths is not None and data.dataloader_type == "cyclic" and tcfg is not None:
+        return LengthGroups(data.samples, data.group_lengths, data.group_buffer,
+                            tcfg.micro_batch_size * tcfg.data_parallel_size,
+                            seed if data.seed is None else data.seed)
     ds = grain.MapDataset.source(data.samples)
     if data.dataloader_type == "cyclic":
         ds = ds.shuffle(seed=seed if data.seed is None else data.seed)

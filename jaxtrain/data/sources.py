@@ -59,12 +59,12 @@ import dataclasses
 import itertools
 import json
 import os
-import re
 
 import numpy as np
 
 from jaxtrain.config.errors import ConfigError
-from jaxtrain.data import corpus, gpt_dataset, grain_files, olmo, text_files
+from jaxtrain.data import corpus, gpt_dataset, grain_files, olmo, sft, text_files
+from jaxtrain.data.rows import SPLIT_WORDS, _names_split, eval_files
 from jaxtrain.data.batches import TokenData, windows
 from jaxtrain.data.tokenizers import build_tokenizer
 
@@ -451,6 +451,9 @@ def _training_data(cfg) -> TokenData:
         return _random_tokens(cfg, "mock_data")
     if has_megatron_paths(cfg):
         return _megatron(cfg)
+    if sft.wanted(cfg):
+        tok = _text_tokenizer(cfg, "data.dataset")
+        return sft.training_data(cfg, tok, _vocab(cfg, tok, "data.dataset"))
     if cfg.is_set("data.dataset"):
         return _text(cfg, _dataset_files(cfg), "data.dataset")
     kind = cfg["dataset_type"]
@@ -503,6 +506,9 @@ def data_plan(cfg) -> DataPlan:
                                           f"them with python -m jaxtrain.data.preprocess)")
                     files.append(f"{prefix}{ext}")
         return DataPlan("indexed", tuple(files), _vocab(cfg, build_tokenizer(cfg), "data_path"))
+    if sft.wanted(cfg):
+        tok = _text_tokenizer(cfg, "data.dataset")
+        return DataPlan("chat data", tuple(sft.plan(cfg, tok)), _vocab(cfg, tok, "data.dataset"))
     if cfg.is_set("data.dataset"):
         files = _dataset_files(cfg)
         return DataPlan("data.dataset", tuple(files), _vocab(
@@ -584,32 +590,6 @@ def _megatron_valid(cfg, tok, vocab) -> list[TokenData] | None:
     return sets
 
 
-SPLIT_NAME = r"(?:^|/){}(?:$|[-._ 0-9/])"
-SPLIT_WORDS = ("train", "test", "validation", "valid", "dev", "eval")
-
-
-def _names_split(path: str, folder: str, split: str) -> bool:
-    """Whether a file's path under ``folder`` names ``split`` (Hugging Face's convention)."""
-    rel = os.path.relpath(path, folder).replace(os.sep, "/")
-    return re.search(SPLIT_NAME.format(re.escape(split)), rel) is not None
-
-
-def eval_files(spec: str, split: str, what: str = "data.eval_dataset",
-               split_key: str = "data.eval_split") -> list[str]:
-    """The files of ``spec``; for a directory only those named by ``split`` (a directory whose
-    files name no split at all holds only the "train" split, as Hugging Face reads it)."""
-    files = text_files.expand(spec, what)
-    if not os.path.isdir(spec):
-        return files
-    chosen = [f for f in files if _names_split(f, spec, split)]
-    if chosen:
-        return chosen
-    if split == "train" and not any(_names_split(f, spec, w) for f in files for w in SPLIT_WORDS):
-        return files
-    raise ConfigError(f"{what} {spec!r}: no file of split {split!r} (a file or folder name "
-                      f"starting with {split!r}); set {split_key} to the split to use")
-
-
 def _has_megatron_eval_paths(cfg) -> bool:
     return has_megatron_paths(cfg) or bool(cfg["valid_data_path"] or cfg["test_data_path"])
 
@@ -626,10 +606,13 @@ def validation_data(cfg) -> list[TokenData] | None:
     if _has_megatron_eval_paths(cfg):
         tok = build_tokenizer(cfg)
         return _megatron_valid(cfg, tok, _vocab(cfg, tok, "data_path"))
+    if cfg["data.eval_samples"] < 1 and (cfg["data.eval_dataset"] or cfg["data.eval_sources"]):
+        raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
+                          "subset needs at least one sample")
+    if cfg["data.eval_sources"] or (cfg["data.eval_dataset"] and sft.wanted(cfg)):
+        tok = _text_tokenizer(cfg, "data.eval_dataset")
+        return sft.validation_sets(cfg, tok, _vocab(cfg, tok, "data.eval_dataset"))
     if cfg["data.eval_dataset"]:
-        if cfg["data.eval_samples"] < 1:
-            raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
-                              "subset needs at least one sample")
         files = eval_files(cfg["data.eval_dataset"], cfg["data.eval_split"])
         return [_text(cfg, files, "data.eval_dataset", limit=cfg["data.eval_samples"])]
     kind = None if cfg.is_set("data.dataset") else cfg["dataset_type"]
@@ -666,10 +649,12 @@ def validation_plan(cfg) -> tuple[str, ...]:
                                           f"indexed dataset is PREFIX.bin + PREFIX.idx)")
                     files.append(f"{prefix}{ext}")
         return tuple(files)
+    if cfg["data.eval_samples"] < 1 and (cfg["data.eval_dataset"] or cfg["data.eval_sources"]):
+        raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
+                          "subset needs at least one sample")
+    if cfg["data.eval_sources"]:
+        return tuple(f for s in sft.eval_sources(cfg) for f in s.files("data.eval_sources"))
     if cfg["data.eval_dataset"]:
-        if cfg["data.eval_samples"] < 1:
-            raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
-                              "subset needs at least one sample")
         return tuple(eval_files(cfg["data.eval_dataset"], cfg["data.eval_split"]))
     kind = None if cfg.is_set("data.dataset") else cfg["dataset_type"]
     if kind == "hf":

@@ -47,7 +47,8 @@ def expand(spec: str, what: str) -> list[str]:
     return files
 
 
-def _rows(path: str):
+def file_rows(path: str):
+    """(where, row) of every row of a .jsonl, .json or .parquet file."""
     if path.endswith(".parquet"):
         try:
             import pyarrow.parquet as pq
@@ -92,7 +93,7 @@ def read_documents(paths: list[str], field: str, token_ids: bool = False,
     the other kind)."""
     for path in paths:
         n = 0
-        for where, row in _rows(path):
+        for where, row in file_rows(path):
             if not isinstance(row, dict) or field not in row:
                 chat = isinstance(row, dict) and any(k in row for k in CHAT_FIELDS)
                 raise ConfigError(f"{where}: the row has no {field!r} text field" + (

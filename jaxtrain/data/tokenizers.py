@@ -142,6 +142,12 @@ class HFTokenizer:
                               f"{type(e).__name__}: {e}") from e
         self.bos = self._tok.bos_token_id
         self.pad = self._tok.pad_token_id
+        self.path = path
+
+    @property
+    def hf(self):
+        """The ``transformers`` tokenizer itself (chat templates, offsets)."""
+        return self._tok
 
     @property
     def vocab_size(self) -> int:

@@ -378,6 +378,12 @@ _REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_p
                        "qkv_proj", "context", "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo")
 
 
+# pgs train.gradient_checkpointing -> remat_policy (pgs's selective keeps attention outputs and
+# about half the matmuls: here q/k/v, the attention context and the out projection).
+PGS_CHECKPOINTING = {"none": "none", "full": "full",
+                     "selective": "save_dot_with_context_except_mlp"}
+
+
 def _recompute(cfg: Mapping[str, Any]):
     """(remat_policy, method, num_layers, layer_ids, modules) from MaxText or Megatron knobs.
 
@@ -391,7 +397,9 @@ def _recompute(cfg: Mapping[str, Any]):
         return "full", "uniform", cfg["recompute_num_layers"] or 1, None, ()
     if granularity is None:
         policy = cfg["remat_policy"]
-        return ("none" if policy in (None, "") else policy), None, None, None, ()
+        if policy in (None, "", "none"):
+            policy = PGS_CHECKPOINTING[cfg["train.gradient_checkpointing"]]
+        return policy, None, None, None, ()
     if granularity == "selective":
         if cfg["recompute_method"] is not None or cfg["recompute_num_layers"] is not None:
             raise ValueError("recompute_granularity='selective' takes no recompute_method or "

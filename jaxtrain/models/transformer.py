@@ -345,9 +345,12 @@ def forward(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
 
 def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
                   deterministic: bool = True, rng=None, quant_state=None, moe_state=None,
-                  with_moe_stats: bool = False):
+                  with_moe_stats: bool = False, embed_noise: float = 0.0):
     """The final-normed hidden states [B,T,D] that ``logits_head`` turns into logits (the
     loss can then run the output layer chunk by chunk). Arguments as :func:`forward`.
+
+    ``embed_noise`` alpha > 0 (pgs sym_noise; only when not ``deterministic``, then ``rng`` is
+    a key): adds ±alpha/sqrt(T·D) to every input-embedding element, each sign a fair coin.
 
     ``with_moe_stats`` returns (hidden, stats): the MoE layers' router statistics stacked
     over MoE layers (``moe.route``; None without MoE). ``moe_state`` = {aux_counts
@@ -364,6 +367,11 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
         "rope": rope,
         "moe_state": moe_state,
     }
+    if embed_noise and not deterministic:
+        signs = jax.random.rademacher(
+            jax.random.fold_in(_need(rng, "embedding noise"), cfg.num_layers + 1), x.shape,
+            x.dtype)
+        x = x + signs * jnp.asarray(embed_noise / (T * cfg.hidden_size) ** 0.5, x.dtype)
     emb_rng = jax.random.fold_in(rng, cfg.num_layers) if rng is not None else None
     x = L.dropout(constrain(x, *RESIDUAL), cfg.hidden_dropout, emb_rng, deterministic
                   ).astype(cfg.residual_dtype)

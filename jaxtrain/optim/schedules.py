@@ -38,8 +38,10 @@ step, where step ``k`` is the LR of the ``k``-th update (0-based), as the refere
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Mapping
 
@@ -684,3 +686,16 @@ def rampup_train_iters(train_samples: int, global_batch_size: int, rampup) -> in
     if train_samples > consumed:
         iters += (train_samples - consumed) // global_batch_size
     return iters
+
+
+def ga_ramp_sizes(start: int, full: int, steps: int, micro_times_dp: int):
+    """pgs ``train.ga_ramp_start``: the global batch of the step starting after ``consumed``
+    samples, when step ``s`` (0-based) accumulates ``start + ⌊(full - start)·s / steps⌋``
+    micro-batches (at most ``full``) of ``micro_times_dp`` samples each."""
+    counts = [min(full, start + (full - start) * s // max(steps, 1)) for s in range(steps + 1)]
+    ends = list(itertools.accumulate(c * micro_times_dp for c in counts))
+
+    def size(consumed: int) -> int:
+        s = bisect.bisect_right(ends, consumed)
+        return (counts[s] if s < len(counts) else full) * micro_times_dp
+    return size

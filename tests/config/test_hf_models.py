@@ -154,6 +154,9 @@ def test_file_knobs_win_over_the_model(tmp_path, write):
 
 def test_dry_run_prints_the_architecture(tmp_path, write, cli):
     model = write_hf_model(tmp_path / "m", num_hidden_layers=5)
+    code, _, err = cli(_pgs_file(write, model), "--dry-run", "mock_data=true")
+    assert code == 2 and "no *.safetensors weights in" in err and "Traceback" not in err
+    model = write_hf_model(tmp_path / "m", weights=True, num_hidden_layers=5)
     code, out, err = cli(_pgs_file(write, model), "--dry-run", "mock_data=true")
     assert code == 0, err
     assert f"num_layers: 5  # model.name_or_path {model / 'config.json'}" in out

@@ -173,8 +173,8 @@ def test_pgs_dataset_folder_and_split(tmp_path, write):
     both = tokens(pgs_config(write, tmp_path, f"dataset: {plain}"))     # no split names: all
     assert set(both[both > 0].tolist()) == {2, 3, 7, 12}
     chat = helpers.write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user"}]}])
-    with pytest.raises(ConfigError, match="chat.jsonl:1: .*chat turns"):
-        training_data(pgs_config(write, tmp_path, f"dataset: {chat}"))
+    with pytest.raises(ConfigError, match="tok: the tokenizer has no chat template"):
+        training_data(pgs_config(write, tmp_path, f"dataset: {chat}"))   # chat rows: SFT
     with pytest.raises(ConfigError, match="no such local file"):
         training_data(pgs_config(write, tmp_path, "dataset: HuggingFaceH4/ultrachat_200k"))
 

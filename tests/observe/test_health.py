@@ -26,7 +26,8 @@ TINY = ["mock_data=true", "vocab_size=64", "seq_length=8", "max_position_embeddi
         "attention_dropout=0", "log_interval=1", "exp_name=run"]
 PGS = ("model: {name_or_path: null, torch_dtype: float32}\n"
        "logging: {use_wandb: false, use_trackio: false}\n"
-       "train: {gradient_accumulation_steps: 2, save_final: false}\n")
+       "train: {gradient_accumulation_steps: 2, save_final: false}\n"
+       "save_hf: false\n")
 
 
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")

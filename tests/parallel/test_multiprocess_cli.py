@@ -29,6 +29,11 @@ attention_dropout: 0.0
 log_interval: 1
 tensor_model_parallel_size: 2
 exp_name: run
+swiglu: true
+add_bias_linear: false
+normalization: RMSNorm
+position_embedding_type: rope
+train.save_final: true
 """
 
 
@@ -56,7 +61,8 @@ def _launch(tmp_path, name: str, processes: int, devices: int):
             "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(processes),
             "JAX_PROCESS_ID": str(rank)}
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "jaxtrain.train", str(config), f"workspace={tmp_path / name}"],
+            [sys.executable, "-m", "jaxtrain.train", str(config), f"workspace={tmp_path / name}",
+             f"save={tmp_path / name / 'run'}"],
             cwd=tmp_path, env=_env(devices, **extra), text=True, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE))
     outs = []
@@ -96,3 +102,15 @@ def test_only_process_zero_writes_the_run_directory(runs):
     log_lines = (multi / "jaxtrain.log").read_text()
     assert "process 0 of 2" in log_lines and "process 1 of 2" not in log_lines
     assert "loss" not in logs[1].split("process 1 of 2")[-1]  # no metrics lines on process 1
+
+
+def test_final_hugging_face_export_gathers_every_shard(runs):
+    """train.save_final in a 2-process job: the shards of both processes, written once."""
+    from safetensors.numpy import load_file
+
+    (single, _), (multi, _) = runs
+    one = load_file(single / "final" / "model.safetensors")
+    two = load_file(multi / "final" / "model.safetensors")
+    assert one.keys() == two.keys()
+    for name in one:
+        assert two[name] == pytest.approx(one[name], rel=1e-4, abs=1e-6), name

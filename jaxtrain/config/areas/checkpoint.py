@@ -70,6 +70,12 @@ KNOBS = [
     K("train.save_final", "bool", False, "At the end, export the final model in Hugging Face format "
       "to <output_dir>/final (on by default in pgs files).", "pgs-train", status=HONORED,
       doc_defaults={"pgs-train": True, "pgs-distill": True}),
+    K("save_hf", "bool", False, "Also write each saved checkpoint as a Hugging Face model in "
+      "<save>/step-<N>/model and the best validated model in <save>/best (on in pgs files).",
+      "jaxtrain", status=HONORED, doc_defaults={"pgs-train": True},
+      reason="pgs saves every checkpoint as a Hugging Face model directory beside its optimizer "
+             "state; jaxtrain resumes from its Orbax checkpoint <save>/step_<N> and writes the "
+             "model directory next to it, removed with it"),
     K("enable_checkpointing", "bool", False, "MaxText switch for writing checkpoints and resuming "
       "from the run's own latest one.", "maxtext", status=HONORED,
       doc_defaults={"maxtext": True}),

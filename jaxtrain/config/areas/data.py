@@ -238,17 +238,17 @@ KNOBS = [
     K("data.eval_samples", "int", 200, "Size of the fixed validation subset drawn from the eval "
       "dataset.", "pgs-train", status=HONORED),
 
-    # pgs: chat-SFT shaping (later SFT issue)
+    # pgs: chat-SFT shaping (jaxtrain/data/chat.py, jaxtrain/data/sft.py)
     K("data.messages_field", "str", "messages", "Row field holding the chat turns (conversations, "
-      "chat, dialogue, turns are tried too).", "pgs-train", issue=19),
+      "chat, dialogue, turns are tried too).", "pgs-train", status=HONORED),
     K("data.tools_field", "str", "tools", "Name of the column whose tool list is given to the "
-      "chat template.", "pgs-train", issue=19),
+      "chat template.", "pgs-train", status=HONORED),
     K("data.include_observations", "bool", False, "Also train on tool/observation turns, so the "
-      "model learns to predict tool output.", "pgs-train", issue=19),
+      "model learns to predict tool output.", "pgs-train", status=HONORED),
     K("data.train_on_reasoning", "bool", True, "Keep <think>/reasoning tokens in the loss; false "
-      "trains only on the final answer.", "pgs-train", issue=19),
+      "trains only on the final answer.", "pgs-train", status=HONORED),
     K("data.turn_scaling", "str", "uniform", "Per-assistant-turn loss weights (mean 1): uniform, "
-      "progressive (later heavier) or last_heavy.", "pgs-train", choices=_TURN_SCALING, issue=19),
+      "progressive (later heavier) or last_heavy.", "pgs-train", choices=_TURN_SCALING, status=HONORED),
     K("data.seq_len_curriculum", "bool", False, "Grow the longest sequence from "
       "data.seq_len_curriculum_min to data.max_seq_length over the ramp.", "pgs-train", issue=20),
     K("data.seq_len_curriculum_min", "int", 1024, "Longest sequence at the curriculum's start.",
@@ -256,21 +256,24 @@ KNOBS = [
     K("data.seq_len_curriculum_ramp_steps", "int", 1000, "Steps over which the sequence-length "
       "curriculum reaches data.max_seq_length.", "pgs-train", issue=20),
     K("data.last_turn_only", "bool", False, "Mask every assistant turn but the last, in training "
-      "and in eval scoring.", "pgs-train", issue=19),
+      "and in eval scoring.", "pgs-train", status=HONORED),
     K("data.length_group_buffer", "int", 512, "Without packing: sort this many samples by length "
-      "into batch groups to cut padding; 0 disables.", "pgs-train", issue=19),
+      "into batch groups to cut padding; 0 disables.", "pgs-train", status=HONORED,
+      reason="orders each microbatch step's rows by length groups as pgs does; jaxtrain's "
+             "batches keep the static [B, seq_length] shape (one compiled step), so the "
+             "padding saved is not yet turned into time"),
 
-    # pgs: multi-source mixing, replay and evaluation sources (later SFT issue)
+    # pgs: multi-source mixing, replay and evaluation sources (jaxtrain/data/sft.py)
     K("data.sources", "list", [], "Several training datasets, each a mapping with dataset, split, "
-      "weight, mode, messages_field.", "pgs-train", issue=19),
+      "weight, mode, messages_field.", "pgs-train", status=HONORED),
     K("data.mix_epoch", "str", "total", "What one epoch over data.sources means: total rows drawn "
-      "by weight, or until the first source runs out.", "pgs-train", choices=_MIX_EPOCH, issue=19),
+      "by weight, or until the first source runs out.", "pgs-train", choices=_MIX_EPOCH, status=HONORED),
     K("data.eval_sources", "list", [], "Validation sets scored separately and combined into a "
-      "weighted composite for best-model tracking.", "pgs-train", issue=19),
+      "weighted composite for best-model tracking.", "pgs-train", status=HONORED),
     K("data.pretrain_replay_dataset", "str", "", "Raw-text dataset mixed into SFT with loss on "
-      "every token; empty disables replay.", "pgs-train", issue=19),
+      "every token; empty disables replay.", "pgs-train", status=HONORED),
     K("data.pretrain_replay_weight", "float", 0.1, "Per-example probability of drawing a replay "
-      "document instead of an SFT example.", "pgs-train", issue=19),
+      "document instead of an SFT example.", "pgs-train", status=HONORED),
 
     # pgs: MSFT adaptive source weights (not wired in palingenesis itself)
     K("data.msft_tracking", "bool", False, "Adaptive per-source weight scheduling (MSFT), "
@@ -284,9 +287,9 @@ KNOBS = [
     K("data.msft_floor_ratio", "float", 0.1, "MSFT: lowest weight a source may reach, as a "
       "fraction of its original weight.", "pgs-train", INERT, _MSFT),
 
-    # pgs: pre-tokenised cache (later SFT issue)
+    # pgs: pre-tokenised cache (jaxtrain/data/pretokenized.py)
     K("data.pretokenize", "bool", False, "Write the fully tokenised, masked, mixed and packed "
-      "stream to disk once and train from that cache.", "pgs-train", issue=19),
+      "stream to disk once and train from that cache.", "pgs-train", status=HONORED),
     K("data.pretokenize_path", "str", "./pretokenized", "Directory of the pre-tokenised cache.",
-      "pgs-train", issue=19),
+      "pgs-train", status=HONORED),
 ]

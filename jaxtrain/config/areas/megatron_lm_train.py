@@ -1,7 +1,7 @@
 """Megatron-LM training-side arguments beyond the reference document: parallelism, DDP/FSDP
 buffers, optimizer extras, evaluation, logging, checkpoint plumbing, data, tokenizers,
 resilience, fault injection and logits distillation. Keys are Megatron-LM's argparse dests."""
-from jaxtrain.config.knob import INERT, K, REJECTED
+from jaxtrain.config.knob import HONORED, INERT, K, REJECTED
 
 _L = "megatron-lm"
 _LP = ("megatron-lm", "primus")
@@ -343,7 +343,9 @@ KNOBS = [
     K("null_tokenizer_pad_id", "int", -1, "Pad id of the NullTokenizer; -1 has no pad token.",
       _L),
     K("chat_template", "str", None, "Jinja chat template used to format conversations; null "
-      "(MaxText: empty) uses the tokenizer's own.", ("megatron-lm", "maxtext"), issue=19,
+      "(MaxText: empty) uses the tokenizer's own.", ("megatron-lm", "maxtext"), HONORED,
+      "replaces the Hugging Face tokenizer's template when chat (SFT) data is rendered "
+      "(jaxtrain/data/sft.py); the dry run checks it renders a user/assistant exchange",
       doc_defaults={"maxtext": ""}),
     K("use_gigatoken", "bool", False, "Run the Hugging Face tokenizer through gigatoken's faster "
       "re-implementation.", _L, INERT,

@@ -322,8 +322,10 @@ KNOBS = [
       "config and weights start the model.", "pgs-train", HONORED,
       "its config.json (a local directory, else a snapshot in the local Hugging Face cache; "
       "nothing is downloaded) sets the architecture knobs, under any the file sets, and a "
-      "tokenizer beside it the tokenizer (config/dialects/hf.py); null builds the model from "
-      "the architecture knobs alone",
+      "tokenizer beside it the tokenizer (config/dialects/hf.py); a fresh run starts from its "
+      "safetensors weights, placed shard by shard into the sharded state "
+      "(checkpoint/hf_init.py; the dry run checks they are there); null builds the model from "
+      "the architecture knobs alone, randomly initialised",
       doc_defaults={"pgs-train": "meta-llama/Llama-3.1-8B-Instruct", "pgs-distill": None},
       aliases=(Alias("model.student", "pgs-distill", note="the student model of distillation"),)),
     K("model.use_liger_kernel", "bool", True, "Swap in Liger's fused Triton kernels for norms, "

@@ -55,7 +55,9 @@ KNOBS = [
 
     # Training-loop and runtime knobs that Primus lists in this section
     K("iterations_to_skip", "list[int]", None, "Steps whose batch is read and dropped without an "
-      "update (to step over bad data).", _M, issue=None),
+      "update (to step over bad data).", _M, HONORED,
+      "as Megatron: the step's global batch is read and counted as consumed, no forward, "
+      "update, LR-schedule step, metrics row, validation or save happens for it"),
     K("result_rejected_tracker_filename", "str", None, "File that records rerun 'result rejected' "
       "events; its steps are added to iterations_to_skip.", _M, issue=None),
     K("enable_gloo_process_groups", "bool", True, "Create Gloo (CPU) process groups beside the "

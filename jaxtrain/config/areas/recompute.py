@@ -62,12 +62,16 @@ KNOBS = [
       "parameter.", "maxtext", choices=(0, 1), status=HONORED),
 
     # pgs gradient checkpointing
-    K("train.gradient_checkpointing", "str", "selective", "Per-layer checkpointing: full "
+    K("train.gradient_checkpointing", "str", "none", "Per-layer checkpointing: full "
       "recomputes the layer, selective keeps attention and half the matmuls, none keeps all.",
       "pgs-train", choices=("full", "selective", "none"),
-      doc_defaults={"pgs-distill": "none"},
+      doc_defaults={"pgs-train": "selective", "pgs-distill": "none"},
       aliases=(Alias("model.gradient_checkpointing", "pgs-distill", to_canonical=_full_if_true,
-                     note="a boolean: true is full, false is none"),), issue=None),
+                     note="a boolean: true is full, false is none"),), status=HONORED,
+      reason="when remat_policy and Megatron's recompute knobs leave the layer alone: full is "
+             "remat_policy full (nothing saved), selective is save_dot_with_context_except_mlp "
+             "(q/k/v, the attention output and the out projection kept, the MLP recomputed), "
+             "none keeps everything"),
 
     # MaxText remat_policy 'custom': what happens to each named activation in the backward pass
     K("decoder_layer_input", "str", "device", "remat_policy custom: each layer's input is recomputed (remat), kept on "

@@ -1,8 +1,12 @@
 """pgs SFT extras: stability and fine-tuning options of train.* and the token-weighting plugins."""
-from jaxtrain.config.knob import K
+from jaxtrain.config.knob import HONORED, K
 
 _PGS = "pgs-train"
 _MERGE_METHODS = ("lerp", "slerp")
+_PRE_RL = ("pgs's loss (entropy > 2 or KL > 0.5 nats: not imitated) against the base model: the "
+           "weights model.name_or_path names, held frozen beside the train state; pgs's own "
+           "trainer compares with logits it cached from an earlier step's batch. Computed chunk "
+           "by chunk like the cross-entropy, so the full logits never exist")
 
 KNOBS = [
     # AdaGC: per-tensor adaptive gradient clipping (replaces global clipping)
@@ -51,29 +55,29 @@ KNOBS = [
 
     # Token-weighting objectives (mutually exclusive)
     K("plugins.deft", "bool", False, "DEFT: weight each token's CE by p_t^alpha, alpha the "
-      "squared-probability mass (detached).", _PGS, issue=19),
+      "squared-probability mass (detached).", _PGS, HONORED),
     K("plugins.dft", "bool", False, "DFT: weight each token's CE by its detached target "
-      "probability.", _PGS, issue=19),
+      "probability.", _PGS, HONORED),
     K("plugins.cadft", "bool", False, "CADFT: DFT times a per-sample factor that down-weights "
-      "samples with high NLL z-scores.", _PGS, issue=19),
+      "samples with high NLL z-scores.", _PGS, HONORED),
     K("plugins.cadft_beta", "float", 1.0, "CADFT sensitivity beta in exp(-beta*max(0, z)).", _PGS,
-      issue=19),
+      HONORED),
     K("plugins.info_sft", "bool", False, "Weight tokens by their information content (InfoSFT), "
-      "rescaled to average 1.", _PGS, issue=19),
+      "rescaled to average 1.", _PGS, HONORED),
     K("plugins.info_sft_pbar", "float", 0.93, "InfoSFT reference probability; tokens above it "
-      "get no weight.", _PGS, issue=19),
+      "get no weight.", _PGS, HONORED),
 
     # Embedding noise
     K("plugins.sym_noise", "bool", False, "Add symmetric +-1 noise to the input embeddings "
-      "during training (regulariser).", _PGS, issue=19),
+      "during training (regulariser).", _PGS, HONORED),
     K("plugins.sym_noise_alpha", "float", 5.0, "Embedding noise scale alpha; magnitude is "
-      "alpha/sqrt(seq_len*hidden).", _PGS, issue=19),
+      "alpha/sqrt(seq_len*hidden).", _PGS, HONORED),
 
     # Pre-RL objective
     K("plugins.pre_rl", "bool", False, "Pre-RL: mask high-entropy/high-KL tokens from CE and add "
-      "an entropy bonus and KL anchor.", _PGS, issue=19),
+      "an entropy bonus and KL anchor.", _PGS, HONORED, _PRE_RL),
     K("plugins.pre_rl_entropy_coeff", "float", 0.1, "Pre-RL weight of the entropy bonus.", _PGS,
-      issue=19),
+      HONORED),
     K("plugins.pre_rl_kl_coeff", "float", 0.5, "Pre-RL weight of the KL penalty to the base "
-      "model.", _PGS, issue=19),
+      "model.", _PGS, HONORED),
 ]

@@ -42,7 +42,9 @@ KNOBS = [
       "null leaves the length to train_iters/train_samples.", _PGS,
       doc_defaults={"pgs-train": 1}, status=HONORED),
     K("train.exact_steps", "bool", False, "Count the steps of an epoch by one full pass over the "
-      "data pipeline before training instead of estimating them.", _PGS, issue=None),
+      "data pipeline before training instead of estimating them.", _PGS, status=INERT,
+      reason="jaxtrain reads, encodes, mixes and packs the whole dataset before the first step, "
+             "so the step count is always the exact one; there is no estimate to replace"),
 
     # --- batching ---
     K("micro_batch_size", "int", 2, "Batch each data-parallel replica runs through a single "
@@ -61,7 +63,9 @@ KNOBS = [
       aliases=(Alias("gradient_accumulation_steps", "maxtext"),),
       doc_defaults={"pgs-train": 16}, status=HONORED),
     K("train.ga_ramp_start", "int", 0, "Start accumulation at this many micro-batches and grow it "
-      "linearly to the full count over the run; 0 keeps it constant.", _PGS, issue=None),
+      "linearly to the full count over the run; 0 keeps it constant.", _PGS, status=HONORED,
+      reason="step s accumulates start + (full - start)·s // max_steps micro-batches, as pgs; "
+             "each distinct count compiles the step once"),
     K("rampup_batch_size", "list[int]|str", None, "Global-batch warm-up as 'start increment "
       "samples': grow from start by increment, reaching the full size after samples.",
       _MEGATRON, status=HONORED),

@@ -52,7 +52,8 @@ RUN_KNOBS = {"dtype": "float32", "weight_dtype": "float32", "model.attn_implemen
              "use_iota_embed": False}
 
 
-def _adapter(family: str) -> Adapter:
+def adapter(family: str) -> Adapter:
+    """The adapter of ``family`` (config.json's model_type)."""
     if family not in _BY_FAMILY:
         raise ValueError(f"family={family!r}: supported families are {FAMILIES}")
     return _BY_FAMILY[family]
@@ -72,7 +73,7 @@ def from_hf(path, **overrides) -> tuple[ModelConfig, dict]:
     hf = json.loads((path / "config.json").read_text())
     cfg = config_from_hf(hf, **overrides)
     t = Tensors(read_tensors(path))
-    params = _adapter(hf["model_type"]).params(t, cfg, hf)
+    params = adapter(hf["model_type"]).params(t, cfg, hf)
     t.done()
     # Leaves take their declared dtype: weight_dtype, but fp32 for sink logits.
     return cfg, jax.tree.map(lambda a, s: jnp.asarray(np.asarray(a, s.dtype)), params,
@@ -83,8 +84,8 @@ def from_hf(path, **overrides) -> tuple[ModelConfig, dict]:
 
 def hf_family(cfg: ModelConfig) -> str:
     """The HF family that reproduces ``cfg`` most directly."""
-    for adapter in ADAPTERS:
-        family = adapter.picks(cfg)
+    for candidate in ADAPTERS:
+        family = candidate.picks(cfg)
         if family is not None:
             return family
     raise AssertionError("the Llama adapter picks every config")
@@ -92,7 +93,7 @@ def hf_family(cfg: ModelConfig) -> str:
 
 def check_exportable(cfg: ModelConfig, family: str):
     """ValueError naming the ModelConfig fields ``family`` has no equivalent for."""
-    check(_adapter(family).problems(cfg, family), family)
+    check(adapter(family).problems(cfg, family), family)
 
 
 _check_exportable = check_exportable   # the name checkpoint.py and older callers use
@@ -101,15 +102,15 @@ _check_exportable = check_exportable   # the name checkpoint.py and older caller
 def hf_config(cfg: ModelConfig, family: str | None = None) -> dict:
     """The config.json dict for ``cfg`` in ``family`` (default :func:`hf_family`)."""
     family = family or hf_family(cfg)
-    adapter = _adapter(family)
+    chosen = adapter(family)
     check_exportable(cfg, family)
-    return {**common_config(cfg, family, adapter.architectures[family]),
-            **adapter.config(cfg, family)}
+    return {**common_config(cfg, family, chosen.architectures[family]),
+            **chosen.config(cfg, family)}
 
 
 def _hf_tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
     """The checkpoint tensors of ``params`` in ``family``'s layout (host arrays)."""
-    return _adapter(family).tensors(params, cfg, family)
+    return adapter(family).tensors(params, cfg, family)
 
 
 def to_hf(params: dict, cfg: ModelConfig, path, family: str | None = None) -> pathlib.Path:
@@ -129,5 +130,5 @@ def to_hf(params: dict, cfg: ModelConfig, path, family: str | None = None) -> pa
     return path
 
 
-__all__ = ["ADAPTERS", "FAMILIES", "HF_GROUP_SCORE_TOPK", "RUN_KNOBS", "check_exportable",
+__all__ = ["ADAPTERS", "adapter", "FAMILIES", "HF_GROUP_SCORE_TOPK", "RUN_KNOBS", "check_exportable",
            "config_from_hf", "from_hf", "hf_config", "hf_family", "to_hf"]

@@ -6,15 +6,14 @@ Legend: D hidden, N query heads, K kv heads, H head dim, F ffn hidden, E experts
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
-from safetensors import safe_open
 
 from jaxtrain.models.config import ModelConfig
+from jaxtrain.models.hf import safetensors_files
 from jaxtrain.models.layers import yarn_attention_factor
 from jaxtrain.models.params import layer_slots
 
@@ -74,19 +73,8 @@ def common_config(cfg: ModelConfig, family: str, architecture: str) -> dict:
 # ---------------------------------------------------------------- checkpoint tensors in
 
 def read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
-    tensors = {}
-    for name in files:
-        with safe_open(path / name, framework="numpy") as f:
-            for key in f.keys():
-                tensors[key] = f.get_tensor(key)
-    return tensors
+    """Tensor name -> memory-mapped array of the checkpoint in ``path`` (read lazily)."""
+    return safetensors_files.read(pathlib.Path(path))
 
 
 class Tensors:
