@@ -10,9 +10,13 @@ then gives per-device bytes:
 - ``state``: parameters + optimizer state held by one device (exact: the shard shapes);
 - ``arguments`` / ``outputs``: the step's inputs and results per device (state + batch);
 - ``temporaries``: XLA's scratch for activations and gradients. This is the CPU compiler's
-  figure; a GPU compile fuses and schedules differently, so read it as an estimate.
+  figure; a GPU compile fuses and schedules differently, so read it as an estimate;
+- ``peak``: arguments + outputs - aliased (donated) + temporaries.
 
 Only the first batch is read from the data, to get its shapes.
+
+``--gradient-release`` compiles the step twice, with ``memory.gradient_release`` false and
+true (pgs's optimizer-in-the-backward, jaxtrain/release.py), and prints both side by side.
 """
 from __future__ import annotations
 
@@ -60,6 +64,9 @@ def analyse(config: str | None, overrides: list[str], devices: int) -> dict:
         "outputs_gib": stats.output_size_in_bytes / gib,
         "temporaries_gib": stats.temp_size_in_bytes / gib,
         "aliased_gib": stats.alias_size_in_bytes / gib,
+        # live at once at worst: inputs, results not written over donated inputs, scratch
+        "peak_gib": (stats.argument_size_in_bytes + stats.output_size_in_bytes
+                     - stats.alias_size_in_bytes + stats.temp_size_in_bytes) / gib,
     }
 
 
@@ -68,6 +75,8 @@ def main(argv=None) -> int:
     parser.add_argument("config", help="config file (any dialect); 'none' for defaults only")
     parser.add_argument("--devices", type=int, required=True, help="target device count")
     parser.add_argument("--json", help="also write the result to this JSON file")
+    parser.add_argument("--gradient-release", action="store_true",
+                        help="compare the step without and with memory.gradient_release")
     args, overrides = parser.parse_known_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
@@ -75,15 +84,26 @@ def main(argv=None) -> int:
     jax.config.update("jax_num_cpu_devices", args.devices)
     from jaxtrain.config import ConfigError
 
+    config = None if args.config == "none" else args.config
+    modes = ({"off": ["memory.gradient_release=false"], "on": ["memory.gradient_release=true"]}
+             if args.gradient_release else {"": []})
     try:
-        got = analyse(None if args.config == "none" else args.config, overrides, args.devices)
+        runs = {mode: analyse(config, overrides + extra, args.devices)
+                for mode, extra in modes.items()}
     except ConfigError as e:
         print(f"aot_memory: config error: {e}", file=sys.stderr)
         return 2
-    width = max(map(len, got))
-    for key, value in got.items():
-        shown = f"{value:.4f}" if isinstance(value, float) else value
-        print(f"{key:<{width}}  {shown}")
+
+    def shown(value):
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    first = next(iter(runs.values()))
+    width = max(map(len, first))
+    if args.gradient_release:
+        print(f"{'memory.gradient_release':<{width}}  {'false':>12}  {'true':>12}")
+    for key in first:
+        print(f"{key:<{width}}  " + "  ".join(f"{shown(r[key]):>12}" for r in runs.values()))
+    got = runs if args.gradient_release else first
     if args.json:
         with open(args.json, "w") as f:
             json.dump(got, f, indent=1)

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from jaxtrain import models
+from jaxtrain.averaging import WeightAveraging
 from jaxtrain.checkpoint import Checkpointer, hf_init
 from jaxtrain.checks import BuildError, Checks, TrainingError
 from jaxtrain.config.errors import ConfigError
@@ -131,6 +132,7 @@ class Setup:
     state: TrainState | None      # the initial state, already sharded
     step_fn: Any                  # the jitted train step (state, batch[, frozen])
     frozen: dict | None = None    # parameter trees the step reads but never trains
+    averaging: WeightAveraging | None = None   # pgs train.ema / train.base_merge, between steps
 
     @property
     def rows(self) -> int:
@@ -254,11 +256,12 @@ def _train(cfg, tcfg, logger, devices) -> dict:
         raise BuildError(f"{type(e).__name__}: {e}") from e
     state, steps, mcfg = run.state, run.steps, run.layout.mcfg
     restored = None
+    run.averaging = WeightAveraging.for_run(run, devices[0], logger)
     if cfg.get("moe_use_upcycling"):
         state = upcycled_state(run, ckpt, logger)
         ckpt.maybe_save(0, state, 0, force=True, extra=_extra(evaluator, ckpt))
     else:
-        restored = ckpt.restore(state)
+        restored = ckpt.restore(state, items=run.averaging and run.averaging.templates())
         hf_dir = hf_init.model_dir(cfg) if restored is None else None
         if hf_dir is not None:
             state = hf_init.start_from_hf(state, hf_dir, run.model_cfg, run.optimizer,
@@ -278,6 +281,9 @@ def _train(cfg, tcfg, logger, devices) -> dict:
             evaluator.restore(ckpt.restored_extra["eval"])
         else:
             evaluator.skip_to(first - 1)
+    if run.averaging is not None:   # the EMA starts from (or resumes with) these weights
+        run.averaging.start(state.params, ckpt.restored_items, hf_init.model_dir(cfg),
+                            (run.frozen or {}).get("base"))
     watch = _Watch.from_config(cfg, directory, devices, first, restored is not None, logger,
                                steps, Meter(run.model_cfg, run.abstract.params, tcfg.seq_length,
                                             devices))
@@ -382,6 +388,8 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
         if watch.health is not None and watch.health.due(it):
             metrics = {**metrics, **watch.health.fields(it, state.params, batch,
                                                         quant_state=state.quant_state)}
+        if run.averaging is not None:
+            run.averaging.after_step(it, state.params, metrics["skipped"])
         watch.window.step_end(it, block_on=metrics)
         phases = watch.timers.take()  # this step's batch time goes into this step's row
         if pending is not None:
@@ -393,8 +401,11 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
             row = evaluator.run(state.params, it, quant_state=state.quant_state)
             watch.log.write_eval({"step": it, **row})
             ckpt.track_best(state.params, it, row)
+        if run.averaging is not None:   # after the step's evaluation, before its checkpoint
+            state = dataclasses.replace(state, params=run.averaging.merge_due(it, state.params))
         with watch.timers("save-checkpoint", level=1):
-            saved = ckpt.maybe_save(it, state, consumed, extra=_extra(evaluator, ckpt))
+            saved = ckpt.maybe_save(it, state, consumed, extra=_extra(evaluator, ckpt),
+                                    items=_items(run))
         if pending is not None:  # the save belongs to this step's row too
             watch.timers.merge_into(phases)
         if saved:
@@ -421,13 +432,17 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
     if pending is not None:
         report.finish(*pending, force=True)
     if it >= first and (exiting or ckpt.ccfg.save_last):
-        ckpt.maybe_save(it, state, consumed, force=True, extra=_extra(evaluator, ckpt))
+        ckpt.maybe_save(it, state, consumed, force=True, extra=_extra(evaluator, ckpt),
+                        items=_items(run))
     if not exiting:
         if evaluator.enabled and it >= first:
             row = evaluator.final(state.params, it, quant_state=state.quant_state)
             watch.log.write_eval({"step": it, **row})
             ckpt.track_best(state.params, it, row)
-        ckpt.export_final(state.params)
+        params, what = state.params, ""
+        if run.averaging is not None and ckpt.ccfg.final_dir is not None:
+            params, what = run.averaging.final(state.params)   # train.ema: the EMA weights
+        ckpt.export_final(params, what)
     return it, consumed
 
 
@@ -435,6 +450,11 @@ def _extra(evaluator, ckpt) -> dict:
     """What a checkpoint keeps beside the state: the validation sets' positions and the best
     validation result so far (save_hf's best/ model)."""
     return {"eval": evaluator.state(), "best": ckpt.best}
+
+
+def _items(run) -> dict | None:
+    """Trees a checkpoint keeps beside the state (pgs train.ema's shadow)."""
+    return run.averaging.items() if run.averaging is not None else None
 
 
 def _check_replicas(params, step: int):

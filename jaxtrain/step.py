@@ -8,6 +8,9 @@ applies the optax update. The per-token loss is plain cross-entropy or one of pg
 token-weighting objectives (``TrainConfig.objective``), with pgs sym_noise's embedding noise
 when set; evaluation keeps plain cross-entropy. A skipped step (fp16 overflow, spike) keeps
 params and optimizer state, so neither the optimizer's count nor the LR schedule advances.
+With pgs ``memory.gradient_release`` (``TrainConfig.gradient_release``) the step is instead
+:func:`jaxtrain.release.fused_update`: one microbatch, a layer-wise backward that updates each
+layer's parameters as soon as their gradient exists.
 
 Batch layout: ``tokens``, ``targets``, ``loss_mask`` (and optionally ``positions``,
 ``segment_ids``) shaped [M, B, T], B = micro_batch_size x data-parallel size.
@@ -25,6 +28,8 @@ import jax.numpy as jnp
 import optax
 
 from jaxtrain import loss_scale as ls
+from jaxtrain import release
+from jaxtrain import seco
 from jaxtrain import spikes
 from jaxtrain.loss import model_loss
 from jaxtrain.models import moe
@@ -143,6 +148,10 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
     parallel, so XLA reduce-scatters instead of all-reducing).
     """
     accum_dtype = jnp.dtype(tcfg.accum_dtype)
+    if tcfg.gradient_release:
+        release.check_supported(model_cfg, tcfg)
+    if tcfg.seco_chunk:
+        seco.check_step(model_cfg, tcfg)
     to_device, to_host = opt_state_memory or (lambda t: t, lambda t: t)
     params_in, params_out = params_memory or (lambda t: t, lambda t: t)
     pin = ((lambda t: jax.lax.with_sharding_constraint(t, grad_shardings))
@@ -171,7 +180,32 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             return _step(dataclasses.replace(state, params=params_in(state.params)), batch,
                          frozen or {})
 
+    def _released(state: TrainState, batch: dict):
+        """pgs memory.gradient_release (jaxtrain.release): one microbatch, each parameter
+        updated during the backward; nothing is skipped (no loss scale, no spike check)."""
+        weights_MBT = _loss_weights(batch["loss_mask"], tcfg)
+        rng, step_rng = jax.random.split(state.rng)
+        micro = jax.tree.map(lambda a: a[0], batch)
+        lr = lr_schedule(state.opt_step)
+        loss, params, opt_state, grad_norm, zeros = release.fused_update(
+            state.params, to_device(state.opt_state), micro, weights_MBT[0],
+            jax.random.fold_in(step_rng, 0), model_cfg, tcfg, optimizer,
+            log_zeros=tcfg.log_num_zeros_in_grad)
+        new_state = dataclasses.replace(
+            state, step=state.step + 1, opt_step=state.opt_step + 1,
+            params=params_out(params), opt_state=to_host(opt_state), rng=rng)
+        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": jnp.asarray(lr, jnp.float32),
+                   "skipped": jnp.bool_(False), "spike": jnp.bool_(False),
+                   "tokens": jnp.sum(batch["loss_mask"].astype(jnp.float32))}
+        if tcfg.log_params_norm:
+            metrics["params_norm"] = _global_norm(params)
+        if zeros is not None:
+            metrics["num_zeros_in_grad"] = zeros
+        return new_state, metrics
+
     def _step(state: TrainState, batch: dict, frozen: dict):
+        if tcfg.gradient_release:
+            return _released(state, batch)
         weights_MBT = _loss_weights(batch["loss_mask"], tcfg)
         scale = state.loss_scale.scale if state.loss_scale is not None else jnp.float32(1.0)
         rng, step_rng = jax.random.split(state.rng)
@@ -183,10 +217,16 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
                 "aux_counts": moe_sum["aux_counts"], "steps": i.astype(jnp.float32)}
             # The quantization state's "gradient" is its updated value (overwrite-with-gradient,
             # see jaxtrain.quant.matmul): each microbatch's forward/backward moves it one call on.
-            (_, (lm, stats)), (g, qstate) = jax.value_and_grad(
-                lambda p, q: micro_loss(p, q, micro, weights_BT, jax.random.fold_in(step_rng, i),
-                                        moe_state, scale, M, frozen.get("base")),
-                argnums=(0, 1), has_aux=True)(state.params, qstate)
+            if tcfg.seco_chunk:   # pgs memory.seco: chunk by chunk (jaxtrain.seco)
+                lm, g = seco.micro_grads(state.params, micro, weights_BT,
+                                         jax.random.fold_in(step_rng, i), model_cfg, tcfg, scale)
+                stats = None
+            else:
+                (_, (lm, stats)), (g, qstate) = jax.value_and_grad(
+                    lambda p, q: micro_loss(p, q, micro, weights_BT,
+                                            jax.random.fold_in(step_rng, i), moe_state, scale, M,
+                                            frozen.get("base")),
+                    argnums=(0, 1), has_aux=True)(state.params, qstate)
             grads = pin(jax.tree.map(lambda a, b: a + b.astype(accum_dtype), grads, g))
             if moe_sum is not None:
                 moe_sum = jax.tree.map(jnp.add, moe_sum, stats)

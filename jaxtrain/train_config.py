@@ -87,6 +87,17 @@ def _ga_ramp_start(cfg) -> int:
     return start
 
 
+def _base_merge_ratio(cfg) -> float | None:
+    """pgs train.base_merge: the merge ratio r, or None (off); the base weights are
+    model.name_or_path's."""
+    if not cfg["train.base_merge"]:
+        return None
+    if not cfg["model.name_or_path"]:
+        raise ConfigError("train.base_merge pulls the weights back toward the pretrained ones: "
+                          "name them in model.name_or_path (a Hugging Face model directory)")
+    return float(cfg["train.base_merge_ratio"])
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     seq_length: int
@@ -138,6 +149,20 @@ class TrainConfig:
     ga_ramp_start: int = 0
     # Megatron iterations_to_skip: steps whose batch is read and dropped
     iterations_to_skip: frozenset = frozenset()
+    # pgs train.ema: the EMA's decay cap (None: off), updated every ema_every steps
+    ema_decay: float | None = None
+    ema_every: int = 10
+    # pgs train.base_merge: the ratio r of the merge toward the base weights (None: off)
+    base_merge_ratio: float | None = None
+    base_merge_every: int = 500
+    base_merge_method: str = "lerp"
+    # pgs memory.gradient_release: each parameter updated during the backward (jaxtrain.release)
+    gradient_release: bool = False
+    # pgs memory.seco: the chunk length of SeCO's chunk-wise step (jaxtrain.seco; 0 off), with
+    # memory.spaco_budget (SpaCO's backpropagated chunks; 0 exact) and memory.seco_kv_offload
+    seco_chunk: int = 0
+    spaco_budget: int = 0
+    seco_kv_offload: bool = False
 
     @classmethod
     def from_config(cls, cfg) -> "TrainConfig":
@@ -190,4 +215,12 @@ class TrainConfig:
             embed_noise=float(cfg["plugins.sym_noise_alpha"]) if cfg["plugins.sym_noise"]
             else 0.0,
             ga_ramp_start=_ga_ramp_start(cfg),
-            iterations_to_skip=frozenset(cfg["iterations_to_skip"] or ()))
+            iterations_to_skip=frozenset(cfg["iterations_to_skip"] or ()),
+            ema_decay=float(cfg["train.ema_decay"]) if cfg["train.ema"] else None,
+            ema_every=cfg["train.ema_every"], base_merge_ratio=_base_merge_ratio(cfg),
+            base_merge_every=cfg["train.base_merge_every"],
+            base_merge_method=cfg["train.base_merge_method"],
+            gradient_release=bool(cfg["memory.gradient_release"]),
+            seco_chunk=int(cfg["memory.seco_chunk_size"]) if cfg["memory.seco"] else 0,
+            spaco_budget=int(cfg["memory.spaco_budget"]) if cfg["memory.seco"] else 0,
+            seco_kv_offload=bool(cfg["memory.seco"] and cfg["memory.seco_kv_offload"]))

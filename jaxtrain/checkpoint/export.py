@@ -73,10 +73,12 @@ def write_model(params, model_cfg, path: pathlib.Path, side_dirs=()) -> pathlib.
 
 
 def export_final(params, model_cfg, final_dir: pathlib.Path, log: logging.Logger,
-                 side_dirs=()) -> pathlib.Path:
-    """``params`` of ``model_cfg`` written in Hugging Face format to ``final_dir``."""
+                 side_dirs=(), what: str = "") -> pathlib.Path:
+    """``params`` of ``model_cfg`` written in Hugging Face format to ``final_dir``; ``what``
+    names the weights in the log (e.g. the EMA's) when they are not the trained ones."""
     path = write_model(params, model_cfg, final_dir, side_dirs)
-    log.info("final model exported in Hugging Face format to %s", path)
+    log.info("final model%s exported in Hugging Face format to %s",
+             f" ({what})" if what else "", path)
     return path
 
 

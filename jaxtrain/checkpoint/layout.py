@@ -26,7 +26,11 @@ from jaxtrain.checkpoint import local
 STEP_PREFIX = "step"
 FORMAT_VERSION = 1
 STEP_DIR = re.compile(rf"^{STEP_PREFIX}_(\d+)$")
-ITEMS = ("params", "opt_state", "rng", "train", "loss_scale", "spike_stats", "fp8", "meta")
+ITEMS = ("params", "opt_state", "rng", "train", "loss_scale", "spike_stats", "fp8", "ema", "meta")
+# Trees saved beside the train state by features that keep their own (the loop passes them as
+# ``items``): "ema" is pgs train.ema's shadow weights (jaxtrain.averaging). Parameter-shaped:
+# their layer axis moves with the parameters'.
+SIDE_ITEMS = ("ema",)
 # Train-state fields saved whole, each as its own item: field name -> item name on disk. The
 # quantization state keeps the item name "fp8" of the field's first name (TrainState.fp8), so
 # checkpoints from before and after the rename to quant_state are the same and load alike.

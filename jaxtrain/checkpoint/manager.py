@@ -43,6 +43,7 @@ class Checkpointer(Restoring):
         self.last_saved: int | None = None
         self.last_non_persistent: int | None = None
         self.restored_extra: dict = {}
+        self.restored_items: dict = {}  # trees restored beside the state (SIDE_ITEMS)
         # dist_ckpt_strictness return_*: leaf names per item that the last restore found only
         # in this run ("unexpected", Megatron's word) or only in the checkpoint ("missing")
         self.mismatch: dict = {"unexpected": {}, "missing": {}}
@@ -116,19 +117,20 @@ class Checkpointer(Restoring):
     # ------------------------------------------------------------------ saving
 
     def maybe_save(self, step: int, state, consumed: int, force: bool = False,
-                   extra: dict | None = None) -> bool:
+                   extra: dict | None = None, items: dict | None = None) -> bool:
         """Save at multiples of save_interval, or now with ``force``; otherwise a
         non-persistent checkpoint at multiples of non_persistent_save_interval (Megatron: a
         step due for both gets the persistent one). False if nothing was saved. ``extra``
         (small JSON: e.g. the validation iterators' positions) goes into the meta and comes
-        back as ``restored_extra`` after a restore."""
+        back as ``restored_extra`` after a restore; ``items`` (trees beside the state, named in
+        SIDE_ITEMS) come back as ``restored_items``."""
         c = self.ccfg
         if c.save_dir is None:
             return False
         if force or (c.save_interval and step % c.save_interval == 0):
             if step == self.last_saved:
                 return False
-            self._write(self.saver, step, state, consumed, extra)
+            self._write(self.saver, step, state, consumed, extra, items)
             self.last_saved = step
             if c.hf_steps and self.model_cfg is not None:
                 export.write_model(state.params, self.model_cfg, export.step_dir(c.save_dir, step),
@@ -142,20 +144,20 @@ class Checkpointer(Restoring):
             return False
         root = self.non_persistent_root(c.save_dir)
         if isinstance(root, LocalRoot):
-            items, meta = self._contents(step, state, consumed, extra)
+            items, meta = self._contents(step, state, consumed, extra, items)
             local.save(root.path, step, {
                 k: v if k in FLAT_ITEMS else {n: leaf for n, (_, leaf) in flat(v).items()}
                 for k, v in items.items()}, meta)
         else:
-            self._write(self.writer(root, keep_newest=1), step, state, consumed, extra)
+            self._write(self.writer(root, keep_newest=1), step, state, consumed, extra, items)
         self.last_non_persistent = step
         self.log.info("non-persistent checkpoint step %d saved in %s", step, root)
         return True
 
-    def _contents(self, step, state, consumed, extra) -> tuple[dict, dict]:
-        """(items, meta) of a checkpoint of ``state``."""
+    def _contents(self, step, state, consumed, extra, side=None) -> tuple[dict, dict]:
+        """(items, meta) of a checkpoint of ``state`` and the trees ``side``."""
         c = self.ccfg
-        items = {"params": {k: v for k, (_, v) in flat(state.params).items()},
+        items = {**(side or {}), "params": {k: v for k, (_, v) in flat(state.params).items()},
                  "train": {"step": state.step, "opt_step": state.opt_step}}
         if c.save_optim:
             items["opt_state"] = {k: v for k, (_, v) in flat(state.opt_state).items()}
@@ -174,21 +176,22 @@ class Checkpointer(Restoring):
                 "dialect": self.dialect, "config": self.config, "extra": extra or {}}
         return items, json.loads(json.dumps(meta, default=str))
 
-    def _write(self, manager, step, state, consumed, extra):
+    def _write(self, manager, step, state, consumed, extra, side=None):
         ocp = orbax()
-        items, meta = self._contents(step, state, consumed, extra)
+        items, meta = self._contents(step, state, consumed, extra, side)
         args = {k: ocp.args.StandardSave(v) for k, v in items.items()}
         args["meta"] = ocp.args.JsonSave(meta)
         if step in manager.all_steps():  # a rerun over an old directory: replace it
             manager.delete(step)
         manager.save(step, args=ocp.args.Composite(**args), force=True)
 
-    def export_final(self, params) -> pathlib.Path | None:
-        """pgs train.save_final: the model in Hugging Face format in ``<save>/final``."""
+    def export_final(self, params, what: str = "") -> pathlib.Path | None:
+        """pgs train.save_final: the model in Hugging Face format in ``<save>/final``;
+        ``what`` names the weights in the log when they are not the trained ones."""
         if self.ccfg.final_dir is None or self.model_cfg is None:
             return None
         return export.export_final(params, self.model_cfg, self.ccfg.final_dir, self.log,
-                                   self.ccfg.side_dirs)
+                                   self.ccfg.side_dirs, what)
 
     def track_best(self, params, step: int, metrics: dict) -> pathlib.Path | None:
         """save_hf with validation: the model in ``<save>/best`` whenever ``val_composite``

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxtrain.checkpoint import compat, local
-from jaxtrain.checkpoint.layout import (FLAT_ITEMS, STATE_ITEMS, STEP_DIR, LocalRoot, flat,
-                                        orbax, place, restore_targets, unflat)
+from jaxtrain.checkpoint.layout import (FLAT_ITEMS, SIDE_ITEMS, STATE_ITEMS, STEP_DIR,
+                                        LocalRoot, flat, orbax, place, restore_targets, unflat)
 from jaxtrain.checkpoint.layout import where as _where
 from jaxtrain.config.errors import ConfigError
 
@@ -200,13 +200,14 @@ class Restoring:
         compat.apply_strictness(where, absent, extra, mode, self.log)
         return absent
 
-    def restore(self, template) -> tuple[Any, int] | None:
+    def restore(self, template, items: dict | None = None) -> tuple[Any, int] | None:
         """The train state from the checkpoint the config names, in ``template``'s shardings,
-        and the samples consumed; None when the run starts fresh."""
+        and the samples consumed; None when the run starts fresh. ``items``: templates of
+        trees saved beside the state (SIDE_ITEMS) to restore into ``restored_items``."""
         found, why = self.candidates(), []
         for root, step, mode in found:
             try:
-                return self.restore_from(root, step, template, mode)
+                return self.restore_from(root, step, template, mode, items)
             except local.Unusable as e:
                 why.append(f"{self.where(root, step)}: {e}")
                 self.log.warning("local checkpoint %s does not fit this run (%s); trying the "
@@ -217,8 +218,10 @@ class Restoring:
                               "shardings that saved them; keep a global checkpoint too")
         return None
 
-    def restore_from(self, root, step: int, template, mode: str = "full"):
+    def restore_from(self, root, step: int, template, mode: str = "full",
+                     items: dict | None = None):
         c, is_local = self.ccfg, isinstance(root, LocalRoot)
+        self.restored_items = {}
         where = self.where(root, step)
         meta = self.read_meta(root, step)
         self.check_compatible(meta, where)
@@ -247,6 +250,7 @@ class Restoring:
                     wanted[item] = getattr(template, field)
             if c.load_rng and rng_template is not None:
                 wanted["rng"] = rng_template
+            wanted.update(items or {})
         missing = sorted(k for k in wanted if k not in saved_items)
         if "params" in missing or "train" in missing:
             raise ConfigError(f"checkpoint {where} is corrupt or incomplete: it lacks "
@@ -269,7 +273,8 @@ class Restoring:
         targets, fixes = {}, {}
         for name, tree in wanted.items():
             targets[name], fixes[name] = restore_targets(tree, moved if name in
-                                                         ("params", "opt_state") else None)
+                                                         ("params", "opt_state", *SIDE_ITEMS)
+                                                         else None)
         if is_local:
             got = local.restore(root.path, step, targets)
         else:
@@ -299,6 +304,7 @@ class Restoring:
                     else out["rng"]["key"])
             consumed = int(meta["consumed"])
             self.restored_extra = meta.get("extra") or {}
+            self.restored_items = {k: out[k] for k in items or () if k in out}
         state = dataclasses.replace(state, **changes)
         self.log.info("restored %s from %s (step %d, %d samples consumed%s)",
                       "parameters" if mode == "params" else "the train state", where, step,

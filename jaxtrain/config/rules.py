@@ -425,6 +425,12 @@ def pgs(c: Context):
     if scaled and any(k != "plugins.deft" for k in weighting):
         c.error(f"data.turn_scaling {c.get('data.turn_scaling')} weights the cross-entropy "
                 f"(and DEFT); {weighting[0]} replaces it: keep one (pgs)")
+    if c.get("train.freeze_non_attention"):
+        c.warnings.append("train.freeze_non_attention freezes linear-attention and recurrent "
+                          "layers, and this model has none: nothing is frozen (as in pgs)")
+    if c.get("data.pretokenize") and c.get("data.seq_len_curriculum"):
+        c.error("data.pretokenize fixes the sequence length of the cached stream, and "
+                "data.seq_len_curriculum would change it during training: keep one (pgs)")
     if c.get("data.pretokenize") and c.get("data.msft_tracking"):
         c.error("data.pretokenize fixes the data stream on disk, and data.msft_tracking would "
                 "change it during training: keep one (pgs)")
@@ -432,11 +438,28 @@ def pgs(c: Context):
         for k in ("train.mona", "train.hyperball"):
             if c.get(k):
                 c.error(f"{k} cannot be combined with plugins.schedule_free")
+    _pgs_optim_extras(c)
     if c.get("memory.gradient_release"):
-        if (c.get("train.gradient_accumulation_steps") or 1) > 1:
-            c.error("memory.gradient_release needs train.gradient_accumulation_steps 1")
-        if c.get("train.optimizer") == "muon" or c.get("optimizer") == "muon":
-            c.error("memory.gradient_release does not work with the muon optimizer")
+        _gradient_release(c)
+    if c.get("memory.seco"):
+        _seco(c)
+    for on, share, every in (("train.ema", "train.ema_decay", "train.ema_every"),
+                             ("train.base_merge", "train.base_merge_ratio",
+                              "train.base_merge_every")):
+        if c.get(on) and not 0.0 <= c.get(share, 0.0) <= 1.0:
+            c.error(f"{c.where(share)}: give a value from 0 to 1 ({on} is on)")
+        if c.get(on) and c.get(every, 1) < 1:
+            c.error(f"{c.where(every)}: give a step count of at least 1 ({on} is on)")
+    if c.get("train.ema") and c.get("train.base_merge"):
+        c.warnings.append("train.ema with train.base_merge: both change the weights outside the "
+                          "optimizer; pgs calls the combination sound but unverified at scale")
+    if c.get("preprocess.enabled") and c.get("data.sources"):
+        c.error("preprocess.enabled trains on the rows prepared from data.dataset (in "
+                "preprocess.output_dir), which replace it; data.sources mixes several datasets: "
+                "keep one (to mix prepared sets, list their scored_data files in data.sources)")
+    if c.get("preprocess.enabled") and c.get("dpo.enabled"):
+        c.error("preprocess.enabled prepares SFT conversations; dpo.enabled trains on preference "
+                "pairs: keep one (pgs)")
     if c.get("dpo.enabled"):
         if c.get("data.turn_scaling", "uniform") != "uniform":
             c.error("data.turn_scaling applies to SFT losses; DPO (dpo.enabled) rejects it")
@@ -447,6 +470,102 @@ def pgs(c: Context):
         c.error(f"dpo.label_smoothing ({smoothing}) must be below 0.5")
     if smoothing and c.get("dpo.loss_type") != "robust":
         c.error("dpo.label_smoothing applies to dpo.loss_type robust only")
+
+
+# memory.gradient_release (jaxtrain.release) updates each layer during the backward: settings
+# that need every gradient before the first update, or that it does not cover. key -> (is it
+# on, why)
+_RELEASE_REFUSES = {
+    "train.ga_ramp_start": (lambda v: v > 0, "the ramp accumulates micro-batches (pgs refuses "
+                            "it too)"),
+    "train.spike_detection": (bool, "the spike skip needs the global gradient norm before any "
+                              "parameter is updated (pgs skips the check under release)"),
+    "train.adagc": (bool, "jaxtrain's AdaGC clips globally during its warm-up"),
+    "train.mona": (bool, "MONA changes the gradients before the step (pgs: untested)"),
+    "train.llrd_decay": (lambda v: v < 1, "the layer-wise LR decay reads the whole stack"),
+    "train.hyperball": (bool, "hyperball projects whole tensors after the update"),
+    "plugins.schedule_free": (bool, "only element-wise optimizers are covered"),
+    "plugins.pre_rl": (bool, "pre_rl's frozen base model is not covered"),
+    "fp16": (bool, "fp16 loss scaling skips a step on overflow, which needs every gradient"),
+    "num_experts": (lambda v: v > 0, "only dense decoders are covered"),
+    "pipeline_model_parallel_size": (lambda v: v > 1, "pipeline stages are not covered"),
+    "scan_layers": (lambda v: v is False, "the layer-wise backward scans the layer stack"),
+}
+_MUONS = ("muon", "dist_muon", "adaptive_muon")
+
+
+def _seco(c: Context):
+    """memory.seco (jaxtrain.seco): pgs's batch-1 single-device chunk-wise step, turn_scaling
+    and DPO rejected as in pgs, and what jaxtrain's chunked step does not cover."""
+    k = "memory.seco"
+    if c.get("memory.seco_chunk_size", 4096) < 1:
+        c.error(f"{k} with memory.seco_chunk_size = {c.get('memory.seco_chunk_size')}: give a "
+                "chunk length of at least 1 token")
+    if c.get("memory.spaco_budget", 0) < 0:
+        c.error(f"{k} with memory.spaco_budget = {c.get('memory.spaco_budget')}: give 0 (exact "
+                "SeCO) or a positive number of chunks")
+    if c.get("micro_batch_size", 1) != 1:
+        c.error(f"{k} with micro_batch_size = {c.get('micro_batch_size')}: SeCO trains one "
+                "sequence at a time; use 1 (gradient accumulation for a larger batch)")
+    if c.world_size is not None and c.world_size > 1:
+        c.error(f"{k} with world size = {c.world_size}: SeCO runs on a single device")
+    for key, why in (("packing", "packed documents need a segment mask across chunks"),
+                     ("dpo.enabled", "DPO trains on preference pairs (pgs)"),
+                     ("memory.gradient_release", "both replace the backward"),
+                     ("plugins.sym_noise", "its noise scale depends on the whole sequence"),
+                     ("plugins.cadft", "its statistics span the whole microbatch"),
+                     ("plugins.info_sft", "its statistics span the whole microbatch"),
+                     ("plugins.pre_rl", "it needs the base model's pass"),
+                     ("num_experts", "MoE router statistics are per sequence")):
+        if c.get(key):
+            c.error(f"{k} with {key} = {c.get(key)}: not supported ({why})")
+    if c.get("data.turn_scaling", "uniform") != "uniform":
+        c.error(f"{k} with data.turn_scaling = {c.get('data.turn_scaling')}: pgs rejects "
+                "turn_scaling with SeCO; use uniform")
+
+
+def _gradient_release(c: Context):
+    """pgs validate()'s gradient_release rules (GA 1, no Muon, no ga_ramp), what jaxtrain's
+    fused step does not cover, and pgs's silent switch-off of global clipping."""
+    ga = c.get("train.gradient_accumulation_steps") or c.derived.get("num_microbatches") or 1
+    if ga > 1:
+        c.error(f"memory.gradient_release with train.gradient_accumulation_steps = {ga}: the "
+                "update happens during the backward, so nothing can accumulate; use 1 (a "
+                "larger micro-batch instead)")
+    for key in ("train.optimizer", "optimizer", "opt_type"):
+        if c.get(key) in _MUONS and (key != "train.optimizer"
+                                     or c.get("optimizer_family") == "pgs"):
+            c.error(f"memory.gradient_release with {key} = {c.get(key)}: Muon orthogonalises "
+                    "whole gradient matrices; use an element-wise optimizer (adamw, lion, sgd)")
+    for key, (on, why) in _RELEASE_REFUSES.items():
+        value = c.get(key)
+        if value is not None and on(value):
+            c.error(f"memory.gradient_release with {key} = {value!r}: {why}; keep one")
+    if (c.get("clip_grad") or 0) > 0:
+        c.warnings.append(f"memory.gradient_release turns global gradient clipping off "
+                          f"(clip_grad / train.max_grad_norm {c.get('clip_grad')} -> 0): the "
+                          "global norm exists only after every update, as in pgs")
+        c.set("clip_grad", 0.0)
+
+
+def _pgs_optim_extras(c: Context):
+    """Where pgs's trainer quietly skips train.llrd_decay or train.adamc, refuse the pair."""
+    llrd = c.get("train.llrd_decay", 1.0)
+    if llrd < 1:
+        name = c.get("train.optimizer") if c.get("optimizer_family") == "pgs" else None
+        if c.get("plugins.schedule_free"):
+            c.error(f"train.llrd_decay = {llrd} cannot be combined with plugins.schedule_free "
+                    f"(pgs builds its schedule-free optimizer without per-layer LRs); keep one")
+        elif name not in (None, "adamw"):
+            c.error(f"train.llrd_decay = {llrd} with train.optimizer = {name}: pgs applies "
+                    f"layer-wise LR decay to adamw only and ignores it for {name}; keep one")
+    if c.get("train.adamc") and c.get("plugins.schedule_free"):
+        c.error("train.adamc cannot be combined with plugins.schedule_free (no LR schedule to "
+                "scale the weight decay by; pgs ignores adamc there); keep one")
+    if c.get("train.adagc") and c.get("train.spike_detection"):
+        c.warnings.append("train.adagc and train.spike_detection overlap: AdaGC already clips "
+                          "each tensor's spikes (pgs warns the same); consider "
+                          "train.spike_detection: false")
 
 
 RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions, checkpoint_format, precision, tensor_parallel, context_and_experts, model_shape,

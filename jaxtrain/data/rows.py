@@ -42,6 +42,41 @@ def eval_files(spec: str, split: str, what: str = "data.eval_dataset",
                       f"starting with {split!r}); set {split_key} to the split to use")
 
 
+def hf_dir(cfg) -> str:
+    """hf_path/hf_data_dir (hf_path itself when the default hf_data_dir "en" is not a folder
+    of it; a chosen one must exist)."""
+    path, sub = cfg["hf_path"], cfg["hf_data_dir"]
+    if sub and os.path.isdir(os.path.join(path, sub)):
+        path = os.path.join(path, sub)
+    elif sub and cfg.is_set("hf_data_dir"):
+        raise ConfigError(f"hf_data_dir {sub!r}: {os.path.join(path, sub)} is not a folder; "
+                          "set it to a sub-folder of hf_path, or to '' to read all of it")
+    return path
+
+
+def hf_files(cfg) -> list[str]:
+    """hf_train_files, else the files of split train_split under :func:`hf_dir` (all of a
+    folder whose files name no split, for the split "train")."""
+    if cfg["hf_train_files"]:
+        return text_files.expand(cfg["hf_train_files"], "hf_train_files")
+    if cfg["hf_path"]:
+        return eval_files(hf_dir(cfg), cfg["train_split"], "hf_path", "train_split")
+    return []
+
+
+def hf_eval_files(cfg) -> list[str] | None:
+    """hf_eval_files, else the files of split hf_eval_split under :func:`hf_dir`; None
+    when neither is set."""
+    if cfg["hf_eval_files"]:
+        return text_files.expand(cfg["hf_eval_files"], "hf_eval_files")
+    if cfg["hf_eval_split"]:
+        if not cfg["hf_path"]:
+            raise ConfigError("hf_eval_split needs hf_path (the folder holding the split), or "
+                              "give hf_eval_files")
+        return eval_files(hf_dir(cfg), cfg["hf_eval_split"], "hf_path", "hf_eval_split")
+    return None
+
+
 def _arrow_rows(folder: str, what: str) -> Iterator[tuple[str, dict]]:
     import pyarrow as pa
 

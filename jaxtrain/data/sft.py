@@ -1,6 +1,9 @@
 """pgs SFT data: chat rows -> masked token sequences -> mixed, packed or padded samples.
 
-The training set of a pgs file is its chat data (``data.dataset``, or ``data.sources``):
+The training set of a pgs file is its chat data (``data.dataset``, or ``data.sources``; with
+``preprocess.enabled`` the rows ``python -m jaxtrain.prepare`` selected from ``data.dataset``,
+in ``preprocess.output_dir``, its held-out rows the validation set when ``data.eval_dataset`` is
+empty, and a curriculum's rows trained in their order):
 
 1. **Rows** of each source are read from local files (:mod:`jaxtrain.data.rows`).
 2. **Encoding**: a source of mode ``sft`` (the default) renders each conversation with the
@@ -43,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from jaxtrain.config.errors import ConfigError
-from jaxtrain.data import chat, pretokenized, rows
+from jaxtrain.data import chat, prepared, pretokenized, rows
 from jaxtrain.data.batches import TokenData
 from jaxtrain.data.text_files import Rows
 
@@ -75,8 +78,13 @@ class Source:
     samples: int | None = None             # validation: the fixed subset's size
     regression_floor: float | None = None  # validation: warn when the loss rises above it
     any_split: bool = False                # a folder naming no split is read whole
+    paths: tuple = ()                      # the files themselves, when already resolved
+    prompt_completion: tuple | None = None  # MaxText: (prompt, completion) columns
+    completion_only: bool = True           # MaxText sft_train_on_completion_only
 
     def files(self, what: str) -> list[str]:
+        if self.paths:
+            return list(self.paths)
         split_key = {"data.dataset": "data.dataset_split", "data.eval_dataset": "data.eval_split"
                      }.get(what, f"the split of {what}")
         return rows.files(self.dataset, self.split, what, split_key,
@@ -118,16 +126,78 @@ def _source(entry: Any, i: int, cfg, key: str, allowed, default_split: str) -> S
         regression_floor=entry.get("regression_floor"))
 
 
+def _maxtext_source(cfg, name: str, paths: list[str], columns_key: str) -> Source:
+    """MaxText ``use_sft``: its hf files, a ``messages`` column or ``prompt``/``completion``
+    columns (each a string or a list of messages), ``sft_train_on_completion_only``."""
+    columns = cfg[columns_key]
+    columns = [columns] if isinstance(columns, str) else list(columns)
+    if len(columns) not in (1, 2):
+        raise ConfigError(f"{columns_key} {columns}: use_sft reads one messages column, or a "
+                          "prompt and a completion column")
+    return Source(name=name, dataset=name, split="", paths=tuple(paths),
+                  messages_field=columns[0] if len(columns) == 1 else "messages",
+                  prompt_completion=tuple(columns) if len(columns) == 2 else None,
+                  completion_only=bool(cfg["sft_train_on_completion_only"]))
+
+
+def maxtext_sft(cfg) -> bool:
+    """MaxText's ``use_sft`` on its hf files (no pgs dataset named)."""
+    if not cfg["use_sft"] or cfg["data.sources"] or cfg.is_set("data.dataset"):
+        return False
+    if cfg["dataset_type"] != "hf":
+        raise ConfigError(f"use_sft with dataset_type {cfg['dataset_type']}: jaxtrain reads "
+                          "MaxText's SFT data from dataset_type hf files (hf_path / "
+                          "hf_train_files, .jsonl/.json/.parquet)")
+    return True
+
+
 def train_sources(cfg) -> list[Source]:
-    """``data.sources``, or ``data.dataset`` alone."""
+    """``data.sources``, or ``data.dataset`` alone, or MaxText's ``use_sft`` hf files."""
+    if cfg["preprocess.enabled"]:
+        return [prepared_source(cfg)]
     entries = cfg["data.sources"] or []
     if entries:
         return [_source(e, i, cfg, "data.sources", SOURCE_KEYS, cfg["data.dataset_split"])
                 for i, e in enumerate(entries)]
+    if maxtext_sft(cfg):
+        files = rows.hf_files(cfg)
+        if not files:
+            raise ConfigError("use_sft needs hf_path (a local folder or file) or hf_train_files")
+        return [_maxtext_source(cfg, cfg["hf_path"] or "hf_train_files", files,
+                                "train_data_columns")]
     return [Source(name=str(cfg["data.dataset"]), dataset=str(cfg["data.dataset"]),
                    split=cfg["data.dataset_split"], messages_field=cfg["data.messages_field"],
                    last_turn_only=cfg["data.last_turn_only"],
                    any_split=not cfg.is_set("data.dataset_split"))]
+
+
+def prepared_source(cfg) -> Source:
+    """``preprocess.enabled``: the rows ``python -m jaxtrain.prepare`` selected, from
+    ``preprocess.output_dir`` (read like ``data.dataset``)."""
+    folder = str(cfg["preprocess.output_dir"])
+    path = prepared.find(folder)
+    if path is None:
+        raise ConfigError(f"preprocess.enabled: nothing has been prepared in {folder!r} yet (no "
+                          f"{prepared.PREPARED}.parquet or .jsonl there); run python -m "
+                          "jaxtrain.prepare with this config first, or set preprocess.enabled "
+                          "false to train on data.dataset")
+    return Source(name=f"prepared {path}", dataset=path, split="train",
+                  messages_field=cfg["data.messages_field"],
+                  last_turn_only=cfg["data.last_turn_only"], any_split=True)
+
+
+def holdout_source(cfg) -> Source | None:
+    """``preprocess.enabled`` without ``data.eval_dataset``: the held-out rows the preparation
+    wrote (``preprocess.eval_holdout``), or None."""
+    if not cfg["preprocess.enabled"] or cfg["data.eval_dataset"] or cfg["data.eval_sources"]:
+        return None
+    path = prepared.find(str(cfg["preprocess.output_dir"]), prepared.HOLDOUT)
+    if path is None:
+        return None
+    return Source(name="eval", dataset=path, split="train",
+                  messages_field=cfg["data.messages_field"],
+                  last_turn_only=cfg["data.last_turn_only"], samples=cfg["data.eval_samples"],
+                  any_split=True)
 
 
 def eval_sources(cfg) -> list[Source]:
@@ -140,11 +210,17 @@ def eval_sources(cfg) -> list[Source]:
         if len(set(names)) != len(names):
             raise ConfigError(f"data.eval_sources: names must differ ({names})")
         return out
+    if maxtext_sft(cfg):
+        files = rows.hf_eval_files(cfg)
+        return [_maxtext_source(cfg, "eval", files, "eval_data_columns")] if files else []
     if cfg["data.eval_dataset"]:
         return [Source(name="eval", dataset=str(cfg["data.eval_dataset"]),
                        split=cfg["data.eval_split"], messages_field=cfg["data.messages_field"],
                        last_turn_only=cfg["data.last_turn_only"],
                        samples=cfg["data.eval_samples"])]
+    held = holdout_source(cfg)
+    if held is not None:
+        return [held]
     return []
 
 
@@ -158,15 +234,37 @@ def chat_options(cfg, source: Source) -> chat.ChatOptions:
 
 def hf_tokenizer(tok, what: str, cfg):
     """The ``transformers`` tokenizer behind jaxtrain's tokenizer (chat templates need it),
-    with ``chat_template`` (Megatron-LM, MaxText) in place of its own template when set."""
+    with ``chat_template`` (Megatron-LM, MaxText) or MaxText's ``chat_template_path`` in place
+    of its own template when set."""
     inner = getattr(tok, "hf", None)
     if inner is None:
         raise ConfigError(f"{what}: chat data is rendered with the model's chat template, which "
                           "needs a Hugging Face tokenizer (tokenizer_type HuggingFaceTokenizer, "
                           "or a model directory in model.name_or_path that holds one)")
-    if cfg["chat_template"]:
-        inner.chat_template = cfg["chat_template"]
+    template = cfg["chat_template"] or _template_file(cfg["chat_template_path"])
+    if template:
+        inner.chat_template = template
     return inner
+
+
+def _template_file(path: str) -> str | None:
+    """MaxText chat_template_path: a JSON object's chat_template, a JSON string, or the text."""
+    if not path:
+        return None
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise ConfigError(f"chat_template_path {path!r}: {e}") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(data, dict) and isinstance(data.get("chat_template"), str):
+        return data["chat_template"]
+    if isinstance(data, str):
+        return data
+    raise ConfigError(f"chat_template_path {path!r}: a JSON file must hold a string or an object "
+                      "with a chat_template string")
 
 
 def _text_example(row: dict, field: str, hf_tok, max_len: int) -> chat.Encoded:
@@ -178,12 +276,29 @@ def _text_example(row: dict, field: str, hf_tok, max_len: int) -> chat.Encoded:
     return chat.Encoded(ids, np.ones(len(ids), np.float32))
 
 
-def _encode_one(row: dict, hf_tok, opts: chat.ChatOptions, mode: str, text_field: str):
+def _as_messages(value, role: str) -> list:
+    """A MaxText prompt/completion cell: a string (one message of ``role``) or messages."""
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise chat.BadRow(f"a {role} cell must be a string or a list of messages, not "
+                      f"{type(value).__name__}")
+
+
+def _encode_one(row: dict, hf_tok, opts: chat.ChatOptions, source: Source):
     """One row -> Encoded, or ("skip", reason), or ("bad", message)."""
     try:
-        if mode == "pretrain":
-            return _text_example(row, text_field, hf_tok, opts.max_seq_length)
-        return chat.encode(row, hf_tok, opts)
+        if source.mode == "pretrain":
+            return _text_example(row, source.text_field, hf_tok, opts.max_seq_length)
+        if source.prompt_completion is not None:
+            prompt, completion = source.prompt_completion
+            row = {"messages": _as_messages(row.get(prompt), "user")
+                   + _as_messages(row.get(completion), "assistant")}
+        got = chat.encode(row, hf_tok, opts)
+        if not source.completion_only:   # MaxText: the prompt carries loss too
+            got = chat.Encoded(got.ids, np.ones(len(got.ids), np.float32))
+        return got
     except chat.SkipRow as e:
         return ("skip", e.reason)
     except chat.BadRow as e:
@@ -191,8 +306,8 @@ def _encode_one(row: dict, hf_tok, opts: chat.ChatOptions, mode: str, text_field
 
 
 def _encode_chunk(args):
-    rows_, hf_tok, opts, mode, text_field = args
-    return [_encode_one(r, hf_tok, opts, mode, text_field) for r in rows_]
+    rows_, hf_tok, opts, source = args
+    return [_encode_one(r, hf_tok, opts, source) for r in rows_]
 
 
 def _encoded(read, hf_tok, opts, source: Source, workers: int, limit: int | None):
@@ -200,7 +315,7 @@ def _encoded(read, hf_tok, opts, source: Source, workers: int, limit: int | None
     the source is large (each row is rendered and tokenized independently)."""
     if workers <= 1 or limit is not None:
         for where, row in read:
-            yield where, _encode_one(row, hf_tok, opts, source.mode, source.text_field)
+            yield where, _encode_one(row, hf_tok, opts, source)
         return
     import concurrent.futures
     import multiprocessing
@@ -208,15 +323,29 @@ def _encoded(read, hf_tok, opts, source: Source, workers: int, limit: int | None
     read = list(read)
     if len(read) < PARALLEL_MIN_ROWS:
         for where, row in read:
-            yield where, _encode_one(row, hf_tok, opts, source.mode, source.text_field)
+            yield where, _encode_one(row, hf_tok, opts, source)
         return
     chunks = [read[i:i + ENCODE_CHUNK] for i in range(0, len(read), ENCODE_CHUNK)]
     with concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        jobs = pool.map(_encode_chunk, [([r for _, r in c], hf_tok, opts, source.mode,
-                                         source.text_field) for c in chunks])
+        jobs = pool.map(_encode_chunk, [([r for _, r in c], hf_tok, opts, source)
+                                        for c in chunks])
         for chunk, results in zip(chunks, jobs):
             yield from zip((w for w, _ in chunk), results)
+
+
+def encode_rows(read: list, hf_tok, cfg, source: Source):
+    """(where, Encoded or the reason the encoder skips the row) for each (where, row) of
+    ``read``, in order, encoded as training encodes ``source``; a malformed row is a
+    ConfigError naming it."""
+    opts = chat_options(cfg, source)
+    for where, got in _encoded(read, hf_tok, opts, source, cfg["num_workers"] or 0, None):
+        if isinstance(got, chat.Encoded):
+            yield where, got
+        elif got[0] == "skip":
+            yield where, got[1]
+        else:
+            raise ConfigError(f"{where}: {got[1]}")
 
 
 def encode_source(source: Source, hf_tok, cfg, limit: int | None = None,
@@ -382,8 +511,11 @@ def _first_row(source: Source, what: str) -> dict | None:
 
 def wanted(cfg) -> bool:
     """Whether the training data is chat data: ``data.sources``, or a ``data.dataset`` whose
-    rows hold chat turns (a file of plain ``text`` rows trains as raw text)."""
-    if cfg["data.sources"]:
+    rows hold chat turns (a file of plain ``text`` rows trains as raw text); prepared rows
+    (``preprocess.enabled``) are chat data."""
+    if cfg["preprocess.enabled"]:
+        return True
+    if cfg["data.sources"] or maxtext_sft(cfg):
         return True
     if not cfg.is_set("data.dataset"):
         return False
@@ -419,7 +551,8 @@ def training_data(cfg, tok, vocab: int) -> TokenData:
                                        plan(cfg, tok))
         arrays = pretokenized.load(cfg["data.pretokenize_path"], key)
         if arrays is not None:
-            return to_token_data(arrays, vocab, "chat data (pretokenized)", cfg, tok.eod)
+            return _prepared_order(cfg, to_token_data(arrays, vocab, "chat data (pretokenized)",
+                                                      cfg, tok.eod))
     try:
         chat.check_template(hf_tok, chat_options(cfg, train_sources(cfg)[0]))
     except chat.BadTemplate as e:
@@ -431,7 +564,24 @@ def training_data(cfg, tok, vocab: int) -> TokenData:
 
         if jax.process_index() == 0:
             pretokenized.save(cfg["data.pretokenize_path"], key, arrays, describe(arrays))
-    return to_token_data(arrays, vocab, "chat data", cfg, tok.eod)
+    return _prepared_order(cfg, to_token_data(arrays, vocab, "chat data", cfg, tok.eod))
+
+
+def _prepared_order(cfg, data: TokenData) -> TokenData:
+    """Prepared rows (``preprocess.enabled``) of a curriculum (the strategy in the
+    preparation's metadata, else ``preprocess.strategy``) are served in the file's order, as pgs
+    serves them: no shuffle, no length groups."""
+    if not cfg["preprocess.enabled"]:
+        return data
+    meta = prepared.read_meta(str(cfg["preprocess.output_dir"]))
+    strategy = meta.get("strategy") or cfg["preprocess.strategy"]
+    log.info("preprocess.enabled: training on %s (%s rows, strategy %s, scored with %s)",
+             prepared.find(str(cfg["preprocess.output_dir"])), meta.get("num_samples", "?"),
+             strategy, meta.get("model", "?"))
+    if strategy != "curriculum":
+        return data
+    return dataclasses.replace(data, dataloader_type="single", group_lengths=None,
+                               group_buffer=0)
 
 
 def validation_sets(cfg, tok, vocab: int) -> list[TokenData]:

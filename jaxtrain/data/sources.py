@@ -64,7 +64,7 @@ import numpy as np
 
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.data import corpus, gpt_dataset, grain_files, olmo, sft, text_files
-from jaxtrain.data.rows import SPLIT_WORDS, _names_split, eval_files
+from jaxtrain.data.rows import SPLIT_WORDS, _names_split, eval_files, hf_eval_files, hf_files
 from jaxtrain.data.batches import TokenData, windows
 from jaxtrain.data.tokenizers import build_tokenizer
 
@@ -383,41 +383,6 @@ def _olmo(cfg, name: str, workers_key: str, eval_seed: int | None = None) -> Tok
     return TokenData(source, _vocab(cfg, tok, "dataset_type olmo_grain"), name, **loader)
 
 
-def _hf_dir(cfg) -> str:
-    """hf_path/hf_data_dir (hf_path itself when the default hf_data_dir "en" is not a folder
-    of it; a chosen one must exist)."""
-    path, sub = cfg["hf_path"], cfg["hf_data_dir"]
-    if sub and os.path.isdir(os.path.join(path, sub)):
-        path = os.path.join(path, sub)
-    elif sub and cfg.is_set("hf_data_dir"):
-        raise ConfigError(f"hf_data_dir {sub!r}: {os.path.join(path, sub)} is not a folder; "
-                          "set it to a sub-folder of hf_path, or to '' to read all of it")
-    return path
-
-
-def _hf_files(cfg) -> list[str]:
-    """hf_train_files, else the files of split train_split under :func:`_hf_dir` (all of a
-    folder whose files name no split, for the split "train")."""
-    if cfg["hf_train_files"]:
-        return text_files.expand(cfg["hf_train_files"], "hf_train_files")
-    if cfg["hf_path"]:
-        return eval_files(_hf_dir(cfg), cfg["train_split"], "hf_path", "train_split")
-    return []
-
-
-def _hf_eval_files(cfg) -> list[str] | None:
-    """hf_eval_files, else the files of split hf_eval_split under :func:`_hf_dir`; None
-    when neither is set."""
-    if cfg["hf_eval_files"]:
-        return text_files.expand(cfg["hf_eval_files"], "hf_eval_files")
-    if cfg["hf_eval_split"]:
-        if not cfg["hf_path"]:
-            raise ConfigError("hf_eval_split needs hf_path (the folder holding the split), or "
-                              "give hf_eval_files")
-        return eval_files(_hf_dir(cfg), cfg["hf_eval_split"], "hf_path", "hf_eval_split")
-    return None
-
-
 def _dataset_files(cfg) -> list[str]:
     """pgs data.dataset: a file as it is, a folder's files of split data.dataset_split (all
     of them when the split is left at its default and no file name gives a split)."""
@@ -462,7 +427,7 @@ def _training_data(cfg) -> TokenData:
     if kind == "corpus":
         return _corpus(cfg)
     if kind == "hf":
-        return _hf(cfg, _hf_files(cfg), "dataset_type hf")
+        return _hf(cfg, hf_files(cfg), "dataset_type hf")
     if kind == "grain":
         return _grain(cfg, "grain_train_files", "dataset_type grain", "grain_worker_count")
     if kind == "olmo_grain":
@@ -517,7 +482,7 @@ def data_plan(cfg) -> DataPlan:
     if kind == "corpus":
         return DataPlan("corpus", (), corpus.tokenizer().get_vocab_size())
     if kind == "hf":
-        files = _hf_files(cfg)
+        files = hf_files(cfg)
         if not files:
             raise ConfigError("dataset_type hf needs hf_path (a local folder or file) or "
                               "hf_train_files")
@@ -609,7 +574,8 @@ def validation_data(cfg) -> list[TokenData] | None:
     if cfg["data.eval_samples"] < 1 and (cfg["data.eval_dataset"] or cfg["data.eval_sources"]):
         raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
                           "subset needs at least one sample")
-    if cfg["data.eval_sources"] or (cfg["data.eval_dataset"] and sft.wanted(cfg)):
+    if cfg["data.eval_sources"] or (cfg["data.eval_dataset"] and sft.wanted(cfg)) or (
+            sft.maxtext_sft(cfg) and sft.eval_sources(cfg)) or sft.holdout_source(cfg):
         tok = _text_tokenizer(cfg, "data.eval_dataset")
         return sft.validation_sets(cfg, tok, _vocab(cfg, tok, "data.eval_dataset"))
     if cfg["data.eval_dataset"]:
@@ -617,7 +583,7 @@ def validation_data(cfg) -> list[TokenData] | None:
         return [_text(cfg, files, "data.eval_dataset", limit=cfg["data.eval_samples"])]
     kind = None if cfg.is_set("data.dataset") else cfg["dataset_type"]
     if kind == "hf":
-        files = _hf_eval_files(cfg)
+        files = hf_eval_files(cfg)
         return [_hf(cfg, files, "hf validation", "eval")] if files else None
     if kind == "grain" and cfg["grain_eval_files"]:
         return [_grain(cfg, "grain_eval_files", "grain_eval_files", "grain_worker_count_eval")]
@@ -652,13 +618,13 @@ def validation_plan(cfg) -> tuple[str, ...]:
     if cfg["data.eval_samples"] < 1 and (cfg["data.eval_dataset"] or cfg["data.eval_sources"]):
         raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
                           "subset needs at least one sample")
-    if cfg["data.eval_sources"]:
+    if cfg["data.eval_sources"] or sft.maxtext_sft(cfg) or sft.holdout_source(cfg):
         return tuple(f for s in sft.eval_sources(cfg) for f in s.files("data.eval_sources"))
     if cfg["data.eval_dataset"]:
         return tuple(eval_files(cfg["data.eval_dataset"], cfg["data.eval_split"]))
     kind = None if cfg.is_set("data.dataset") else cfg["dataset_type"]
     if kind == "hf":
-        files = _hf_eval_files(cfg)
+        files = hf_eval_files(cfg)
         if files:
             _columns(cfg, "eval")
         return tuple(files or ())

@@ -109,13 +109,13 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None):
     if attend_cache:
         ctx["q_offset"] = start
     layers_cache = {n: a for n, a in cache.items() if n != "length"}
-    x, layers_cache = _layers(params, x, layers_cache, ctx, cfg, quant_state)
+    x, layers_cache = cached_layers(params, x, layers_cache, ctx, cfg, quant_state)
     hidden = L.norm(params["final_norm"], x[:, -1:], cfg)
     logits = logits_head(params, hidden, cfg)[:, 0]
     return logits, {**layers_cache, "length": start + T}
 
 
-def _layers(params, x, cache, ctx, cfg, quant_state):
+def cached_layers(params, x, cache, ctx, cfg, quant_state):
     """Every layer over x with its cache slice: a scan over each periodic run of layer kinds
     (dense/MoE) when ``cfg.scan_layers``, else a Python loop. Returns (x, cache)."""
     attached = attach_quant_state(params, cfg, quant_state)

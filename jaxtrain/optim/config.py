@@ -8,6 +8,7 @@ which leaves Muon takes and its coefficients, scale, Nesterov and LR multiplier.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,8 @@ import jax.numpy as jnp
 
 from jaxtrain.config import complete
 from jaxtrain.config.areas import optim as _knob_areas
+from jaxtrain.models.moe.config import parse_layer_freq
+from jaxtrain.models.spec import DENSE_STACK, MOE_STACK, moe_pattern
 
 MEGATRON = "megatron"
 PGS = "pgs"
@@ -84,6 +87,19 @@ class OptimConfig:
     optimizer_cpu_offload: bool = False
     offload_fraction: float = 1.0
     pin_host_memory: bool = True
+    # pgs's optimisation extras (jaxtrain.optim.pgs_extras)
+    adagc: bool = False
+    adagc_lambda: float = 1.5
+    adagc_beta: float = 0.95
+    adagc_warmup_steps: int | None = None  # None: the LR schedule's warm-up (pgs's)
+    adamc: bool = False
+    llrd_decay: float = 1.0
+    layer_stacks: tuple[str, ...] | None = None  # the stack of each layer, dense and MoE mixed
+    hyperball: bool = False
+    hyperball_lr: float = 0.0
+    mona: bool = False
+    mona_beta_a: float = 0.975
+    mona_lite: bool = True
 
     def __post_init__(self):
         known = MEGATRON_OPTIMIZERS + PGS_OPTIMIZERS
@@ -115,6 +131,18 @@ class OptimConfig:
             if value != "fp32" and not self.use_precision_aware_optimizer:
                 raise ValueError(f"{key} {value} needs use_precision_aware_optimizer (Megatron "
                                  f"keeps optimizer dtypes at fp32 otherwise)")
+        _check(self.adagc_lambda > 0, f"train.adagc_lambda must be positive, got "
+               f"{self.adagc_lambda}")
+        for key in ("adagc_beta", "mona_beta_a"):
+            # mona_beta_a = 1 would make MONA's alpha = -1 / (2 (1 - beta)) infinite
+            _check(0 <= getattr(self, key) < 1,
+                   f"train.{key} must be in [0, 1), got {getattr(self, key)}")
+        _check(0 < self.llrd_decay <= 1, f"train.llrd_decay must be in (0, 1] (1 is off), got "
+               f"{self.llrd_decay}")
+        _check(self.hyperball_lr >= 0, f"train.hyperball_lr must be >= 0 (0 calibrates each "
+               f"matrix), got {self.hyperball_lr}")
+        _check(self.adagc_warmup_steps is None or self.adagc_warmup_steps >= 0,
+               f"adagc_warmup_steps must be >= 0, got {self.adagc_warmup_steps}")
 
     @property
     def uses_muon(self) -> bool:
@@ -155,6 +183,7 @@ class OptimConfig:
         steps, frac = get("train_iters"), get("lr_warmup_fraction")
         sf_warmup = (int(steps * frac) if steps and frac is not None
                      else int(get("lr_warmup_iters") or 0))
+        llrd = _float_or(get("train.llrd_decay"), 1.0)
         return cls(
             name=name, flavour=flavour, schedule_free=bool(get("plugins.schedule_free")),
             lr=float(get("lr")), min_lr=float(get("min_lr") or 0.0),
@@ -190,6 +219,15 @@ class OptimConfig:
             optimizer_cpu_offload=bool(get("optimizer_cpu_offload")),
             offload_fraction=float(get("optimizer_offload_fraction")),
             pin_host_memory=bool(get("pin_cpu_params")),
+            adagc=bool(get("train.adagc")),
+            adagc_lambda=_float_or(get("train.adagc_lambda"), 1.5),
+            adagc_beta=_float_or(get("train.adagc_beta"), 0.95),
+            adamc=bool(get("train.adamc")), llrd_decay=llrd,
+            layer_stacks=_layer_stacks(get) if llrd < 1 else None,
+            hyperball=bool(get("train.hyperball")),
+            hyperball_lr=_float_or(get("train.hyperball_lr"), 0.0),
+            mona=bool(get("train.mona")), mona_beta_a=_float_or(get("train.mona_beta_a"), 0.975),
+            mona_lite=get("train.mona_lite") is not False,
         )
 
 
@@ -200,3 +238,23 @@ def _check(ok: bool, message: str):
 
 def _opt_float(value):
     return None if value is None else float(value)
+
+
+def _float_or(value, default):
+    return default if value is None else float(value)
+
+
+def _layer_stacks(get) -> tuple[str, ...] | None:
+    """The stack ('layers' or 'moe_layers') of each layer when an MoE model mixes dense and MoE
+    layers, for layer-wise LR decay; None for one stack."""
+    if not get("num_experts") or not get("num_layers"):
+        return None
+    freq = parse_layer_freq(get("moe_layer_freq") if get("moe_layer_freq") is not None else 1)
+    pattern = moe_pattern(_LayerFreq(freq), int(get("num_layers")))
+    if all(pattern) or not any(pattern):
+        return None
+    return tuple(MOE_STACK if moe else DENSE_STACK for moe in pattern)
+
+
+class _LayerFreq(typing.NamedTuple):
+    layer_freq: int | tuple[int, ...]

@@ -250,12 +250,13 @@ def scale_by_megatron_muon(plan: Mapping[Path, Leaf], opt: OptimConfig
     return optax.GradientTransformation(init, update)
 
 
-def muon(plan: Mapping[Path, Leaf], opt: OptimConfig, lr, wd) -> optax.GradientTransformation:
-    """Muon for its leaves: the direction, decoupled decay on all of them, the LR times
-    ``muon_lr_mult`` (pgs's 10x)."""
+def muon(plan: Mapping[Path, Leaf], opt: OptimConfig, lr, wd, mask=None
+         ) -> optax.GradientTransformation:
+    """Muon for its leaves: the direction, decoupled decay on all of them (on ``mask``'s when
+    given), the LR times ``muon_lr_mult`` (pgs's 10x)."""
     if opt.muon_lr_mult != 1.0:
         lr = _scaled(lr, opt.muon_lr_mult)
-    return optax.chain(scale_by_megatron_muon(plan, opt), optax.add_decayed_weights(wd),
+    return optax.chain(scale_by_megatron_muon(plan, opt), optax.add_decayed_weights(wd, mask),
                        optax.scale_by_learning_rate(lr))
 
 

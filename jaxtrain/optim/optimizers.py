@@ -3,9 +3,12 @@
 ``OptimConfig.from_config(cfg)`` reads the knobs; ``build_optimizer(opt_cfg, lr_schedule,
 params_axes)`` returns one ``optax.GradientTransformation``:
 
-    [cast grads to main_grads_dtype] -> [clip_grad] -> per-leaf optimizer (optax.partition)
+    [cast grads to main_grads_dtype] -> [train.mona] -> [train.adagc | clip_grad]
+        -> per-leaf optimizer (optax.partition) -> [train.llrd_decay] -> [train.hyperball]
 
-the per-leaf optimizer wrapped in a master copy of the weights with ``main_params_dtype`` fp16.
+the per-leaf optimizer and the two steps after it wrapped in a master copy of the weights with
+``main_params_dtype`` fp16. The bracketed pgs extras (and ``train.adamc``, a weight-decay
+schedule inside the per-leaf optimizer) are :mod:`jaxtrain.optim.pgs_extras`'s.
 
 Two dialects choose the optimizer. Megatron's ``optimizer`` (also MaxText configs): ``adam`` and
 ``sgd`` (:mod:`jaxtrain.optim.adam`), ``muon`` / ``dist_muon`` (:mod:`jaxtrain.optim.muon`, with
@@ -28,6 +31,7 @@ The package, one concern per module:
     adam        Megatron's Adam (pgs's AdamW) and SGD
     muon        Megatron's TensorParallelMuon and pgs's torch Muon
     pgs         bitsandbytes' 8-bit AdamW and Lion (paged too), schedule-free AdamW
+    pgs_extras  pgs's MONA, AdaGC, AdamC, layer-wise LR decay and Hyperball
     precision   the precision-aware optimizer: gradient rounding, moment dtypes, master weights
     quantized   the stored formats of low-precision moments (cast, scaled, 8-bit blockwise)
     offload     optimizer state in host memory (memory kinds)
@@ -41,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxtrain.optim import adam, muon, pgs
+from jaxtrain.optim import adam, muon, pgs, pgs_extras
 from jaxtrain.optim import quantized as q
 from jaxtrain.optim.adam import AdamState, scale_by_adam_stored
 from jaxtrain.optim.config import (DTYPES, JORDAN, MATMUL_PRECS, MEGATRON, MEGATRON_OPTIMIZERS,
@@ -56,6 +60,7 @@ from jaxtrain.optim.offload import (HOST_MEMORY, UNPINNED_HOST_MEMORY, opt_state
 from jaxtrain.optim.pgs import (LION_BETAS, LionState, scale_by_lion_stored,
                                 schedule_free_eval_params)
 from jaxtrain.optim.precision import MasterState, keep_master_copy, round_grads
+from jaxtrain.optim.schedules import warmup_steps_of
 
 __all__ = [
     # the entry points
@@ -102,9 +107,32 @@ def _decoupled_schedule(opt: OptimConfig, lr_schedule, decoupled_lr_schedule):
                      "decoupled=True))")
 
 
+def _decays(opt: OptimConfig, rule):
+    """``rule`` with pgs's layer-wise LR decay groups (which decay the >= 2-D embeddings, unlike
+    its plain AdamW) and without the matrices Hyperball holds on their sphere (no decay)."""
+    if opt.flavour == PGS and opt.llrd_decay < 1:
+        plain = rule
+        rule = lambda leaf: plain(leaf) or leaf.kind in pgs_extras.EMBEDDINGS  # noqa: E731
+    if not opt.hyperball:
+        return rule
+    return lambda leaf: rule(leaf) and not pgs_extras.hyperball_member(leaf)
+
+
+def _adagc_warmup(opt: OptimConfig, lr_schedule) -> int:
+    if opt.adagc_warmup_steps is not None:
+        return opt.adagc_warmup_steps
+    if not callable(lr_schedule):
+        return 0  # a constant LR has no warm-up
+    steps = warmup_steps_of(lr_schedule)
+    if steps is None:
+        raise ValueError("train.adagc clips globally during the LR warm-up: build the schedule "
+                         "with schedules.make_lr_schedule or set OptimConfig.adagc_warmup_steps")
+    return steps
+
+
 def _elementwise(opt: OptimConfig, plan, lr, wd, part: str) -> optax.GradientTransformation:
     """The element-wise optimizer for the leaves of one LR group."""
-    mask = by_path(plan, decayed(opt, part))
+    mask = by_path(plan, _decays(opt, decayed(opt, part)))
     if opt.name == "sgd":
         return adam.sgd(opt, lr, wd, mask)
     if opt.name == "lion8bit":
@@ -127,12 +155,23 @@ def build_optimizer(opt_cfg: OptimConfig, lr_schedule, params_axes, *, wd_schedu
     pre = []
     if opt_cfg.use_precision_aware_optimizer and opt_cfg.main_grads_dtype != "fp32":
         pre.append(round_grads(DTYPES[opt_cfg.main_grads_dtype]))
-    if opt_cfg.clip_grad > 0:
+    if opt_cfg.mona:
+        pre.append(pgs_extras.mona(plan, opt_cfg.mona_beta_a, opt_cfg.mona_lite))
+    if opt_cfg.adagc:   # replaces the global clip (which it applies during its warm-up)
+        pre.append(pgs_extras.adagc(plan, opt_cfg.adagc_lambda, opt_cfg.adagc_beta,
+                                    _adagc_warmup(opt_cfg, lr_schedule), opt_cfg.clip_grad))
+    elif opt_cfg.clip_grad > 0:
         pre.append(clip_by_global_norm(opt_cfg.clip_grad))
     if opt_cfg.schedule_free:
         if opt_cfg.main_params_dtype != "fp32":
             raise ValueError("main_params_dtype fp16 keeps a master copy for Megatron's Adam/SGD/"
                              "Muon; the schedule-free optimizers keep their own weights: use fp32")
+        extras = [k for k, on in (("train.mona", opt_cfg.mona), ("train.adamc", opt_cfg.adamc),
+                                  ("train.llrd_decay", opt_cfg.llrd_decay < 1),
+                                  ("train.hyperball", opt_cfg.hyperball)) if on]
+        if extras:
+            raise ValueError(f"{', '.join(extras)} cannot be combined with plugins.schedule_free "
+                             f"(it has no LR schedule or per-layer LR to act on)")
         return optax.chain(*pre, pgs.schedule_free(opt_cfg, plan, wd))
 
     member = muon_member(opt_cfg) if opt_cfg.uses_muon else (lambda leaf: False)
@@ -147,15 +186,28 @@ def build_optimizer(opt_cfg: OptimConfig, lr_schedule, params_axes, *, wd_schedu
 
     used = {label(leaf) for leaf in plan.values()}
     part = "muon-adam" if opt_cfg.uses_muon else "main"
+    main_wd = (pgs_extras.adamc_weight_decay(wd, lr_schedule, opt_cfg.lr) if opt_cfg.adamc
+               else wd)
     transforms = {}
     if "main" in used:
-        transforms["main"] = _elementwise(opt_cfg, plan, lr_schedule, wd, part)
+        transforms["main"] = _elementwise(opt_cfg, plan, lr_schedule, main_wd, part)
     if "decoupled" in used:
         dec = _decoupled_schedule(opt_cfg, lr_schedule, decoupled_lr_schedule)
-        transforms["decoupled"] = _elementwise(opt_cfg, plan, dec, wd, part)
+        dec_wd = (pgs_extras.adamc_weight_decay(wd, dec, opt_cfg.decoupled_lr)
+                  if opt_cfg.adamc else wd)
+        transforms["decoupled"] = _elementwise(opt_cfg, plan, dec, dec_wd, part)
     if "muon" in used:
-        transforms["muon"] = muon.muon(plan, opt_cfg, lr_schedule, wd)
+        transforms["muon"] = muon.muon(
+            plan, opt_cfg, lr_schedule, main_wd,
+            by_path(plan, _decays(opt_cfg, lambda leaf: True)) if opt_cfg.hyperball else None)
     core = optax.partition(transforms, by_path(plan, label))
+    post = []
+    if opt_cfg.llrd_decay < 1:
+        post.append(pgs_extras.llrd(plan, opt_cfg.llrd_decay, opt_cfg.layer_stacks))
+    if opt_cfg.hyperball:
+        post.append(pgs_extras.hyperball(plan, opt_cfg.hyperball_lr, lr_schedule, opt_cfg.lr))
+    if post:
+        core = optax.chain(core, *post)
     if opt_cfg.use_precision_aware_optimizer and opt_cfg.main_params_dtype != "fp32":
         core = keep_master_copy(core, q.Codec.for_dtype(DTYPES[opt_cfg.main_params_dtype]),
                                 batch_axes_of(plan))

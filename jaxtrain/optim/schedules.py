@@ -552,6 +552,23 @@ def make_weight_decay_schedule(sched: ScheduleConfig) -> optax.Schedule:
     return functools.partial(_megatron_step_wd, sched)
 
 
+def warmup_steps_of(schedule) -> int | None:
+    """The optimizer steps a schedule made by :func:`make_lr_schedule` spends warming up (pgs:
+    ``int(total_steps * warmup_ratio)``; Megatron: the updates begun before ``warmup``
+    samples were consumed); None for any other schedule."""
+    if not (isinstance(schedule, functools.partial) and schedule.args
+            and isinstance(schedule.args[0], ScheduleConfig)):
+        return None
+    sched = schedule.args[0]
+    if sched.family != MEGATRON or sched.warmup <= 0:
+        return int(math.ceil(sched.warmup))
+    gbs = _need_batch(sched.global_batch_size, "converting the warm-up to optimizer steps")
+    if sched.rampup is None:
+        return int(math.ceil(sched.warmup / gbs))
+    steps = jnp.arange(int(math.ceil(sched.warmup / sched.rampup[0])) + 1)
+    return int(jnp.sum(consumed_samples_at_step(sched, steps) < sched.warmup))
+
+
 def _pgs_step_lr(sched, decoupled, step):
     return pgs_lr_at(sched, step, decoupled=decoupled)
 

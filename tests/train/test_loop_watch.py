@@ -110,7 +110,8 @@ def test_resume_continues_validation_where_the_checkpoint_left_it(watched, tmp_p
     loop.train(config(*common, "exit_interval=2"))
     assert [r["step"] for r in train_rows(tmp_path)] == [1, 2]
     meta = json.loads((tmp_path / "step_2" / "meta" / "metadata").read_text())
-    assert meta["extra"] == {"eval": {"valid_consumed": {"mock_data validation": 4}}}
+    assert meta["extra"] == {"eval": {"valid_consumed": {"mock_data validation": 4}},
+                             "best": None}   # save_hf's best validation so far (none: off)
 
     def no_fallback(self, step):
         raise AssertionError("the checkpoint holds the evaluator's position; skip_to is only "

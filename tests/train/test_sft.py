@@ -126,3 +126,38 @@ def test_final_model_logits_match_transformers(learned):
     theirs, ours = _hf_logits(final, ids), _ours_logits(final, ids)
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
     assert np.abs(_hf_logits(model, ids) - theirs).max() > 1e-2
+
+
+MAXTEXT_SFT = ROOT / "tests" / "data" / "maxtext" / "sft.yml"
+
+
+def test_maxtext_sft_file_trains_on_local_chat_data(tmp_path):
+    """MaxText's post_train/sft.yml, with a local hf_path folder and a local model."""
+    model = write_chat_model(tmp_path / "model")
+    write_jsonl(tmp_path / "ds" / "train_sft.jsonl", pair_task(16))
+    write_jsonl(tmp_path / "ds" / "test_sft.jsonl", pair_task(4, seed=1))
+    prompt_completion = [{"prompt": r["messages"][1]["content"],
+                          "completion": r["messages"][2]["content"]} for r in pair_task(16)]
+    write_jsonl(tmp_path / "pc" / "train_sft.jsonl", prompt_completion)
+    shutil.copy(MAXTEXT_SFT, tmp_path / "sft.yml")
+    common = ["run_name=t", "base_output_directory=out", f"model.name_or_path={model}",
+              "steps=2", "per_device_batch_size=2", "max_target_length=64",
+              "enable_checkpointing=false", "eval_interval=2", "eval_steps=1"]
+    assert _in(tmp_path, ["sft.yml", "hf_path=ds", *common]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "out" / "t" / "metrics.jsonl").read_text()
+            .splitlines()]
+    assert any("val_loss" in r for r in rows)
+    from jaxtrain.config import load_config
+    from jaxtrain.data.sources import training_data
+
+    def trained(*extra):
+        cfg = load_config(tmp_path / "sft.yml", [f"hf_path={tmp_path / 'pc'}", *common,
+                                                  "hf_eval_split=", *extra], world_size=1)
+        assert cfg["use_sft"] and cfg["lora"]["enabled"] is False   # MaxText's lora: off
+        arrays = training_data(cfg).samples.arrays
+        return (arrays["weights"][:, 1:] > 0).sum(), (arrays["segment_ids"][:, 1:] > 0).sum()
+
+    completion, _ = trained("train_data_columns=[prompt,completion]")
+    everything, real = trained("train_data_columns=[prompt,completion]",
+                               "sft_train_on_completion_only=false")
+    assert 0 < completion < everything == real      # false: every real token carries loss

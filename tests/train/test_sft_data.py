@@ -249,6 +249,8 @@ def test_field_and_mix_knobs_from_the_config(tmp_path, model_dir):
     (("plugins.dft=true", "data.turn_scaling=progressive"),
      "data.turn_scaling progressive weights the cross-entropy"),
     (("data.pretokenize=true", "data.msft_tracking=true"), "data.pretokenize fixes the data"),
+    (("data.pretokenize=true", "data.seq_len_curriculum=true"),
+     "data.pretokenize fixes the sequence length"),
 ])
 def test_pgs_refuses_these_combinations(tmp_path, model_dir, extra, message):
     with pytest.raises(ConfigError, match=message):
@@ -374,3 +376,27 @@ def test_chat_template_knob_replaces_the_tokenizers_own(tmp_path, model_dir):
                   "chat_template={% for m in messages %}{{ m['content'] }}{% endfor %}")
     with pytest.raises(ConfigError, match="the chat template has no assistant marker"):
         training_data(bad)
+
+
+def test_chat_template_path_reads_a_json_or_text_template(tmp_path, model_dir):
+    data = write_jsonl(tmp_path / "chat.jsonl", pair_task(2))
+    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + ': ' + m['content'] "
+                "+ '<|im_end|>' }}{% endfor %}")
+    (tmp_path / "t.json").write_text(json.dumps({"chat_template": template}))
+    cfg = _config(tmp_path, model_dir, f"dataset: {data}",
+                  f"chat_template_path={tmp_path / 't.json'}")
+    from transformers import AutoTokenizer
+    text = AutoTokenizer.from_pretrained(model_dir).decode(
+        training_data(cfg).samples.arrays["tokens"][0])
+    assert "assistant: " in text
+    (tmp_path / "t.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="chat_template_path .* must hold a string or an obj"):
+        training_data(_config(tmp_path, model_dir, f"dataset: {data}",
+                              f"chat_template_path={tmp_path / 't.json'}"))
+
+
+def test_freeze_non_attention_is_a_warned_no_op_without_hybrid_layers(tmp_path, model_dir):
+    cfg = _config(tmp_path, model_dir, "", "train.freeze_non_attention=true")
+    assert any("nothing is frozen" in w for w in cfg.warnings)
+    plain = _config(tmp_path, model_dir, "")
+    assert not any("nothing is frozen" in w for w in plain.warnings)

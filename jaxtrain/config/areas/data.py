@@ -23,6 +23,10 @@ _GRAIN_WORKERS = ("the samples of this set are read by that many threads of the 
                   "(jaxtrain's loader threads; 0 reads in the loop itself) instead of num_workers; "
                   "-1 (auto-tune) keeps num_workers")
 _MIX_EPOCH = ("total", "first_exhausted")
+_CURRICULUM = ("palingenesis declares the sequence-length curriculum and checks it against "
+               "pretokenize, but its data pipeline never builds one (SeqLenCurriculum is not "
+               "constructed at 2d07903): its runs train at data.max_seq_length throughout, and "
+               "so do jaxtrain's")
 _TURN_SCALING = ("uniform", "progressive", "last_heavy")
 
 KNOBS = [
@@ -250,11 +254,12 @@ KNOBS = [
     K("data.turn_scaling", "str", "uniform", "Per-assistant-turn loss weights (mean 1): uniform, "
       "progressive (later heavier) or last_heavy.", "pgs-train", choices=_TURN_SCALING, status=HONORED),
     K("data.seq_len_curriculum", "bool", False, "Grow the longest sequence from "
-      "data.seq_len_curriculum_min to data.max_seq_length over the ramp.", "pgs-train", issue=20),
+      "data.seq_len_curriculum_min to data.max_seq_length over the ramp.", "pgs-train", INERT,
+      _CURRICULUM),
     K("data.seq_len_curriculum_min", "int", 1024, "Longest sequence at the curriculum's start.",
-      "pgs-train", issue=20),
+      "pgs-train", INERT, _CURRICULUM),
     K("data.seq_len_curriculum_ramp_steps", "int", 1000, "Steps over which the sequence-length "
-      "curriculum reaches data.max_seq_length.", "pgs-train", issue=20),
+      "curriculum reaches data.max_seq_length.", "pgs-train", INERT, _CURRICULUM),
     K("data.last_turn_only", "bool", False, "Mask every assistant turn but the last, in training "
       "and in eval scoring.", "pgs-train", status=HONORED),
     K("data.length_group_buffer", "int", 512, "Without packing: sort this many samples by length "

@@ -8,7 +8,7 @@ save_checkpoint_on_completion, enable_autocheckpoint, num_vocab_tiling, ...).
 from jaxtrain.config.knob import HONORED, INERT, REJECTED, K
 
 _MT = "maxtext"
-_SFT, _DPO = 19, 21
+_DPO = 21
 _ORBAX_IO = ("tunes how Orbax writes the checkpoint files; jaxtrain keeps Orbax's own I/O "
              "settings and the stored values are the same")
 _TOOL_ONLY = "read only by MaxText's {tool}, not by training"
@@ -79,18 +79,28 @@ KNOBS = [
       choices=("all_masked", "seed_and_mask")),
 
     # --- post-training switches ---
+    K("use_tunix_gradient_accumulation", "bool", False, "SFT: accumulate gradients with "
+      "Tunix's trainer instead of MaxText's own loop.", _MT, INERT,
+      "jaxtrain accumulates micro-batches inside its one jitted step (lax.scan) whatever the "
+      "objective; there is no second trainer to pick"),
     K("use_sft", "bool", False, "Supervised fine-tuning on prompt/completion data instead of "
-      "pretraining on plain text.", _MT, issue=_SFT),
+      "pretraining on plain text.", _MT, HONORED,
+      "dataset_type hf files with a messages column, or prompt and completion columns "
+      "(train_data_columns / eval_data_columns), rendered with the tokenizer's chat template "
+      "and masked by jaxtrain's chat masker (jaxtrain/data/sft.py), packed whole with packing"),
     K("sft_train_on_completion_only", "bool", False, "SFT: take the loss on completion tokens "
-      "only; false also on the prompt.", _MT, issue=_SFT),
+      "only; false also on the prompt.", _MT, HONORED,
+      "completion tokens are the assistant turns as the chat masker finds them (answer and "
+      "end-of-turn token)"),
     K("use_dpo", "bool", False, "Direct preference optimisation on chosen/rejected pairs "
       "(train_data_columns names the two columns).", _MT, issue=_DPO),
     K("use_chat_template", "bool", False, "Format conversations with the tokenizer's chat "
-      "template before tokenising.", _MT, issue=_SFT),
+      "template before tokenising.", _MT, issue=None),
     K("chat_template_path", "str", "", "JSON file holding a chat template to use instead of the "
-      "tokenizer's.", _MT, issue=_SFT),
+      "tokenizer's.", _MT, HONORED, "read when chat (SFT) data is rendered: a JSON object's "
+      "chat_template, a JSON string, or the file's text; chat_template wins over it"),
     K("default_prompt", "str", "", "hf pipeline: prompt filled into rows that lack a prompt "
-      "column.", _MT, issue=_SFT),
+      "column.", _MT, issue=None),
 
     # --- data ---
     K("reuse_example_batch", "int", 0, "Benchmark aid: keep feeding the first batch (already on "

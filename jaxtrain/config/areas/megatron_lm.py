@@ -408,11 +408,11 @@ KNOBS = [
     K("export_kd_cfg", "str", None, "ModelOpt: distillation config file (losses, layers).", _L,
       issue=22),
     K("finetune_hf_dataset", "str", None, "ModelOpt: Hugging Face dataset to fine-tune on.", _L,
-      issue=19),
+      ),
     K("finetune_data_split", "str", "train", "ModelOpt: split of finetune_hf_dataset.", _L,
-      issue=19),
+      ),
     K("finetune_data_files", "list[str]", None, "ModelOpt: data files of finetune_hf_dataset.", _L,
-      issue=19),
+      ),
     K("qad_train_target", "str", None, "ModelOpt quantization-aware distillation: what trains "
       "(base, mtp or both).", _L, issue=22, choices=("base", "mtp", "both")),
     K("freeze_base_for_mtp", "bool", False, "ModelOpt: train only the multi-token-prediction "

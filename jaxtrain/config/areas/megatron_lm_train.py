@@ -193,9 +193,9 @@ KNOBS = [
     K("validation_set_names", "list[str]", None, "Names of the validation sets (with "
       "multiple_validation_sets), used in logs instead of indices.", _L),
     K("sft", "bool", False, "Train with Megatron's supervised fine-tuning data path (loss on "
-      "response tokens only).", _L, issue=19),
+      "response tokens only).", _L),
     K("sft_tokenizer_prompt_format", "str", "nemotron-h-aligned", "Prompt/chat format of the "
-      "SFT tokenizer.", _L, issue=19),
+      "SFT tokenizer.", _L),
 
     # --- debugging dumps ---
     K("save_params_interval", "int", None, "Every N steps write each parameter's values to "

@@ -18,37 +18,48 @@ _FP8_ATTN = ("FP8 attention is a Transformer Engine path; jaxtrain's attention k
              "the compute dtype and its FP8 covers the projections (fp8)")
 _UNREAD = "Primus itself reads no key of this name, so it has no effect there either"
 
+_LORA_OFF = {"enabled": False, "dim": 32, "alpha": 32, "dropout": 0.0, "dropout_position": "pre",
+             "lora_A_init_method": "xavier", "lora_B_init_method": "zero",
+             "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]}
+
+
+def _lora(value):
+    """Primus's lora mapping or MaxText's (enable_lora, lora_rank, ...): LoRA switched off, in
+    either spelling, is the default (no adapters); a switched-on one is kept as written."""
+    switch = [k for k in ("enabled", "enable_lora") if isinstance(value, dict) and k in value]
+    if switch and not any(value[k] for k in switch):
+        return dict(_LORA_OFF)
+    return value
+
+
 KNOBS = [
     # --- trainer stage and supervised fine-tuning data ---
     K("stage", "str", "pretrain", "Which Primus trainer runs the module: pretrain, sft or "
       "mlperf_pretrain.", _P, HONORED, choices=("pretrain", "sft", "mlperf_pretrain"),
-      planned_values={"sft": 19, "mlperf_pretrain": None}),
+      planned_values={"sft": None, "mlperf_pretrain": None}),
     K("sft_dataset_name", "str", "tatsu-lab/alpaca", "Hugging Face dataset (or local path) the "
-      "SFT trainer reads conversations from.", _P, issue=19),
+      "SFT trainer reads conversations from.", _P),
     K("sft_conversation_format", "str", "alpaca", "How SFT rows become prompt and response: "
-      "alpaca, squad, messages, ...", _P, issue=19),
-    K("sft_dataset_split", "str", "train", "Split of the SFT dataset to read.", _P, issue=19),
+      "alpaca, squad, messages, ...", _P),
+    K("sft_dataset_split", "str", "train", "Split of the SFT dataset to read.", _P),
     K("sft_bridge_compat_inline_bos", "bool", False, "Tokenize SFT samples the way Megatron-Bridge "
-      "does (a BOS inside each packed sample) to match its packed data exactly.", _P, issue=19),
+      "does (a BOS inside each packed sample) to match its packed data exactly.", _P),
     K("sft_sanitize_nan_grads", "bool", False, "Zero NaN/inf gradient entries before the NaN "
-      "check so such steps do not stop the run (for benchmark SFT variants).", _P, issue=19),
+      "check so such steps do not stop the run (for benchmark SFT variants).", _P),
     K("enable_packed_sequences", "bool", False, "Pack several short SFT samples into each "
-      "sequence.", _P, issue=19),
+      "sequence.", _P),
     K("use_packed_attention", "bool", False, "With packed SFT samples, keep attention within each "
-      "sample (varlen); false lets packed samples see each other.", _P, issue=19),
-    K("lora", "dict", {"enabled": False, "dim": 32, "alpha": 32, "dropout": 0.0,
-                       "dropout_position": "pre", "lora_A_init_method": "xavier",
-                       "lora_B_init_method": "zero",
-                       "target_modules": ["linear_qkv", "linear_proj", "linear_fc1",
-                                          "linear_fc2"]},
+      "sample (varlen); false lets packed samples see each other.", _P),
+    K("lora", "dict", _LORA_OFF,
       "LoRA adapters for SFT: enabled, rank (dim), alpha, dropout and where, init of A/B, and "
-      "the target linear layers.", _P, issue=19),
+      "the target linear layers (MaxText: enable_lora, lora_rank, lora_alpha, ...).",
+      (_P, "maxtext"), parse=_lora),
     K("enable_odc_lb_mini", "bool", False, "LB-Mini: serve variable-length SFT micro-batches "
-      "balanced across data-parallel ranks by token cost.", _P, issue=19),
+      "balanced across data-parallel ranks by token cost.", _P),
     K("lb_mini_max_token_len", "int", 0, "Token cap per LB-Mini micro-batch; 0 means "
-      "seq_length.", _P, issue=19),
+      "seq_length.", _P),
     K("lb_mini_cost_model", "str", "linear", "Cost LB-Mini balances: linear (tokens) or fit "
-      "(attention-aware, about quadratic).", _P, issue=19),
+      "(attention-aware, about quadratic).", _P),
 
     # --- ODC (point-to-point FSDP gradient communication) ---
     K("enable_odc", "bool", False, "Route FSDP2 gradient reduce-scatters through ODC's "

@@ -29,7 +29,9 @@ _OTHER_FRAMEWORKS = {
     "diffusion": "diffusion models", "maxdiffusion": "MaxDiffusion (diffusion models)",
     "hummingbirdxt": "HummingbirdXT (diffusion models)",
 }
-_MODULES = {"pre_trainer": None, "post_trainer": 19}   # module -> issue that builds it (None: built)
+# module -> what is still missing for it (None: built)
+_MODULES = {"pre_trainer": None,
+            "post_trainer": "Primus's SFT trainer (stage sft: its conversation formats, LoRA)"}
 
 
 def is_experiment(data: dict) -> bool:
@@ -130,7 +132,8 @@ def experiment_layers(path: pathlib.Path, data: dict,
                               f"{', '.join(MODULE_FIELDS)} (knobs go under overrides)")
         if name in _MODULES and _MODULES[name] is not None:
             raise ConfigError(f"{where}: not implemented yet: the Primus {name} module "
-                              f"(post-training) is planned for issue #{_MODULES[name]}")
+                              f"(post-training: {_MODULES[name]}) is planned for a later "
+                              "issue; jaxtrain's SFT runs pgs files and MaxText use_sft files")
         if module.get("config"):
             chain = _preset(module["config"], "modules", framework, path, roots,
                             "module config")
