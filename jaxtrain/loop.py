@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxtrain import models
+from jaxtrain import dpo, models
 from jaxtrain.averaging import WeightAveraging
 from jaxtrain.checkpoint import Checkpointer, hf_init
 from jaxtrain.checks import BuildError, Checks, TrainingError
@@ -181,8 +181,8 @@ def build(cfg, devices=None, tcfg: TrainConfig | None = None, materialize: bool 
         grad_shardings=layout.grads(models.logical_axes(model_cfg), abstract.params),
         params_memory=memory_movers(shardings.params))
     in_shardings = (shardings, layout.batch())
-    if tcfg.objective.needs_base:   # the frozen base weights, a third argument
-        in_shardings += ({"base": jax.tree.map(device_memory, shardings.params)},)
+    if dpo.frozen_key(tcfg):   # pre_rl's frozen base / DPO's reference, a third argument
+        in_shardings += ({dpo.frozen_key(tcfg): jax.tree.map(device_memory, shardings.params)},)
     step_fn = jax.jit(train_step, in_shardings=in_shardings,
                       out_shardings=(shardings, layout.replicated()), donate_argnums=0)
     return Setup(data, model_cfg, tcfg, steps, layout, schedule, optimizer, abstract, shardings,
@@ -272,6 +272,12 @@ def _train(cfg, tcfg, logger, devices) -> dict:
         on_device = jax.tree.map(device_memory, run.shardings)
         run.frozen = {"base": hf_init.load_params(hf_init.model_dir(cfg), run.model_cfg,
                                                   run.abstract.params, on_device.params)}
+    elif tcfg.dpo is not None:   # pgs DPO: the frozen reference policy
+        on_device = jax.tree.map(device_memory, run.shardings)
+        ref_dir = dpo.reference_dir(cfg)
+        run.frozen = {"ref": hf_init.load_params(ref_dir, run.model_cfg, run.abstract.params,
+                                                 on_device.params)}
+        logger.info("DPO reference policy from %s", ref_dir)
     first, consumed = 1, 0
     if restored is not None:
         state, consumed = restored

@@ -272,9 +272,8 @@ def row_losses(params, hidden, targets, loss_mask, model_cfg, *, num_chunks: int
     if num_chunks <= 1:
         out = sums(hidden, targets, mask_BT, base_hidden)
     else:
-        if T % num_chunks:
-            raise ValueError(f"sequence length {T} is not divisible by "
-                             f"memory.loss_num_chunks {num_chunks}")
+        # a batch cut to a shorter length bucket takes the largest chunk count dividing it
+        num_chunks = max(d for d in range(1, min(T, num_chunks) + 1) if T % d == 0)
         C = T // num_chunks
 
         def split(x_BT):   # [B,T,...] -> [num_chunks,B,C,...]

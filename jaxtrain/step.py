@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxtrain import dpo
 from jaxtrain import loss_scale as ls
 from jaxtrain import release
 from jaxtrain import seco
@@ -152,6 +153,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         release.check_supported(model_cfg, tcfg)
     if tcfg.seco_chunk:
         seco.check_step(model_cfg, tcfg)
+    frozen_key = dpo.frozen_key(tcfg) or "base"
     to_device, to_host = opt_state_memory or (lambda t: t, lambda t: t)
     params_in, params_out = params_memory or (lambda t: t, lambda t: t)
     pin = ((lambda t: jax.lax.with_sharding_constraint(t, grad_shardings))
@@ -161,7 +163,16 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
                    base_params):
         """(objective x scale, (LM loss, MoE stats)): the objective adds the MoE aux losses
         (summed over layers, weighted by their coefficients) averaged over microbatches. pgs
-        pre_rl's loss is a mean over the microbatch's tokens, averaged over microbatches."""
+        pre_rl's loss is a mean over the microbatch's tokens, averaged over microbatches; so
+        is DPO's (jaxtrain.dpo, a mean over the microbatch's pairs), whose metrics come third."""
+        if tcfg.dpo is not None:
+            lm, stats, extra = dpo.micro_loss(
+                params, base_params, micro, model_cfg, tcfg.dpo, quant_state=qstate,
+                moe_state=moe_state, rng=rng, num_chunks=tcfg.loss_chunks,
+                half_precision=tcfg.half_precision_loss, embed_noise=tcfg.embed_noise)
+            lm = lm / num_micro
+            aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
+            return (lm + aux) * scale, (lm, stats, extra)
         lm, stats = model_loss(params, micro, weights_BT, model_cfg, quant_state=qstate,
                                moe_state=moe_state, train=True, rng=rng,
                                num_chunks=tcfg.loss_chunks,
@@ -171,11 +182,11 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         if tcfg.objective.needs_base:
             lm = lm / num_micro
         aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
-        return (lm + aux) * scale, (lm, stats)
+        return (lm + aux) * scale, (lm, stats, {})
 
     def step(state: TrainState, batch: dict, frozen: dict | None = None):
         """``frozen``: parameter trees held beside the state, never trained ({"base": the
-        starting weights} for pgs pre_rl)."""
+        starting weights} for pgs pre_rl, {"ref": the reference policy} for DPO)."""
         with layout.activations() if layout is not None else contextlib.nullcontext():
             return _step(dataclasses.replace(state, params=params_in(state.params)), batch,
                          frozen or {})
@@ -211,7 +222,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         rng, step_rng = jax.random.split(state.rng)
 
         def accumulate(carry, xs):
-            grads, loss, qstate, moe_sum = carry
+            grads, loss, qstate, moe_sum, extra_sum = carry
             micro, weights_BT, i = xs   # one microbatch: [B,T] leaves
             moe_state = None if moe_sum is None or "aux_counts" not in moe_sum else {
                 "aux_counts": moe_sum["aux_counts"], "steps": i.astype(jnp.float32)}
@@ -220,23 +231,25 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             if tcfg.seco_chunk:   # pgs memory.seco: chunk by chunk (jaxtrain.seco)
                 lm, g = seco.micro_grads(state.params, micro, weights_BT,
                                          jax.random.fold_in(step_rng, i), model_cfg, tcfg, scale)
-                stats = None
+                stats, extra = None, extra_sum
             else:
-                (_, (lm, stats)), (g, qstate) = jax.value_and_grad(
+                (_, (lm, stats, extra)), (g, qstate) = jax.value_and_grad(
                     lambda p, q: micro_loss(p, q, micro, weights_BT,
                                             jax.random.fold_in(step_rng, i), moe_state, scale, M,
-                                            frozen.get("base")),
+                                            frozen.get(frozen_key)),
                     argnums=(0, 1), has_aux=True)(state.params, qstate)
             grads = pin(jax.tree.map(lambda a, b: a + b.astype(accum_dtype), grads, g))
             if moe_sum is not None:
                 moe_sum = jax.tree.map(jnp.add, moe_sum, stats)
-            return (grads, loss + lm, qstate, moe_sum), None
+            extra_sum = jax.tree.map(jnp.add, extra_sum, extra)
+            return (grads, loss + lm, qstate, moe_sum, extra_sum), None
 
         zeros = pin(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), state.params))
         M = weights_MBT.shape[0]
-        (grads, loss, qstate, moe_sum), _ = jax.lax.scan(
-            accumulate, (zeros, jnp.float32(0.0), state.quant_state, moe.zero_stats(model_cfg)),
-            (batch, weights_MBT, jnp.arange(M)))
+        extra0 = dpo.zero_metrics() if tcfg.dpo is not None else {}
+        (grads, loss, qstate, moe_sum, extra_sum), _ = jax.lax.scan(
+            accumulate, (zeros, jnp.float32(0.0), state.quant_state, moe.zero_stats(model_cfg),
+                         extra0), (batch, weights_MBT, jnp.arange(M)))
         grads = jax.tree.map(lambda g, p: (g.astype(jnp.float32) / scale).astype(p.dtype),
                              grads, state.params)
         grad_norm = _global_norm(grads)
@@ -271,6 +284,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         metrics = {"loss": loss, "grad_norm": grad_norm, "lr": jnp.asarray(lr, jnp.float32),
                    "skipped": skip, "spike": spiked,
                    "tokens": jnp.sum(batch["loss_mask"].astype(jnp.float32))}
+        metrics.update({k: v / M for k, v in extra_sum.items()})   # DPO: means over pairs
         if moe_sum is not None:
             metrics.update(moe.metrics(jax.tree.map(lambda a: a / M, moe_sum), model_cfg,
                                        moe.moe_layer_ids(model_cfg)))

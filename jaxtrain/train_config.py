@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.dpo import DPOConfig
 from jaxtrain.loss import CE, TokenObjective
 from jaxtrain.loss_scale import LossScaleConfig
 from jaxtrain.optim.schedules import parse_rampup
@@ -163,6 +165,9 @@ class TrainConfig:
     seco_chunk: int = 0
     spaco_budget: int = 0
     seco_kv_offload: bool = False
+    # pgs dpo.enabled: the preference loss (jaxtrain.dpo.DPOConfig); None trains on tokens.
+    # micro_batch_size/global_batch_size then count rows, two per pair
+    dpo: Any = None
 
     @classmethod
     def from_config(cls, cfg) -> "TrainConfig":
@@ -180,9 +185,11 @@ class TrainConfig:
         if cfg["train_iters"] is None and cfg["train_samples"] is None and not cfg["train.epochs"]:
             raise ConfigError("set train_iters (steps), train_samples or train.epochs: the run "
                               "has no length")
+        dpo_cfg = DPOConfig.from_config(cfg)
+        rows = 2 if dpo_cfg is not None else 1   # pgs: per_device_batch_size counts pairs
         return cls(
-            seq_length=seq, micro_batch_size=cfg["micro_batch_size"],
-            global_batch_size=cfg["global_batch_size"],
+            seq_length=seq, micro_batch_size=cfg["micro_batch_size"] * rows,
+            global_batch_size=cfg["global_batch_size"] * rows, dpo=dpo_cfg,
             rampup=parse_rampup(cfg["rampup_batch_size"]),
             decrease_batch_size_if_needed=cfg["decrease_batch_size_if_needed"],
             num_microbatches=cfg.derived["num_microbatches"],

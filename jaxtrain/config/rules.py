@@ -465,11 +465,36 @@ def pgs(c: Context):
             c.error("data.turn_scaling applies to SFT losses; DPO (dpo.enabled) rejects it")
         if c.get("packing") and c.explicit("packing"):
             c.error("dpo.enabled trains on preference pairs; packing is not supported with it")
+        _dpo(c)
     smoothing = c.get("dpo.label_smoothing", 0.0)
     if smoothing >= 0.5:
         c.error(f"dpo.label_smoothing ({smoothing}) must be below 0.5")
     if smoothing and c.get("dpo.loss_type") != "robust":
         c.error("dpo.label_smoothing applies to dpo.loss_type robust only")
+
+
+# dpo.enabled: settings DPO does not combine with (pgs's DPO guide), key -> why
+_DPO_REFUSES = {
+    "data.sources": "DPO reads its pairs from data.dataset only",
+    "data.eval_sources": "DPO validates on data.eval_dataset's pairs only",
+    "data.pretokenize": "the cache holds SFT samples, not preference pairs",
+    "data.pretrain_replay_dataset": "replay mixes raw text into SFT conversations",
+    "data.msft_tracking": "MSFT reweights SFT sources",
+    "data.seq_len_curriculum": "the pairs are cut to one fixed length",
+    "parallel.context_parallel": "the pair scores need whole sequences on one device",
+    "memory.gradient_release": "the fused backward covers the token loss only",
+    "memory.seco": "SeCO's chunk-wise step covers the token loss only",
+    "rampup_batch_size": "the batch counts pairs, the ramp samples",
+    "plugins.sym_noise": "embedding noise makes the policy differ from the reference",
+    **{k: "it replaces the cross-entropy that DPO replaces too" for k in _TOKEN_WEIGHTING},
+}
+
+
+def _dpo(c: Context):
+    """What pgs's DPO refuses (its guide's list) and what jaxtrain's DPO step does not cover."""
+    for key, why in _DPO_REFUSES.items():
+        if c.get(key):
+            c.error(f"dpo.enabled with {c.where(key)}: not supported ({why})")
 
 
 # memory.gradient_release (jaxtrain.release) updates each layer during the backward: settings

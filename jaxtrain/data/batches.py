@@ -71,6 +71,8 @@ class TokenData:
     megatron_order: bool = False  # cyclic: Megatron's sampler order (MegatronCyclicOrder)
     group_lengths: Any = None     # [N] sample lengths: order by length groups (LengthGroups)
     group_buffer: int = 0         # pgs data.length_group_buffer
+    trim: bool = False            # cut each batch to the length bucket of its longest row
+    pairs: bool = False           # preference pairs: rows 2i, 2i+1 stay together (PairOrder)
 
     @property
     def num_samples(self) -> int:
@@ -280,11 +282,44 @@ class LengthGroups:
         return self.samples[int(self.order(epoch)[k])]
 
 
+class PairOrder:
+    """Preference pairs (pgs DPO) in order, endless and random-access: rows ``2i`` (chosen)
+    and ``2i + 1`` (rejected) are one pair and stay adjacent. Each epoch is a seeded
+    permutation of the pairs (none with ``shuffle`` off): position ``j`` of epoch ``e`` is row
+    ``2·perm_e[k // 2] + k % 2``, ``k = j mod N``."""
+
+    def __init__(self, samples, seed: int, shuffle: bool = True):
+        n = len(samples)
+        if n % 2:
+            raise ConfigError(f"preference data: {n} rows, not whole pairs")
+        self.samples, self.seed, self.shuffle, self.n = samples, seed, shuffle, n
+        self._epoch = (None, None)
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        if self._epoch[0] != epoch:
+            pairs = self.n // 2
+            perm = (np.random.default_rng([self.seed, epoch]).permutation(pairs)
+                    if self.shuffle else np.arange(pairs))
+            self._epoch = (epoch, perm)
+        return self._epoch[1]
+
+    def index(self, j: int) -> int:
+        epoch, k = divmod(int(j), self.n)
+        return 2 * int(self.permutation(epoch)[k // 2]) + k % 2
+
+    def __getitem__(self, j: int):
+        return self.samples[self.index(j)]
+
+
 def ordered(data: TokenData, seed: int, tcfg=None):
     """The sample order as an endless random-access source (position -> sample): a grain
     MapDataset, or Megatron's cyclic order (``data.megatron_order``, no ``data.seed``; needs
     ``tcfg`` for the microbatch and data-parallel sizes). ``data.seed``, when set, replaces
-    ``seed``."""
+    ``seed``. Preference pairs (``data.pairs``) keep their two rows together
+    (:class:`PairOrder`)."""
+    if data.pairs:
+        return PairOrder(data.samples, seed if data.seed is None else data.seed,
+                         shuffle=data.dataloader_type == "cyclic")
     if (data.dataloader_type == "cyclic" and data.megatron_order and data.seed is None
             and tcfg is not None):
         return MegatronCyclicOrder(data.samples, tcfg.micro_batch_size,
@@ -297,6 +332,36 @@ def ordered(data: TokenData, seed: int, tcfg=None):
     if data.dataloader_type == "cyclic":
         ds = ds.shuffle(seed=seed if data.seed is None else data.seed)
     return ds.repeat(None)
+
+
+MIN_BUCKET = 128   # the shortest trimmed batch length; buckets double up to the sample length
+
+
+def bucket(longest: int, length: int) -> int:
+    """The batch length for rows whose longest holds ``longest`` tokens: the smallest of
+    128, 256, 512, ... (and ``length`` itself, the cap) that fits, so a run compiles its step
+    for a handful of lengths only."""
+    b = MIN_BUCKET
+    while b < min(longest, length):
+        b *= 2
+    return min(b, length)
+
+
+def longest_row(rows) -> int:
+    """Tokens up to the last real one in the longest of these samples (dicts with
+    ``segment_ids``, 0 marking padding)."""
+    real = np.asarray(rows["segment_ids"]) > 0
+    cols = np.flatnonzero(real.reshape(-1, real.shape[-1]).any(axis=0))
+    return int(cols[-1]) + 1 if cols.size else 1
+
+
+def trim(batch: dict, longest: int) -> dict:
+    """``batch`` [M,B,T] cut to the length bucket of ``longest`` (the inputs of a sample of
+    ``longest`` tokens are its first ``longest - 1``), as pgs pads a batch to its longest
+    sample; a longer tail is all padding."""
+    T = batch["tokens"].shape[-1]
+    b = bucket(longest - 1, T)
+    return batch if b == T else {k: np.ascontiguousarray(v[..., :b]) for k, v in batch.items()}
 
 
 def global_batches(data: TokenData, tcfg, seed: int,
@@ -330,15 +395,23 @@ def global_batches(data: TokenData, tcfg, seed: int,
             yield start, size
             start += size
 
+    def read(start, size, pool):
+        batch = make_batch(_rows(data, ds, indices(start, size), pool), data, hi - lo)
+        if not data.trim:
+            return batch
+        # every process measures the whole global batch, so all cut to the same length
+        whole = [start + m + at(j) for m in range(0, size, per_micro)
+                 for j in range(per_micro)]
+        return trim(batch, longest_row(_rows(data, ds, whole, pool)))
+
     if data.num_workers <= 0:
         for start, size in sizes(consumed):
-            yield make_batch(_rows(data, ds, indices(start, size), None), data, hi - lo)
+            yield read(start, size, None)
         return
     with concurrent.futures.ThreadPoolExecutor(data.num_workers) as pool, \
             concurrent.futures.ThreadPoolExecutor(1) as ahead:
         plan = sizes(consumed)
-        read = lambda s, n: make_batch(_rows(data, ds, indices(s, n), pool), data, hi - lo)  # noqa
-        nxt = ahead.submit(read, *next(plan))
+        nxt = ahead.submit(read, *next(plan), pool)
         for start, size in plan:
-            current, nxt = nxt, ahead.submit(read, start, size)
+            current, nxt = nxt, ahead.submit(read, start, size, pool)
             yield current.result()

@@ -476,12 +476,14 @@ def examples(cfg, hf_tok) -> list:
 
 def to_token_data(arrays: dict, vocab: int, name: str, cfg, eod: int | None) -> TokenData:
     """TokenData over assembled sample arrays; unpacked samples carry their lengths for
-    ``data.length_group_buffer``."""
+    ``data.length_group_buffer``, and their batches are cut to the length bucket of their
+    longest conversation (as pgs pads a batch to its longest sample)."""
     lengths = arrays["lengths"]
     samples = Rows({k: v for k, v in arrays.items() if k != "lengths"})
     group = cfg["data.length_group_buffer"] if not cfg["packing"] else 0
     return TokenData(samples, vocab, name, eod=eod, num_workers=0, seed=cfg["data.seed"],
-                     group_lengths=lengths if group else None, group_buffer=group)
+                     group_lengths=lengths if group else None, group_buffer=group,
+                     trim=not cfg["packing"])
 
 
 def describe(arrays: dict) -> str:

@@ -63,7 +63,7 @@ import os
 import numpy as np
 
 from jaxtrain.config.errors import ConfigError
-from jaxtrain.data import corpus, gpt_dataset, grain_files, olmo, sft, text_files
+from jaxtrain.data import corpus, gpt_dataset, grain_files, olmo, preference, sft, text_files
 from jaxtrain.data.rows import SPLIT_WORDS, _names_split, eval_files, hf_eval_files, hf_files
 from jaxtrain.data.batches import TokenData, windows
 from jaxtrain.data.tokenizers import build_tokenizer
@@ -416,6 +416,9 @@ def _training_data(cfg) -> TokenData:
         return _random_tokens(cfg, "mock_data")
     if has_megatron_paths(cfg):
         return _megatron(cfg)
+    if cfg.get("dpo.enabled"):   # pgs DPO: preference pairs (jaxtrain.data.preference)
+        tok = _text_tokenizer(cfg, "data.dataset")
+        return preference.training_data(cfg, tok, _vocab(cfg, tok, "data.dataset"))
     if sft.wanted(cfg):
         tok = _text_tokenizer(cfg, "data.dataset")
         return sft.training_data(cfg, tok, _vocab(cfg, tok, "data.dataset"))
@@ -471,6 +474,10 @@ def data_plan(cfg) -> DataPlan:
                                           f"them with python -m jaxtrain.data.preprocess)")
                     files.append(f"{prefix}{ext}")
         return DataPlan("indexed", tuple(files), _vocab(cfg, build_tokenizer(cfg), "data_path"))
+    if cfg.get("dpo.enabled"):
+        tok = _text_tokenizer(cfg, "data.dataset")
+        return DataPlan("preference pairs", tuple(preference.plan(cfg, tok)),
+                        _vocab(cfg, tok, "data.dataset"))
     if sft.wanted(cfg):
         tok = _text_tokenizer(cfg, "data.dataset")
         return DataPlan("chat data", tuple(sft.plan(cfg, tok)), _vocab(cfg, tok, "data.dataset"))
@@ -574,6 +581,11 @@ def validation_data(cfg) -> list[TokenData] | None:
     if cfg["data.eval_samples"] < 1 and (cfg["data.eval_dataset"] or cfg["data.eval_sources"]):
         raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
                           "subset needs at least one sample")
+    if cfg.get("dpo.enabled"):   # the chosen answers of data.eval_dataset's pairs
+        if not cfg["data.eval_dataset"]:
+            return None
+        tok = _text_tokenizer(cfg, "data.eval_dataset")
+        return preference.validation_sets(cfg, tok, _vocab(cfg, tok, "data.eval_dataset"))
     if cfg["data.eval_sources"] or (cfg["data.eval_dataset"] and sft.wanted(cfg)) or (
             sft.maxtext_sft(cfg) and sft.eval_sources(cfg)) or sft.holdout_source(cfg):
         tok = _text_tokenizer(cfg, "data.eval_dataset")

@@ -1,5 +1,6 @@
 """pgs SFT data pipeline: sources and mixing, replay, packing, length groups, the pretokenized
 cache, eval sources and their composite, Hugging Face weights in, and Hugging Face models out."""
+import dataclasses
 import json
 import logging
 
@@ -400,3 +401,24 @@ def test_freeze_non_attention_is_a_warned_no_op_without_hybrid_layers(tmp_path, 
     assert any("nothing is frozen" in w for w in cfg.warnings)
     plain = _config(tmp_path, model_dir, "")
     assert not any("nothing is frozen" in w for w in plain.warnings)
+
+
+def test_unpacked_batches_are_cut_to_the_length_bucket_of_their_longest_row(tmp_path, model_dir):
+    from jaxtrain.data.batches import bucket, global_batches
+    from jaxtrain.train_config import TrainConfig
+
+    assert [bucket(n, 1000) for n in (1, 128, 129, 600, 999)] == [128, 128, 256, 1000, 1000]
+    data = write_jsonl(tmp_path / "chat.jsonl", pair_task(8))
+    cfg = _config(tmp_path, model_dir, f"dataset: {data}, max_seq_length: 512, packing: false")
+    td = training_data(cfg)
+    tcfg = TrainConfig.from_config(cfg)
+    batch = next(global_batches(td, tcfg, seed=0))
+    assert td.trim and batch["tokens"].shape[-1] == 128          # 43-token chats, not 512
+    full = next(global_batches(dataclasses.replace(td, trim=False), tcfg, seed=0))
+    assert full["tokens"].shape[-1] == 512
+    np.testing.assert_array_equal(full["loss_mask"][..., 128:], 0)   # only padding was cut
+    run = loop.build(cfg)
+    metrics = [run.step_fn(jax.tree.map(lambda a: a.copy(), run.state),   # donated
+                           run.put_batch(b))[1] for b in (batch, full)]
+    for key in ("loss", "grad_norm"):      # the same up to float summation order
+        assert float(metrics[0][key]) == pytest.approx(float(metrics[1][key]), rel=1e-4)

@@ -1,0 +1,261 @@
+"""pgs DPO (dpo.enabled): preference pairs, the loss of every dpo.loss_type (with LD-DPO and RPO)
+against NumPy formulas on log-probs transformers computes, and a short run that learns."""
+import json
+import logging
+import os
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from sft_helpers import WORDS, pair_task, write_chat_model, write_jsonl
+
+from jaxtrain import dpo
+from jaxtrain.config import load_config
+from jaxtrain.config.errors import ConfigError
+from jaxtrain.data import preference, sft
+from jaxtrain.data.batches import PairOrder, make_batch
+from jaxtrain.data.sources import training_data
+from jaxtrain.models import from_hf
+
+
+def _pairs(n=32, seed=0):
+    """Preference rows over pair_task: chosen the right word, rejected a fixed wrong answer."""
+    out = []
+    for i, row in enumerate(pair_task(n, seed)):
+        right = row["messages"][-1]["content"]
+        wrong = "rust rust"   # one dispreferred answer, never a right one
+        out.append({"prompt": row["messages"][:-1], "chosen": right, "rejected": wrong})
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dpo_models")
+    rows = pair_task(64) + [{"messages": [{"role": "assistant", "content": w * 3}]}
+                            for w in WORDS]
+    return (write_chat_model(root / "policy", rows=rows, seed=0),
+            write_chat_model(root / "ref", rows=rows, seed=1))
+
+
+def _config(tmp_path, model_dir, data: str = "", *extra, dpo_: str = "", steps: int = 4,
+            batch: int = 2):
+    path = tmp_path / "pgs.yml"
+    path.write_text(f"model: {{name_or_path: {model_dir}, torch_dtype: float32}}\n"
+                    f"data: {{max_seq_length: 64{', ' + data if data else ''}}}\n"
+                    f"dpo: {{enabled: true{', ' + dpo_ if dpo_ else ''}}}\n"
+                    f"train: {{max_steps: {steps}, per_device_batch_size: {batch}, "
+                    "gradient_accumulation_steps: 1, output_dir: " + str(tmp_path / "out")
+                    + ", warmup_ratio: 0}\n"
+                    "logging: {use_wandb: false, use_trackio: false}\n")
+    return load_config(path, list(extra), world_size=1, enforce_status=False)
+
+
+# ---------------------------------------------------------------- NumPy reference (pgs formulas)
+
+
+def _hf_logps(path, ids):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor(ids[None, :-1])).logits[0].double()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:, None])).numpy()[:, 0]
+
+
+def _logsig(x):
+    return -np.logaddexp(0.0, -x)
+
+
+def _numpy_loss(pol, ref, masks, kind, beta, eps, ld_alpha, sft_weight):
+    """pgs dpo.py on per-token log-probs: rows 2i chosen, 2i+1 rejected."""
+    a = []
+    for i in range(0, len(masks), 2):
+        shared = min(masks[i].sum(), masks[i + 1].sum())
+        for m in masks[i:i + 2]:
+            pos = np.cumsum(m)
+            a.append(np.where(pos <= shared, m, ld_alpha * m))
+    s = np.array([(p * w).sum() for p, w in zip(pol, a)])
+    r = np.array([(p * w).sum() for p, w in zip(ref, a)])
+    L = np.maximum([w.sum() for w in a], 1.0)
+    d = (s[0::2] - r[0::2]) - (s[1::2] - r[1::2])
+    davg = (s[0::2] - r[0::2]) / L[0::2] - (s[1::2] - r[1::2]) / L[1::2]
+    per = {"sigmoid": -_logsig(beta * d), "hinge": np.maximum(0, 1 - beta * d),
+           "robust": (-(1 - eps) * _logsig(beta * d) + eps * _logsig(-beta * d)) / (1 - 2 * eps),
+           "ipo": (davg - 1 / (2 * beta)) ** 2, "sigmoid_norm": -_logsig(beta * davg)}[kind]
+    nll = -sum((p * m).sum() for p, m in zip(pol[0::2], masks[0::2])) / sum(
+        m.sum() for m in masks[0::2])
+    rewards = beta * (s - r)
+    return per.mean() + sft_weight * nll, rewards
+
+
+@pytest.fixture(scope="module")
+def encoded(models, tmp_path_factory):
+    """Two pairs of unequal answer lengths, encoded by the preference pipeline."""
+    policy, _ = models
+    tmp = tmp_path_factory.mktemp("enc")
+    cfg = _config(tmp, policy, "dataset: x.jsonl")
+    tok = transformers.AutoTokenizer.from_pretrained(policy)
+    opts = preference.PairOptions.from_config(cfg, preference.source(cfg))
+    rows = [{"prompt": "what follows red?", "chosen": "blue green", "rejected": "gold"},
+            {"prompt": [{"role": "user", "content": "what follows teal?"}],
+             "chosen": [{"role": "assistant", "content": "plum"}],
+             "rejected": "sand jade rose mint"}]
+    pairs = [preference.encode_pair(r, tok, opts) for r in rows]
+    arrays = sft.assemble([e for p in pairs for e in p], 64, False)
+    batch = make_batch({k: v for k, v in arrays.items() if k != "lengths"},
+                       sft.to_token_data(arrays, 10, "t", cfg, None), 4)
+    return pairs, {k: v[0] for k, v in batch.items()}
+
+
+@pytest.mark.parametrize("kind,eps,ld_alpha,sft_weight,chunks", [
+    ("sigmoid", 0.0, 1.0, 0.0, 0), ("hinge", 0.0, 1.0, 0.0, 4), ("robust", 0.2, 1.0, 0.0, 0),
+    ("ipo", 0.0, 1.0, 0.0, 0), ("sigmoid_norm", 0.0, 1.0, 0.0, 2),
+    ("sigmoid", 0.0, 0.3, 0.0, 4), ("ipo", 0.0, 0.5, 0.0, 0),       # LD-DPO
+    ("sigmoid", 0.0, 1.0, 0.7, 0), ("robust", 0.1, 0.5, 0.4, 2)])   # RPO
+def test_loss_matches_pgs_formulas_on_transformers_logprobs(models, encoded, kind, eps,
+                                                            ld_alpha, sft_weight, chunks):
+    policy, ref = models
+    pairs, micro = encoded
+    seqs = [e for p in pairs for e in p]
+    pol = [_hf_logps(policy, e.ids) for e in seqs]
+    rf = [_hf_logps(ref, e.ids) for e in seqs]
+    masks = [(e.weights[1:] > 0).astype(np.float64) for e in seqs]
+    beta = 0.5
+    want, rewards = _numpy_loss(pol, rf, masks, kind, beta, eps, ld_alpha, sft_weight)
+    cfg = dpo.DPOConfig(kind, beta, eps, ld_alpha, sft_weight)
+    model_cfg, p_params = from_hf(policy)
+    _, r_params = from_hf(ref)
+    micro = {k: jnp.asarray(v) for k, v in micro.items()}
+    loss, _, metrics = dpo.micro_loss(p_params, r_params, micro, model_cfg, cfg,
+                                      num_chunks=chunks)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(metrics["rewards/chosen"]), rewards[0::2].mean(),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(metrics["rewards/margins"]),
+                               (rewards[0::2] - rewards[1::2]).mean(), rtol=1e-5, atol=1e-5)
+
+
+def test_policy_equal_to_reference_gives_log2(models, encoded):
+    policy, _ = models
+    _, micro = encoded
+    model_cfg, params = from_hf(policy)
+    micro = {k: jnp.asarray(v) for k, v in micro.items()}
+    loss, _, m = dpo.micro_loss(params, params, micro, model_cfg, dpo.DPOConfig())
+    assert abs(float(loss) - np.log(2)) < 1e-6 and abs(float(m["rewards/margins"])) < 1e-7
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_pairs_rows_and_skips_are_counted(models, tmp_path, caplog):
+    policy, _ = models
+    good = _pairs(6)
+    long = " ".join(WORDS * 6)
+    bad = [{"prompt": "what follows red?", "chosen": "blue"},                 # no rejected
+           {"prompt": "what follows red?", "chosen": "", "rejected": "x"},    # empty chosen
+           {"prompt": "what follows red?", "chosen": long, "rejected": "gold"},   # too long
+           {"prompt": "what follows red?", "chosen": "blue", "rejected": "blue"},  # identical
+           {"prompt": "q", "chosen": 5, "rejected": "x"},                      # malformed
+           {"prompt": "what follows red?", "chosen": "blue", "rejected": long}]    # cut
+    implicit = {"chosen": [{"role": "user", "content": "what follows red?"},
+                           {"role": "assistant", "content": "blue"}],
+                "rejected": [{"role": "user", "content": "what follows red?"},
+                             {"role": "assistant", "content": "gold"}]}
+    data = write_jsonl(tmp_path / "p.jsonl", good + bad + [implicit])
+    with caplog.at_level(logging.INFO, logger="jaxtrain.data.preference"):
+        td = training_data(_config(tmp_path, policy, f"dataset: {data}"))
+    assert td.pairs and td.num_samples == 2 * 8   # 6 good + the cut rejected + implicit
+    log = caplog.text
+    for reason in ("1 no rejected", "1 no chosen", "1 chosen longer than max_seq_length",
+                   "1 chosen and rejected identical", "1 malformed"):
+        assert reason in log, log
+    w = td.samples[0]["weights"]
+    assert w.sum() > 0
+    with pytest.raises(ConfigError, match="p.jsonl.*no usable preference pair"):
+        write_jsonl(tmp_path / "p.jsonl", bad[:2])
+        training_data(_config(tmp_path, policy, f"dataset: {data}"))
+    # not truncating: the long rejected row is dropped instead
+    write_jsonl(tmp_path / "p.jsonl", good + bad[-1:])
+    td = training_data(_config(tmp_path, policy, f"dataset: {data}", "dpo.truncate_rejected=false"))
+    assert td.num_samples == 12
+
+
+def test_pair_order_keeps_pairs_together():
+    order = PairOrder(np.arange(20), seed=3)
+    for start in (0, 20, 40):
+        got = [order.index(j) for j in range(start, start + 20)]
+        assert sorted(got) == list(range(20))
+        assert all(got[k] % 2 == 0 and got[k + 1] == got[k] + 1 for k in range(0, 20, 2))
+    assert [order.index(j) for j in range(20)] != [order.index(j) for j in range(20, 40)]
+
+
+@pytest.mark.parametrize("setting", ["data.sources=[{dataset: a.jsonl}]", "data.pretokenize=true",
+                                     "plugins.dft=true", "parallel.context_parallel=true",
+                                     "memory.gradient_release=true", "memory.seco=true",
+                                     "preprocess.enabled=true",
+                                     "data.pretrain_replay_dataset=r.jsonl",
+                                     "data.eval_sources=[{dataset: a.jsonl}]"])
+def test_bad_combinations_exit_2(models, tmp_path, setting):
+    from jaxtrain import train
+
+    policy, _ = models
+    data = write_jsonl(tmp_path / "p.jsonl", _pairs(4))
+    cfg = tmp_path / "pgs.yml"
+    _config(tmp_path, policy, f"dataset: {data}")
+    assert train.main([str(cfg), setting, "--dry-run"]) == 2
+
+
+# ---------------------------------------------------------------- learning
+
+
+def test_dpo_run_learns_the_preference(models, tmp_path):
+    """Preference accuracy rises from chance to > 90%; with sft_weight the chosen answers'
+    log-probs do not collapse."""
+    from jaxtrain import train
+
+    policy, _ = models
+    data = write_jsonl(tmp_path / "p.jsonl", _pairs(32))
+    cfg = tmp_path / "pgs.yml"
+    _config(tmp_path, policy, f"dataset: {data}, packing: false", steps=40, batch=8,
+            dpo_="beta: 0.5, sft_weight: 0.05")
+    text = cfg.read_text().replace("warmup_ratio: 0", "warmup_ratio: 0, learning_rate: 3.0e-3, "
+                                   "logging_steps: 1, save_steps: 1000, bf16: false")
+    cfg.write_text(text)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert train.main([str(cfg)]) == 0
+    finally:
+        os.chdir(cwd)
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "rewards/accuracy" in r]
+    first, last = rows[0], rows[-1]
+    acc = [round(r["rewards/accuracy"], 2) for r in rows]
+    print("accuracy", acc)
+    print("logps/chosen", [round(r["logps/chosen"], 2) for r in rows])
+    print("loss", [round(r["loss"], 3) for r in rows])
+    assert first["step"] == 1 and abs(first["dpo/loss"] - np.log(2)) < 1e-5
+    assert abs(first["rewards/margins"]) < 1e-6
+    assert np.mean([r["rewards/accuracy"] for r in rows[-5:]]) > 0.9
+    assert last["logps/chosen"] > first["logps/chosen"] - 0.5   # the chosen side did not collapse
+
+
+def test_field_names_reference_and_knobs_reach_the_run(models, tmp_path):
+    """dpo.prompt_field/chosen_field/rejected_field pick the row's fields; dpo.reference_model
+    names the frozen reference (empty: model.name_or_path); dpo.ld_alpha and
+    dpo.disable_dropout reach the loss config."""
+    policy, ref = models
+    rows = [{"q": r["prompt"], "good": r["chosen"], "bad": r["rejected"]} for r in _pairs(4)]
+    data = write_jsonl(tmp_path / "p.jsonl", rows)
+    cfg = _config(tmp_path, policy, f"dataset: {data}", "dpo.prompt_field=q",
+                  "dpo.chosen_field=good", "dpo.rejected_field=bad",
+                  f"dpo.reference_model={ref}", "dpo.ld_alpha=0.25",
+                  "dpo.disable_dropout=false")
+    assert training_data(cfg).num_samples == 8
+    assert dpo.reference_dir(cfg) == ref
+    d = dpo.DPOConfig.from_config(cfg)
+    assert d.ld_alpha == 0.25 and d.disable_dropout is False
+    assert dpo.reference_dir(_config(tmp_path, policy, f"dataset: {data}")) == policy
+    with pytest.raises(ConfigError, match="no usable preference pair"):   # default fields absent
+        training_data(_config(tmp_path, policy, f"dataset: {data}"))
