@@ -103,8 +103,14 @@ def start_from_hf(state, path: pathlib.Path, model_cfg, optimizer, abstract, sha
     """``state`` with the checkpoint's parameters and an optimizer state made for them.
 
     ``abstract``/``shardings`` are the train state's; ``on_device`` its shardings with every
-    part in device memory (the optimizer runs there; host-offloaded parts move after)."""
-    params = load_params(path, model_cfg, abstract.params, on_device.params)
+    part in device memory (the optimizer runs there; host-offloaded parts move after). The
+    initial parameters and optimizer state ``state`` holds are freed first, so the device
+    never holds two copies of the model."""
+    tree = params_tree(path, model_cfg)      # read and checked before anything is freed
+    _check_shapes(tree, abstract.params, path)
+    for leaf in jax.tree.leaves((state.params, state.opt_state)):
+        leaf.delete()
+    params = place(tree, abstract.params, on_device.params)
     opt_state = jax.jit(lambda p: optimizer.init(trainable(p)),
                         out_shardings=on_device.opt_state)(params)
     state = dataclasses.replace(state, params=params, opt_state=opt_state)

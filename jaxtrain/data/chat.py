@@ -207,6 +207,20 @@ def encode(row: Mapping, tokenizer, opts: ChatOptions) -> Encoded:
     return Encoded(ids=ids, weights=weights)
 
 
+def as_messages(value, role: str) -> list:
+    """A cell that holds messages, one message (a mapping), or a string: one message of
+    ``role``; None or a blank string is no message."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"role": role, "content": value}] if value.strip() else []
+    if isinstance(value, Mapping):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise BadRow(f"a {role} cell must be messages or a string, not {type(value).__name__}")
+
+
 def _require_fast(tokenizer) -> None:
     if not getattr(tokenizer, "is_fast", False):
         raise BadTemplate(f"{type(tokenizer).__name__} is a slow tokenizer: chat masking needs "

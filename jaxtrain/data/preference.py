@@ -32,18 +32,6 @@ log = logging.getLogger("jaxtrain.data.preference")
 UNBOUNDED = 10 ** 7   # render both sides whole; lengths are checked here
 
 
-def _as_messages(value, role: str) -> list:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [{"role": role, "content": value}] if value.strip() else []
-    if isinstance(value, dict):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    raise chat.BadRow(f"expected messages or a string, not {type(value).__name__}")
-
-
 def _key(m):
     if not isinstance(m, dict):
         return None
@@ -58,13 +46,13 @@ def _starts_with(conv: list, prefix: list) -> bool:
 
 def conversations(row: dict, prompt_field: str, chosen_field: str, rejected_field: str):
     """(chosen conversation, rejected conversation); SkipRow when a side is missing."""
-    chosen = _as_messages(row.get(chosen_field), "assistant")
-    rejected = _as_messages(row.get(rejected_field), "assistant")
+    chosen = chat.as_messages(row.get(chosen_field), "assistant")
+    rejected = chat.as_messages(row.get(rejected_field), "assistant")
     if not chosen:
         raise chat.SkipRow(f"no {chosen_field}")
     if not rejected:
         raise chat.SkipRow(f"no {rejected_field}")
-    prompt = _as_messages(row.get(prompt_field), "user")
+    prompt = chat.as_messages(row.get(prompt_field), "user")
     if prompt and _starts_with(chosen, prompt) and _starts_with(rejected, prompt):
         return chosen, rejected
     return prompt + chosen, prompt + rejected

@@ -139,3 +139,22 @@ def read(paths: list[str], what: str) -> Iterator[tuple[str, dict]]:
                 raise ConfigError(f"{where}: a row must be a JSON object (a mapping of fields), "
                                   f"not {type(row).__name__}")
             yield where, row
+
+
+def first(paths: list[str], what: str) -> dict | None:
+    """The first row of the files, reading no more of them than it takes (a parquet file by
+    its first record batch, not whole)."""
+    for path in paths:
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            try:
+                for batch in pq.ParquetFile(path).iter_batches(batch_size=1):
+                    if batch.num_rows:
+                        return batch.to_pylist()[0]
+                continue
+            except Exception:  # noqa: BLE001 - read() reports the unreadable file by name
+                pass
+        for _, row in read([path], what):
+            return row
+    return None

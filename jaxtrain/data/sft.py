@@ -276,16 +276,6 @@ def _text_example(row: dict, field: str, hf_tok, max_len: int) -> chat.Encoded:
     return chat.Encoded(ids, np.ones(len(ids), np.float32))
 
 
-def _as_messages(value, role: str) -> list:
-    """A MaxText prompt/completion cell: a string (one message of ``role``) or messages."""
-    if isinstance(value, str):
-        return [{"role": role, "content": value}]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    raise chat.BadRow(f"a {role} cell must be a string or a list of messages, not "
-                      f"{type(value).__name__}")
-
-
 def _encode_one(row: dict, hf_tok, opts: chat.ChatOptions, source: Source):
     """One row -> Encoded, or ("skip", reason), or ("bad", message)."""
     try:
@@ -293,8 +283,8 @@ def _encode_one(row: dict, hf_tok, opts: chat.ChatOptions, source: Source):
             return _text_example(row, source.text_field, hf_tok, opts.max_seq_length)
         if source.prompt_completion is not None:
             prompt, completion = source.prompt_completion
-            row = {"messages": _as_messages(row.get(prompt), "user")
-                   + _as_messages(row.get(completion), "assistant")}
+            row = {"messages": chat.as_messages(row.get(prompt), "user")
+                   + chat.as_messages(row.get(completion), "assistant")}
         got = chat.encode(row, hf_tok, opts)
         if not source.completion_only:   # MaxText: the prompt carries loss too
             got = chat.Encoded(got.ids, np.ones(len(got.ids), np.float32))
@@ -505,12 +495,6 @@ def fingerprint_fields(cfg) -> dict:
     return json.loads(json.dumps({k: cfg[k] for k in keys}, default=str))
 
 
-def _first_row(source: Source, what: str) -> dict | None:
-    for _, row in rows.read(source.files(what), what):
-        return row
-    return None
-
-
 def wanted(cfg) -> bool:
     """Whether the training data is chat data: ``data.sources``, or a ``data.dataset`` whose
     rows hold chat turns (a file of plain ``text`` rows trains as raw text); prepared rows
@@ -521,7 +505,7 @@ def wanted(cfg) -> bool:
         return True
     if not cfg.is_set("data.dataset"):
         return False
-    row = _first_row(train_sources(cfg)[0], "data.dataset")
+    row = rows.first(train_sources(cfg)[0].files("data.dataset"), "data.dataset")
     fields = (cfg["data.messages_field"], *CHAT_FIELDS)
     return row is not None and any(f in row for f in fields)
 

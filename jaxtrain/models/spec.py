@@ -90,7 +90,11 @@ def moe_pattern(moe, num_layers: int) -> tuple[bool, ...]:
     is MoE when i % N == 0; a 0/1 tuple names each layer)."""
     if moe is None:
         return (False,) * num_layers
-    freq = moe.layer_freq
+    return freq_pattern(moe.layer_freq, num_layers)
+
+
+def freq_pattern(freq, num_layers: int) -> tuple[bool, ...]:
+    """Which of ``num_layers`` layers are MoE for a parsed ``moe_layer_freq``."""
     if isinstance(freq, int):
         if freq < 1:
             raise ValueError(f"moe_layer_freq {freq} must be positive")

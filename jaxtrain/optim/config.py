@@ -8,7 +8,6 @@ which leaves Muon takes and its coefficients, scale, Nesterov and LR multiplier.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 from jaxtrain.config import complete
 from jaxtrain.config.areas import optim as _knob_areas
 from jaxtrain.models.moe.config import parse_layer_freq
-from jaxtrain.models.spec import DENSE_STACK, MOE_STACK, moe_pattern
+from jaxtrain.models.spec import DENSE_STACK, MOE_STACK, freq_pattern
 
 MEGATRON = "megatron"
 PGS = "pgs"
@@ -250,11 +249,8 @@ def _layer_stacks(get) -> tuple[str, ...] | None:
     if not get("num_experts") or not get("num_layers"):
         return None
     freq = parse_layer_freq(get("moe_layer_freq") if get("moe_layer_freq") is not None else 1)
-    pattern = moe_pattern(_LayerFreq(freq), int(get("num_layers")))
+    pattern = freq_pattern(freq, int(get("num_layers")))
     if all(pattern) or not any(pattern):
         return None
     return tuple(MOE_STACK if moe else DENSE_STACK for moe in pattern)
 
-
-class _LayerFreq(typing.NamedTuple):
-    layer_freq: int | tuple[int, ...]
