@@ -21,7 +21,7 @@ Data (:mod:`jaxtrain.data.preference`): each pair is two consecutive sample rows
    averages microbatches (pgs: pair_denom = pairs x accumulation steps).
 
 Metrics (means over the step's pairs): rewards/chosen and rewards/rejected
-(``beta (s - ref)``), rewards/margins, rewards/accuracy (share with chosen reward >
+(``beta (s - ref)``), rewards/margins, rewards/accuracies (share with chosen reward >
 rejected), logps/chosen, logps/rejected (the scores ``s``), dpo/loss (the preference term),
 dpo/sft_nll.
 """
@@ -39,7 +39,7 @@ from jaxtrain.models.transformer import hidden_states, logits_head
 
 LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust", "sigmoid_norm")
 METRICS = ("dpo/loss", "dpo/sft_nll", "rewards/chosen", "rewards/rejected", "rewards/margins",
-           "rewards/accuracy", "logps/chosen", "logps/rejected")
+           "rewards/accuracies", "logps/chosen", "logps/rejected")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +201,6 @@ def micro_loss(params, ref_params, micro: dict, model_cfg, cfg: DPOConfig, *, qu
                "dpo/sft_nll": jax.lax.stop_gradient(sft_nll),
                "rewards/chosen": jnp.mean(rc), "rewards/rejected": jnp.mean(rr),
                "rewards/margins": jnp.mean(rc - rr),
-               "rewards/accuracy": jnp.mean((rc > rr).astype(jnp.float32)),
+               "rewards/accuracies": jnp.mean((rc > rr).astype(jnp.float32)),
                "logps/chosen": jnp.mean(s[0::2]), "logps/rejected": jnp.mean(s[1::2])}
     return loss, stats, metrics

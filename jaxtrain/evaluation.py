@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.data import sft
-from jaxtrain.data.batches import TokenData, global_batches, make_batch
+from jaxtrain.data.batches import TokenData, global_batches, longest_row, make_batch, trim
 from jaxtrain.data.sources import heldout_test_data, validation_data
 from jaxtrain.loss import model_loss
 from jaxtrain.train_config import TrainConfig
@@ -286,6 +286,10 @@ class Evaluator:
             batch = make_batch(rows, data, hi - lo)
             real = (np.asarray(idx) < n).reshape(batch["loss_mask"].shape[:2])
             batch["loss_mask"] = batch["loss_mask"] * real[..., None]
+            if data.trim:   # every process cuts to the longest row of the whole batch
+                whole = [data.samples[i] for i in range(start, min(start + gbs, n))]
+                batch = trim(batch, longest_row({k: np.stack([w[k] for w in whole])
+                                                 for k in ("segment_ids",)}))
             yield batch
 
 

@@ -24,6 +24,7 @@ from jaxtrain.checks import BuildError, Checks, TrainingError
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.data.batches import global_batches
 from jaxtrain.data.sources import training_data
+from jaxtrain.dpo_eval import PreferenceEvaluator
 from jaxtrain.evaluation import Evaluator
 from jaxtrain.logs import run_dir
 from jaxtrain.metrics import Meter, MetricsLog
@@ -246,7 +247,7 @@ def _train(cfg, tcfg, logger, devices) -> dict:
     try:
         run = build(cfg, devices, tcfg)
         ckpt = Checkpointer.from_config(cfg, directory, run.model_cfg, logger)
-        evaluator = Evaluator.from_config(
+        evaluator = (PreferenceEvaluator if tcfg.dpo is not None else Evaluator).from_config(
             cfg, run.model_cfg, tcfg=tcfg, put_batch=run.put_batch,
             rows=run.layout.local_rows(run.rows), layout=run.layout,
             params_memory=memory_movers(run.shardings.params), logger=logger)
@@ -277,6 +278,7 @@ def _train(cfg, tcfg, logger, devices) -> dict:
         ref_dir = dpo.reference_dir(cfg)
         run.frozen = {"ref": hf_init.load_params(ref_dir, run.model_cfg, run.abstract.params,
                                                  on_device.params)}
+        evaluator.attach_reference(run.frozen["ref"])
         logger.info("DPO reference policy from %s", ref_dir)
     first, consumed = 1, 0
     if restored is not None:

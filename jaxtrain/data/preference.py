@@ -152,7 +152,7 @@ def _token_data(pairs: list, cfg, vocab: int, name: str, eod) -> TokenData:
     arrays = sft.assemble([ex for pair in pairs for ex in pair], cfg["seq_length"], False)
     samples = sft.Rows({k: v for k, v in arrays.items() if k != "lengths"})
     return TokenData(samples, vocab, name, eod=eod, num_workers=0, seed=cfg["data.seed"],
-                     pairs=True)
+                     pairs=True, trim=True)
 
 
 def plan(cfg, tok) -> list[str]:
@@ -172,12 +172,10 @@ def training_data(cfg, tok, vocab: int) -> TokenData:
 
 
 def validation_sets(cfg, tok, vocab: int) -> list[TokenData]:
-    """``data.eval_dataset``'s first ``data.eval_samples`` pairs, their chosen answers only:
-    validation reports the chosen answers' cross-entropy (DPO eval rewards are not built)."""
+    """``data.eval_dataset``'s first ``data.eval_samples`` usable pairs, in file order
+    (:mod:`jaxtrain.dpo_eval` scores them)."""
     hf_tok = _hf_tok(cfg, tok, "data.eval_dataset")
     pairs = encode_pairs(source(cfg, "data.eval_dataset"), hf_tok, cfg, "data.eval_dataset",
                          limit=cfg["data.eval_samples"])
-    arrays = sft.assemble([c for c, _ in pairs], cfg["seq_length"], False)
-    samples = sft.Rows({k: v for k, v in arrays.items() if k != "lengths"})
-    return [TokenData(samples, vocab, "eval (chosen answers)", eod=tok.eod, num_workers=0,
-                      dataloader_type="single")]
+    data = _token_data(pairs, cfg, vocab, "eval pairs", tok.eod)
+    return [dataclasses.replace(data, dataloader_type="single")]

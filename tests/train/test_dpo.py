@@ -18,7 +18,7 @@ from jaxtrain.config.errors import ConfigError
 from jaxtrain.data import preference, sft
 from jaxtrain.data.batches import PairOrder, make_batch
 from jaxtrain.data.sources import training_data
-from jaxtrain.models import from_hf
+from jaxtrain.models import forward, from_hf
 
 
 def _pairs(n=32, seed=0):
@@ -145,6 +145,50 @@ def test_policy_equal_to_reference_gives_log2(models, encoded):
     assert abs(float(loss) - np.log(2)) < 1e-6 and abs(float(m["rewards/margins"])) < 1e-7
 
 
+@pytest.mark.parametrize("kind,ld_alpha", [("sigmoid", 1.0), ("ipo", 0.5)])
+def test_validation_metrics_match_pgs_formulas(models, tmp_path, kind, ld_alpha):
+    """DPO validation on data.eval_dataset: pgs's eval metrics from the scores of every eval
+    pair (transformers' log-probs, NumPy formulas); the reference runs only at the first run."""
+    from jaxtrain.dpo_eval import PreferenceEvaluator
+
+    policy, ref = models
+    rows = [{"prompt": "what follows red?", "chosen": "blue green", "rejected": "gold"},
+            {"prompt": "what follows teal?", "chosen": "plum", "rejected": "sand jade rose"},
+            {"prompt": "what follows gold?", "chosen": "mint", "rejected": "rust"}]
+    data = write_jsonl(tmp_path / "p.jsonl", _pairs(4))
+    ev_file = write_jsonl(tmp_path / "eval.jsonl", rows)
+    cfg = _config(tmp_path, policy, f"dataset: {data}, eval_dataset: {ev_file}, eval_every: 2",
+                  dpo_=f"loss_type: {kind}, ld_alpha: {ld_alpha}, beta: 0.5")
+    tok = transformers.AutoTokenizer.from_pretrained(policy)
+    opts = preference.PairOptions.from_config(cfg, preference.source(cfg))
+    seqs = [e for r in rows for e in preference.encode_pair(r, tok, opts)]
+    masks = [(e.weights[1:] > 0).astype(np.float64) for e in seqs]
+    want, rewards = _numpy_loss([_hf_logps(policy, e.ids) for e in seqs],
+                                [_hf_logps(ref, e.ids) for e in seqs], masks, kind, 0.5, 0.0,
+                                ld_alpha, 0.0)
+    model_cfg, p_params = from_hf(policy)
+    _, r_params = from_hf(ref)
+    ev = PreferenceEvaluator.from_config(cfg, model_cfg)
+    assert ev.due(2) and not ev.due(1)
+    ev.attach_reference(r_params)
+    got = ev.run(p_params, 2)
+    assert got["val_pairs"] == 3   # two batches of two pairs, the second half filler
+    np.testing.assert_allclose(got["val_loss"], want, rtol=1e-5, atol=1e-6)
+    rc, rr = rewards[0::2], rewards[1::2]
+    for key, value in [("chosen", rc.mean()), ("rejected", rr.mean()),
+                       ("margins", (rc - rr).mean()), ("accuracies", (rc > rr).mean())]:
+        np.testing.assert_allclose(got[f"val/rewards/{key}"], value, rtol=1e-5, atol=1e-6)
+    ev.attach_reference(None)      # the reference's scores are kept from the first run
+    again = ev.run(p_params, 4)
+    assert again["val_loss"] == got["val_loss"]
+    same = PreferenceEvaluator.from_config(cfg, model_cfg)
+    same.attach_reference(p_params)   # policy = reference: log 2 and no margin
+    at_start = same.run(p_params, 0)
+    if kind == "sigmoid":
+        assert abs(at_start["val_loss"] - np.log(2)) < 1e-6
+    assert abs(at_start["val/rewards/margins"]) < 1e-7 and at_start["val/rewards/accuracies"] == 0
+
+
 # ---------------------------------------------------------------- data
 
 
@@ -209,16 +253,78 @@ def test_bad_combinations_exit_2(models, tmp_path, setting):
 # ---------------------------------------------------------------- learning
 
 
-def test_dpo_run_learns_the_preference(models, tmp_path):
-    """Preference accuracy rises from chance to > 90%; with sft_weight the chosen answers'
-    log-probs do not collapse."""
+DPO_FILE = pathlib.Path(__file__).resolve().parents[1] / "data" / "pgs" / "dpo_qwen35_08b.yaml"
+
+
+def test_pgs_dpo_file_runs_unchanged_and_its_output_loads_in_transformers(models, tmp_path):
+    """palingenesis configs/dpo_qwen35_08b.yaml as published, run in a folder holding what it
+    names: the SFT model at ./checkpoints/qwen35-08b-sft/final and pgs-format pairs (reasoning,
+    per-row chat_template_kwargs) at ./data/dpo/{train,eval}.jsonl."""
+    import shutil
+
     from jaxtrain import train
 
     policy, _ = models
-    data = write_jsonl(tmp_path / "p.jsonl", _pairs(32))
+    shutil.copytree(policy, tmp_path / "checkpoints" / "qwen35-08b-sft" / "final")
+    rows = [{"prompt": [r["prompt"][-1]],
+             "chosen": [{"role": "assistant", "content": r["chosen"], "reasoning": "recall"}],
+             "rejected": [{"role": "assistant", "content": r["rejected"]}],
+             "chat_template_kwargs": {"enable_thinking": i % 2 == 0}}
+            for i, r in enumerate(_conditional_pairs(64))]
+    write_jsonl(tmp_path / "data" / "dpo" / "train.jsonl", rows)
+    write_jsonl(tmp_path / "data" / "dpo" / "eval.jsonl", rows[:8])
+    shutil.copy(DPO_FILE, tmp_path / "dpo.yaml")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert train.main(["dpo.yaml"]) == 0
+    finally:
+        os.chdir(cwd)
+    out = tmp_path / "checkpoints" / "qwen35-08b-dpo"
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in metrics if "rewards/accuracies" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]   # 64 pairs / (2 pairs x 8 accumulation)
+    assert abs(steps[0]["dpo/loss"] - np.log(2)) < 1e-3          # bf16 compute (train.bf16)
+    val = [r for r in metrics if "val/rewards/accuracies" in r]
+    assert val and val[-1]["val_pairs"] == 8
+    model = transformers.AutoModelForCausalLM.from_pretrained(out / "final", dtype=torch.float32)
+    start = transformers.AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(out / "final")
+    ids = torch.tensor([tok.apply_chat_template(pair_task(1)[0]["messages"], tokenize=True,
+                                                return_dict=True)["input_ids"]])
+    with torch.no_grad():
+        theirs = model(ids).logits.numpy()
+    model_cfg, params = from_hf(out / "final")
+    np.testing.assert_allclose(np.asarray(forward(params, ids.numpy().astype(np.int32),
+                                                  model_cfg)), theirs, atol=1e-4, rtol=1e-4)
+    moved = max(float((a - b).abs().max().detach()) for a, b in zip(model.parameters(),
+                                                           start.parameters()))
+    assert moved > 0   # trained (lr 5e-7) from the SFT weights
+
+
+def _conditional_pairs(n=64):
+    """Each question's right answer chosen, the next question's right answer rejected: every
+    word is preferred after one question and dispreferred after another, so only a model that
+    reads the question can tell the sides apart."""
+    task = pair_task(n)
+    right = {r["messages"][1]["content"]: r["messages"][-1]["content"] for r in task}
+    order = [f"what follows {w}?" for w in WORDS]
+    return [{"prompt": r["messages"][:-1], "chosen": r["messages"][-1]["content"],
+             "rejected": right[order[(order.index(r["messages"][1]["content"]) + 1) % 16]]}
+            for r in task]
+
+
+def test_dpo_run_learns_the_preference(models, tmp_path):
+    """Preference accuracy on the eval pairs rises from chance to > 90% (train and validation
+    metrics); with sft_weight the chosen answers' log-probs rise rather than collapse."""
+    from jaxtrain import train
+
+    policy, _ = models
+    data = write_jsonl(tmp_path / "p.jsonl", _conditional_pairs(64))
+    held = write_jsonl(tmp_path / "eval.jsonl", _conditional_pairs(16))
     cfg = tmp_path / "pgs.yml"
-    _config(tmp_path, policy, f"dataset: {data}, packing: false", steps=40, batch=8,
-            dpo_="beta: 0.5, sft_weight: 0.05")
+    _config(tmp_path, policy, f"dataset: {data}, eval_dataset: {held}, eval_every: 10, "
+            "packing: false", steps=80, batch=8, dpo_="beta: 0.5, sft_weight: 0.1")
     text = cfg.read_text().replace("warmup_ratio: 0", "warmup_ratio: 0, learning_rate: 3.0e-3, "
                                    "logging_steps: 1, save_steps: 1000, bf16: false")
     cfg.write_text(text)
@@ -229,16 +335,18 @@ def test_dpo_run_learns_the_preference(models, tmp_path):
     finally:
         os.chdir(cwd)
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "rewards/accuracy" in r]
-    first, last = rows[0], rows[-1]
-    acc = [round(r["rewards/accuracy"], 2) for r in rows]
-    print("accuracy", acc)
-    print("logps/chosen", [round(r["logps/chosen"], 2) for r in rows])
-    print("loss", [round(r["loss"], 3) for r in rows])
+    steps = [r for r in rows if "rewards/accuracies" in r]
+    val = [r for r in rows if "val/rewards/accuracies" in r]
+    first, last = steps[0], steps[-1]
+    print("train accuracy", [round(r["rewards/accuracies"], 2) for r in steps[::5]])
+    print("val accuracy", [(r["step"], round(r["val/rewards/accuracies"], 2)) for r in val])
+    print("logps/chosen", [round(r["logps/chosen"], 2) for r in steps[::5]])
     assert first["step"] == 1 and abs(first["dpo/loss"] - np.log(2)) < 1e-5
     assert abs(first["rewards/margins"]) < 1e-6
-    assert np.mean([r["rewards/accuracy"] for r in rows[-5:]]) > 0.9
-    assert last["logps/chosen"] > first["logps/chosen"] - 0.5   # the chosen side did not collapse
+    assert val[0]["val/rewards/accuracies"] < 0.7 and val[0]["val_pairs"] == 16
+    assert val[-1]["val/rewards/accuracies"] > 0.9
+    assert np.mean([r["rewards/accuracies"] for r in steps[-5:]]) > 0.9
+    assert last["logps/chosen"] > first["logps/chosen"] + 5   # the chosen side rose
 
 
 def test_field_names_reference_and_knobs_reach_the_run(models, tmp_path):
