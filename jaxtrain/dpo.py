@@ -15,6 +15,8 @@ Data (:mod:`jaxtrain.data.preference`): each pair is two consecutive sample rows
    (s_r - ref_r)/L_r`` (``L`` = sum of ``a`` over the row, at least 1), per pair:
    sigmoid ``-log sig(beta delta)``; hinge ``relu(1 - beta delta)``; robust
    ``[-(1-e) log sig(beta delta) + e log sig(-beta delta)] / (1 - 2e)``, e = label_smoothing;
+   cdpo (MaxText's use_dpo, conservative DPO) ``-(1-e) log sig(beta delta) - e log sig(-beta
+   delta)``;
    ipo ``(delta_avg - 1/(2 beta))^2``; sigmoid_norm ``-log sig(beta delta_avg)``;
 4. the microbatch loss is the mean over its pairs, plus (RPO) ``sft_weight`` times the mean
    NLL over the microbatch's chosen answer tokens (unweighted by LD-DPO), and the step
@@ -37,7 +39,8 @@ from jaxtrain.config.errors import ConfigError
 from jaxtrain.loss import token_nll
 from jaxtrain.models.transformer import hidden_states, logits_head
 
-LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust", "sigmoid_norm")
+REFERENCE_ITEM = "dpo_reference"   # the checkpoint item of a reference no directory names
+LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust", "sigmoid_norm", "cdpo")
 METRICS = ("dpo/loss", "dpo/sft_nll", "rewards/chosen", "rewards/rejected", "rewards/margins",
            "rewards/accuracies", "logps/chosen", "logps/rejected")
 
@@ -50,14 +53,17 @@ class DPOConfig:
     ld_alpha: float = 1.0
     sft_weight: float = 0.0
     disable_dropout: bool = True
+    precompute_reference: bool = False   # reference scores ride in the batch (ref_scores)
 
     def __post_init__(self):
         if self.loss_type not in LOSS_TYPES:
             raise ConfigError(f"dpo.loss_type {self.loss_type!r}: one of {', '.join(LOSS_TYPES)}")
         if self.beta <= 0:
             raise ConfigError(f"dpo.beta {self.beta}: give a positive inverse temperature")
-        if not 0.0 <= self.label_smoothing < 0.5:
-            raise ConfigError(f"dpo.label_smoothing ({self.label_smoothing}) must lie in [0, 0.5)")
+        top, open_top = (1.0, False) if self.loss_type == "cdpo" else (0.5, True)
+        if not 0.0 <= self.label_smoothing <= top or (open_top and self.label_smoothing == top):
+            raise ConfigError(f"dpo.label_smoothing ({self.label_smoothing}) must lie in "
+                              f"[0, {top}{')' if open_top else ']'} for {self.loss_type}")
         if self.ld_alpha < 0:
             raise ConfigError(f"dpo.ld_alpha {self.ld_alpha}: give a weight >= 0 (1.0 = off)")
         if self.sft_weight < 0:
@@ -70,7 +76,8 @@ class DPOConfig:
         return cls(loss_type=cfg["dpo.loss_type"], beta=float(cfg["dpo.beta"]),
                    label_smoothing=float(cfg["dpo.label_smoothing"]),
                    ld_alpha=float(cfg["dpo.ld_alpha"]), sft_weight=float(cfg["dpo.sft_weight"]),
-                   disable_dropout=bool(cfg["dpo.disable_dropout"]))
+                   disable_dropout=bool(cfg["dpo.disable_dropout"]),
+                   precompute_reference=bool(cfg["dpo.precompute_reference"]))
 
 
 def enabled(cfg) -> bool:
@@ -78,7 +85,8 @@ def enabled(cfg) -> bool:
 
 
 def reference_name(cfg) -> str:
-    """dpo.reference_model, or model.name_or_path when it is empty."""
+    """dpo.reference_model, or model.name_or_path when it is empty ("": no directory names the
+    reference; it is then the weights the run starts from)."""
     return str(cfg.get("dpo.reference_model") or cfg.get("model.name_or_path") or "")
 
 
@@ -99,7 +107,8 @@ def frozen_key(tcfg) -> str | None:
     pre_rl's "base", DPO's "ref"."""
     if tcfg.objective.needs_base:
         return "base"
-    if getattr(tcfg, "dpo", None) is not None:
+    d = getattr(tcfg, "dpo", None)
+    if d is not None and not d.precompute_reference:
         return "ref"
     return None
 
@@ -149,6 +158,9 @@ def pair_losses(policy_B, reference_B, lengths_B, cfg: DPOConfig):
         return -jax.nn.log_sigmoid(beta * delta)
     if cfg.loss_type == "hinge":
         return jax.nn.relu(1.0 - beta * delta)
+    if cfg.loss_type == "cdpo":
+        return (-(1.0 - eps) * jax.nn.log_sigmoid(beta * delta)
+                - eps * jax.nn.log_sigmoid(-beta * delta))
     if cfg.loss_type == "robust":
         return ((-(1.0 - eps) * jax.nn.log_sigmoid(beta * delta)
                  + eps * jax.nn.log_sigmoid(-beta * delta)) / (1.0 - 2.0 * eps))
@@ -171,25 +183,28 @@ def micro_loss(params, ref_params, micro: dict, model_cfg, cfg: DPOConfig, *, qu
     ``micro``: tokens/targets/loss_mask (segment_ids, positions) [B,T], B even, rows 2i/2i+1
     a pair. The policy forward is deterministic with ``disable_dropout``; the reference's
     always is, and carries no gradient."""
-    if ref_params is None:
-        raise ValueError("DPO needs the frozen reference parameters (frozen['ref'])")
+    if ref_params is None and "ref_scores" not in micro:
+        raise ValueError("DPO needs the frozen reference parameters (frozen['ref']) or the "
+                         "batch's precomputed ref_scores")
     kw = dict(positions=micro.get("positions"), segment_ids=micro.get("segment_ids"))
     hidden_BTD, stats = hidden_states(
         params, micro["tokens"], model_cfg, deterministic=cfg.disable_dropout, rng=rng,
         quant_state=quant_state, moe_state=moe_state, with_moe_stats=True,
         embed_noise=0.0 if cfg.disable_dropout else embed_noise, **kw)
-    ref_hidden_BTD = jax.lax.stop_gradient(hidden_states(
-        ref_params, micro["tokens"], model_cfg, deterministic=True, quant_state=quant_state,
-        **kw))
     targets = micro["targets"]
     logp_BT = token_logps(params, hidden_BTD, targets, model_cfg, num_chunks, half_precision)
-    ref_logp_BT = jax.lax.stop_gradient(token_logps(ref_params, ref_hidden_BTD, targets,
-                                                    model_cfg, num_chunks, half_precision))
     mask_BT = (micro["loss_mask"] > 0).astype(jnp.float32)
     a_BT = score_weights(mask_BT, cfg.ld_alpha)
     lengths_B = jnp.sum(a_BT, axis=1)
     scores_B = jnp.sum(logp_BT * a_BT, axis=1)
-    ref_B = jnp.sum(ref_logp_BT * a_BT, axis=1)
+    if "ref_scores" in micro:
+        ref_B = micro["ref_scores"][:, 0]
+    else:
+        ref_hidden_BTD = hidden_states(ref_params, micro["tokens"], model_cfg,
+                                       deterministic=True, quant_state=quant_state, **kw)
+        ref_logp_BT = token_logps(ref_params, ref_hidden_BTD, targets, model_cfg, num_chunks,
+                                  half_precision)
+        ref_B = jax.lax.stop_gradient(jnp.sum(ref_logp_BT * a_BT, axis=1))
     pref = jnp.mean(pair_losses(scores_B, ref_B, lengths_B, cfg))
     chosen_BT = mask_BT.at[1::2].set(0.0)
     sft_nll = -jnp.sum(logp_BT * chosen_BT) / jnp.maximum(jnp.sum(chosen_BT), 1.0)

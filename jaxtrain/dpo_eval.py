@@ -7,7 +7,8 @@ scored-token mask ``a``, LD-DPO-weighted as in training) and its length ``sum_t 
 reference's scores come from the same step on the frozen reference parameters once, at the
 first run, and are kept on the host (the reference never changes), so later runs run the
 policy only (when a run reads ``eval_iters`` batches onwards instead of the whole set, the
-reference runs on each window). Per pair, with the training formulas (:func:`jaxtrain.dpo.pair_losses`):
+reference runs on each window). With ``dpo.precompute_reference`` the rows carry their
+reference scores (:mod:`jaxtrain.dpo_reference`) and the reference never runs here. Per pair, with the training formulas (:func:`jaxtrain.dpo.pair_losses`):
 
 - ``val_loss``: the mean preference loss (what ``save_best`` tracks);
 - ``val/rewards/chosen``, ``val/rewards/rejected``: mean ``beta (s - ref)`` of each side;
@@ -26,14 +27,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain import dpo
-from jaxtrain.evaluation import Evaluator
+from jaxtrain.evaluation import EvalSet, Evaluator
 from jaxtrain.models.transformer import hidden_states
 
 
 def make_score_step(model_cfg, ld_alpha: float, *, loss_chunks: int = 0,
                     half_precision: bool = False, layout=None, params_memory=None):
-    """``(params, batch [M,B,T], quant_state=None) -> (scores, lengths)``, both [M,B] float32
-    and replicated, so every process reads the whole batch's numbers."""
+    """``(params, batch [M,B,T], quant_state=None) -> (scores, lengths, ref_scores)``, each
+    [M,B] float32 and replicated, so every process reads the whole batch's numbers;
+    ``ref_scores`` are the batch's precomputed reference scores (zeros without them)."""
     to_device = params_memory[0] if params_memory else (lambda t: t)
 
     def micro(params, quant_state, m):
@@ -43,16 +45,17 @@ def make_score_step(model_cfg, ld_alpha: float, *, loss_chunks: int = 0,
         logp_BT = dpo.token_logps(params, hidden_BTD, m["targets"], model_cfg, loss_chunks,
                                   half_precision)
         a_BT = dpo.score_weights(m["loss_mask"] > 0, ld_alpha)
-        return jnp.sum(logp_BT * a_BT, axis=1), jnp.sum(a_BT, axis=1)
+        refs = (m["ref_scores"][:, 0] if "ref_scores" in m
+                else jnp.zeros(a_BT.shape[:1], jnp.float32))
+        return jnp.sum(logp_BT * a_BT, axis=1), jnp.sum(a_BT, axis=1), refs
 
     def step(params, batch, quant_state=None):
         params = to_device(params)
         with layout.activations() if layout is not None else contextlib.nullcontext():
-            scores, lengths = jax.lax.map(lambda m: micro(params, quant_state, m), batch)
+            out = jax.lax.map(lambda m: micro(params, quant_state, m), batch)
         if layout is not None:
-            scores, lengths = (jax.lax.with_sharding_constraint(x, layout.replicated())
-                               for x in (scores, lengths))
-        return scores, lengths
+            out = tuple(jax.lax.with_sharding_constraint(x, layout.replicated()) for x in out)
+        return out
 
     return step
 
@@ -109,14 +112,23 @@ class PreferenceEvaluator(Evaluator):
     def test(self, params, step: int, quant_state=None) -> dict:
         return {}
 
-    def _scores(self, s, params, quant_state) -> tuple[np.ndarray, np.ndarray]:
+    def _scores(self, s, params, quant_state) -> tuple[np.ndarray, ...]:
+        """(scores, lengths, precomputed reference scores) of the rows a run of ``s`` reads,
+        in order, each [rows] float64."""
         got = [self.step_fn(params, self.put_batch(host), quant_state)
                for host in self._batches(s)]
-        scores = np.concatenate([np.asarray(g[0], np.float64).reshape(-1) for g in got])
-        lengths = np.concatenate([np.asarray(g[1], np.float64).reshape(-1) for g in got])
-        return scores, lengths
+        return tuple(np.concatenate([np.asarray(g[i], np.float64).reshape(-1) for g in got])
+                     for i in range(3))
+
+    def score_all(self, data, params) -> np.ndarray:
+        """Every row's score under ``params``, in the data's order, [N] (the reference scores
+        :mod:`jaxtrain.dpo_reference` precomputes)."""
+        return self._scores(EvalSet("score", data, None), params, None)[0][:data.num_samples]
 
     def _metrics(self, s, params, quant_state) -> dict:
+        if self.dpo.precompute_reference:
+            pol, lengths, ref = self._scores(s, params, quant_state)
+            return self._summary(pol, ref, lengths)
         ref = self._ref_scores.get(s.name)
         if ref is None:   # a fixed set keeps its reference scores; a moving window recomputes
             if self.reference is None:
@@ -126,7 +138,10 @@ class PreferenceEvaluator(Evaluator):
             s.consumed = start
             if s.iters is None:
                 self._ref_scores[s.name] = ref
-        pol, lengths = self._scores(s, params, quant_state)
+        pol, lengths, _ = self._scores(s, params, quant_state)
+        return self._summary(pol, ref, lengths)
+
+    def _summary(self, pol, ref, lengths) -> dict:
         real = (lengths[0::2] > 0).repeat(2)      # filler rows of the last batch score nothing
         pol, ref, lengths = pol[real], ref[real], lengths[real]
         d = self.dpo

@@ -15,9 +15,10 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from jaxtrain import dpo, models
+from jaxtrain import dpo, dpo_reference, models
 from jaxtrain.averaging import WeightAveraging
 from jaxtrain.checkpoint import Checkpointer, hf_init
 from jaxtrain.checks import BuildError, Checks, TrainingError
@@ -134,6 +135,7 @@ class Setup:
     step_fn: Any                  # the jitted train step (state, batch[, frozen])
     frozen: dict | None = None    # parameter trees the step reads but never trains
     averaging: WeightAveraging | None = None   # pgs train.ema / train.base_merge, between steps
+    saves_reference: bool = False  # checkpoints keep frozen["ref"] (DPO without a named reference)
 
     @property
     def rows(self) -> int:
@@ -262,7 +264,7 @@ def _train(cfg, tcfg, logger, devices) -> dict:
         state = upcycled_state(run, ckpt, logger)
         ckpt.maybe_save(0, state, 0, force=True, extra=_extra(evaluator, ckpt))
     else:
-        restored = ckpt.restore(state, items=run.averaging and run.averaging.templates())
+        restored = ckpt.restore(state, items=_side_templates(run, cfg))
         hf_dir = hf_init.model_dir(cfg) if restored is None else None
         if hf_dir is not None:
             state = hf_init.start_from_hf(state, hf_dir, run.model_cfg, run.optimizer,
@@ -273,13 +275,13 @@ def _train(cfg, tcfg, logger, devices) -> dict:
         on_device = jax.tree.map(device_memory, run.shardings)
         run.frozen = {"base": hf_init.load_params(hf_init.model_dir(cfg), run.model_cfg,
                                                   run.abstract.params, on_device.params)}
-    elif tcfg.dpo is not None:   # pgs DPO: the frozen reference policy
-        on_device = jax.tree.map(device_memory, run.shardings)
-        ref_dir = dpo.reference_dir(cfg)
-        run.frozen = {"ref": hf_init.load_params(ref_dir, run.model_cfg, run.abstract.params,
-                                                 on_device.params)}
+    elif tcfg.dpo is not None and tcfg.dpo.precompute_reference:   # scores, then no reference
+        dpo_reference.attach(cfg, run.data, evaluator, run.model_cfg, directory,
+                             lambda: _dpo_reference(run, cfg, restored, state, ckpt, logger),
+                             logger)
+    elif tcfg.dpo is not None:   # DPO: the frozen reference policy
+        run.frozen = {"ref": _dpo_reference(run, cfg, restored, state, ckpt, logger)}
         evaluator.attach_reference(run.frozen["ref"])
-        logger.info("DPO reference policy from %s", ref_dir)
     first, consumed = 1, 0
     if restored is not None:
         state, consumed = restored
@@ -461,8 +463,49 @@ def _extra(evaluator, ckpt) -> dict:
 
 
 def _items(run) -> dict | None:
-    """Trees a checkpoint keeps beside the state (pgs train.ema's shadow)."""
-    return run.averaging.items() if run.averaging is not None else None
+    """Trees a checkpoint keeps beside the state: pgs train.ema's shadow, and a DPO reference
+    that no Hugging Face directory names (the weights the run started from)."""
+    items = dict(run.averaging.items()) if run.averaging is not None else {}
+    if run.saves_reference:
+        items[dpo.REFERENCE_ITEM] = run.frozen["ref"]
+    return items or None
+
+
+def _side_templates(run, cfg) -> dict | None:
+    """Shapes and shardings of the trees :func:`_items` saves, to restore them."""
+    items = dict(run.averaging.templates()) if run.averaging is not None else {}
+    d = run.tcfg.dpo
+    if d is not None and not d.precompute_reference and not dpo.reference_name(cfg):
+        on_device = jax.tree.map(device_memory, run.shardings.params)
+        items[dpo.REFERENCE_ITEM] = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            run.abstract.params, on_device)
+    return items or None
+
+
+def _dpo_reference(run, cfg, restored, state, ckpt, logger):
+    """The frozen DPO reference: the Hugging Face model dpo.reference_model (else
+    model.name_or_path) names; without a name (MaxText's use_dpo), the weights this run started
+    from, which checkpoints keep (a resumed run reads them back; a run started from a checkpoint
+    without them takes that checkpoint's weights)."""
+    on_device = jax.tree.map(device_memory, run.shardings.params)
+    if dpo.reference_name(cfg):
+        ref_dir = dpo.reference_dir(cfg)
+        logger.info("DPO reference policy from %s", ref_dir)
+        return hf_init.load_params(ref_dir, run.model_cfg, run.abstract.params, on_device)
+    precomputed = run.tcfg.dpo.precompute_reference
+    run.saves_reference = not precomputed
+    kept = ckpt.restored_items.get(dpo.REFERENCE_ITEM)
+    if kept is not None:
+        logger.info("DPO reference policy: the starting weights kept in the checkpoint")
+        return kept
+    if restored is not None and int(restored[0].step) > 0 and precomputed:
+        return None   # the starting weights are gone; only the cache had their scores
+    params = restored[0].params if restored is not None else state.params
+    if precomputed:
+        return params   # scored before the first step, never trained on meanwhile
+    logger.info("DPO reference policy: a frozen copy of the starting weights")
+    return jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=on_device)(params)
 
 
 def _check_replicas(params, step: int):

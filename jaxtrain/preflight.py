@@ -81,6 +81,20 @@ def _hf_weights(cfg, model_cfg, ccfg) -> None:
         hf_init.check_vocab(path, model_cfg)
 
 
+def _dpo_reference(cfg, model_cfg) -> None:
+    """The frozen reference a DPO run loads (when a directory names it): its weights readable,
+    its embedding the policy's vocabulary."""
+    from jaxtrain import dpo
+    from jaxtrain.checkpoint import hf_init
+
+    if not cfg.get("dpo.enabled") or not dpo.reference_name(cfg):
+        return
+    path = dpo.reference_dir(cfg)
+    hf_init.check_weights(path)
+    if model_cfg is not None:
+        hf_init.check_vocab(path, model_cfg)
+
+
 def preflight(cfg, world_size: int | None = None) -> None:
     """Build every device-free part of the run; raise one ConfigError with all problems.
 
@@ -138,5 +152,6 @@ def preflight(cfg, world_size: int | None = None) -> None:
     attempt("loss scaling", lambda: LossScaleConfig.from_config(cfg))
     attempt("model weights", lambda: _hf_weights(cfg, model_cfg, CheckpointConfig.from_config(
         cfg, run_dir(cfg))))
+    attempt("DPO reference", lambda: _dpo_reference(cfg, model_cfg))
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))

@@ -51,6 +51,7 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("jaxtrain.preflight", "jaxtrain.models"): LAZY + " (preflight)",
     ("jaxtrain.preflight", "jaxtrain.checkpoint"): LAZY + " (preflight)",
     ("jaxtrain.preflight", "jaxtrain.checkpoint.hf_init"): LAZY + " (preflight)",
+    ("jaxtrain.preflight", "jaxtrain.dpo"): LAZY + " (preflight)",
     ("jaxtrain.preflight", "jaxtrain.logs"): LAZY + " (preflight)",
     ("jaxtrain.preflight", "jaxtrain.loss_scale"): LAZY + " (preflight)",
     ("jaxtrain.preflight", "jaxtrain.models.config"): LAZY + " (preflight)",

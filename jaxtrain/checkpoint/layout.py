@@ -26,11 +26,13 @@ from jaxtrain.checkpoint import local
 STEP_PREFIX = "step"
 FORMAT_VERSION = 1
 STEP_DIR = re.compile(rf"^{STEP_PREFIX}_(\d+)$")
-ITEMS = ("params", "opt_state", "rng", "train", "loss_scale", "spike_stats", "fp8", "ema", "meta")
+ITEMS = ("params", "opt_state", "rng", "train", "loss_scale", "spike_stats", "fp8", "ema",
+         "dpo_reference", "meta")
 # Trees saved beside the train state by features that keep their own (the loop passes them as
-# ``items``): "ema" is pgs train.ema's shadow weights (jaxtrain.averaging). Parameter-shaped:
-# their layer axis moves with the parameters'.
-SIDE_ITEMS = ("ema",)
+# ``items``): "ema" is pgs train.ema's shadow weights (jaxtrain.averaging), "dpo_reference" the
+# weights a DPO run without a named reference started from. Parameter-shaped: their layer axis
+# moves with the parameters'.
+SIDE_ITEMS = ("ema", "dpo_reference")
 # Train-state fields saved whole, each as its own item: field name -> item name on disk. The
 # quantization state keeps the item name "fp8" of the field's first name (TrainState.fp8), so
 # checkpoints from before and after the rename to quant_state are the same and load alike.
@@ -58,10 +60,11 @@ class LocalRoot:
 
 
 def where(root, step: int) -> pathlib.Path:
-    """The directory of step ``step`` under ``root`` (a path or a :class:`LocalRoot`)."""
+    """The directory of step ``step`` under ``root`` (a path or a :class:`LocalRoot`), absolute
+    (Orbax reads only absolute paths; a relative save directory is the working directory's)."""
     if isinstance(root, LocalRoot):
         return local.step_dir(root.path, step)
-    return pathlib.Path(root) / f"{STEP_PREFIX}_{step}"
+    return pathlib.Path(root).absolute() / f"{STEP_PREFIX}_{step}"
 
 
 def jsonable(value):

@@ -186,6 +186,8 @@ def model_shape(c: Context):
 
 def learning_rate(c: Context):
     lr, min_lr, init = c.get("lr"), c.get("min_lr"), c.get("lr_warmup_init")
+    if c.dialect == "maxtext" and not c.explicit("min_lr") and lr is not None:
+        min_lr = lr * c.get("learning_rate_final_fraction")   # MaxText's floor follows the lr
     if lr is not None and min_lr is not None and min_lr > lr:
         c.error(f"min_lr ({min_lr}) must not exceed lr ({lr})")
     if lr is not None and init is not None and init > lr:
@@ -467,10 +469,13 @@ def pgs(c: Context):
             c.error("dpo.enabled trains on preference pairs; packing is not supported with it")
         _dpo(c)
     smoothing = c.get("dpo.label_smoothing", 0.0)
-    if smoothing >= 0.5:
+    if c.get("dpo.loss_type") == "cdpo":
+        if not 0.0 <= smoothing <= 1.0:
+            c.error(f"{c.where('dpo.label_smoothing')}: the cdpo label smoothing lies in [0, 1]")
+    elif smoothing >= 0.5:
         c.error(f"dpo.label_smoothing ({smoothing}) must be below 0.5")
-    if smoothing and c.get("dpo.loss_type") != "robust":
-        c.error("dpo.label_smoothing applies to dpo.loss_type robust only")
+    if smoothing and c.get("dpo.loss_type") not in ("robust", "cdpo"):
+        c.error("dpo.label_smoothing applies to dpo.loss_type robust (and cdpo) only")
 
 
 # dpo.enabled: settings DPO does not combine with (pgs's DPO guide), key -> why

@@ -162,6 +162,8 @@ def make_batch(rows, data: TokenData, per_micro: int) -> dict:
             batch["loss_mask"] *= np.asarray(rows["weights"][:, 1:], np.float32)
         if "keep" in rows:             # a sample kept out of the loss entirely (keep 0)
             batch["loss_mask"] *= np.asarray(rows["keep"], np.float32).reshape(n, 1)
+        if "ref_score" in rows:        # DPO: the row's precomputed reference score, [.., 1]
+            batch["ref_scores"] = np.asarray(rows["ref_score"], np.float32).reshape(n, 1)
     else:
         n = rows.shape[0]
         batch = {"tokens": rows[:, :-1], "targets": rows[:, 1:], **document_masks(rows[:, :-1],

@@ -14,6 +14,13 @@ the pair (it is never truncated); a rejected one is cut to ``seq_length`` with
 ``dpo.truncate_rejected`` (dropped if no scored token survives), else dropped. Rows without
 both answers, malformed rows, pairs with no scored token, and identical pairs are skipped and
 counted by reason in the log; a source without one usable pair is a ConfigError naming it.
+
+MaxText's ``use_dpo`` (:func:`maxtext_pair`) reads its hf files' text columns instead, as its
+input pipeline does: ``train_data_columns`` [prompt, chosen, rejected], or [chosen, rejected]
+whose shared leading tokens are the prompt; each column is tokenised on its own (BOS/EOS by
+``add_bos``/``add_eos``, cut to ``max_target_length``), the prompt keeps its last
+``dpo.max_prompt_length`` tokens and each answer its first ``max_target_length`` minus that;
+the answer tokens are scored. No chat template is applied.
 """
 from __future__ import annotations
 
@@ -106,7 +113,66 @@ def encode_pair(row: dict, hf_tok, opts: PairOptions):
     return chosen, rejected
 
 
+def maxtext(cfg) -> bool:
+    """MaxText's use_dpo on its hf files (no pgs data.dataset named)."""
+    return bool(cfg.get("use_dpo")) and not cfg.is_set("data.dataset")
+
+
+def _columns(cfg, key: str) -> tuple[str, ...]:
+    columns = cfg[key]
+    columns = (columns,) if isinstance(columns, str) else tuple(columns)
+    if len(columns) not in (2, 3):
+        raise ConfigError(f"{key} {list(columns)}: use_dpo reads [prompt, chosen, rejected] or "
+                          "[chosen, rejected] columns")
+    return columns
+
+
+def _framed(hf_tok, text, cfg) -> list[int]:
+    if not isinstance(text, str):
+        raise chat.SkipRow("malformed row (a column is not text)")
+    ids = hf_tok(text, add_special_tokens=False)["input_ids"]
+    if cfg["add_bos"] and hf_tok.bos_token_id is not None:
+        ids = [hf_tok.bos_token_id] + ids
+    T = cfg["seq_length"]
+    if cfg["add_eos"] and hf_tok.eos_token_id is not None:
+        return ids[:T - 1] + [hf_tok.eos_token_id]
+    return ids[:T]
+
+
+def maxtext_pair(row: dict, hf_tok, cfg, columns: tuple[str, ...]):
+    """(chosen, rejected) Encoded from MaxText's text columns (see the module doc)."""
+    missing = [c for c in columns if c not in row]
+    if missing:
+        raise chat.SkipRow(f"no {missing[0]}")
+    ids = [_framed(hf_tok, row[c], cfg) for c in columns]
+    if len(ids) == 2:
+        shared = 0
+        for a, b in zip(*ids):
+            if a != b:
+                break
+            shared += 1
+        ids = [ids[0][:shared], ids[0][shared:], ids[1][shared:]]
+    prompt_budget = cfg["dpo.max_prompt_length"]
+    prompt = ids[0][-prompt_budget:]
+    answers = [a[:cfg["seq_length"] - prompt_budget] for a in ids[1:]]
+    if not answers[0]:
+        raise chat.SkipRow("no chosen answer tokens")
+    if not answers[1]:
+        raise chat.SkipRow("no rejected answer tokens")
+    if answers[0] == answers[1]:
+        raise chat.SkipRow("chosen and rejected identical")
+    return tuple(chat.Encoded(np.asarray(prompt + a, np.int32),
+                              np.asarray([0.0] * len(prompt) + [1.0] * len(a), np.float32))
+                 for a in answers)
+
+
 def source(cfg, what: str = "data.dataset") -> sft.Source:
+    if maxtext(cfg):
+        files = rows.hf_files(cfg) if what == "data.dataset" else rows.hf_eval_files(cfg)
+        if what == "data.dataset" and not files:
+            raise ConfigError("use_dpo needs hf_path (a local folder or file) or hf_train_files")
+        name = "hf_train_files" if what == "data.dataset" else "hf_eval_files"
+        return sft.Source(name=name, dataset=name, split="", paths=tuple(files or ()))
     key, split = ((cfg["data.dataset"], cfg["data.dataset_split"]) if what == "data.dataset"
                   else (cfg["data.eval_dataset"], cfg["data.eval_split"]))
     if not key:
@@ -119,11 +185,21 @@ def source(cfg, what: str = "data.dataset") -> sft.Source:
 def encode_pairs(src: sft.Source, hf_tok, cfg, what: str, limit: int | None = None) -> list:
     """[(chosen, rejected)] of the source's usable rows (the first ``limit`` with a limit);
     skipped rows are logged by reason; none usable is a ConfigError naming the file."""
-    opts = PairOptions.from_config(cfg, src)
+    if maxtext(cfg):
+        columns = _columns(cfg, "train_data_columns" if what == "data.dataset"
+                           else "eval_data_columns")
+
+        def encode(row):
+            return maxtext_pair(row, hf_tok, cfg, columns)
+    else:
+        opts = PairOptions.from_config(cfg, src)
+
+        def encode(row):
+            return encode_pair(row, hf_tok, opts)
     out, skipped, files = [], collections.Counter(), src.files(what)
     for _, row in rows.read(files, what):
         try:
-            out.append(encode_pair(row, hf_tok, opts))
+            out.append(encode(row))
         except chat.SkipRow as e:
             skipped[e.reason] += 1
         if limit is not None and len(out) >= limit:
@@ -140,6 +216,8 @@ def encode_pairs(src: sft.Source, hf_tok, cfg, what: str, limit: int | None = No
 
 def _hf_tok(cfg, tok, what):
     hf_tok = sft.hf_tokenizer(tok, what, cfg)
+    if maxtext(cfg):   # plain text, no chat template
+        return hf_tok
     try:
         chat.check_template(hf_tok, dataclasses.replace(
             sft.chat_options(cfg, source(cfg)), max_seq_length=UNBOUNDED))
@@ -159,9 +237,16 @@ def plan(cfg, tok) -> list[str]:
     """The files the pairs come from (checked to exist) and the chat template checked."""
     _hf_tok(cfg, tok, "data.dataset")
     files = source(cfg).files("data.dataset")
-    if cfg["data.eval_dataset"]:
+    if has_eval(cfg):
         files += source(cfg, "data.eval_dataset").files("data.eval_dataset")
     return files
+
+
+def has_eval(cfg) -> bool:
+    """Whether held-out pairs are named: data.eval_dataset, or MaxText's hf eval files."""
+    if maxtext(cfg):
+        return bool(rows.hf_eval_files(cfg))
+    return bool(cfg["data.eval_dataset"])
 
 
 def training_data(cfg, tok, vocab: int) -> TokenData:
@@ -172,10 +257,10 @@ def training_data(cfg, tok, vocab: int) -> TokenData:
 
 
 def validation_sets(cfg, tok, vocab: int) -> list[TokenData]:
-    """``data.eval_dataset``'s first ``data.eval_samples`` usable pairs, in file order
-    (:mod:`jaxtrain.dpo_eval` scores them)."""
+    """``data.eval_dataset``'s first ``data.eval_samples`` usable pairs (MaxText: all of its
+    hf eval files' pairs), in file order (:mod:`jaxtrain.dpo_eval` scores them)."""
     hf_tok = _hf_tok(cfg, tok, "data.eval_dataset")
     pairs = encode_pairs(source(cfg, "data.eval_dataset"), hf_tok, cfg, "data.eval_dataset",
-                         limit=cfg["data.eval_samples"])
+                         limit=None if maxtext(cfg) else cfg["data.eval_samples"])
     data = _token_data(pairs, cfg, vocab, "eval pairs", tok.eod)
     return [dataclasses.replace(data, dataloader_type="single")]

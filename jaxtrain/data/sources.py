@@ -581,8 +581,8 @@ def validation_data(cfg) -> list[TokenData] | None:
     if cfg["data.eval_samples"] < 1 and (cfg["data.eval_dataset"] or cfg["data.eval_sources"]):
         raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
                           "subset needs at least one sample")
-    if cfg.get("dpo.enabled"):   # the chosen answers of data.eval_dataset's pairs
-        if not cfg["data.eval_dataset"]:
+    if cfg.get("dpo.enabled"):   # held-out preference pairs
+        if not preference.has_eval(cfg):
             return None
         tok = _text_tokenizer(cfg, "data.eval_dataset")
         return preference.validation_sets(cfg, tok, _vocab(cfg, tok, "data.eval_dataset"))
@@ -630,6 +630,9 @@ def validation_plan(cfg) -> tuple[str, ...]:
     if cfg["data.eval_samples"] < 1 and (cfg["data.eval_dataset"] or cfg["data.eval_sources"]):
         raise ConfigError(f"data.eval_samples {cfg['data.eval_samples']}: the validation "
                           "subset needs at least one sample")
+    if cfg.get("dpo.enabled"):
+        return (tuple(preference.source(cfg, "data.eval_dataset").files("data.eval_dataset"))
+                if preference.has_eval(cfg) else ())
     if cfg["data.eval_sources"] or sft.maxtext_sft(cfg) or sft.holdout_source(cfg):
         return tuple(f for s in sft.eval_sources(cfg) for f in s.files("data.eval_sources"))
     if cfg["data.eval_dataset"]:

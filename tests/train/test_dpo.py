@@ -82,6 +82,7 @@ def _numpy_loss(pol, ref, masks, kind, beta, eps, ld_alpha, sft_weight):
     davg = (s[0::2] - r[0::2]) / L[0::2] - (s[1::2] - r[1::2]) / L[1::2]
     per = {"sigmoid": -_logsig(beta * d), "hinge": np.maximum(0, 1 - beta * d),
            "robust": (-(1 - eps) * _logsig(beta * d) + eps * _logsig(-beta * d)) / (1 - 2 * eps),
+           "cdpo": -(1 - eps) * _logsig(beta * d) - eps * _logsig(-beta * d),   # MaxText/Tunix
            "ipo": (davg - 1 / (2 * beta)) ** 2, "sigmoid_norm": -_logsig(beta * davg)}[kind]
     nll = -sum((p * m).sum() for p, m in zip(pol[0::2], masks[0::2])) / sum(
         m.sum() for m in masks[0::2])
@@ -111,6 +112,7 @@ def encoded(models, tmp_path_factory):
 @pytest.mark.parametrize("kind,eps,ld_alpha,sft_weight,chunks", [
     ("sigmoid", 0.0, 1.0, 0.0, 0), ("hinge", 0.0, 1.0, 0.0, 4), ("robust", 0.2, 1.0, 0.0, 0),
     ("ipo", 0.0, 1.0, 0.0, 0), ("sigmoid_norm", 0.0, 1.0, 0.0, 2),
+    ("cdpo", 0.3, 1.0, 0.0, 0), ("cdpo", 0.8, 1.0, 0.0, 2),         # MaxText's use_dpo
     ("sigmoid", 0.0, 0.3, 0.0, 4), ("ipo", 0.0, 0.5, 0.0, 0),       # LD-DPO
     ("sigmoid", 0.0, 1.0, 0.7, 0), ("robust", 0.1, 0.5, 0.4, 2)])   # RPO
 def test_loss_matches_pgs_formulas_on_transformers_logprobs(models, encoded, kind, eps,
@@ -347,6 +349,43 @@ def test_dpo_run_learns_the_preference(models, tmp_path):
     assert val[-1]["val/rewards/accuracies"] > 0.9
     assert np.mean([r["rewards/accuracies"] for r in steps[-5:]]) > 0.9
     assert last["logps/chosen"] > first["logps/chosen"] + 5   # the chosen side rose
+
+
+def _metrics_of(out):
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_precomputed_reference_scores_train_alike_and_are_cached(models, tmp_path):
+    """dpo.precompute_reference: the same losses, rewards and validation as the reference kept
+    in memory (its scores ride in the batches instead), from a cache a later run reads back."""
+    from jaxtrain import train
+
+    policy, ref = models
+    data = write_jsonl(tmp_path / "p.jsonl", _conditional_pairs(16))
+    held = write_jsonl(tmp_path / "eval.jsonl", _conditional_pairs(16)[:5])
+    runs = {}
+    for name, extra in (("kept", []), ("pre", ["dpo.precompute_reference=true"])):
+        cfg = tmp_path / f"{name}.yml"
+        _config(tmp_path, policy, f"dataset: {data}, eval_dataset: {held}, eval_every: 2",
+                steps=4, batch=2, dpo_=f"reference_model: {ref}, ld_alpha: 0.5, beta: 0.5")
+        (tmp_path / "pgs.yml").rename(cfg)
+        text = cfg.read_text().replace(str(tmp_path / "out"), str(tmp_path / name))
+        cfg.write_text(text.replace("warmup_ratio: 0", "warmup_ratio: 0, learning_rate: 1.0e-3, "
+                                    "logging_steps: 1, save_steps: 1000, bf16: false"))
+        assert train.main([str(cfg), *extra]) == 0
+        runs[name] = _metrics_of(tmp_path / name)
+    assert (tmp_path / "pre" / "dpo_reference_scores.npz").is_file()
+    assert not (tmp_path / "kept" / "dpo_reference_scores.npz").exists()
+    assert len(runs["kept"]) == len(runs["pre"])
+    for a, b in zip(runs["kept"], runs["pre"]):
+        for key in ("dpo/loss", "rewards/margins", "rewards/chosen", "val_loss",
+                    "val/rewards/margins"):
+            if key in a:
+                np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-5)
+    assert any(abs(r.get("rewards/margins", 0)) > 1e-3 for r in runs["pre"])  # ref != policy
+    assert train.main([str(tmp_path / "pre.yml"), "dpo.precompute_reference=true",
+                       "train.max_steps=5"]) == 0     # a second run over the same pairs
+    assert "reference scores read from" in (tmp_path / "pre" / "jaxtrain.log").read_text()
 
 
 def test_field_names_reference_and_knobs_reach_the_run(models, tmp_path):

@@ -8,7 +8,6 @@ save_checkpoint_on_completion, enable_autocheckpoint, num_vocab_tiling, ...).
 from jaxtrain.config.knob import HONORED, INERT, REJECTED, K
 
 _MT = "maxtext"
-_DPO = 21
 _ORBAX_IO = ("tunes how Orbax writes the checkpoint files; jaxtrain keeps Orbax's own I/O "
              "settings and the stored values are the same")
 _TOOL_ONLY = "read only by MaxText's {tool}, not by training"
@@ -92,8 +91,6 @@ KNOBS = [
       "only; false also on the prompt.", _MT, HONORED,
       "completion tokens are the assistant turns as the chat masker finds them (answer and "
       "end-of-turn token)"),
-    K("use_dpo", "bool", False, "Direct preference optimisation on chosen/rejected pairs "
-      "(train_data_columns names the two columns).", _MT, issue=_DPO),
     K("use_chat_template", "bool", False, "Format conversations with the tokenizer's chat "
       "template before tokenising.", _MT, issue=None),
     K("chat_template_path", "str", "", "JSON file holding a chat template to use instead of the "

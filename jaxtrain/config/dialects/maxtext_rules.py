@@ -136,6 +136,40 @@ def maxtext(c):
     per_device_batch(c)
 
 
+def maxtext_dpo(c):
+    """MaxText's use_dpo as jaxtrain's DPO: the label-smoothed sigmoid (cdpo) on pairs from its
+    hf files, with MaxText's own refusals (use_sft, packing, ORPO here) and its prompt budget
+    (dpo.max_prompt_length, half of max_target_length by default)."""
+    if not c.get("use_dpo"):
+        return
+    if c.get("use_sft"):
+        c.error("use_sft and use_dpo: only one of them can be true (MaxText)")
+    if c.get("dpo.algo") == "orpo":
+        c.error("dpo.algo orpo: MaxText's reference-free ORPO is not built in jaxtrain; use "
+                "dpo.algo dpo (DPO against the starting weights)")
+    if c.get("dataset_type") != "hf":
+        c.error(f"use_dpo with dataset_type {c.get('dataset_type')}: jaxtrain reads MaxText's "
+                "preference pairs from dataset_type hf files (hf_path / hf_train_files)")
+    if c.get("packing") and c.explicit("packing"):
+        c.error("use_dpo: packing is not supported with DPO; set packing: false (MaxText)")
+    c.set("packing", False)
+    for key in ("train_data_columns", "eval_data_columns"):
+        columns = c.get(key)
+        columns = [columns] if isinstance(columns, str) else list(columns or ())
+        if len(columns) not in (2, 3):
+            c.error(f"use_dpo reads [prompt, chosen, rejected] or [chosen, rejected] columns; "
+                    f"{c.where(key)} names {len(columns)}")
+    target = c.get("seq_length")
+    prompt = c.get("dpo.max_prompt_length")
+    if prompt is None and target:
+        c.set("dpo.max_prompt_length", target // 2)
+    elif target and not 0 < prompt < target:
+        c.error(f"dpo.max_prompt_length ({prompt}) must be positive and less than "
+                f"max_target_length ({target})")
+    c.set("dpo.enabled", True)
+    c.set("dpo.loss_type", "cdpo")
+
+
 def per_device_batch(c):
     """MaxText's batch: per_device_batch_size x devices x gradient_accumulation_steps sequences
     per step, run as micro-batches of per_device_batch_size x devices rows."""
@@ -234,4 +268,4 @@ def _check_rule(c, rule, sizes):
                 f"vocabulary over tensor); drop the entry")
 
 
-MAXTEXT_RULES = (maxtext_mesh, sharding_hints, maxtext, maxtext_model)
+MAXTEXT_RULES = (maxtext_mesh, sharding_hints, maxtext, maxtext_model, maxtext_dpo)
