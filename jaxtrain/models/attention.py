@@ -83,7 +83,8 @@ def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
     causal: key s is visible to query t only if s <= t (q and k aligned at the end when T < S).
     q_offset: the key position of query 0 (default S - T, aligned at the end); may be traced,
       e.g. the fill level of a KV cache whose later keys are not written yet (causal hides them).
-    segment_ids: [B,T] ints (T == S); a query sees only keys of the same segment (packing).
+    segment_ids: [B,T] ints (T == S), or a pair ([B,T] of the queries, [B,S] of the keys); a
+      query sees only keys of the same segment (packing; left-padded rows when decoding).
     sliding_window: W; a query sees the W most recent keys including itself (t - s < W). W may
       be a traced scalar (a per-layer window inside a scan); W >= S means no limit.
     softcap: c; scores become c * tanh(scores / c) before masking.
@@ -133,6 +134,7 @@ def _mask(T, S, causal, sliding_window, segment_ids, q_offset=None):
         mask_TS = window_TS if mask_TS is None else mask_TS & window_TS
     mask = None if mask_TS is None else mask_TS[None, None, None]
     if segment_ids is not None:
-        same_B11TS = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None, None]
+        q_BT, kv_BS = segment_ids if isinstance(segment_ids, tuple) else (segment_ids,) * 2
+        same_B11TS = (q_BT[:, :, None] == kv_BS[:, None, :])[:, None, None]
         mask = same_B11TS if mask is None else mask & same_B11TS
     return mask

@@ -18,7 +18,12 @@ S is the longest sequence the cache holds. MLA caches the expanded per-head keys
 latent. Sliding windows keep the whole sequence and mask (no ring buffer). As in MaxText,
 `prefill` attends over the prompt's own keys and values (unquantized, with the model's
 attention_impl) and stores them; `decode_step` attends over the cache read back (dequantized),
-its own tokens included. All rows of a batch share one length (no padding or ragged prompts).
+its own tokens included.
+
+Prompts of different lengths are left-padded to one length (:func:`left_pad`); ``pad`` [B]
+(the padding tokens of each row) makes a row's positions start at 0 at its first real token
+and keeps its padding out of every attention (segment 0 against the real tokens' 1), so each
+row decodes as it would alone.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxtrain.models import layers as L
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
@@ -90,13 +96,35 @@ def _check(cfg, tokens, cache):
                          "kv_quant_axis / kv_quant_dtype; build it with init_cache(cfg, ...)")
 
 
-def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None):
+def left_pad(prompts, pad_id: int = 0):
+    """(ids [B, P] int32, pad [B] int32): token lists of any lengths (each >= 1) right-aligned
+    after ``pad`` padding tokens, P the longest."""
+    prompts = [list(map(int, p)) for p in prompts]
+    if not prompts or min(map(len, prompts)) < 1:
+        raise ValueError("left_pad takes one or more prompts of at least one token")
+    P = max(map(len, prompts))
+    ids = jnp.asarray([[pad_id] * (P - len(p)) + p for p in prompts], jnp.int32)
+    return ids, jnp.asarray([P - len(p) for p in prompts], jnp.int32)
+
+
+def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pad=None):
     """tokens [B,T] at positions cache['length']..+T-1 through every layer: (logits [B,V] of
-    the last token, cache with the tokens' keys and values stored and the length advanced)."""
+    the last token, cache with the tokens' keys and values stored and the length advanced).
+    ``pad`` [B]: left padding per row (see the module doc)."""
     _check(cfg, tokens, cache)
     B, T = tokens.shape
     start = cache["length"]
-    positions = jnp.broadcast_to(start + jnp.arange(T, dtype=jnp.int32), (B, T))
+    at_BT = jnp.broadcast_to(start + jnp.arange(T, dtype=jnp.int32), (B, T))
+    positions, segments = at_BT, None
+    if pad is not None:
+        pad_B1 = jnp.asarray(pad, jnp.int32)[:, None]
+        positions = jnp.maximum(at_BT - pad_B1, 0)
+        real_BT = (at_BT >= pad_B1).astype(jnp.int32)
+        if attend_cache:
+            S = cache["k"].shape[2]
+            segments = (real_BT, (jnp.arange(S)[None, :] >= pad_B1).astype(jnp.int32))
+        else:
+            segments = real_BT
     x, rope = embed_inputs(params, tokens, positions, cfg)
     x = constrain(x, *RESIDUAL).astype(cfg.residual_dtype)
 
@@ -104,7 +132,7 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None):
         c = _store(c, k, v, start, cfg)
         return (*_load(c, cfg, k.dtype), c) if attend_cache else (k, v, c)
 
-    ctx = {"segment_ids": None, "deterministic": True, "rng": None, "rope": rope,
+    ctx = {"segment_ids": segments, "deterministic": True, "rng": None, "rope": rope,
            "moe_state": None, "kv_cache": kv_cache}
     if attend_cache:
         ctx["q_offset"] = start
@@ -162,26 +190,34 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state):
     return x, jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
 
 
-def prefill(params, cfg, tokens, cache, *, quant_state=None):
+def prefill(params, cfg, tokens, cache, *, quant_state=None, pad=None):
     """Run the prompt tokens [B,T] into an empty ``cache``: (logits [B,V] float32 of the last
-    token, the filled cache). Attention is over the prompt itself (``cfg.attention_impl``)."""
-    return _run(params, tokens, cache, cfg, attend_cache=False, quant_state=quant_state)
+    token, the filled cache). Attention is over the prompt itself (``cfg.attention_impl``).
+    ``pad`` [B]: the left padding of each row (:func:`left_pad`)."""
+    return _run(params, tokens, cache, cfg, attend_cache=False, quant_state=quant_state,
+                pad=pad)
 
 
-def decode_step(params, cfg, tokens, cache, *, quant_state=None):
+def decode_step(params, cfg, tokens, cache, *, quant_state=None, pad=None):
     """Append tokens [B,T] (usually T = 1) after the cached ones, attending over the cache:
     (logits [B,V] float32 of the last token, the extended cache). The cache must have room
-    for them (the length is traced: a write past the end would be clamped, not refused)."""
-    return _run(params, tokens, cache, cfg, attend_cache=True, quant_state=quant_state)
+    for them (the length is traced: a write past the end would be clamped, not refused).
+    ``pad``: the rows' left padding, as given to :func:`prefill`."""
+    return _run(params, tokens, cache, cfg, attend_cache=True, quant_state=quant_state, pad=pad)
 
 
 def generate(params, cfg, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
-             key=None, eos_id: int | None = None, quant_state=None, return_logits: bool = False):
+             key=None, eos_id=None, quant_state=None, return_logits: bool = False,
+             pad=None):
     """``max_new_tokens`` tokens [B, max_new_tokens] continuing prompt_ids [B,P], under jit.
 
+    Ragged prompts: ``prompt_ids, pad = left_pad(prompts)`` and ``pad=pad``; each row then
+    continues as it would alone (one compile per padded shape).
+
     temperature 0 picks the most likely token (greedy); above 0 samples from
-    softmax(logits / temperature) with PRNG ``key``. With ``eos_id`` a row that produced it
-    keeps producing it. ``return_logits`` also returns each step's float32 logits
+    softmax(logits / temperature) with PRNG ``key``. ``eos_id``: a stop token, or several
+    (end of turn, the tokenizer's and the generation config's eos); a row that produced one
+    keeps producing the first. ``return_logits`` also returns each step's float32 logits
     [B, max_new_tokens, V] (the distribution each new token was picked from). The cache
     follows ``cfg.quantize_kvcache`` / ``kv_quant_axis`` / ``kv_quant_dtype``.
     """
@@ -201,16 +237,21 @@ def generate(params, cfg, prompt_ids, max_new_tokens: int, *, temperature: float
                          f"positions; prompt + max_new_tokens - 1 = {total}")
     if key is None:
         key = jax.random.key(0)
+    if pad is not None:
+        pad = jnp.asarray(pad, jnp.int32)
+        if pad.shape != prompt_ids.shape[:1]:
+            raise ValueError(f"pad must be [batch] = [{prompt_ids.shape[0]}], got {pad.shape}")
+    stops = [int(i) for i in np.atleast_1d(np.asarray(eos_id if eos_id is not None else []))]
     out = _generate(params, prompt_ids, key, jnp.float32(temperature),
-                    jnp.int32(-1 if eos_id is None else eos_id), quant_state, cfg=cfg,
+                    jnp.asarray(stops or [-1], jnp.int32), quant_state, pad, cfg=cfg,
                     n=max_new_tokens)
     return out if return_logits else out[0]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "n"))
-def _generate(params, prompt_ids, key, temperature, eos_id, quant_state, *, cfg, n):
-    """`generate` under jit; temperature and eos_id (-1: none) are traced, so changing them
-    does not recompile."""
+def _generate(params, prompt_ids, key, temperature, eos_id, quant_state, pad, *, cfg, n):
+    """`generate` under jit; temperature and the stop ids eos_id [K] (-1: none) are traced, so
+    changing them does not recompile (another number of stop ids does)."""
     B, P = prompt_ids.shape
     cache = init_cache(cfg, B, P + n - 1)
     keys = jax.random.split(key, n)
@@ -219,15 +260,17 @@ def _generate(params, prompt_ids, key, temperature, eos_id, quant_state, *, cfg,
     def pick(logits, k, done):
         sampled = jax.random.categorical(k, logits * inv_t, -1)
         tok = jnp.where(temperature > 0, sampled, jnp.argmax(logits, -1)).astype(jnp.int32)
-        tok = jnp.where(done, eos_id, tok)
-        return tok, done | ((tok == eos_id) & (eos_id >= 0))
+        tok = jnp.where(done, eos_id[0], tok)
+        stop = jnp.any((tok[:, None] == eos_id[None, :]) & (eos_id[None, :] >= 0), -1)
+        return tok, done | stop
 
-    logits, cache = prefill(params, cfg, prompt_ids, cache, quant_state=quant_state)
+    logits, cache = prefill(params, cfg, prompt_ids, cache, quant_state=quant_state, pad=pad)
     first, done = pick(logits, keys[0], jnp.zeros((B,), bool))
 
     def body(carry, k):
         tok, cache, done = carry
-        logits, cache = decode_step(params, cfg, tok[:, None], cache, quant_state=quant_state)
+        logits, cache = decode_step(params, cfg, tok[:, None], cache, quant_state=quant_state,
+                                    pad=pad)
         nxt, done = pick(logits, k, done)
         return (nxt, cache, done), (nxt, logits)
 

@@ -12,6 +12,7 @@ from model_helpers import random_params, tiny, tokens
 from test_hf import _hf_model
 
 from jaxtrain.models import decode_step, forward, from_hf, generate, init_cache, prefill
+from jaxtrain.models.decode import left_pad
 from jaxtrain.models.moe import MoEConfig
 
 TOL = 2e-5   # cached vs full-forward logits, fp32
@@ -77,6 +78,71 @@ def test_greedy_matches_transformers_generate(tmp_path):
     np.testing.assert_array_equal(np.asarray(generate(params, cfg, prompt, 10)), ref)
 
 
+RAGGED = {"llama_gqa_window": dict(sliding_window=4, scan_layers=False),
+          "gpt2_learned_positions": _GPT2, "mla": _MLA}
+
+
+@pytest.mark.parametrize("case", [c if c == "llama_gqa_window" else
+                                  pytest.param(c, marks=pytest.mark.slow) for c in RAGGED])
+def test_ragged_prompts_decode_as_each_would_alone(case):
+    """Left-padded prompts of lengths 3, 7 and 5 (left_pad / pad=): each row's tokens and
+    logits equal a generate of that prompt alone."""
+    cfg = tiny(**RAGGED[case])
+    params = random_params(cfg)
+    prompts = [np.asarray(tokens(1, n, seed=n))[0] for n in (3, 7, 5)]
+    ids, pad = left_pad(prompts, pad_id=5)
+    toks, logits = generate(params, cfg, ids, 6, return_logits=True, pad=pad)
+    for row, p in enumerate(prompts):
+        alone, alone_logits = generate(params, cfg, jnp.asarray(p)[None], 6,
+                                       return_logits=True)
+        np.testing.assert_array_equal(np.asarray(toks[row]), np.asarray(alone[0]))
+        assert np.abs(np.asarray(logits[row]) - np.asarray(alone_logits[0])).max() <= TOL
+    assert (np.asarray(pad) == [4, 0, 2]).all()
+
+
+def test_ragged_greedy_matches_transformers_generate(tmp_path):
+    model = _hf_model("llama", tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    prompts = [np.asarray(tokens(1, n, seed=n))[0] for n in (2, 6, 4)]
+    ids, pad = left_pad(prompts)
+    ours = np.asarray(generate(params, cfg, ids, 8, pad=pad))
+    for row, p in enumerate(prompts):
+        with torch.no_grad():
+            ref = model.generate(torch.tensor(p[None]), max_new_tokens=8, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+        np.testing.assert_array_equal(ours[row], ref[0, len(p):].numpy())
+
+
+def test_sampling_follows_the_temperature_scaled_distribution():
+    """10,000 first tokens per prompt (two ragged prompts) sampled at temperature 0.5: a G-test
+    accepts softmax(logits / 0.5) and rejects the untempered softmax(logits)."""
+    from scipy import stats
+
+    cfg = tiny()
+    params = random_params(cfg, scale=0.6)
+    prompts = [np.asarray(tokens(1, n, seed=n))[0] for n in (3, 6)]
+    reps = 10_000
+    ids, pad = left_pad([p for p in prompts for _ in range(reps)])
+    drawn = np.asarray(generate(params, cfg, ids, 1, temperature=0.5, key=jax.random.key(3),
+                                pad=pad))[:, 0]
+
+    def g_test(observed, probs):
+        expected = probs * observed.sum()
+        big = expected >= 5                      # rare ids pooled into one bin
+        o = np.append(observed[big], observed[~big].sum())
+        e = np.append(expected[big], expected[~big].sum())
+        keep = e > 0
+        return stats.power_divergence(o[keep], e[keep], lambda_="log-likelihood").pvalue
+
+    for i, p in enumerate(prompts):
+        logits = np.asarray(forward(params, jnp.asarray(p)[None], cfg))[0, -1].astype(np.float64)
+        counts = np.bincount(drawn[i * reps:(i + 1) * reps], minlength=cfg.vocab_size)
+        tempered = np.exp(2 * logits - np.logaddexp.reduce(2 * logits))
+        plain = np.exp(logits - np.logaddexp.reduce(logits))
+        assert g_test(counts, tempered) > 1e-3
+        assert g_test(counts, plain) < 1e-9
+
+
 def test_eos_sampling_and_errors():
     cfg = tiny()
     params, prompt = random_params(cfg), tokens(2, 4)
@@ -87,6 +153,13 @@ def test_eos_sampling_and_errors():
         first = int(np.argmax(row == eos)) if (row == eos).any() else len(row)
         np.testing.assert_array_equal(out[:first + 1], row[:first + 1])
         assert (out[first:] == eos).all()
+    other = int(greedy[1, 1])   # several stop ids: each row stops at its first, emits eos
+    both = np.asarray(generate(params, cfg, prompt, 6, eos_id=[eos, other]))
+    for row, out in zip(greedy, both):
+        hit = np.isin(row, [eos, other])
+        first = int(np.argmax(hit)) if hit.any() else len(row)
+        np.testing.assert_array_equal(out[:first + 1], row[:first + 1])
+        assert (out[first + 1:] == eos).all()
     key = jax.random.key(1)
     sampled = generate(params, cfg, prompt, 6, temperature=1.0, key=key)
     np.testing.assert_array_equal(sampled, generate(params, cfg, prompt, 6, temperature=1.0,
