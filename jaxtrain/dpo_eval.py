@@ -110,6 +110,7 @@ class PreferenceEvaluator(Evaluator):
         return out
 
     def test(self, params, step: int, quant_state=None) -> dict:
+        """Preference data has no test split (pgs and MaxText evaluate held-out pairs only)."""
         return {}
 
     def _scores(self, s, params, quant_state) -> tuple[np.ndarray, ...]:

@@ -357,7 +357,8 @@ def _metrics_of(out):
 
 def test_precomputed_reference_scores_train_alike_and_are_cached(models, tmp_path):
     """dpo.precompute_reference: the same losses, rewards and validation as the reference kept
-    in memory (its scores ride in the batches instead), from a cache a later run reads back."""
+    in memory (its scores ride in the batches instead), cached in the run directory (a later
+    run reading the cache: tests/train/test_dpo_maxtext.py)."""
     from jaxtrain import train
 
     policy, ref = models
@@ -367,7 +368,7 @@ def test_precomputed_reference_scores_train_alike_and_are_cached(models, tmp_pat
     for name, extra in (("kept", []), ("pre", ["dpo.precompute_reference=true"])):
         cfg = tmp_path / f"{name}.yml"
         _config(tmp_path, policy, f"dataset: {data}, eval_dataset: {held}, eval_every: 2",
-                steps=4, batch=2, dpo_=f"reference_model: {ref}, ld_alpha: 0.5, beta: 0.5")
+                steps=3, batch=2, dpo_=f"reference_model: {ref}, ld_alpha: 0.5, beta: 0.5")
         (tmp_path / "pgs.yml").rename(cfg)
         text = cfg.read_text().replace(str(tmp_path / "out"), str(tmp_path / name))
         cfg.write_text(text.replace("warmup_ratio: 0", "warmup_ratio: 0, learning_rate: 1.0e-3, "
@@ -383,9 +384,7 @@ def test_precomputed_reference_scores_train_alike_and_are_cached(models, tmp_pat
             if key in a:
                 np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-5)
     assert any(abs(r.get("rewards/margins", 0)) > 1e-3 for r in runs["pre"])  # ref != policy
-    assert train.main([str(tmp_path / "pre.yml"), "dpo.precompute_reference=true",
-                       "train.max_steps=5"]) == 0     # a second run over the same pairs
-    assert "reference scores read from" in (tmp_path / "pre" / "jaxtrain.log").read_text()
+    assert any("val_loss" in r for r in runs["pre"])
 
 
 def test_field_names_reference_and_knobs_reach_the_run(models, tmp_path):
