@@ -196,3 +196,61 @@ def xtok(lq_N, chunk_N, teacher_chunk_lp_C, keep_C, weights_N, behaviour_N=None,
     stats = {"kl": k1, "k1": k1, "is_dropped": jnp.sum(~kept & on),
              "abs_log_ratio": jnp.sum(alr * on), "supervised": jnp.sum(on)}
     return jnp.sum(weights_N * loss * on), stats
+
+
+# ------------------------------------------------------------------- weights and topk support
+
+
+def sequence_weights(lengths, length_norm: bool):
+    """Each completion token's weight [sum(lengths)], as one batch's loss normalises: 1 / the
+    batch's tokens, or with ``loss.length_norm`` 1 / (its sequence's length x the batch's
+    sequences) (mean per sequence, then over sequences). Host-side: ``lengths`` concrete."""
+    lengths = jnp.asarray(lengths)
+    per_seq = (1.0 / (lengths * lengths.shape[0]) if length_norm
+               else jnp.full(lengths.shape, 1.0 / jnp.sum(lengths)))
+    return jnp.repeat(per_seq, lengths)
+
+
+def token_weighting(weights_N, mode: str, *, behaviour_N=None, entropy_N=None,
+                    sure_alpha: float = 1.0, entropy_keep: float = 0.2):
+    """``loss.token_weighting``'s factors on ``weights_N`` (held fixed): ``sure`` multiplies by
+    ``1 + sure_alpha (1 - p)``, p the rollout's probability of the sampled token; ``entropy``
+    keeps the ``entropy_keep`` share of the micro-batch's tokens with the highest student
+    entropy (ties at the threshold kept) and zeroes the rest; ``none`` leaves them."""
+    if mode == "none":
+        return weights_N
+    if mode == "sure":
+        if behaviour_N is None:
+            raise ValueError("loss.token_weighting sure needs the rollout's log-probs of the "
+                             "sampled tokens")
+        return weights_N * (1.0 + sure_alpha * (1.0 - jnp.exp(behaviour_N)))
+    if mode == "entropy":
+        keep = max(1, math.ceil(entropy_keep * entropy_N.shape[0]))
+        threshold = jax.lax.top_k(entropy_N, keep)[0][-1]
+        return weights_N * (entropy_N >= threshold)
+    raise ValueError(f"loss.token_weighting {mode!r}: none, sure or entropy")
+
+
+def token_entropy(params, hidden_ND, model_cfg, num_slices: int = 1):
+    """The student's entropy at each row [N] (float32, no gradient), a slice of rows at a
+    time."""
+    N = hidden_ND.shape[0]
+
+    def one(h_RD):
+        lp = jax.nn.log_softmax(logits_head(params, h_RD[None], model_cfg)[0]
+                                .astype(jnp.float32), -1)
+        return -jnp.sum(jnp.exp(lp) * lp, -1)
+
+    out = jax.lax.map(one, hidden_ND.reshape(num_slices, N // num_slices, -1))
+    return jax.lax.stop_gradient(out.reshape(N))
+
+
+def topk_support(topk_ids_NK, topk_lp_NK, teacher_ids_N, token_lp_N, shared: int):
+    """topk_kl's support as pgs builds it: the teacher's top-k plus the realised token (valid
+    only when not already among them), entries outside the shared vocabulary or with a
+    non-finite log-prob invalid. Returns (ids clipped to the vocabulary, log-probs, valid)."""
+    in_topk = jnp.any(topk_ids_NK == teacher_ids_N[:, None], 1, keepdims=True)
+    support = jnp.concatenate([topk_ids_NK, teacher_ids_N[:, None]], 1)
+    lp = jnp.concatenate([topk_lp_NK, token_lp_N[:, None]], 1)
+    valid = jnp.concatenate([jnp.isfinite(topk_lp_NK), ~in_topk], 1) & (support < shared)
+    return jnp.minimum(support, shared - 1), lp, valid

@@ -203,3 +203,40 @@ def test_over_rows_slices_give_the_whole_loss_and_gradient():
     lq = jax.nn.log_softmax(logits_head(params, hidden[None], cfg)[0].astype(jnp.float32), -1)
     kl = np.asarray(fn(lq, {"teacher": teacher, "targets": targets})[0])
     np.testing.assert_allclose(whole, (np.asarray(w) * kl).sum(), rtol=1e-5)
+
+
+def test_sequence_and_token_weights():
+    """length_norm's per-sequence mean, sure's 1 + alpha (1 - p), entropy's kept share (ties at
+    the threshold kept), as pgs's trainer weighs tokens."""
+    np.testing.assert_allclose(L.sequence_weights([2, 3], False), [0.2] * 5, rtol=1e-6)
+    np.testing.assert_allclose(L.sequence_weights([2, 3], True),
+                               [1 / 4, 1 / 4, 1 / 6, 1 / 6, 1 / 6], rtol=1e-6)
+    w = jnp.full((5,), 0.2)
+    behaviour = jnp.log(jnp.asarray([0.9, 0.5, 0.1, 1.0, 0.25]))
+    np.testing.assert_allclose(L.token_weighting(w, "sure", behaviour_N=behaviour, sure_alpha=2.0),
+                               0.2 * (1 + 2 * (1 - np.array([0.9, 0.5, 0.1, 1.0, 0.25]))),
+                               rtol=1e-6)
+    entropy = jnp.asarray([0.3, 2.0, 1.0, 1.0, 0.1])
+    np.testing.assert_allclose(L.token_weighting(w, "entropy", entropy_N=entropy,
+                                                 entropy_keep=0.4), [0, 0.2, 0.2, 0.2, 0])
+    np.testing.assert_allclose(L.token_weighting(w, "entropy", entropy_N=entropy,
+                                                 entropy_keep=0.01), [0, 0.2, 0, 0, 0])
+    assert L.token_weighting(w, "none") is w
+    with pytest.raises(ValueError, match="needs the rollout's log-probs"):
+        L.token_weighting(w, "sure")
+
+
+def test_token_entropy_and_topk_support():
+    cfg = tiny()
+    params = random_params(cfg)
+    hidden = jnp.asarray(np.random.default_rng(2).normal(size=(6, cfg.hidden_size)), jnp.float32)
+    lp = _lsm(np.asarray(logits_head(params, hidden[None], cfg)[0], np.float64))
+    np.testing.assert_allclose(L.token_entropy(params, hidden, cfg, num_slices=3),
+                               -(np.exp(lp) * lp).sum(-1), rtol=1e-5)
+    ids = jnp.asarray([[3, 5], [7, 9]])
+    tlp = jnp.asarray([[-0.5, -1.0], [-0.2, -jnp.inf]])
+    support, slp, valid = L.topk_support(ids, tlp, jnp.asarray([5, 2]),
+                                         jnp.asarray([-1.0, -3.0]), shared=9)
+    np.testing.assert_array_equal(support, [[3, 5, 5], [7, 8, 2]])   # 9 clipped to 8
+    np.testing.assert_array_equal(valid, [[True, True, False], [True, False, True]])
+    np.testing.assert_allclose(slp[:, 2], [-1.0, -3.0])

@@ -110,6 +110,8 @@ def _sources(path, overrides, primus_path) -> Sources:
     layers = maxtext.chain_layers(chain, _file_name(main_path), "file")
     # A base_config chain is MaxText's, even when it holds a dpo block as pgs files do.
     dialect = pgs.dialect_of(chain[-1][1]) if len(chain) == 1 else None
+    if dialect == "pgs-distill":
+        pgs.refuse_old_distill(chain[-1][1], str(main_path))
     if dialect is None:
         writes_maxtext = _defaults_count(layers) > 0 or any(
             data.get("framework") == "maxtext" for _, data in chain)

@@ -18,13 +18,46 @@ from jaxtrain.config.sources import FLAG, NAMED_SECTIONS, PGS_SECTIONS, Layer, S
 DISTILL_MARKERS = ("teachers", "sources", "rollout", "loss")
 
 
+# pgs distill's first config format (OPDConfig: model.teacher, bridge, data, sampling,
+# train.loss_fn) -> where each option lives now; pgs refuses such a file saying so.
+_SRC, _TEACHER = "sources.<name>.", "teachers.<name>."
+OLD_DISTILL_MOVES = {
+    "model.teacher": _TEACHER + "model", "model.teacher_device": _TEACHER + "device",
+    "bridge.eos_map": _TEACHER + "eos_map", "bridge.probe_texts": _TEACHER + "probe_texts",
+    "bridge.extra_stop_tokens": "model.stop_tokens",
+    "data.prompts_path": _SRC + "path (format: mcqa for the pool-row schema)",
+    **{f"data.{k}": _SRC + k for k in ("shots_path", "dev_size", "p_reference_shots",
+                                       "p_pool_shots", "pool_shots_max_k", "system_message")},
+    **{f"sampling.{k}": "rollout." + k for k in ("batch_prompts", "group_size", "temperature")},
+    "sampling.gen_micro_seqs": "rollout.micro_seqs",
+    **{f"sampling.{k}": _SRC + k for k in ("max_new_tokens", "cot_fraction",
+                                           "cot_max_new_tokens")},
+    "train.loss_fn": _TEACHER + "loss (full_kl is now full_rkl)",
+    "train.eval_dev_samples": "train.eval_samples",
+}
+_OLD_MARKERS = ("model.teacher", "model.teacher_device", "train.loss_fn", "data.prompts_path")
+
+
+def refuse_old_distill(mapping: dict, origin: str) -> None:
+    """A ConfigError naming where each option of a first-format pgs distill file moved, for a
+    file with ``bridge:``/``sampling:`` sections or the old ``model.teacher``-style keys."""
+    flat = {f"{k}.{sub}" for k, v in mapping.items() if isinstance(v, dict) for sub in v}
+    if not ({"bridge", "sampling"} & set(mapping) or flat & set(_OLD_MARKERS)):
+        return
+    moved = [f"{k} is now {OLD_DISTILL_MOVES[k]}" for k in sorted(flat) if k in OLD_DISTILL_MOVES]
+    raise ConfigError([f"{origin} is in pgs distill's first config format, which pgs no "
+                       "longer reads; move its options (teachers and sources are named "
+                       "mappings, e.g. teachers: {main: {model: ...}}):"] + moved)
+
+
 def dialect_of(mapping: dict) -> str | None:
     """"pgs-train", "pgs-distill", or None for a file without pgs sections."""
     sections = {k for k, v in mapping.items() if isinstance(v, dict)
-                and k in PGS_SECTIONS + NAMED_SECTIONS}
+                and k in PGS_SECTIONS + NAMED_SECTIONS + ("bridge", "sampling")}
     if not sections:
         return None
-    if sections & set(DISTILL_MARKERS) or "student" in (mapping.get("model") or {}):
+    if sections & set(DISTILL_MARKERS + ("bridge", "sampling")) or "student" in (
+            mapping.get("model") or {}):
         return "pgs-distill"
     return "pgs-train"
 
