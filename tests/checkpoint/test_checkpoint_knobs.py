@@ -171,6 +171,7 @@ def test_use_checkpoint_args_overrides(tmp_path):
     assert cfg["hidden_size"] == 16 and cfg["tokenizer_model"] == "/models/tok"
 
 
+@pytest.mark.slow
 def test_use_checkpoint_args_on_the_command_line(tmp_path, cli, write):
     save = tmp_path / "ckpt"
     loop.train(config("train_iters=2", f"save={save}", "normalization=RMSNorm"))

@@ -25,6 +25,7 @@ def dense(tmp_path_factory):
     return directory
 
 
+@pytest.mark.slow
 def test_upcycled_moe_starts_where_the_dense_model_is(dense, tmp_path):
     # the dense model's loss on the first batch from its trained weights (a pretrained start)
     ref = train(tmp_path / "ref", f"load={dense}", "finetune=true")[1]

@@ -374,6 +374,7 @@ def test_cli_prepares_and_training_reads_exactly_the_selection(tmp_path, model_d
     assert validation_data(other)[0].num_samples == 40
 
 
+@pytest.mark.slow
 def test_jsonl_output_random_strategy_and_a_training_run(tmp_path, model_dir, cli):
     raw = _chat_rows(24)
     data = write_jsonl(tmp_path / "chat.jsonl", raw)

@@ -23,6 +23,7 @@ print(json.dumps([aot_memory.analyse(None, tiny + [f"workspace={sys.argv[2]}", *
 """
 
 
+@pytest.mark.slow
 def test_fsdp_holds_an_eighth_of_the_parameters_per_device(tmp_path):
     done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(TINY), str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=600,

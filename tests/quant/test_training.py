@@ -132,6 +132,7 @@ def test_delayed_state_rides_along_the_weights():
                                                           "e5m2"))) is None
 
 
+@pytest.mark.slow
 def test_state_update_is_the_same_under_remat_and_unscanned_layers():
     """The overwrite-with-gradient update reaches every layer's slice whether the layers run
     under lax.scan, unrolled, or rematerialized."""

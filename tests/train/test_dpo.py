@@ -316,6 +316,7 @@ def _conditional_pairs(n=64):
             for r in task]
 
 
+@pytest.mark.slow
 def test_dpo_run_learns_the_preference(models, tmp_path):
     """Preference accuracy on the eval pairs rises from chance to > 90% (train and validation
     metrics); with sft_weight the chosen answers' log-probs rise rather than collapse."""
@@ -355,6 +356,7 @@ def _metrics_of(out):
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_precomputed_reference_scores_train_alike_and_are_cached(models, tmp_path):
     """dpo.precompute_reference: the same losses, rewards and validation as the reference kept
     in memory (its scores ride in the batches instead), cached in the run directory (a later

@@ -151,6 +151,7 @@ def test_maxtext_keys_reach_the_loss(folder):
     assert dpo.reference_name(cfg) == ""
 
 
+@pytest.mark.slow
 def test_precomputed_scores_of_the_starting_weights_survive_only_in_their_cache(folder):
     """dpo.precompute_reference without a named reference: the starting weights are scored
     before step 1; a resumed run reads the cache; without it, it stops with exit 2 (the weights

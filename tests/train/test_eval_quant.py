@@ -52,6 +52,7 @@ def test_eval_loss_is_the_training_loss_on_the_training_scales(trained):
     assert abs(float(ignored / count) - float(metrics["loss"])) > 1e-4
 
 
+@pytest.mark.slow
 def test_health_passes_use_the_training_scales(trained):
     """The output entropy (64 tokens = every token of the last microbatch here) is the one of
     the model's logits under the state's scales, and changes without the state."""

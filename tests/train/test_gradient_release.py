@@ -122,6 +122,7 @@ def test_cli_exits_2_naming_both_keys(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_compiled_step_needs_less_scratch_memory():
     """Where the gradients dominate (wide layers, short sequences), XLA's temporaries shrink:
     observed on the CPU compiler 42.8 -> 36.3 MB for 12.3 MB of parameters (about half a

@@ -150,6 +150,7 @@ def test_refuses_batch_above_one(setup):
                             jnp.tile(w, (2, 1)), cfg, 4)
 
 
+@pytest.mark.slow
 def test_step_with_seco_equals_the_plain_step():
     from tests.train.test_step import batch, model_cfg as step_model, train_cfg
     from jaxtrain.step import init_state, make_train_step

@@ -260,6 +260,7 @@ def test_pgs_refuses_these_combinations(tmp_path, model_dir, extra, message):
         _config(tmp_path, model_dir, "", "plugins.deft=true", "data.turn_scaling=progressive")
 
 
+@pytest.mark.slow
 def test_ga_ramp_grows_accumulation_with_progress(tmp_path, model_dir):
     from jaxtrain.optim.schedules import ga_ramp_sizes
 
@@ -313,6 +314,7 @@ def test_datasets_saved_to_disk(tmp_path, model_dir):
         training_data(_config(tmp_path, model_dir, f"dataset: {whole}, dataset_split: dev"))
 
 
+@pytest.mark.slow
 def test_workers_encode_large_sources_in_order(tmp_path, model_dir, monkeypatch):
     rows = pair_task(10) + [{"messages": []}] + pair_task(5, seed=3)
     data = write_jsonl(tmp_path / "chat.jsonl", rows)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
@@ -43,6 +45,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_hf_weights_land_sharded(tmp_path):
     env = {"PYTHONPATH": f"{ROOT}:{HERE}", "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin",
            "HF_HOME": str(tmp_path / "hf")}
