@@ -344,6 +344,7 @@ def test_on_in_pgs_configs_off_elsewhere_unless_set(run, pgs_file, tmp_path):
 
 # ---- end to end --------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_training_rows_carry_health_fields(pgs_file, tmp_path):
     cfg = pgs_config(pgs_file, tmp_path, "train_iters=6", "logging.health_tier2_every=2",
                      "logging.health_tier3_every=3", "logging.rl_readiness=true")

@@ -54,6 +54,7 @@ def check_close(losses, reference, steps):
     assert losses != reference  # the quantization did change the numbers
 
 
+@pytest.mark.slow
 def test_fp8_hybrid_delayed_trains_saves_and_resumes_exactly(tmp_path, unquantized):
     """fp8=hybrid with the delayed recipe: within MARGIN of the unquantized run; its amax
     histories and scales are checkpointed, and a run stopped at step 6 and resumed from the

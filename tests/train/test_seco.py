@@ -102,6 +102,7 @@ def _spaco_reference(params, tok, tgt, w, selected, s):
     return jax.grad(total)(params)
 
 
+@pytest.mark.slow
 def test_spaco_relays_scaled_cotangents_of_the_drawn_chunks(setup):
     cfg, params, tok, tgt, w, ref_loss, ref_grads = setup
     chunk, budget, n = 4, 3, 5

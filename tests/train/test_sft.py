@@ -108,6 +108,7 @@ def learned(tmp_path_factory):
     return root, model, rows, _in(root, ["sft.yml"])
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_the_assistant_answers(learned):
     """Greedy generation before/after SFT on the pairing task (16 questions, one answer each)."""
     root, model, rows, code = learned
@@ -117,6 +118,7 @@ def test_tiny_model_learns_the_assistant_answers(learned):
     assert before <= 0.25 and after >= 0.9
 
 
+@pytest.mark.slow
 def test_final_model_logits_match_transformers(learned):
     root, model, rows, _ = learned
     final = root / "out" / "final"
