@@ -113,25 +113,31 @@ def rs_kd_rows(lq_RV, sample_ids_RS, sample_w_RS, sample_lp_RS, teacher_token_lp
     return kl, _pick(lq, targets_R) - teacher_token_lp_R
 
 
+def row_logps(params, h_RD, model_cfg):
+    """log-softmax [R, V] (float32) of the output layer on hidden-state rows [R, D]."""
+    return jax.nn.log_softmax(logits_head(params, h_RD[None], model_cfg)[0].astype(jnp.float32),
+                              -1)
+
+
+def slices(tree, num_slices: int):
+    """Every [N, ...] leaf of ``tree`` as [num_slices, N / num_slices, ...] (for ``lax.map``)."""
+    N = jax.tree.leaves(tree)[0].shape[0]
+    if N % num_slices:
+        raise ValueError(f"{N} completion rows are not divisible into {num_slices} slices")
+    return jax.tree.map(lambda x: x.reshape(num_slices, N // num_slices, *x.shape[1:]), tree)
+
+
 def over_rows(params, hidden_ND, model_cfg, weights_N, rows: dict,
               fn: Callable[[jax.Array, dict], tuple[jax.Array, dict]], num_slices: int = 1):
     """``sum_t w[t] loss[t]`` and the stats' sums, ``fn(log_softmax(student logits) [R, V],
     rows slice) -> (loss [R], {name: [R]})`` run one slice of rows at a time (N divisible by
     ``num_slices``) under ``jax.checkpoint``; ``rows`` holds [N, ...] arrays sliced alike."""
-    N = hidden_ND.shape[0]
-    if N % num_slices:
-        raise ValueError(f"{N} completion rows are not divisible into {num_slices} slices")
-
     def one(args):
         h_RD, w_R, r = args
-        logits = logits_head(params, h_RD[None], model_cfg)[0].astype(jnp.float32)
-        loss_R, stats = fn(jax.nn.log_softmax(logits, -1), r)
+        loss_R, stats = fn(row_logps(params, h_RD, model_cfg), r)
         return jnp.sum(w_R * loss_R), {k: jnp.sum(v) for k, v in stats.items()}
 
-    def split(x):
-        return x.reshape(num_slices, N // num_slices, *x.shape[1:])
-
-    args = jax.tree.map(split, (hidden_ND, weights_N, rows))
+    args = slices((hidden_ND, weights_N, rows), num_slices)
     if num_slices == 1:
         return one(jax.tree.map(lambda x: x[0], args))
     losses, stats = jax.lax.map(jax.checkpoint(one), args)
@@ -234,15 +240,12 @@ def token_weighting(weights_N, mode: str, *, behaviour_N=None, entropy_N=None,
 def token_entropy(params, hidden_ND, model_cfg, num_slices: int = 1):
     """The student's entropy at each row [N] (float32, no gradient), a slice of rows at a
     time."""
-    N = hidden_ND.shape[0]
-
     def one(h_RD):
-        lp = jax.nn.log_softmax(logits_head(params, h_RD[None], model_cfg)[0]
-                                .astype(jnp.float32), -1)
+        lp = row_logps(params, h_RD, model_cfg)
         return -jnp.sum(jnp.exp(lp) * lp, -1)
 
-    out = jax.lax.map(one, hidden_ND.reshape(num_slices, N // num_slices, -1))
-    return jax.lax.stop_gradient(out.reshape(N))
+    out = jax.lax.map(one, slices(hidden_ND, num_slices))
+    return jax.lax.stop_gradient(out.reshape(hidden_ND.shape[0]))
 
 
 def topk_support(topk_ids_NK, topk_lp_NK, teacher_ids_N, token_lp_N, shared: int):

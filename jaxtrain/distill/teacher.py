@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxtrain.models.transformer import logits_head
+from jaxtrain.distill.losses import row_logps, slices
 
 
 def sample_draws(logp_RV, rounds: int, temperature: float, key):
@@ -32,17 +32,13 @@ def score(params, hidden_ND, targets_N, model_cfg, *, top_k: int = 0, rounds: in
           temperature: float = 1.0, key=None, num_slices: int = 1) -> dict:
     """{"token_lp" [N]; "topk_ids", "topk_lp" [N, top_k] with ``top_k``; "sample_ids",
     "sample_weights", "sample_lp" [N, rounds] with ``rounds`` (``key`` needed)} in float32."""
-    N = hidden_ND.shape[0]
-    if N % num_slices:
-        raise ValueError(f"{N} completion rows are not divisible into {num_slices} slices")
     if rounds and key is None:
         raise ValueError("rs_kd's draws need a PRNG key")
     keys = jax.random.split(key if key is not None else jax.random.key(0), num_slices)
 
     def one(args):
         h_RD, t_R, k = args
-        logp = jax.nn.log_softmax(
-            logits_head(params, h_RD[None], model_cfg)[0].astype(jnp.float32), -1)
+        logp = row_logps(params, h_RD, model_cfg)
         out = {"token_lp": jnp.take_along_axis(logp, t_R[:, None], axis=1)[:, 0]}
         if top_k:
             out["topk_lp"], out["topk_ids"] = jax.lax.top_k(logp, top_k)
@@ -51,8 +47,5 @@ def score(params, hidden_ND, targets_N, model_cfg, *, top_k: int = 0, rounds: in
                 logp, rounds, temperature, k)
         return out
 
-    def split(x):
-        return x.reshape(num_slices, N // num_slices, *x.shape[1:])
-
-    got = jax.lax.map(one, (split(hidden_ND), split(targets_N), keys))
-    return {k: v.reshape(N, *v.shape[2:]) for k, v in got.items()}
+    got = jax.lax.map(one, (*slices((hidden_ND, targets_N), num_slices), keys))
+    return {k: v.reshape(hidden_ND.shape[0], *v.shape[2:]) for k, v in got.items()}
