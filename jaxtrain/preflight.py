@@ -95,6 +95,13 @@ def _dpo_reference(cfg, model_cfg) -> None:
         hf_init.check_vocab(path, model_cfg)
 
 
+def _distill(cfg) -> None:
+    """A pgs distill run's sources, tokenizers, teachers and their vocabularies."""
+    from jaxtrain.distill.plan import plan
+
+    plan(cfg)
+
+
 def preflight(cfg, world_size: int | None = None) -> None:
     """Build every device-free part of the run; raise one ConfigError with all problems.
 
@@ -129,8 +136,11 @@ def preflight(cfg, world_size: int | None = None) -> None:
 
     tcfg = attempt("training", lambda: TrainConfig.from_config(cfg))
     attempt("trackers", lambda: check_trackers(cfg))
-    plan = attempt("data", lambda: data_plan(cfg))
-    if tcfg is not None:
+    distill = cfg.dialect == "pgs-distill"
+    plan = attempt("data", lambda: data_plan(cfg)) if not distill else None
+    if distill:
+        attempt("distillation", lambda: _distill(cfg))
+    elif tcfg is not None:
         attempt("validation", lambda: _validation(cfg, tcfg, world_size or smallest_job(cfg)))
     vocab = plan.vocab_size if plan is not None else cfg.get("vocab_size")
     model_cfg = None

@@ -149,7 +149,10 @@ def _train(cfg, path, overrides, primus_path, logger) -> int:
 
         cfg, _ = _checked(path, [*overrides, *checkpoint_overrides(cfg)], jax.device_count(),
                           primus_path)
-        from jaxtrain.loop import train
+        if cfg.dialect == "pgs-distill":
+            from jaxtrain.distill.run import train
+        else:
+            from jaxtrain.loop import train
 
         train(cfg, logger)
     except ConfigError as e:

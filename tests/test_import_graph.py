@@ -44,6 +44,8 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     # flags are written and the multi-process job is joined.
     ("jaxtrain.train", "jaxtrain.checkpoint_args"): LAZY + " (CLI start-up)",
     ("jaxtrain.train", "jaxtrain.loop"): LAZY + " (CLI start-up)",
+    ("jaxtrain.train", "jaxtrain.distill.run"): LAZY + " (CLI start-up)",
+    ("jaxtrain.preflight", "jaxtrain.distill.plan"): LAZY + " (preflight)",
     # The CLI imports preflight at start-up; what preflight checks (and JAX with it) loads
     # only once a config has resolved, so --help and config errors answer without JAX.
     ("jaxtrain.preflight", "jaxtrain.data.sources"): LAZY + " (preflight)",

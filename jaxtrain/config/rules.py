@@ -243,6 +243,13 @@ def iterations(c: Context):
 
 
 def batch(c: Context):
+    if c.dialect == "pgs-distill":   # a step's sequences are its rollouts, scored in micro-batches
+        c.set("global_batch_size", c.get("rollout.batch_prompts", 32)
+              * c.get("rollout.group_size", 1))
+        c.derived["num_microbatches"] = 1
+        if c.world_size is not None:
+            c.derived["data_parallel_size"] = c.world_size
+        return
     mbs = c.get("micro_batch_size", 1)
     accum = c.get("train.gradient_accumulation_steps")
     if accum and not c.explicit("train.gradient_accumulation_steps") and c.explicit(

@@ -113,10 +113,11 @@ def rs_kd_rows(lq_RV, sample_ids_RS, sample_w_RS, sample_lp_RS, teacher_token_lp
     return kl, _pick(lq, targets_R) - teacher_token_lp_R
 
 
-def row_logps(params, h_RD, model_cfg):
-    """log-softmax [R, V] (float32) of the output layer on hidden-state rows [R, D]."""
-    return jax.nn.log_softmax(logits_head(params, h_RD[None], model_cfg)[0].astype(jnp.float32),
-                              -1)
+def row_logps(params, h_RD, model_cfg, temperature: float = 1.0):
+    """log-softmax [R, V] (float32) of the output layer on hidden-state rows [R, D], the
+    logits divided by ``temperature`` (the rollout's: the student as it was sampled)."""
+    logits = logits_head(params, h_RD[None], model_cfg)[0].astype(jnp.float32)
+    return jax.nn.log_softmax(logits if temperature == 1.0 else logits / temperature, -1)
 
 
 def slices(tree, num_slices: int):
@@ -128,13 +129,15 @@ def slices(tree, num_slices: int):
 
 
 def over_rows(params, hidden_ND, model_cfg, weights_N, rows: dict,
-              fn: Callable[[jax.Array, dict], tuple[jax.Array, dict]], num_slices: int = 1):
-    """``sum_t w[t] loss[t]`` and the stats' sums, ``fn(log_softmax(student logits) [R, V],
-    rows slice) -> (loss [R], {name: [R]})`` run one slice of rows at a time (N divisible by
-    ``num_slices``) under ``jax.checkpoint``; ``rows`` holds [N, ...] arrays sliced alike."""
+              fn: Callable[[jax.Array, dict], tuple[jax.Array, dict]], num_slices: int = 1,
+              temperature: float = 1.0):
+    """``sum_t w[t] loss[t]`` and the stats' sums, ``fn(log_softmax(student logits /
+    temperature) [R, V], rows slice) -> (loss [R], {name: [R]})`` run one slice of rows at a
+    time (N divisible by ``num_slices``) under ``jax.checkpoint``; ``rows`` holds [N, ...]
+    arrays sliced alike."""
     def one(args):
         h_RD, w_R, r = args
-        loss_R, stats = fn(row_logps(params, h_RD, model_cfg), r)
+        loss_R, stats = fn(row_logps(params, h_RD, model_cfg, temperature), r)
         return jnp.sum(w_R * loss_R), {k: jnp.sum(v) for k, v in stats.items()}
 
     args = slices((hidden_ND, weights_N, rows), num_slices)
@@ -218,11 +221,12 @@ def sequence_weights(lengths, length_norm: bool):
 
 
 def token_weighting(weights_N, mode: str, *, behaviour_N=None, entropy_N=None,
-                    sure_alpha: float = 1.0, entropy_keep: float = 0.2):
+                    sure_alpha: float = 1.0, entropy_keep: float = 0.2, valid_N=None):
     """``loss.token_weighting``'s factors on ``weights_N`` (held fixed): ``sure`` multiplies by
     ``1 + sure_alpha (1 - p)``, p the rollout's probability of the sampled token; ``entropy``
     keeps the ``entropy_keep`` share of the micro-batch's tokens with the highest student
-    entropy (ties at the threshold kept) and zeroes the rest; ``none`` leaves them."""
+    entropy (ties at the threshold kept) and zeroes the rest; ``none`` leaves them.
+    ``valid_N``: the real tokens of a padded micro-batch (the share counts only them)."""
     if mode == "none":
         return weights_N
     if mode == "sure":
@@ -231,17 +235,21 @@ def token_weighting(weights_N, mode: str, *, behaviour_N=None, entropy_N=None,
                              "sampled tokens")
         return weights_N * (1.0 + sure_alpha * (1.0 - jnp.exp(behaviour_N)))
     if mode == "entropy":
-        keep = max(1, math.ceil(entropy_keep * entropy_N.shape[0]))
-        threshold = jax.lax.top_k(entropy_N, keep)[0][-1]
-        return weights_N * (entropy_N >= threshold)
+        if valid_N is None:
+            valid_N = jnp.ones(entropy_N.shape, bool)
+        count = jnp.sum(valid_N)
+        keep = jnp.maximum(1, jnp.ceil(entropy_keep * count - 1e-6)).astype(jnp.int32)
+        ranked = jnp.sort(jnp.where(valid_N, entropy_N, -jnp.inf))[::-1]
+        threshold = ranked[jnp.minimum(keep, count) - 1]
+        return weights_N * ((entropy_N >= threshold) & valid_N)
     raise ValueError(f"loss.token_weighting {mode!r}: none, sure or entropy")
 
 
-def token_entropy(params, hidden_ND, model_cfg, num_slices: int = 1):
+def token_entropy(params, hidden_ND, model_cfg, num_slices: int = 1, temperature: float = 1.0):
     """The student's entropy at each row [N] (float32, no gradient), a slice of rows at a
     time."""
     def one(h_RD):
-        lp = row_logps(params, h_RD, model_cfg)
+        lp = row_logps(params, h_RD, model_cfg, temperature)
         return -jnp.sum(jnp.exp(lp) * lp, -1)
 
     out = jax.lax.map(one, slices(hidden_ND, num_slices))

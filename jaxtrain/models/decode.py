@@ -208,7 +208,7 @@ def decode_step(params, cfg, tokens, cache, *, quant_state=None, pad=None):
 
 def generate(params, cfg, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
              key=None, eos_id=None, quant_state=None, return_logits: bool = False,
-             pad=None):
+             pad=None, return_logprobs: bool = False):
     """``max_new_tokens`` tokens [B, max_new_tokens] continuing prompt_ids [B,P], under jit.
 
     Ragged prompts: ``prompt_ids, pad = left_pad(prompts)`` and ``pad=pad``; each row then
@@ -218,7 +218,9 @@ def generate(params, cfg, prompt_ids, max_new_tokens: int, *, temperature: float
     softmax(logits / temperature) with PRNG ``key``. ``eos_id``: a stop token, or several
     (end of turn, the tokenizer's and the generation config's eos); a row that produced one
     keeps producing the first. ``return_logits`` also returns each step's float32 logits
-    [B, max_new_tokens, V] (the distribution each new token was picked from). The cache
+    [B, max_new_tokens, V] (the distribution each new token was picked from);
+    ``return_logprobs`` returns each picked token's float32 log-probability [B, max_new_tokens]
+    under softmax(logits / temperature) (the rollout policy; greedy: temperature 1). The cache
     follows ``cfg.quantize_kvcache`` / ``kv_quant_axis`` / ``kv_quant_dtype``.
     """
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
@@ -242,39 +244,46 @@ def generate(params, cfg, prompt_ids, max_new_tokens: int, *, temperature: float
         if pad.shape != prompt_ids.shape[:1]:
             raise ValueError(f"pad must be [batch] = [{prompt_ids.shape[0]}], got {pad.shape}")
     stops = [int(i) for i in np.atleast_1d(np.asarray(eos_id if eos_id is not None else []))]
-    out = _generate(params, prompt_ids, key, jnp.float32(temperature),
-                    jnp.asarray(stops or [-1], jnp.int32), quant_state, pad, cfg=cfg,
-                    n=max_new_tokens)
-    return out if return_logits else out[0]
+    tokens, logprobs, logits = _generate(
+        params, prompt_ids, key, jnp.float32(temperature), jnp.asarray(stops or [-1], jnp.int32),
+        quant_state, pad, cfg=cfg, n=max_new_tokens, keep_logits=return_logits)
+    out = (tokens, *([logits] if return_logits else []), *([logprobs] if return_logprobs else []))
+    return out if len(out) > 1 else tokens
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "n"))
-def _generate(params, prompt_ids, key, temperature, eos_id, quant_state, pad, *, cfg, n):
-    """`generate` under jit; temperature and the stop ids eos_id [K] (-1: none) are traced, so
-    changing them does not recompile (another number of stop ids does)."""
+@functools.partial(jax.jit, static_argnames=("cfg", "n", "keep_logits"))
+def _generate(params, prompt_ids, key, temperature, eos_id, quant_state, pad, *, cfg, n,
+              keep_logits):
+    """`generate` under jit: (tokens, their log-probs, the logits or None); temperature and the
+    stop ids eos_id [K] (-1: none) are traced, so changing them does not recompile (another
+    number of stop ids does)."""
     B, P = prompt_ids.shape
     cache = init_cache(cfg, B, P + n - 1)
     keys = jax.random.split(key, n)
     inv_t = 1.0 / jnp.where(temperature > 0, temperature, 1.0)
 
     def pick(logits, k, done):
-        sampled = jax.random.categorical(k, logits * inv_t, -1)
+        scaled = logits.astype(jnp.float32) * inv_t
+        sampled = jax.random.categorical(k, scaled, -1)
         tok = jnp.where(temperature > 0, sampled, jnp.argmax(logits, -1)).astype(jnp.int32)
         tok = jnp.where(done, eos_id[0], tok)
+        lp = jnp.take_along_axis(jax.nn.log_softmax(scaled, -1), tok[:, None], 1)[:, 0]
         stop = jnp.any((tok[:, None] == eos_id[None, :]) & (eos_id[None, :] >= 0), -1)
-        return tok, done | stop
+        return tok, lp, done | stop
 
     logits, cache = prefill(params, cfg, prompt_ids, cache, quant_state=quant_state, pad=pad)
-    first, done = pick(logits, keys[0], jnp.zeros((B,), bool))
+    first, first_lp, done = pick(logits, keys[0], jnp.zeros((B,), bool))
 
     def body(carry, k):
         tok, cache, done = carry
         logits, cache = decode_step(params, cfg, tok[:, None], cache, quant_state=quant_state,
                                     pad=pad)
-        nxt, done = pick(logits, k, done)
-        return (nxt, cache, done), (nxt, logits)
+        nxt, lp, done = pick(logits, k, done)
+        return (nxt, cache, done), (nxt, lp, logits if keep_logits else None)
 
-    _, (toks, step_logits) = jax.lax.scan(body, (first, cache, done), keys[1:])
+    _, (toks, lps, step_logits) = jax.lax.scan(body, (first, cache, done), keys[1:])
     tokens = jnp.concatenate([first[:, None], toks.T], 1)
-    all_logits = jnp.concatenate([logits[:, None], jnp.moveaxis(step_logits, 0, 1)], 1)
-    return tokens, all_logits
+    logprobs = jnp.concatenate([first_lp[:, None], lps.T], 1)
+    all_logits = (jnp.concatenate([logits[:, None], jnp.moveaxis(step_logits, 0, 1)], 1)
+                  if keep_logits else None)
+    return tokens, logprobs, all_logits

@@ -106,8 +106,8 @@ def test_non_default_values_stop_planned_and_rejected_knobs(status):
 
 
 def test_templated_planned_knob_stops():
-    with pytest.raises(ConfigError, match=r"not implemented yet: teachers\.big\.model"):
-        load_config(None, ["--teachers.big.model", "Qwen/Qwen3-8B"])
+    with pytest.raises(ConfigError, match=r"not implemented yet: sources\.big\.max_context"):
+        load_config(None, ["--sources.big.max_context", "1024"])
 
 
 def test_inert_knobs_warn_and_run():

@@ -343,7 +343,7 @@ KNOBS = [
 
     # Distillation student extras (pgs-distill)
     K("model.stop_tokens", "list[str]", [], "Extra student tokens that end a sampled completion.",
-      "pgs-distill", issue=22),
+      "pgs-distill", status=HONORED),
     K("model.chat_template_kwargs", "dict", {}, "Extra keyword arguments for every "
-      "apply_chat_template call, e.g. enable_thinking.", "pgs-distill", issue=22),
+      "apply_chat_template call, e.g. enable_thinking.", "pgs-distill", status=HONORED),
 ]
