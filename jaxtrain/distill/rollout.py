@@ -55,6 +55,7 @@ class Sampler:
         self.cfg, self.tok, self.stops = model_cfg, tok, tuple(stop_ids)
         self.micro_seqs, self.kwargs = micro_seqs, chat_template_kwargs
         self.generated = 0          # tokens sampled so far (completion tokens kept)
+        self.calls = 0              # generate() calls so far
 
     def render(self, prompt: Prompt) -> list[int]:
         return render(self.tok, prompt.messages, self.kwargs)
@@ -81,6 +82,7 @@ class Sampler:
         return out
 
     def _call(self, params, jobs, budget: int, key, temperature: float) -> list[Rollout]:
+        self.calls += 1
         rows = rows_bucket(len(jobs), self.micro_seqs)
         prompts = [ids for _, ids in jobs] + [jobs[0][1]] * (rows - len(jobs))
         width = bucket(max(len(p) for p in prompts))

@@ -104,7 +104,7 @@ class Distiller:
                                      self.optimizer, self.abstract, self.shardings, on_device)
 
     def _update(self, state, grads):
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         lr = self.schedule(state.opt_step)
         trained = trainable(state.params)
         updates, opt_state = self.optimizer.update(trainable(grads), state.opt_state, trained)

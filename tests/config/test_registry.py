@@ -138,7 +138,9 @@ def _exercised(name: str, text: str) -> bool:
     pgs key appears as its section's YAML entry (``section: {key: ...}``)."""
     import re
 
-    name = name.replace("<name>", "")
+    if "<name>" in name:   # a templated key, written with some name in its place
+        pattern = re.escape(name).replace(re.escape("<name>"), r"[A-Za-z0-9_]+")
+        return bool(re.search(r"(?<![A-Za-z0-9_.])" + pattern + r"(?![A-Za-z0-9_])", text))
     if re.search(r"(?<![A-Za-z0-9_.])" + re.escape(name) + r"(?![A-Za-z0-9_])", text):
         return True
     if "." in name:
