@@ -204,7 +204,8 @@ def learning_rate(c: Context):
         c.error("lr_decay_iters and lr_decay_samples are exclusive")
     decay = c.get("lr_decay_iters") or c.get("train_iters")
     warmup = c.get("lr_warmup_iters")
-    if decay and warmup and warmup >= decay:
+    # (pgs distill warms up with (step + 1) / warmup, whatever the run's length)
+    if decay and warmup and warmup >= decay and c.dialect != "pgs-distill":
         given = "" if c.explicit("lr_warmup_iters") else ", Primus's default"
         c.error(f"lr_warmup_iters ({warmup}{given}) must be smaller than the decay horizon "
                 f"(lr_decay_iters or train_iters: {decay}); set lr_warmup_iters lower")
