@@ -112,6 +112,21 @@ class ByteChunks:
         self.student_bytes = token_bytes(student_tok)
         self.teacher_bytes = token_bytes(teacher_tok)
 
+    def teacher_to_student(self, student_eot: int):
+        """[teacher vocabulary] -> the student id spelling the same bytes (the teacher's end of
+        turn -> ``student_eot``), -1 where none does: xtok's dense term compares the teacher's
+        top-k with the student's probabilities of the same text."""
+        import numpy as np
+
+        by_bytes = {}
+        for i, b in enumerate(self.student_bytes):
+            if b:
+                by_bytes.setdefault(b, i)
+        out = np.asarray([by_bytes.get(b, -1) if b else -1 for b in self.teacher_bytes],
+                         np.int32)
+        out[self.teacher_eot] = student_eot
+        return out
+
     def clean(self, ids) -> list[int]:
         """Through the first stop id, or before an id past the tokenizer (padded embedding
         rows a sampler can draw spell no text)."""

@@ -34,6 +34,7 @@ class TeacherPlan:
     config: dict | None             # hf backend: its config.json
     bridge: Bridge | None = None    # shared vocabulary
     chunks: ByteChunks | None = None   # xtok
+    to_student: Any = None          # xtok's dense term: teacher id -> student id (-1: none)
 
     @property
     def shared(self) -> bool:
@@ -141,6 +142,8 @@ def _teacher(spec: Teacher, student_tok, stops, s: Settings) -> TeacherPlan:
             raise ConfigError(f"{spec.key}: the teacher's tokenizer has no end-of-turn or eos "
                               "token to score the student's stop with")
         plan.chunks = ByteChunks(student_tok, tok, stops, eot, s.loss.mask_whitespace)
+        if s.loss.xtok_dense_weight > 0:
+            plan.to_student = plan.chunks.teacher_to_student(stops[0])
     log.info("%s: loss %s (%s backend)", spec.key, loss, spec.backend)
     return plan
 

@@ -362,6 +362,9 @@ def _row(d: Distiller, it: int, batch: Batch, host: dict, dropped: int, waited: 
         row[f"k1/{name}"] = float(s["k1"]) / max(n, 1.0)
         if "residual" in s:
             row[f"residual_mass/{name}"] = float(s["residual"]) / max(n, 1.0)
+        if "dense_rows" in s:
+            row[f"dense_kl/{name}"] = float(s["dense_kl"]) / max(float(s["dense_rows"]), 1.0)
+            row[f"dense_fraction/{name}"] = float(s["dense_rows"]) / max(n, 1.0)
         if "is_dropped" in s:
             row[f"is_dropped/{name}"] = float(s["is_dropped"]) / max(n, 1.0)
             row[f"abs_log_ratio/{name}"] = float(s["abs_log_ratio"]) / max(n, 1.0)

@@ -99,17 +99,22 @@ def micro_batch(items: list[Item], weights: list[list[float]], S: int, xtok: boo
         return out
     N_t = pow2(len(t_rows))
     chunk, t_chunk, keep, base = [], [], [], 0
+    dense = np.full((N,), -1, np.int32)    # one-to-one chunks: the teacher row of a student row
+    s_off = t_off = 0
     for it in items:
         c = it.chunks
         chunk += [base + x if x >= 0 else -1 for x in c.student]
         t_chunk += [base + x if x >= 0 else -1 for x in c.teacher]
         keep += c.keep
         base += len(c.keep)
+        for i, j in c.one_to_one:
+            dense[s_off + i] = t_off + j
+        s_off, t_off = s_off + len(it.completion), t_off + len(it.teacher_completion)
     C = pow2(base)
     out.update(t_rows=_padded(t_rows, N_t),
                t_targets=_padded(flat(lambda it: it.teacher_completion), N_t),
                chunk=_padded(chunk, N, -1), t_chunk=_padded(t_chunk, N_t, -1),
-               keep=_padded(keep, C, False, bool))
+               keep=_padded(keep, C, False, bool), dense=dense)
     return out
 
 
@@ -124,19 +129,23 @@ def _rows_of(h, rows):
 @functools.partial(jax.jit, static_argnames=("cfg", "kind", "top_k", "rounds", "temperature",
                                               "shared"))
 def features(params, batch: dict, key, *, cfg, kind: str, top_k: int = 0, rounds: int = 0,
-             temperature: float = 1.0, shared: int = 0) -> dict:
-    """What a JAX teacher gives ``kind``'s loss for a micro-batch (no gradient)."""
+             temperature: float = 1.0, shared: int = 0, to_student=None) -> dict:
+    """What a JAX teacher gives ``kind``'s loss for a micro-batch (no gradient); xtok with
+    ``to_student`` (the teacher -> student id map) adds the dense term's top-k."""
     h = _rows_of(hidden_states(params, batch["t_tokens"], cfg), batch["t_rows"])
     if kind == "full_rkl":
         return {"t_h": h}
-    got = T.score(params, h, batch["t_targets"], cfg, top_k=top_k if kind == "topk_kl" else 0,
+    dense = kind == "xtok" and to_student is not None
+    got = T.score(params, h, batch["t_targets"], cfg,
+                  top_k=top_k if kind == "topk_kl" or dense else 0,
                   rounds=rounds if kind == "rs_kd" else 0, temperature=temperature, key=key,
                   num_slices=_slices(h.shape[0]))
-    return finish(got, batch, kind, shared)
+    return finish(got, batch, kind, shared, to_student)
 
 
-def finish(got: dict, batch: dict, kind: str, shared: int) -> dict:
-    """Teacher scores -> the loss's inputs: topk_kl's support, xtok's chunk log-probs."""
+def finish(got: dict, batch: dict, kind: str, shared: int, to_student=None) -> dict:
+    """Teacher scores -> the loss's inputs: topk_kl's support, xtok's chunk log-probs (and with
+    ``to_student`` the dense term's teacher top-k at one-to-one chunks, in student ids)."""
     if kind == "topk_kl":
         ids, lp, valid = L.topk_support(got["topk_ids"], got["topk_lp"], batch["t_targets"],
                                         got["token_lp"], shared)
@@ -145,7 +154,14 @@ def finish(got: dict, batch: dict, kind: str, shared: int) -> dict:
     if kind == "xtok":
         C = batch["keep"].shape[0]
         seg = jnp.where(batch["t_chunk"] >= 0, batch["t_chunk"], C)
-        return {"chunk_lp": jax.ops.segment_sum(got["token_lp"], seg, num_segments=C + 1)[:C]}
+        out = {"chunk_lp": jax.ops.segment_sum(got["token_lp"], seg, num_segments=C + 1)[:C]}
+        if to_student is not None:
+            at = jnp.maximum(batch["dense"], 0)
+            ids = jnp.asarray(to_student)[got["topk_ids"][at]]          # [N, K] student ids
+            out.update(dense_ids=jnp.maximum(ids, 0), dense_lp=got["topk_lp"][at],
+                       dense_valid=(ids >= 0) & jnp.isfinite(got["topk_lp"][at])
+                       & (batch["dense"] >= 0)[:, None])
+        return out
     return got
 
 
@@ -202,4 +218,25 @@ def student_loss(params, batch: dict, feats: dict, head, *, cfg, kind: str, loss
             value, stats = L.xtok(lq, batch["chunk"], feats["chunk_lp"], batch["keep"], w,
                                   batch["behaviour"], loss.xtok_spread, loss.is_low,
                                   loss.is_high)
+            if "dense_ids" in feats:
+                dense, dense_stats = _dense(params, h, cfg, w, feats, loss, temperature)
+                value = value + loss.xtok_dense_weight * dense
+                stats = {**stats, **dense_stats}
     return value, {**stats, "tokens": jnp.sum(valid).astype(jnp.float32)}
+
+
+def _dense(params, h, cfg, w, feats, loss, temperature):
+    """xtok's dense term: at chunks of one token on each side, the top-k KL between the
+    student and the teacher's top-k (mapped to student ids; a tail bucket holds the rest)."""
+    on = jnp.any(feats["dense_valid"], -1)
+    rows = {k: feats[k] for k in ("dense_ids", "dense_lp", "dense_valid")}
+
+    def fn(lq, r):
+        lq_k = jnp.take_along_axis(lq, r["dense_ids"], 1)
+        kl = L.coarse_kl(lq_k, r["dense_lp"], r["dense_valid"], loss.beta)
+        live = jnp.any(r["dense_valid"], -1)
+        return jnp.where(live, kl, 0.0), {"dense_kl": jnp.where(live, kl, 0.0)}
+
+    value, stats = L.over_rows(params, h, cfg, w * on, rows, fn, _slices(h.shape[0]),
+                               temperature)
+    return value, {**stats, "dense_rows": jnp.sum(on).astype(jnp.float32)}

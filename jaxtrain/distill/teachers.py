@@ -48,7 +48,8 @@ class HFTeacher:
         out = [scoring.features(params, jax.tree.map(jnp.asarray, b), jax.random.fold_in(key, i),
                                 cfg=self.cfg, kind=kind, top_k=self.loss.top_k,
                                 rounds=self.loss.rs_rounds,
-                                temperature=self.loss.rs_temperature, shared=shared)
+                                temperature=self.loss.rs_temperature, shared=shared,
+                                to_student=self.plan.to_student)
                for i, b in enumerate(batches)]
         if self.offload:
             jax.block_until_ready(out)
@@ -74,5 +75,6 @@ class ServerTeacher:
                    for k, v in got.items()}
             got["topk_lp"][real:] = -np.inf
             out.append(scoring.finish(jax.tree.map(jnp.asarray, got),
-                                      jax.tree.map(jnp.asarray, b), self.plan.loss, shared))
+                                      jax.tree.map(jnp.asarray, b), self.plan.loss, shared,
+                                      self.plan.to_student))
         return out

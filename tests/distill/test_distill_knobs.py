@@ -176,6 +176,7 @@ def test_eos_map_and_stop_tokens(root):
         plan_mod.plan(_cfg(root, "--model.stop_tokens=[nope]"))
 
 
+@pytest.mark.slow
 def test_chat_template_kwargs_reach_every_render(root):
     tok = transformers.AutoTokenizer.from_pretrained(root / "student")
     tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -188,6 +189,7 @@ def test_chat_template_kwargs_reach_every_render(root):
     assert d.settings.chat_template_kwargs == {"enable_thinking": False}
 
 
+@pytest.mark.slow
 def test_offload_keeps_the_teacher_on_the_host_and_scores_alike(root):
     d, state = _distiller(root)
     o, _ = _distiller(root, "--teachers.main.offload=true")
@@ -214,6 +216,7 @@ def test_batch_group_micro_seqs_and_budget(root):
     assert max(len(it.completion) for it in items) <= 5
 
 
+@pytest.mark.slow
 def test_score_micro_seqs_splits_without_changing_the_step(root):
     d16, state = _distiller(root, "--train.score_micro_seqs=16")
     d3, _ = _distiller(root, "--train.score_micro_seqs=3")
@@ -227,6 +230,7 @@ def test_score_micro_seqs_splits_without_changing_the_step(root):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_length_norm_weights(root):
     items = []
     for n in (2, 6):
@@ -243,6 +247,7 @@ def test_length_norm_weights(root):
     np.testing.assert_allclose(arrays["weights"][:n[0]], 1.0 / (n[0] * len(n)), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_loss_knobs_reach_the_loss(root):
     s = settings(_cfg(root, "--loss.is_low=0.25", "--loss.is_high=4", "--loss.rs_rounds=7",
                       "--loss.rs_temperature=0.5", "--loss.xtok_spread=proportional",
@@ -287,6 +292,7 @@ def scored(root):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("knob, values", [
     ("is_low", (0.5, 0.999)), ("is_high", (2.0, 1.0001)),
     ("token_weighting", ("none", "entropy")), ("sure_alpha", (0.0, 5.0)),
@@ -309,6 +315,49 @@ def test_loss_values_change_with_the_knob(scored, knob, values):
     assert abs(got[0] - got[1]) > 1e-6 * max(1.0, abs(got[0])), (knob, got)
 
 
+@pytest.mark.slow
+def test_xtok_dense_weight_adds_a_top_k_kl_at_one_to_one_chunks(root):
+    """loss.xtok_dense_weight: the teacher's top-k at chunks of one token on each side, mapped
+    to the student ids spelling the same bytes, against the student's log-probs (NumPy)."""
+    from jaxtrain.distill.losses import TAIL_FLOOR
+    from jaxtrain.models import forward
+
+    d, state = _distiller(root, "--teachers.main.loss=xtok", "--loss.xtok_dense_weight=0.5",
+                          f"--teachers.main.tokenizer={root}/other", "--loss.beta=0.5")
+    tp, tok = d.plan.teachers["main"], d.plan.tokenizer
+    t_tok = tp.tokenizer
+    assert tp.to_student[t_tok.convert_tokens_to_ids("what")] == tok.convert_tokens_to_ids("what")
+    prompt = render(tok, [{"role": "user", "content": "hi"}], {})
+    ids = tok.encode("what follows blue? 12", add_special_tokens=False) + [tok.eos_token_id]
+    item = scoring.prepare(Rollout(None, prompt, ids, [0.0] * len(ids), True), tp,
+                           render(t_tok, [{"role": "user", "content": "hi"}], {}))
+    n = len(item.completion)
+    arrays = scoring.micro_batch([item], [[1 / n] * n], 1, True)
+    feats = d.teachers["main"].features([arrays], jax.random.key(0))[0]
+    batch = jax.tree.map(jnp.asarray, arrays)
+    on = np.asarray(jnp.any(feats["dense_valid"], -1))
+    assert on[:n].sum() == len(item.chunks.one_to_one) > 0
+    logits = np.asarray(forward(state.params, np.asarray([prompt + ids[:-1]]), d.model_cfg))[0]
+    lq = logits[len(prompt) - 1:] - np.logaddexp.reduce(logits[len(prompt) - 1:], -1,
+                                                        keepdims=True)
+    want = 0.0
+    for r in np.flatnonzero(on[:n]):
+        v = np.asarray(feats["dense_valid"][r])
+        q = np.exp(lq[r][np.asarray(feats["dense_ids"][r])[v]])
+        p = np.exp(np.asarray(feats["dense_lp"][r])[v])
+        q = np.append(q, max(1 - q.sum(), TAIL_FLOOR))
+        p = np.append(p, max(1 - p.sum(), TAIL_FLOOR))
+        want += (0.5 * np.sum(q * np.log(q / p)) + 0.5 * np.sum(p * np.log(p / q))) / n
+    loss = d.settings.loss
+    fn = functools.partial(scoring.student_loss, cfg=d.model_cfg, kind="xtok", temperature=1.0,
+                           vocab=None, teacher_cfg=None)
+    with_dense = float(fn(state.params, batch, feats, None, loss=loss)[0])
+    without = float(fn(state.params, batch, {k: v for k, v in feats.items()
+                                             if not k.startswith("dense")}, None, loss=loss)[0])
+    np.testing.assert_allclose(with_dense - without, 0.5 * want, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.slow
 def test_eval_samples_and_metrics(root):
     d, state = _distiller(root, "--train.eval_samples=2")
     row = d.evaluate(state.params, 0)

@@ -92,7 +92,7 @@ def _loss(env, kind, loss=Loss(), temperature=1.0, feats_extra=None, grad=False)
     return fn(s_params)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("temperature", [pytest.param(1.0, marks=pytest.mark.slow), 0.7])
 def test_full_rkl_matches_transformers(pair, temperature):
     env = _setup(pair, "full_rkl", temperature)
     (value, stats), grads = _loss(env, "full_rkl", temperature=temperature, grad=True)

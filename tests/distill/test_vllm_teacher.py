@@ -108,6 +108,7 @@ def test_client_parses_prompt_logprobs(setup):
         VLLMTeacher("main", "m", "http://127.0.0.1:9", 3).check(wait=2)
 
 
+@pytest.mark.slow
 def test_server_scores_match_the_jax_teacher_and_train(setup):
     root, url, _ = setup
     hf, state = _distiller(root, ", loss: topk_kl")

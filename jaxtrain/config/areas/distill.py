@@ -139,7 +139,7 @@ KNOBS = [
     K("loss.xtok_spread", "str", "chunk", "xtok: give each token its chunk's advantage, or a share "
       "proportional to its log-prob.", _OPD, choices=_XTOK_SPREADS, status=HONORED),
     K("loss.xtok_dense_weight", "float", 0.0, "xtok: weight of the top-k KL applied where both "
-      "student and teacher chunks are single tokens.", _OPD, issue=22),
+      "student and teacher chunks are single tokens.", _OPD, status=HONORED),
     K("loss.mask_whitespace", "bool", True, "xtok: no loss on chunks made only of whitespace.",
       _OPD, status=HONORED),
     K("loss.trace_kd_weight", "float", 0.0, "agent_traces: weight of off-policy distillation on "
