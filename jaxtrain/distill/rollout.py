@@ -28,6 +28,7 @@ class Rollout:
     completion: list[int]      # through the first stop id (or the budget)
     logprobs: list[float]      # rollout log-probs of the completion's tokens
     stopped: bool
+    recorded: bool = False     # agent_traces: the recorded turn (loss.trace_kd_weight)
 
 
 def bucket(n: int, step: int = LENGTH_STEP) -> int:
@@ -38,14 +39,31 @@ def rows_bucket(n: int, most: int) -> int:
     return min(most, 1 << max(0, n - 1).bit_length())
 
 
-def render(tok, messages, chat_template_kwargs: dict) -> list[int]:
-    """A prompt's ids: the chat template with the generation prompt, BOS first when the
-    tokenizer has one the template left out."""
-    text = tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False,
+def render(tok, messages, chat_template_kwargs: dict, tools=None, generation: bool = True
+           ) -> list[int]:
+    """A prompt's ids: the chat template (with the generation prompt, and ``tools``' schemas),
+    BOS first when the tokenizer has one the template left out."""
+    text = tok.apply_chat_template(list(messages), tools=list(tools) if tools else None,
+                                   add_generation_prompt=generation, tokenize=False,
                                    **chat_template_kwargs)
     ids = tok.encode(text, add_special_tokens=False)
     bos = tok.bos_token_id
     return [bos] + ids if bos is not None and (not ids or ids[0] != bos) else ids
+
+
+def recorded(tok, prompt: Prompt, chat_template_kwargs: dict, stops) -> Rollout | None:
+    """agent_traces: the recorded turn after ``prompt`` as a rollout (the template's render of
+    the conversation with it, past the prompt's render, through the first stop id); None when
+    the template renders the context differently once the turn follows it."""
+    ids = render(tok, prompt.messages, chat_template_kwargs, prompt.tools)
+    full = render(tok, [*prompt.messages, prompt.recorded], chat_template_kwargs, prompt.tools,
+                  generation=False)
+    if full[:len(ids)] != ids or len(full) == len(ids):
+        return None
+    rest = full[len(ids):]
+    ends = [i for i, t in enumerate(rest) if t in stops]
+    rest = rest[:ends[0] + 1] if ends else rest
+    return Rollout(prompt, ids, rest, [0.0] * len(rest), bool(ends), recorded=True)
 
 
 class Sampler:
@@ -58,7 +76,10 @@ class Sampler:
         self.calls = 0              # generate() calls so far
 
     def render(self, prompt: Prompt) -> list[int]:
-        return render(self.tok, prompt.messages, self.kwargs)
+        return render(self.tok, prompt.messages, self.kwargs, prompt.tools)
+
+    def length(self, messages, tools) -> int:
+        return len(render(self.tok, messages, self.kwargs, tools))
 
     def run(self, params, prompts: list[Prompt], key, temperature: float,
             group_size: int = 1, max_new_tokens: int | None = None) -> list[Rollout]:

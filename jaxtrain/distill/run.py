@@ -31,7 +31,8 @@ from jaxtrain import models
 from jaxtrain.checkpoint import Checkpointer, hf_init
 from jaxtrain.distill import scoring
 from jaxtrain.distill.plan import plan as make_plan
-from jaxtrain.distill.rollout import Sampler, render
+from jaxtrain.distill.rollout import Sampler, recorded, render
+from jaxtrain.distill.sources import TracesSource
 from jaxtrain.distill.teachers import HFTeacher, ServerTeacher
 from jaxtrain.logs import run_dir
 from jaxtrain.metrics import MetricsLog
@@ -82,6 +83,9 @@ class Distiller:
         self.shardings = state_shardings(self.layout, self.model_cfg, self.abstract)
         self.sampler = Sampler(self.model_cfg, self.plan.tokenizer, self.plan.stop_ids,
                                s.rollout.micro_seqs, s.chat_template_kwargs)
+        for source in self.plan.prompts.sources.values():
+            if isinstance(source, TracesSource):   # turns past max_context tokens are not drawn
+                source.length = self.sampler.length
         teacher_dtype = cfg.get("dtype") or "bfloat16"
         self.teachers = {
             name: (HFTeacher(tp, self.layout, teacher_dtype, s.loss) if tp.spec.backend == "hf"
@@ -124,7 +128,7 @@ class Distiller:
             key = (name, id(r.prompt))
             if key not in rendered:
                 rendered[key] = render(tp.tokenizer, r.prompt.messages,
-                                       self.settings.chat_template_kwargs)
+                                       self.settings.chat_template_kwargs, r.prompt.tools)
             item = scoring.prepare(r, tp, rendered[key])
             if item is None:
                 dropped += 1
@@ -161,21 +165,38 @@ class Distiller:
                                     r.group_size)
         times["time/rollout"] = time.perf_counter() - t0
         t1 = time.perf_counter()
+        kd = self.settings.loss.trace_kd_weight
+        if kd > 0:   # agent_traces: the recorded turns, scored off-policy beside the branches
+            rollouts = rollouts + [x for x in (
+                recorded(self.plan.tokenizer, p, self.settings.chat_template_kwargs,
+                         self.plan.stop_ids) for p in prompts if p.recorded is not None) if x]
         by_teacher, dropped = self._items(rollouts)
         items = [it for v in by_teacher.values() for it in v]
-        total = sum(len(it.completion) for it in items)
-        length_norm = self.settings.loss.length_norm
-
-        def weight_of(it):
-            n = len(it.completion)
-            return [1.0 / (n * len(items)) if length_norm else 1.0 / total] * n
+        weight_of = self._weights(items, kd)
 
         times["time/align"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         parts = self._parts(by_teacher, weight_of, jax.random.fold_in(key, 1))
         times["time/teacher"] = time.perf_counter() - t2
-        return Batch(index, version, before, parts, len(items), total,
-                     sum(r_.stopped for r_ in rollouts), dropped, times)
+        sampled = [it for it in items if not it.rollout.recorded]
+        return Batch(index, version, before, parts, len(sampled),
+                     sum(len(it.completion) for it in sampled),
+                     sum(r_.stopped for r_ in rollouts if not r_.recorded), dropped, times)
+
+    def _weights(self, items, kd: float):
+        """Each item's token weights: 1 / the batch's sampled tokens (length_norm: 1 / (length
+        x sequences)); recorded agent turns share ``kd`` / their tokens."""
+        sampled = [it for it in items if not it.rollout.recorded]
+        total = sum(len(it.completion) for it in sampled)
+        total_kd = sum(len(it.completion) for it in items if it.rollout.recorded)
+        length_norm = self.settings.loss.length_norm
+
+        def weight_of(it):
+            n = len(it.completion)
+            if it.rollout.recorded:
+                return [kd / total_kd] * n
+            return [1.0 / (n * len(sampled)) if length_norm else 1.0 / total] * n
+        return weight_of
 
     # ------------------------------------------------------------------ scoring
 
@@ -238,6 +259,8 @@ class Distiller:
             samples = sum(len(v) for v in by_teacher.values())
             row[f"dev_kl/{name}"] = k1 / tokens if tokens else float("nan")
             row[f"dev_len/{name}"] = tokens / samples if samples else 0.0
+            if isinstance(self.plan.prompts.sources[name], TracesSource):
+                row[f"dev_stop_rate/{name}"] = float(np.mean([r.stopped for r in rollouts]))
             if full and tokens:
                 row[f"dev_kl_full/{name}"] = kl / tokens
             graded = [p for p in prompts if p.answer is not None]

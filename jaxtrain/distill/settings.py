@@ -159,6 +159,7 @@ def settings(cfg) -> Settings:
         fixed[s.name] = s
     rollout, loss = _section(cfg, "rollout", Rollout), _section(cfg, "loss", Loss)
     problems += _rollout_loss_problems(rollout, loss)
+    problems += _traces_problems(fixed, teachers, loss)
     if problems:
         raise ConfigError(problems)
     return Settings(teachers, fixed, rollout, loss,
@@ -221,6 +222,28 @@ def _source_problems(s: Source, teachers: dict) -> list[str]:
                        f"{s.p_reference_shots + s.p_pool_shots} exceeds 1")
         if s.pool_shots_max_k < 1:
             out.append(f"{s.key}.pool_shots_max_k must be >= 1")
+    return out
+
+
+def _traces_problems(sources: dict, teachers: dict, loss: Loss) -> list[str]:
+    """agent_traces: alone among the sources, scored by hf teachers with full_rkl (pgs)."""
+    traces = [s for s in sources.values() if s.format == "agent_traces"]
+    if not traces:
+        return ([] if loss.trace_kd_weight == 0 else [
+            "loss.trace_kd_weight distils the recorded turns of agent_traces sources, and "
+            "this run has none"])
+    out = []
+    if len(traces) != len(sources):
+        out.append("agent_traces sources cannot be mixed with other formats (pgs): "
+                   f"{', '.join(s.key for s in sources.values() if s.format != 'agent_traces')}"
+                   " are not agent_traces")
+    for s in traces:
+        names = {s.teacher, *s.topic_teachers}
+        for name in names & set(teachers):
+            t = teachers[name]
+            if t.backend != "hf" or t.loss not in ("", "full_rkl"):
+                out.append(f"{s.key}: agent_traces are scored with full_rkl by hf teachers; "
+                           f"{t.key} is backend {t.backend}, loss {t.loss or 'default'}")
     return out
 
 

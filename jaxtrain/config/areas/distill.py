@@ -18,6 +18,10 @@ _VLLM_ROLLOUT = ("every value samples from the student being trained with jaxtra
 _VLLM_ROLLOUT_ONLY = ("configures only a vLLM rollout engine, which jaxtrain never runs: its own "
                       "JAX sampler generates the rollouts for every rollout.backend")
 
+_TREE = ("shapes how pgs batches a trace's shared context (trunk passes over chunks of it); "
+         "jaxtrain scores each regenerated turn with its whole context as one sequence, which "
+         "gives the same numbers (and re-reads the context per turn)")
+
 KNOBS = [
     # Teachers (one block per named teacher)
     K("teachers.<name>.model", "str", None, "Teacher model (HF id or path); required.", _OPD,
@@ -51,7 +55,7 @@ KNOBS = [
     # Prompt sources (one block per named source): common fields
     K("sources.<name>.format", "str", "messages", "Prompt file kind: messages (chat JSONL), mcqa "
       "(multiple choice) or agent_traces (recorded agent runs).", _OPD, choices=_SOURCE_FORMATS,
-      status=HONORED, planned_values={"agent_traces": 22}),
+      status=HONORED),
     K("sources.<name>.path", "str", None, "Prompt file of this source; required.", _OPD,
       status=HONORED),
     K("sources.<name>.weight", "float", 1.0, "Relative sampling weight of this source among all "
@@ -71,13 +75,13 @@ KNOBS = [
 
     # Prompt sources: agent_traces
     K("sources.<name>.messages_field", "str", "messages", "agent_traces: column holding the "
-      "conversation.", _OPD, issue=22),
+      "conversation.", _OPD, status=HONORED),
     K("sources.<name>.tools_field", "str", "tools", "agent_traces: column holding the tool "
-      "schemas.", _OPD, issue=22),
+      "schemas.", _OPD, status=HONORED),
     K("sources.<name>.branches_per_trace", "int", 8, "agent_traces: for each trace drawn, this "
-      "many of its assistant turns are resampled; 0 resamples every one.", _OPD, issue=22),
+      "many of its assistant turns are resampled; 0 resamples every one.", _OPD, status=HONORED),
     K("sources.<name>.max_context", "int", 32768, "agent_traces: turns whose preceding context "
-      "exceeds this many tokens are not regenerated.", _OPD, issue=22),
+      "exceeds this many tokens are not regenerated.", _OPD, status=HONORED),
 
     # Prompt sources: mcqa
     K("sources.<name>.system_message", "str", "", "mcqa: system message; empty uses the built-in "
@@ -143,7 +147,7 @@ KNOBS = [
     K("loss.mask_whitespace", "bool", True, "xtok: no loss on chunks made only of whitespace.",
       _OPD, status=HONORED),
     K("loss.trace_kd_weight", "float", 0.0, "agent_traces: weight of off-policy distillation on "
-      "the recorded assistant turns.", _OPD, issue=22),
+      "the recorded assistant turns.", _OPD, status=HONORED),
     K("loss.rs_rounds", "int", 50, "rs_kd: teacher samples drawn per position.", _OPD, status=HONORED),
     K("loss.rs_temperature", "float", 1.0, "rs_kd: power applied to the teacher distribution for "
       "proposals, corrected by importance weights.", _OPD, status=HONORED),
@@ -161,9 +165,9 @@ KNOBS = [
     K("train.eval_samples", "int", 200, "Each evaluation draws this many dev prompts from every "
       "source.", _OPD, status=HONORED),
     K("train.tree_chunk_size", "int", 8192, "agent_traces: a trace's common prefix is processed "
-      "this many tokens at a time, which caps activation memory.", _OPD, issue=22),
+      "this many tokens at a time, which caps activation memory.", _OPD, INERT, _TREE),
     K("train.tree_branch_tokens", "int", 8192, "agent_traces: regenerated turns are batched into "
-      "forwards of up to this many padded tokens; 0 runs them singly.", _OPD, issue=22),
+      "forwards of up to this many padded tokens; 0 runs them singly.", _OPD, INERT, _TREE),
     K("train.tree_min_gap", "int", 1024, "agent_traces: least tokens between context cuts; turns "
-      "in between re-read the gap.", _OPD, issue=22),
+      "in between re-read the gap.", _OPD, INERT, _TREE),
 ]
