@@ -29,6 +29,7 @@ import optax
 
 from jaxtrain import models
 from jaxtrain.checkpoint import Checkpointer, hf_init
+from jaxtrain.config.errors import ConfigError
 from jaxtrain.distill import scoring
 from jaxtrain.distill.plan import plan as make_plan
 from jaxtrain.distill.rollout import Sampler, recorded, render
@@ -69,6 +70,10 @@ class Distiller:
 
     def __init__(self, cfg, devices, logger):
         self.cfg, self.log = cfg, logger
+        if jax.process_count() > 1:
+            raise ConfigError("a pgs distill run uses the devices of one process (rollouts and "
+                              "scoring batches are built on its host); start it as a single "
+                              "process, as pgs distill runs")
         self.plan = make_plan(cfg)
         s = self.settings = self.plan.settings
         self.tcfg = TrainConfig.from_config(cfg)

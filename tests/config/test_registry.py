@@ -140,7 +140,10 @@ def _exercised(name: str, text: str) -> bool:
 
     if "<name>" in name:   # a templated key, written with some name in its place
         pattern = re.escape(name).replace(re.escape("<name>"), r"[A-Za-z0-9_]+")
-        return bool(re.search(r"(?<![A-Za-z0-9_.])" + pattern + r"(?![A-Za-z0-9_])", text))
+        if re.search(r"(?<![A-Za-z0-9_.])" + pattern + r"(?![A-Za-z0-9_])", text):
+            return True
+        section, leaf = name.split(".")[0], name.split(".")[-1]   # YAML: teachers: {x: {leaf:
+        return bool(re.search(rf"\b{re.escape(section)}:.*\b{re.escape(leaf)}:", text))
     if re.search(r"(?<![A-Za-z0-9_.])" + re.escape(name) + r"(?![A-Za-z0-9_])", text):
         return True
     if "." in name:

@@ -99,11 +99,6 @@ def test_names_that_refer_to_each_other(folder, capsys):
     assert code == 2 and "'ghost' is not one of the teachers" in err and "both" in err
 
 
-def test_agent_traces_not_yet(folder, capsys):
-    code, err = _dry(capsys, _write(folder, source_opts=", format: agent_traces"))
-    assert code == 2 and "not implemented yet" in err and "sources.s1.format" in err
-
-
 def test_named_sections_take_defaults(folder):
     cfg = load_config(_write(folder, source_opts=", weight: 2.5"), [], world_size=1)
     s = settings(cfg)

@@ -89,6 +89,28 @@ def test_source_weights_teachers_and_topics(root):
                                                          frozenset({"other"})}
 
 
+def test_named_options_reach_the_settings(root):
+    """Every sources.<name>.* and teachers.<name>.* option set on the command line lands in the
+    settings the sources and teachers are built from (their effects: the tests here)."""
+    cfg = _cfg(root, "--sources.s1.topic_field=topic", "--sources.s1.topic_teachers={main: [odd]}",
+               f"--sources.s1.dev_path={root}/train.jsonl", "--sources.s1.tools_field=schemas",
+               "--sources.s1.system_message=Be brief.", "--sources.s1.cot_template=Q {question}",
+               f"--sources.s1.shots_path={root}/shots.jsonl",
+               "--sources.s1.p_reference_shots=0.1", "--sources.s1.p_pool_shots=0.2",
+               "--sources.s1.pool_shots_max_k=3", "--sources.s1.cot_fraction=0.3",
+               "--sources.s1.cot_max_new_tokens=99", "--teachers.main.backend=vllm",
+               "--teachers.main.url=http://127.0.0.1:1")
+    s = settings(cfg).sources["s1"]
+    assert (s.topic_field, s.topic_teachers, s.dev_path, s.tools_field) == (
+        "topic", {"main": ["odd"]}, f"{root}/train.jsonl", "schemas")
+    assert (s.system_message, s.cot_template, s.shots_path) == (
+        "Be brief.", "Q {question}", f"{root}/shots.jsonl")
+    assert (s.p_reference_shots, s.p_pool_shots, s.pool_shots_max_k, s.cot_fraction,
+            s.cot_max_new_tokens) == (0.1, 0.2, 3, 0.3, 99)
+    t = settings(cfg).teachers["main"]
+    assert (t.backend, t.url) == ("vllm", "http://127.0.0.1:1")
+
+
 def test_dev_split_and_dev_path(root):
     rows = prompt_rows(number_task(32))   # 16 distinct questions, each twice
     spec = Source("s", str(root / "train.jsonl"), dev_size=3)
@@ -367,3 +389,21 @@ def test_eval_samples_and_metrics(root):
     d4, _ = _distiller(root, "--train.eval_samples=4", "--rollout.micro_seqs=2")
     d4.evaluate(state.params, 0)
     assert d4.sampler.calls == 4
+
+
+@pytest.mark.slow
+def test_mcqa_dev_letter_accuracy(root):
+    """An mcqa source's dev metric is the greedy letter accuracy (8 new tokens, the official
+    shots, the fast template), beside the sampled reverse KL."""
+    d, state = _distiller(root, sources="m: {path: ROOT/pool.jsonl, format: mcqa, dev_size: 4, "
+                                        "max_new_tokens: 3, shots_path: ROOT/shots.jsonl}")
+    row = d.evaluate(state.params, 0)
+    assert {"dev_kl/m", "dev_acc/m"} <= set(row) and 0.0 <= row["dev_acc/m"] <= 1.0
+    prompts = d.plan.prompts.dev("m", 4)
+    assert len(prompts) == 4 and all("ruby" in p.messages[1]["content"] for p in prompts)
+    right = [p for p in prompts if p.answer == "A"]
+    assert len(right) == 4
+    greedy = d.sampler.run(state.params, prompts, jax.random.key(0), 0.0, max_new_tokens=8)
+    texts = [d.plan.tokenizer.decode(g.completion, skip_special_tokens=True) for g in greedy]
+    want = np.mean([d.plan.prompts.correct(p, t) for p, t in zip(prompts, texts)])
+    assert row["dev_acc/m"] == want

@@ -103,6 +103,7 @@ def test_resume_after_sigkill_is_exact(task, tmp_path):
         "step_2", "step_4", "step_6"]
 
 
+@pytest.mark.slow
 def test_max_staleness_samples_from_older_weights(task):
     root, teacher = task
     cfg = _write(root, teacher, "stale", steps=5)

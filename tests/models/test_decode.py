@@ -195,6 +195,7 @@ def _forced_logits(params, cfg, prompt, forced):
 BOUND = {"int8": 0.06, "int4": 0.9}
 
 
+@pytest.mark.slow
 def test_quantized_kv_cache_follows_the_knobs():
     cfg = tiny(sliding_window=6)
     params, prompt = random_params(cfg, scale=0.15), tokens(2, 5)

@@ -107,6 +107,7 @@ def _common(root):
             "log_period=1", *TINY]
 
 
+@pytest.mark.slow
 def test_maxtext_dpo_file_trains_and_resumes_against_its_starting_weights(folder):
     """post_train/dpo.yml (hf_path 'Anthropic/hh-rlhf' swapped for a local folder, a tiny
     model): the reference is the starting weights, so step 1 scores log 2; a run resumed at

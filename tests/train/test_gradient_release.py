@@ -35,7 +35,7 @@ def _close(a, b, **tol):
                  a, b)
 
 
-@pytest.mark.parametrize("param_scan_axis", [1, 0])
+@pytest.mark.parametrize("param_scan_axis", [1, pytest.param(0, marks=pytest.mark.slow)])
 def test_matches_the_plain_step_after_one_and_three_steps(param_scan_axis):
     """AdamW with weight decay, no clipping, fp32: parameters, both moments and the count."""
     mcfg = model_cfg(num_layers=3, param_scan_axis=param_scan_axis)

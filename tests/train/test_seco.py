@@ -120,6 +120,7 @@ def test_spaco_relays_scaled_cotangents_of_the_drawn_chunks(setup):
                    ref_grads) < 1e-6
 
 
+@pytest.mark.slow
 def test_spaco_own_loss_terms_average_to_t_over_k(setup):
     """t = 1 of k = 5: no relay (no other chunk is recomputed), so a draw's gradient is its
     chunk's own-loss term and the mean over the k draws is (1/k) Σ own terms: pgs's estimator

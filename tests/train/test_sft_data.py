@@ -348,6 +348,7 @@ def test_pre_rl_runs_against_the_frozen_starting_weights(tmp_path, model_dir):
                                             enforce_status=False))
 
 
+@pytest.mark.slow
 def test_iterations_to_skip_drop_a_batch_without_an_update(tmp_path, model_dir):
     data = write_jsonl(tmp_path / "chat.jsonl", pair_task(8))
 
@@ -405,6 +406,7 @@ def test_freeze_non_attention_is_a_warned_no_op_without_hybrid_layers(tmp_path, 
     assert not any("nothing is frozen" in w for w in plain.warnings)
 
 
+@pytest.mark.slow
 def test_unpacked_batches_are_cut_to_the_length_bucket_of_their_longest_row(tmp_path, model_dir):
     from jaxtrain.data.batches import bucket, global_batches
     from jaxtrain.train_config import TrainConfig

@@ -318,7 +318,9 @@ def _scaled_params(mcfg):
     return jax.tree.map(lambda a: a * 3, models.init(mcfg, jax.random.key(0)))
 
 
-@pytest.mark.parametrize("name", ["dft", "deft", "cadft beta 2.5", "info_sft pbar 0.8"])
+@pytest.mark.parametrize("name", ["dft", pytest.param("deft", marks=pytest.mark.slow),
+                                  pytest.param("cadft beta 2.5", marks=pytest.mark.slow),
+                                  "info_sft pbar 0.8"])
 def test_train_step_loss_and_update_follow_the_formula(name):
     """Each microbatch's statistics are its own (CADFT's z-scores, InfoSFT's mean); the step's
     loss is Σ effective weight · nll and its SGD update is -lr · Σ weight · ∇nll."""
@@ -473,6 +475,7 @@ def test_sym_noise_leaves_the_dropout_draws_alone(monkeypatch):
                                5.0 / math.sqrt(T * mcfg.hidden_size) / 0.5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_sym_noise_changes_the_training_loss_not_evaluation():
     mcfg = model_cfg()
     params = _scaled_params(mcfg)
