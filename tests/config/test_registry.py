@@ -105,9 +105,9 @@ def test_non_default_values_stop_planned_and_rejected_knobs(status):
     assert checked > 20
 
 
-def test_templated_planned_knob_stops():
-    with pytest.raises(ConfigError, match=r"not implemented yet: sources\.big\.max_context"):
-        load_config(None, ["--sources.big.max_context", "1024"])
+def test_templated_knob_errors_name_the_written_key():
+    with pytest.raises(ConfigError, match=r"teachers\.big\.device is not supported"):
+        load_config(None, ["--teachers.big.device", "cuda:1"])
 
 
 def test_inert_knobs_warn_and_run():

@@ -94,17 +94,19 @@ def test_named_options_reach_the_settings(root):
     settings the sources and teachers are built from (their effects: the tests here)."""
     cfg = _cfg(root, "--sources.s1.topic_field=topic", "--sources.s1.topic_teachers={main: [odd]}",
                f"--sources.s1.dev_path={root}/train.jsonl", "--sources.s1.tools_field=schemas",
-               "--sources.s1.system_message=Be brief.", "--sources.s1.cot_template=Q {question}",
+               "--sources.s1.system_message=Be brief.", "--sources.s1.cot_template=Q {question} {options}",
                f"--sources.s1.shots_path={root}/shots.jsonl",
                "--sources.s1.p_reference_shots=0.1", "--sources.s1.p_pool_shots=0.2",
                "--sources.s1.pool_shots_max_k=3", "--sources.s1.cot_fraction=0.3",
-               "--sources.s1.cot_max_new_tokens=99", "--teachers.main.backend=vllm",
-               "--teachers.main.url=http://127.0.0.1:1")
+               "--sources.s1.cot_max_new_tokens=99", "--sources.s1.max_context=64",
+               "--teachers.main.backend=vllm",
+               "--teachers.main.url=http://127.0.0.1:1", "--sources.s1.format=mcqa")
     s = settings(cfg).sources["s1"]
+    assert s.format == "mcqa" and s.max_context == 64
     assert (s.topic_field, s.topic_teachers, s.dev_path, s.tools_field) == (
         "topic", {"main": ["odd"]}, f"{root}/train.jsonl", "schemas")
     assert (s.system_message, s.cot_template, s.shots_path) == (
-        "Be brief.", "Q {question}", f"{root}/shots.jsonl")
+        "Be brief.", "Q {question} {options}", f"{root}/shots.jsonl")
     assert (s.p_reference_shots, s.p_pool_shots, s.pool_shots_max_k, s.cot_fraction,
             s.cot_max_new_tokens) == (0.1, 0.2, 3, 0.3, 99)
     t = settings(cfg).teachers["main"]

@@ -400,13 +400,12 @@ KNOBS = [
     K("export_quant_cfg", "str", None, "ModelOpt: quantization recipe for quantization-aware "
       "training.", _L, issue=None),
     K("export_kd_teacher_load", "str", None, "ModelOpt: teacher checkpoint of knowledge "
-      "distillation.", _L, issue=22),
+      "distillation.", _L),
     K("export_kd_teacher_model_config", "str", None, "ModelOpt: the teacher's model config "
-      "file.", _L, issue=22),
+      "file.", _L),
     K("export_kd_teacher_ckpt_format", "str", None, "ModelOpt: checkpoint format of the "
-      "teacher.", _L, issue=22, choices=("torch", "torch_dist", "torch_dcp")),
-    K("export_kd_cfg", "str", None, "ModelOpt: distillation config file (losses, layers).", _L,
-      issue=22),
+      "teacher.", _L, choices=("torch", "torch_dist", "torch_dcp")),
+    K("export_kd_cfg", "str", None, "ModelOpt: distillation config file (losses, layers).", _L),
     K("finetune_hf_dataset", "str", None, "ModelOpt: Hugging Face dataset to fine-tune on.", _L,
       ),
     K("finetune_data_split", "str", "train", "ModelOpt: split of finetune_hf_dataset.", _L,
@@ -414,7 +413,7 @@ KNOBS = [
     K("finetune_data_files", "list[str]", None, "ModelOpt: data files of finetune_hf_dataset.", _L,
       ),
     K("qad_train_target", "str", None, "ModelOpt quantization-aware distillation: what trains "
-      "(base, mtp or both).", _L, issue=22, choices=("base", "mtp", "both")),
+      "(base, mtp or both).", _L, choices=("base", "mtp", "both")),
     K("freeze_base_for_mtp", "bool", False, "ModelOpt: train only the multi-token-prediction "
       "layers.", _L),
     K("enable_gpt_oss", "bool", False, "ModelOpt: configure YaRN RoPE with gpt-oss's values.",

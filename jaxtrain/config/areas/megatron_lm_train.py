@@ -409,24 +409,22 @@ KNOBS = [
 
     # --- offline logits distillation ---
     K("logits_save_dir", "str", None, "Directory where a teacher run saves its top logits for "
-      "offline distillation.", _L, issue=22),
-    K("logits_save_top_k", "int", None, "Logits kept per token when saving.", _L, issue=22),
+      "offline distillation.", _L),
+    K("logits_save_top_k", "int", None, "Logits kept per token when saving.", _L),
     K("logits_save_top_p", "float", None, "After top-k, keep only the smallest set of entries "
-      "reaching this probability mass (0 < p <= 1).", _L, issue=22),
+      "reaching this probability mass (0 < p <= 1).", _L),
     K("logits_save_top_p_min_k", "int", 1, "Entries kept per token under top-p whatever their "
-      "mass.", _L, issue=22),
-    K("logits_save_dtype", "str", "fp16", "Dtype of the saved log-probabilities.", _L, issue=22,
+      "mass.", _L),
+    K("logits_save_dtype", "str", "fp16", "Dtype of the saved log-probabilities.", _L,
       choices=("fp16", "bf16", "fp32")),
-    K("logits_load_dir", "str", None, "Directory of saved teacher logits to distill from.", _L,
-      issue=22),
+    K("logits_load_dir", "str", None, "Directory of saved teacher logits to distill from.", _L),
     K("logits_load_decode_threads", "int", 4, "Threads that decompress and decode saved logits.",
-      _L, issue=22),
-    K("logits_load_prefetch_factor", "int", 3, "Batches of decoded logits read ahead.", _L,
-      issue=22),
+      _L),
+    K("logits_load_prefetch_factor", "int", 3, "Batches of decoded logits read ahead.", _L),
     K("logits_load_msc_prefetch_depth", "int", 2, "Whole logits shards fetched ahead from object "
-      "storage.", _L, issue=22),
+      "storage.", _L),
     K("logits_load_kd_loss_alpha", "float", 1.0, "Loss = alpha x distillation loss + (1 - alpha) "
-      "x language-model loss.", _L, issue=22),
+      "x language-model loss.", _L),
     K("logits_load_ignore_errors", "bool", False, "On a distillation-loss error, warn and train "
-      "on the language-model loss alone.", _L, issue=22),
+      "on the language-model loss alone.", _L),
 ]
