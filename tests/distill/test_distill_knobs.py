@@ -94,7 +94,8 @@ def test_named_options_reach_the_settings(root):
     settings the sources and teachers are built from (their effects: the tests here)."""
     cfg = _cfg(root, "--sources.s1.topic_field=topic", "--sources.s1.topic_teachers={main: [odd]}",
                f"--sources.s1.dev_path={root}/train.jsonl", "--sources.s1.tools_field=schemas",
-               "--sources.s1.system_message=Be brief.", "--sources.s1.cot_template=Q {question} {options}",
+               "--sources.s1.system_message=Be brief.",
+               "--sources.s1.cot_template=Q {question} {options}",
                f"--sources.s1.shots_path={root}/shots.jsonl",
                "--sources.s1.p_reference_shots=0.1", "--sources.s1.p_pool_shots=0.2",
                "--sources.s1.pool_shots_max_k=3", "--sources.s1.cot_fraction=0.3",
