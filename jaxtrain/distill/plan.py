@@ -21,6 +21,7 @@ from jaxtrain.distill.align import ByteChunks
 from jaxtrain.distill.settings import SHARED_ONLY, Settings, Teacher, settings
 from jaxtrain.distill.sources import Prompts
 from jaxtrain.distill.vocab import PROBE_TEXTS, Bridge, bridge
+from jaxtrain.models.hf import safetensors_files
 
 log = logging.getLogger("jaxtrain.distill")
 
@@ -55,14 +56,22 @@ class Plan:
 
 
 def _tokenizer(name: str, key: str):
+    """The Hugging Face tokenizer of a local directory (or one in the Hugging Face cache)."""
     import transformers
 
-    path = hf_config.locate(name) if name else None
+    path = pathlib.Path(name)
+    if not path.is_dir():
+        try:
+            path = hf_config.locate(name)
+        except ConfigError:
+            raise ConfigError(f"{key} {name}: no local directory of that name and no copy in the "
+                              f"Hugging Face cache; jaxtrain never downloads: fetch it first "
+                              f"(hf download {name} --local-dir DIR) and name DIR") from None
     try:
-        return transformers.AutoTokenizer.from_pretrained(str(path or name))
+        return transformers.AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
         raise ConfigError(f"{key} {name}: no tokenizer could be loaded from it ({e}); point it "
-                          f"at a Hugging Face model directory holding tokenizer files") from None
+                          f"at a directory holding tokenizer files") from None
 
 
 def end_of_turn_id(tok) -> int | None:
@@ -125,8 +134,16 @@ def _teacher(spec: Teacher, student_tok, stops, s: Settings) -> TeacherPlan:
         config = hf_config.read(path)
         if config.get("model_type") not in hf_config.FAMILIES:
             raise ConfigError(f"{spec.key}.model {path}: {hf_config.unsupported(config)}")
+        try:
+            safetensors_files.shapes(path)
+        except safetensors_files.CheckpointError as e:
+            raise ConfigError(f"{spec.key}.model {path}: {e}") from None
     tok = _tokenizer(spec.tokenizer or (str(path) if path else spec.model),
                      f"{spec.key}.tokenizer" if spec.tokenizer else f"{spec.key}.model")
+    if config is not None and len(tok) > int(config.get("vocab_size") or len(tok)):
+        raise ConfigError(f"{spec.key}: its tokenizer has {len(tok)} tokens but the model embeds "
+                          f"{config['vocab_size']}; use the model's own tokenizer "
+                          f"({spec.key}.tokenizer)")
     loss = spec.loss
     if not loss:
         shared = _shares_vocab(student_tok, tok, spec.probe_texts)

@@ -33,7 +33,7 @@ from jaxtrain.config.errors import ConfigError
 from jaxtrain.distill import scoring
 from jaxtrain.distill.plan import plan as make_plan
 from jaxtrain.distill.rollout import Sampler, recorded, render
-from jaxtrain.distill.sources import TracesSource
+from jaxtrain.distill.sources import McqaSource, TracesSource
 from jaxtrain.distill.teachers import HFTeacher, ServerTeacher
 from jaxtrain.logs import run_dir
 from jaxtrain.metrics import MetricsLog
@@ -63,6 +63,7 @@ class Batch:
     stopped: int = 0
     dropped: int = 0
     times: dict = dataclasses.field(default_factory=dict)
+    sources: dict = dataclasses.field(default_factory=dict)   # per-source metrics (format_ok)
 
 
 class Distiller:
@@ -186,7 +187,19 @@ class Distiller:
         sampled = [it for it in items if not it.rollout.recorded]
         return Batch(index, version, before, parts, len(sampled),
                      sum(len(it.completion) for it in sampled),
-                     sum(r_.stopped for r_ in rollouts if not r_.recorded), dropped, times)
+                     sum(r_.stopped for r_ in rollouts if not r_.recorded), dropped, times,
+                     self._format_ok(rollouts))
+
+    def _format_ok(self, rollouts) -> dict:
+        """mcqa sources: the share of fast rollouts whose first letter is an option's
+        (pgs ``format_ok/<source>``)."""
+        seen: dict[str, list[bool]] = {}
+        for r in rollouts:
+            source = self.plan.prompts.sources.get(r.prompt.source)
+            if isinstance(source, McqaSource) and not r.prompt.cot and not r.recorded:
+                text = self.plan.tokenizer.decode(r.completion, skip_special_tokens=True)
+                seen.setdefault(r.prompt.source, []).append(source.format_ok(r.prompt, text))
+        return {f"format_ok/{k}": float(np.mean(v)) for k, v in seen.items()}
 
     def _weights(self, items, kd: float):
         """Each item's token weights: 1 / the batch's sampled tokens (length_norm: 1 / (length
@@ -269,15 +282,23 @@ class Distiller:
             if full and tokens:
                 row[f"dev_kl_full/{name}"] = kl / tokens
             graded = [p for p in prompts if p.answer is not None]
+            source = self.plan.prompts.sources[name]
             if graded:
-                mcqa = self.plan.prompts.sources[name].spec.format == "mcqa"
-                greedy = self.sampler.run(params, graded, key, 0.0,
-                                          max_new_tokens=EVAL_MCQA_TOKENS if mcqa else None)
-                texts = [self.plan.tokenizer.decode(g.completion, skip_special_tokens=True)
-                         for g in greedy]
-                row[f"dev_acc/{name}"] = float(np.mean([
-                    self.plan.prompts.correct(p, t) for p, t in zip(graded, texts)]))
+                row[f"dev_acc/{name}"] = self._accuracy(
+                    params, graded, key,
+                    EVAL_MCQA_TOKENS if isinstance(source, McqaSource) else None)
+            if isinstance(source, McqaSource) and source.spec.cot_fraction > 0:
+                row[f"dev_acc_cot/{name}"] = self._accuracy(
+                    params, source.cot_dev(source.dev[:n], source.spec.teacher), key,
+                    source.spec.cot_max_new_tokens)
         return row
+
+    def _accuracy(self, params, prompts, key, budget: int) -> float:
+        """Greedy accuracy of graded prompts with ``budget`` new tokens."""
+        greedy = self.sampler.run(params, prompts, key, 0.0, max_new_tokens=budget)
+        texts = [self.plan.tokenizer.decode(g.completion, skip_special_tokens=True)
+                 for g in greedy]
+        return float(np.mean([self.plan.prompts.correct(p, t) for p, t in zip(prompts, texts)]))
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
@@ -380,7 +401,7 @@ def _row(d: Distiller, it: int, batch: Batch, host: dict, dropped: int, waited: 
            "stop_rate": batch.stopped / max(1, batch.samples), "rollout_tokens": batch.tokens,
            "rollout_tok_s": batch.tokens / max(batch.times.get("time/rollout", 0.0), 1e-9),
            "time/wait_batch": waited, "time/train": trained, "step_time_s": step_time,
-           "elapsed": time.perf_counter() - started, **batch.times}
+           "elapsed": time.perf_counter() - started, **batch.times, **batch.sources}
     k1 = tokens = 0.0
     for name, s in teachers.items():
         n = float(s["tokens"])

@@ -192,12 +192,17 @@ class McqaSource:
     def prompts(self, row: dict, teacher: str, rng: random.Random | None = None) -> list:
         return [self.prompt(row, teacher, rng)]
 
-    def prompt(self, row: dict, teacher: str, rng: random.Random | None = None) -> Prompt:
+    def cot_dev(self, rows: list[dict], teacher: str) -> list[Prompt]:
+        """Evaluation prompts in the CoT template (``dev_acc_cot``), with every official shot."""
+        return [self.prompt(row, teacher, cot=True) for row in rows]
+
+    def prompt(self, row: dict, teacher: str, rng: random.Random | None = None,
+               cot: bool = False) -> Prompt:
         """A training prompt (``rng``: CoT or fast, then the shot regime) or, without ``rng``,
-        an evaluation prompt: fast, with every official shot."""
+        an evaluation prompt with every official shot (fast, or ``cot``)."""
         s = self.spec
         if rng is None:
-            cot, shots = False, self.shots
+            shots = self.shots
         else:
             cot = rng.random() < s.cot_fraction
             u = rng.random()
@@ -218,6 +223,12 @@ class McqaSource:
     @staticmethod
     def correct(prompt: Prompt, text: str) -> bool:
         return extract_letter(text, last=prompt.cot) == prompt.answer
+
+    @staticmethod
+    def format_ok(prompt: Prompt, text: str) -> bool:
+        """A fast answer whose first letter is one of the row's options."""
+        letter = extract_letter(text)
+        return letter is not None and letter in prompt.letters
 
 
 def _trainable(m: dict) -> bool:

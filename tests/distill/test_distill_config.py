@@ -3,6 +3,7 @@ settings read from the named sections, and the real published files accepted."""
 import pathlib
 
 import pytest
+import transformers
 from distill_helpers import number_task, prompt_rows, write_jsonl, write_pair
 
 from jaxtrain import train
@@ -23,6 +24,9 @@ def folder(tmp_path_factory):
     rows = prompt_rows(number_task(32))
     write_jsonl(root / "train.jsonl", rows)
     write_jsonl(root / "nomessages.jsonl", [{"prompt": "what follows red?"}])
+    big = transformers.AutoTokenizer.from_pretrained(root / "student")
+    big.add_tokens([f"extra{i}" for i in range(400)])
+    big.save_pretrained(root / "big_tok")
     write_jsonl(root / "pool.jsonl", [
         {"question": f"which colour is {w}?", "options": [["A", w], ["B", "none"]],
          "answer": "A", "category": "colours"} for w in ("red", "blue", "green", "gold")])
@@ -89,6 +93,21 @@ def test_mcqa_templates_are_checked(folder, capsys, template, needle):
 def test_teacher_options_refused(folder, capsys, opts, needle):
     code, err = _dry(capsys, _write(folder, teacher_opts=opts))
     assert code == 2 and needle in err, err
+
+
+def test_teacher_weights_and_tokenizer_checked(folder, capsys, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(folder / "teacher", broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    file = folder / "broken.yaml"
+    file.write_text(_write(folder).read_text().replace(f"{folder}/teacher", str(broken)))
+    code, err = _dry(capsys, file)
+    assert code == 2 and "teachers.main.model" in err and "broken" in err, err
+    # a tokenizer with more tokens than the teacher embeds
+    code, err = _dry(capsys, _write(folder, teacher_opts=f", tokenizer: {folder}/big_tok"))
+    assert code == 2 and "teachers.main: its tokenizer has" in err, err
 
 
 def test_names_that_refer_to_each_other(folder, capsys):

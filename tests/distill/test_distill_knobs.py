@@ -399,9 +399,17 @@ def test_mcqa_dev_letter_accuracy(root):
     """An mcqa source's dev metric is the greedy letter accuracy (8 new tokens, the official
     shots, the fast template), beside the sampled reverse KL."""
     d, state = _distiller(root, sources="m: {path: ROOT/pool.jsonl, format: mcqa, dev_size: 4, "
-                                        "max_new_tokens: 3, shots_path: ROOT/shots.jsonl}")
+                                        "max_new_tokens: 3, shots_path: ROOT/shots.jsonl, "
+                                        "cot_fraction: 0.5, cot_max_new_tokens: 5}")
     row = d.evaluate(state.params, 0)
-    assert {"dev_kl/m", "dev_acc/m"} <= set(row) and 0.0 <= row["dev_acc/m"] <= 1.0
+    assert {"dev_kl/m", "dev_acc/m", "dev_acc_cot/m"} <= set(row)
+    assert 0.0 <= row["dev_acc/m"] <= 1.0
+    b = d.produce(1, state.params, 0)
+    fast = [it.rollout for micro in b.parts["main"] for it in micro[2]
+            if not it.rollout.prompt.cot]
+    texts = [d.plan.tokenizer.decode(r.completion, skip_special_tokens=True) for r in fast]
+    assert b.sources["format_ok/m"] == np.mean([
+        McqaSource.format_ok(r.prompt, t) for r, t in zip(fast, texts)])
     prompts = d.plan.prompts.dev("m", 4)
     assert len(prompts) == 4 and all("ruby" in p.messages[1]["content"] for p in prompts)
     right = [p for p in prompts if p.answer == "A"]

@@ -52,7 +52,12 @@ def header(file: pathlib.Path) -> tuple[dict, int]:
     try:
         with open(file, "rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
+            if size > file.stat().st_size - 8:   # garbage: its "header" would exceed the file
+                raise ValueError(f"a header of {size} bytes in a file of "
+                                 f"{file.stat().st_size}")
             entries = json.loads(f.read(size))
+            if not isinstance(entries, dict):
+                raise ValueError("the header is not a JSON object")
     except (OSError, struct.error, ValueError) as e:
         raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
     entries.pop("__metadata__", None)
