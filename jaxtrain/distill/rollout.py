@@ -32,6 +32,9 @@ class Rollout:
 
 
 def bucket(n: int, step: int = LENGTH_STEP) -> int:
+    """``n`` rounded up to a multiple of ``step``, or of an eighth of its power of two when that
+    is larger (about four buckets per doubling: at most 25% padding, few compiles)."""
+    step = max(step, (1 << max(0, n - 1).bit_length()) // 8)
     return max(step, -(-n // step) * step)
 
 

@@ -70,6 +70,8 @@ def test_sampled_log_probs_are_temperature_scaled(student):
 
 
 def test_buckets():
-    assert [bucket(n) for n in (1, 32, 33)] == [32, 32, 64]
+    assert [bucket(n) for n in (1, 32, 33, 100, 257, 300, 600)] == [32, 32, 64, 128, 320, 320,
+                                                                    640]
+    assert len({bucket(n) for n in range(1, 4097)}) == 24       # about 4 per doubling
     assert [rows_bucket(n, 64) for n in (1, 3, 4, 50, 64)] == [1, 4, 4, 64, 64]
     assert rows_bucket(50, 16) == 16
