@@ -378,17 +378,20 @@ def train(cfg, logger=None, devices=None) -> dict:
                 ckpt.maybe_save(it, state, it, extra={
                     "prompts_rng": nxt.rng_before if nxt is not None else d.plan.prompts.state(),
                     "policy_version": it, "dropped": dropped})
-    finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    if it >= first and ckpt.ccfg.save_interval:   # save_steps 0: the final export only
-        ckpt.maybe_save(it, state, it, force=True, extra={
-            "prompts_rng": d.plan.prompts.state(), "policy_version": it, "dropped": dropped})
-    if eval_every:
-        _eval(d, state.params, d.steps, metrics, logger)
-    ckpt.export_final(state.params)
-    ckpt.close()
-    observers.close()
+        if it >= first and ckpt.ccfg.save_interval:   # save_steps 0: the final export only
+            ckpt.maybe_save(it, state, it, force=True, extra={
+                "prompts_rng": d.plan.prompts.state(), "policy_version": it,
+                "dropped": dropped})
+        if eval_every:
+            _eval(d, state.params, d.steps, metrics, logger)
+        ckpt.export_final(state.params)
+    finally:   # an error leaves no producer running and no save half written
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        ckpt.close()
+        observers.close()
     return last or {}
 
 
