@@ -29,6 +29,7 @@ import optax
 
 from jaxtrain import models
 from jaxtrain.checkpoint import Checkpointer, hf_init
+from jaxtrain.checks import BuildError, TrainingError
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.distill import scoring
 from jaxtrain.distill.plan import plan as make_plan
@@ -315,7 +316,12 @@ def train(cfg, logger=None, devices=None) -> dict:
     """Run distillation; returns the last metrics row."""
     logger = logger or log
     devices = list(devices or jax.devices())
-    d = Distiller(cfg, devices, logger)
+    try:
+        d = Distiller(cfg, devices, logger)
+    except (ConfigError, TrainingError):
+        raise
+    except Exception as e:  # noqa: BLE001 - reported as a bug, with the cause kept
+        raise BuildError(f"{type(e).__name__}: {e}") from e
     directory = run_dir(cfg)
     ckpt = Checkpointer.from_config(cfg, directory, d.model_cfg, logger)
     ckpt.ccfg = dataclasses.replace(ckpt.ccfg, hf_steps=ckpt.ccfg.save_dir is not None)
