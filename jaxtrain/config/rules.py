@@ -301,6 +301,30 @@ def batch(c: Context):
     c.derived["num_microbatches"] = gbs // (mbs * dp)
 
 
+def context_parallel(c: Context):
+    """What context-parallel attention (jaxtrain.parallel.context) needs of the run."""
+    cp = c.get("context_parallel_size", 1)
+    if cp <= 1:
+        return
+    seq = c.get("seq_length")
+    if seq and seq % cp:
+        c.error(f"seq_length ({seq}) must divide by context_parallel_size ({cp}): each "
+                f"context-parallel device holds an equal slice of the sequence")
+    if c.get("attention_dropout"):
+        c.error(f"attention_dropout ({c.get('attention_dropout')}) with context_parallel_size "
+                f"{cp}: context-parallel attention has no attention dropout; set it to 0")
+    kind = c.get("cp_comm_type")
+    if kind == "a2a":
+        heads = c.get("num_attention_heads")
+        groups = c.get("num_query_groups") if c.get("group_query_attention") else heads
+        tp = c.get("tensor_model_parallel_size", 1)
+        for name, n in (("num_attention_heads", heads), ("num_query_groups", groups)):
+            if n and n % (cp * tp):
+                c.error(f"cp_comm_type a2a splits the heads over the context-parallel devices: "
+                        f"{name} ({n}) must divide by context_parallel_size x "
+                        f"tensor_model_parallel_size ({cp} x {tp})")
+
+
 def moe_router(c: Context):
     """Megatron's rule that MoEConfig leaves to the config: a top-1 softmax router needs
     pre-softmax scores (else its one weight is always 1), unless sinkhorn routes. A top-1 router
@@ -607,7 +631,8 @@ def _pgs_optim_extras(c: Context):
 
 
 RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions, checkpoint_format, precision, tensor_parallel, context_and_experts, model_shape,
-         learning_rate, iterations, batch, moe_router, upcycling, pgs, evaluate_only)
+         learning_rate, iterations, batch, moe_router, upcycling, pgs, evaluate_only,
+         context_parallel)
 
 
 def apply(c: Context):

@@ -121,6 +121,9 @@ class ModelConfig:
     # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"
     # (jax.nn cuDNN attention, NVIDIA only); "auto" resolves here: see `auto_attention_impl`.
     attention_impl: str = "xla"
+    # Context parallelism's K/V exchange (jaxtrain.parallel.context: p2p, allgather, a2a) when
+    # the mesh has a context axis; None leaves the sequence-sharded attention to XLA.
+    cp_comm_type: str | None = None
     flash_block_sizes: Any = None              # kernels.flash_attention.BlockSizes; None: tuned
 
     dtype: str = "float32"

@@ -34,6 +34,22 @@ from jaxtrain.models.moe.config import MoEConfig, moe_pattern, parse_layer_freq
 from jaxtrain.quant.config import from_config as quant_config
 
 
+def _cp_comm_type(cfg) -> str | None:
+    """Megatron's cp_comm_type when context_parallel_size > 1 (one value for every layer)."""
+    if (cfg["context_parallel_size"] or 1) <= 1:
+        return None
+    kind = cfg["cp_comm_type"]
+    kinds = set(kind) if isinstance(kind, list | tuple) else {kind}
+    if len(kinds) != 1:
+        raise ConfigError(f"cp_comm_type {kind!r}: a different exchange per layer is not built "
+                          "yet (issue #23); give one value")
+    kind = kinds.pop()
+    if kind == "a2a+p2p":
+        raise ConfigError("not implemented yet: cp_comm_type a2a+p2p (hierarchical context "
+                          "parallelism, issue #23); use p2p, all_gather or a2a")
+    return "allgather" if kind == "all_gather" else kind
+
+
 def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
     """``cls`` (ModelConfig) from a flat config of canonical knobs; ``accelerator()`` names
     the device kind the quantization is for ('cuda', 'rocm', 'cpu').
@@ -121,7 +137,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         **_sink_fields(cfg), **_mla_fields(cfg),
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
         attn_logit_softcapping=cfg["attn_logit_softcapping"] or None,
-        attention_impl=attention_impl,
+        attention_impl=attention_impl, cp_comm_type=_cp_comm_type(cfg),
         dtype=dtype, weight_dtype=_weight_dtype(cfg, dtype),
         quant=quant_config(cfg, accelerator()),
         quantize_kvcache=cfg["quantize_kvcache"],

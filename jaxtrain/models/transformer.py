@@ -24,7 +24,8 @@ from jaxtrain.models.moe import moe_block
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.remat import NO_REMAT, layer_plan
-from jaxtrain.parallel.sharding import constrain, gather_weights
+from jaxtrain.parallel import context as cp
+from jaxtrain.parallel.sharding import active_layout, constrain, gather_weights
 
 RESIDUAL = ("act_batch", "act_res_seq", "act_embed")
 
@@ -88,8 +89,16 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
         scale = scale * layer_number.astype(jnp.float32)
     drop = not ctx["deterministic"] and cfg.attention_dropout > 0
 
+    layout = active_layout()
+    ring = (cfg.cp_comm_type is not None and q_offset is None and layout is not None
+            and layout.mesh_shape.get("context", 1) > 1)
+
     def attend(q, k, v, sinks):
         def run(window):
+            if ring:   # context parallelism: the sequence split over the mesh's context axis
+                return cp.sharded_attention(layout, cfg.cp_comm_type, q, k, v,
+                                            ctx["positions"], ctx["segment_ids"], sinks, window,
+                                            softcap=cfg.attn_logit_softcapping, scale=scale)
             return attention(
                 q, k, v, impl=impl, causal=True, segment_ids=ctx["segment_ids"],
                 sliding_window=window, softcap=cfg.attn_logit_softcapping, scale=scale,
@@ -361,6 +370,7 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     x, rope = embed_inputs(params, tokens, positions, cfg)
     ctx = {
+        "positions": positions,
         "segment_ids": segment_ids,
         "deterministic": deterministic,
         "rng": rng,

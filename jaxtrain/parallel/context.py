@@ -18,7 +18,12 @@ Inside a ``shard_map`` over the context axis, per device:
 
 :func:`block_attention` is the per-block XLA computation: causal, sliding window, segment ids
 from explicit positions, soft-capping; sinks join the softmax once, after the merge. Not yet
-wired into the model or the knobs (``context_parallel_size`` & co stay planned).
+wired into the load-balanced data layout yet: a run keeps the natural token order, which is
+exact but leaves the causal work uneven across the context devices.
+
+:func:`sharded_attention` is the model's entry: under an active layout whose mesh has a
+``context`` axis, q/k/v (sharded by their logical names), positions and segment ids go into a
+``shard_map`` over the whole mesh running the chosen strategy.
 """
 from __future__ import annotations
 
@@ -27,6 +32,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from jaxtrain.parallel.sharding import spec_for
 
 NEG = -1e30   # a masked score: finite, so fully masked blocks merge away without NaN
 
@@ -152,4 +160,35 @@ def a2a_attention(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, axis: str, c
     return jax.lax.all_to_all(out, axis, 1, 2, tiled=True).astype(q.dtype)
 
 
-STRATEGIES = {"p2p": ring_attention, "all_gather": allgather_attention, "a2a": a2a_attention}
+STRATEGIES = {"p2p": ring_attention, "allgather": allgather_attention, "all_gather":
+              allgather_attention, "a2a": a2a_attention}
+
+
+def sharded_attention(layout, strategy: str, q, k, v, positions, segment_ids=None, sinks=None,
+                      window=None, *, softcap=None, scale=None):
+    """Context-parallel attention of the model's q [B,T,N,H], k/v [B,T,K,H] (global arrays
+    sharded by their logical names) over ``layout``'s ``context`` axis by ``strategy``."""
+    rules, shape = layout.rules, layout.mesh_shape
+    qs = spec_for(("act_batch", "act_seq", "act_heads", "act_kv"), q.shape, rules, shape)
+    ks = spec_for(("act_batch", "act_seq", "act_kv_heads", "act_kv"), k.shape, rules, shape)
+    if "context" not in (qs[1] if isinstance(qs[1], tuple) else (qs[1],)):
+        raise ValueError(f"context-parallel attention needs the sequence ({q.shape[1]}) split "
+                         f"over the context axis ({shape.get('context')})")
+    tok = P(qs[0], qs[1])
+    sink_spec = P(qs[2])
+    fn = STRATEGIES[strategy]
+    has_seg, has_sinks, has_window = (segment_ids is not None, sinks is not None,
+                                      window is not None)
+
+    def body(q, k, v, pos, seg, sinks, window):
+        return fn(q, k, v, pos, pos, seg if has_seg else None, seg if has_seg else None,
+                  axis="context", causal=True, window=window if has_window else None,
+                  softcap=softcap, scale=scale, sinks=sinks if has_sinks else None)
+
+    zero = jnp.zeros((), jnp.int32)
+    args = (q, k, v, positions, segment_ids if has_seg else positions,
+            sinks if has_sinks else jnp.zeros((q.shape[2],), jnp.float32),
+            jnp.asarray(window, jnp.int32) if has_window else zero)
+    return jax.shard_map(body, mesh=layout.mesh,
+                         in_specs=(qs, ks, ks, tok, tok, sink_spec, P()), out_specs=qs,
+                         check_vma=False)(*args)

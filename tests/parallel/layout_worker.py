@@ -55,6 +55,13 @@ LAYOUTS = {
                           "recompute_granularity=full", "recompute_method=uniform",
                           "recompute_num_layers=1", "distribute_saved_activations=true"]),
     "tp_pp_dp": (8, ["tensor_model_parallel_size=2", "use_tp_pp_dp_mapping=true"]),
+    # context parallelism (jaxtrain.parallel.context) must not change the losses
+    "cp4": (8, ["context_parallel_size=4"]),
+    "cp2_allgather": (8, ["context_parallel_size=2", "cp_comm_type=all_gather"]),
+    "cp2_a2a": (8, ["context_parallel_size=2", "cp_comm_type=a2a"]),
+    "cp2_tp2": (8, ["context_parallel_size=2", "tensor_model_parallel_size=2",
+                    "sequence_parallel=false"]),
+    "cp2_fsdp": (8, ["context_parallel_size=2", "use_torch_fsdp2=true"]),
     # MoE: expert parallelism must not change the losses
     "moe": (8, MOE),
     "moe_ep2": (8, MOE + ["expert_model_parallel_size=2"]),

@@ -1,9 +1,16 @@
 """Context-parallel attention against one device (the cases: context_cases.py), in a process of
-its own with 8 CPU devices (the suite's processes keep one)."""
+its own with 8 CPU devices (the suite's processes keep one); the configurations it refuses.
+Whole runs with each cp_comm_type: tests/parallel/test_layouts.py."""
 import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
+
+from jaxtrain.config import load_config
+from jaxtrain.config.errors import ConfigError
+from jaxtrain.models import ModelConfig
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -18,3 +25,30 @@ def test_context_parallel_attention_cases():
                          timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "16 passed" in run.stdout, run.stdout[-2000:]
+
+
+BASE = ["mock_data=true", "vocab_size=128", "seq_length=8", "max_position_embeddings=8",
+        "num_layers=2", "hidden_size=32", "num_attention_heads=4", "group_query_attention=true",
+        "num_query_groups=2", "global_batch_size=16", "train_iters=2", "lr_warmup_iters=0",
+        "attention_dropout=0", "hidden_dropout=0"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["context_parallel_size=3", "seq_length=8"], "seq_length (8) must divide by "
+                                                  "context_parallel_size (3)"),
+    (["context_parallel_size=4", "cp_comm_type=a2a"], "num_query_groups (2) must divide by "
+                                                      "context_parallel_size"),
+    (["context_parallel_size=2", "attention_dropout=0.1"], "no attention dropout"),
+    (["context_parallel_size=2", "cp_comm_type=a2a+p2p"], "not implemented yet: cp_comm_type"),
+])
+def test_context_parallel_refusals_name_the_keys(extra, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [*BASE, *extra], world_size=8)
+    assert needle in str(err.value), str(err.value)
+
+
+def test_the_model_takes_cp_comm_type():
+    cfg = load_config(None, [*BASE, "context_parallel_size=2", "cp_comm_type=all_gather"],
+                      world_size=8)
+    assert ModelConfig.from_config(cfg).cp_comm_type == "allgather"
+    assert ModelConfig.from_config(load_config(None, BASE, world_size=8)).cp_comm_type is None

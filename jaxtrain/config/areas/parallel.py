@@ -57,12 +57,13 @@ KNOBS = [
     K("microbatch_group_size_per_vp_stage", "int", None, "Interleaved pipeline: consecutive "
       "microbatches run per virtual stage; null means the PP degree.", "megatron"),
 
-    # Context parallelism (Megatron); no issue builds it yet
+    # Context parallelism (Megatron; issue #23 builds the rest)
     K("context_parallel_size", "int", 1, "Context-parallel degree: devices the sequence of each "
-      "sample is split across inside attention.", "megatron"),
+      "sample is split across inside attention.", "megatron", status=HONORED),
     K("cp_comm_type", "str|list[str]", "p2p", "How context-parallel attention exchanges K/V (ring "
       "p2p, all-gather, all-to-all, both); may be a per-layer list.", "megatron",
-      choices=_CP_COMM_TYPES, value_aliases={"all_gather": "allgather"}),
+      choices=_CP_COMM_TYPES, value_aliases={"all_gather": "allgather"}, status=HONORED,
+      planned_values={"a2a+p2p": 23}),
     K("hierarchical_context_parallel_sizes", "list[int]", None, "Group sizes of the levels of "
       "hierarchical CP (a2a+p2p); their product is the CP degree.", "megatron"),
 
