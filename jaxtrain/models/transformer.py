@@ -96,8 +96,9 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
     def attend(q, k, v, sinks):
         def run(window):
             if ring:   # context parallelism: the sequence split over the mesh's context axis
-                return cp.sharded_attention(layout, cfg.cp_comm_type, q, k, v,
-                                            ctx["positions"], ctx["segment_ids"], sinks, window,
+                order = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
+                return cp.sharded_attention(layout, cfg.cp_comm_type, q, k, v, order,
+                                            ctx["segment_ids"], sinks, window,
                                             softcap=cfg.attn_logit_softcapping, scale=scale)
             return attention(
                 q, k, v, impl=impl, causal=True, segment_ids=ctx["segment_ids"],
@@ -370,7 +371,6 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     x, rope = embed_inputs(params, tokens, positions, cfg)
     ctx = {
-        "positions": positions,
         "segment_ids": segment_ids,
         "deterministic": deterministic,
         "rng": rng,

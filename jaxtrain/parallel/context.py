@@ -167,7 +167,9 @@ STRATEGIES = {"p2p": ring_attention, "allgather": allgather_attention, "all_gath
 def sharded_attention(layout, strategy: str, q, k, v, positions, segment_ids=None, sinks=None,
                       window=None, *, softcap=None, scale=None):
     """Context-parallel attention of the model's q [B,T,N,H], k/v [B,T,K,H] (global arrays
-    sharded by their logical names) over ``layout``'s ``context`` axis by ``strategy``."""
+    sharded by their logical names) over ``layout``'s ``context`` axis by ``strategy``.
+    ``positions`` [B,T] order the tokens for the causal mask and windows (the tokens' indices
+    in the sequence, not RoPE's positions, which may restart at document boundaries)."""
     rules, shape = layout.rules, layout.mesh_shape
     qs = spec_for(("act_batch", "act_seq", "act_heads", "act_kv"), q.shape, rules, shape)
     ks = spec_for(("act_batch", "act_seq", "act_kv_heads", "act_kv"), k.shape, rules, shape)

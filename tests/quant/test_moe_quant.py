@@ -38,6 +38,7 @@ def _per_group(fn, sizes):
     return out
 
 
+@pytest.mark.slow
 def test_weight_gradient_blocks_restart_at_each_group():
     """mxfp8 blocks of 32 rows for the weight-gradient GEMM: each group is quantized as if
     padded to whole blocks on its own (a shared block would mix two experts' scales)."""

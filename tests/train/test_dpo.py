@@ -258,6 +258,7 @@ def test_bad_combinations_exit_2(models, tmp_path, setting):
 DPO_FILE = pathlib.Path(__file__).resolve().parents[1] / "data" / "pgs" / "dpo_qwen35_08b.yaml"
 
 
+@pytest.mark.slow
 def test_pgs_dpo_file_runs_unchanged_and_its_output_loads_in_transformers(models, tmp_path):
     """palingenesis configs/dpo_qwen35_08b.yaml as published, run in a folder holding what it
     names: the SFT model at ./checkpoints/qwen35-08b-sft/final and pgs-format pairs (reasoning,

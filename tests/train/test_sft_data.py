@@ -213,6 +213,7 @@ def test_run_starts_from_the_hf_weights(tmp_path, model_dir):
         hf_init.check_vocab(model_dir, loop.build(wide, materialize=False).model_cfg)
 
 
+@pytest.mark.slow
 def test_hf_checkpoints_at_each_save_kept_with_their_orbax_state(tmp_path, model_dir):
     data = write_jsonl(tmp_path / "chat.jsonl", pair_task(8))
     cfg = _config(tmp_path, model_dir, f"dataset: {data}, eval_dataset: {data}, eval_every: 2",
