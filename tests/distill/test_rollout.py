@@ -57,6 +57,7 @@ def test_greedy_matches_transformers_generate(student):
         np.testing.assert_allclose(r.logprobs, want_lp, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_sampled_log_probs_are_temperature_scaled(student):
     _, cfg, params, tok = student
     sampler = Sampler(cfg, tok, [tok.eos_token_id], micro_seqs=8, chat_template_kwargs={})

@@ -120,6 +120,7 @@ def test_full_rkl_matches_transformers(pair, temperature):
     np.testing.assert_allclose(np.asarray(grads["embedding"]), theirs, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_sampled_rkl_is_reinforce_on_the_teacher_gap(pair):
     env = _setup(pair, "sampled_rkl")
     n = len(env["y"])
@@ -140,6 +141,7 @@ def test_sampled_rkl_is_reinforce_on_the_teacher_gap(pair):
     assert float(stats["is_dropped"]) == 0
 
 
+@pytest.mark.slow
 def test_topk_kl_matches_numpy(pair):
     env = _setup(pair, "topk_kl")
     loss = dataclasses.replace(Loss(), top_k=4, beta=0.3)

@@ -14,11 +14,11 @@ import pytest
 from tests.conftest import ROOT
 from tests.parallel.layout_worker import LAYOUTS
 
-TRAINED = ["one", "fsdp", "tp_fsdp", "cp4"]  # tp_fsdp: data x tensor, SP on; cp4: the ring
+TRAINED = ["one", "fsdp", "tp_fsdp"]  # tp_fsdp: data x tensor, SP on
 GATHERS = ["torch_fsdp2", "fsdp_keep", "tp_recompute", "tp_distribute"]
 REPLICAS = ["tp"]
 MOE = [n for n in LAYOUTS if n.startswith("moe")]   # compared among themselves
-CP = [n for n in LAYOUTS if n.startswith("cp") and n not in TRAINED]   # trained in a slow test
+CP = [n for n in LAYOUTS if n.startswith("cp")]   # trained in a slow test
 BUILT = [n for n in LAYOUTS if n not in TRAINED + GATHERS + REPLICAS + MOE + CP]
 # Compile quickly: these programs are tiny and run a few steps (both sides of each comparison).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
@@ -60,7 +60,8 @@ def test_same_losses_as_one_device(layouts, name):
 
 @pytest.mark.slow
 def test_context_parallel_strategies_same_losses_as_one_device(tmp_path):
-    """cp_comm_type all_gather and a2a, and the ring with tensor parallelism and with FSDP."""
+    """The ring (cp4), cp_comm_type all_gather and a2a, and the ring with tensor parallelism
+    and with FSDP (the attention alone, against one device: test_context_attention.py)."""
     got = _worker(tmp_path, f"train:one,{','.join(CP)}")
     for name in CP:
         assert got[name]["losses"] == pytest.approx(got["one"]["losses"], rel=2e-6), name

@@ -318,7 +318,8 @@ def _scaled_params(mcfg):
     return jax.tree.map(lambda a: a * 3, models.init(mcfg, jax.random.key(0)))
 
 
-@pytest.mark.parametrize("name", ["dft", pytest.param("deft", marks=pytest.mark.slow),
+@pytest.mark.parametrize("name", [pytest.param("dft", marks=pytest.mark.slow),
+                                  pytest.param("deft", marks=pytest.mark.slow),
                                   pytest.param("cadft beta 2.5", marks=pytest.mark.slow),
                                   "info_sft pbar 0.8"])
 def test_train_step_loss_and_update_follow_the_formula(name):
