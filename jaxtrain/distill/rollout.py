@@ -88,7 +88,8 @@ class Sampler:
             group_size: int = 1, max_new_tokens: int | None = None) -> list[Rollout]:
         """``group_size`` rollouts per prompt, in prompt order; temperature 0 is greedy;
         ``max_new_tokens`` overrides the prompts' own budgets."""
-        jobs = [(p, self.render(p)) for p in prompts for _ in range(group_size)]
+        rendered = [(p, self.render(p)) for p in prompts]
+        jobs = [job for job in rendered for _ in range(group_size)]
         out: list[Rollout | None] = [None] * len(jobs)
         by_budget: dict[int, list[int]] = {}
         for i, (p, _) in enumerate(jobs):

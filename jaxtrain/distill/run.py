@@ -105,9 +105,8 @@ class Distiller:
     # ------------------------------------------------------------------ state
 
     def initial_state(self):
-        state = create_state(jax.random.fold_in(self.key, 7), self.model_cfg, self.optimizer,
-                             self.tcfg, self.shardings)
-        return state
+        return create_state(jax.random.fold_in(self.key, 7), self.model_cfg, self.optimizer,
+                            self.tcfg, self.shardings)
 
     def from_hf(self, state):
         on_device = jax.tree.map(device_memory, self.shardings)
@@ -265,25 +264,24 @@ class Distiller:
             by_teacher, _ = self._items(rollouts)
             parts = self._parts(by_teacher, lambda it: [1.0] * len(it.completion),
                                 jax.random.fold_in(key, 1000 + s_i))
-            k1 = kl = tokens = 0.0
             full = all(self.plan.teachers[t].loss == "full_rkl" for t in parts)
+            sums = {"k1": 0.0, "kl": 0.0, "tokens": 0.0}
             for t, micro in parts.items():
                 fn = self._fn(t, False)
                 for arrays, feats, _ in micro:
                     _, stats = fn(params, jax.tree.map(jnp.asarray, arrays), feats,
                                   self.teachers[t].head)
-                    stats = jax.device_get(stats)
-                    k1, kl, tokens = (k1 + float(stats["k1"]), kl + float(stats["kl"]),
-                                      tokens + float(stats["tokens"]))
+                    sums = {k: v + stats[k] for k, v in sums.items()}
+            k1, kl, tokens = (float(v) for v in jax.device_get(list(sums.values())))
             samples = sum(len(v) for v in by_teacher.values())
+            source = self.plan.prompts.sources[name]
             row[f"dev_kl/{name}"] = k1 / tokens if tokens else float("nan")
             row[f"dev_len/{name}"] = tokens / samples if samples else 0.0
-            if isinstance(self.plan.prompts.sources[name], TracesSource):
+            if isinstance(source, TracesSource):
                 row[f"dev_stop_rate/{name}"] = float(np.mean([r.stopped for r in rollouts]))
             if full and tokens:
                 row[f"dev_kl_full/{name}"] = kl / tokens
             graded = [p for p in prompts if p.answer is not None]
-            source = self.plan.prompts.sources[name]
             if graded:
                 row[f"dev_acc/{name}"] = self._accuracy(
                     params, graded, key,

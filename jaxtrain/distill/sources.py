@@ -103,13 +103,12 @@ class MessagesSource:
             dev = [self._checked(w, r) for w, r in _read(spec.dev_path, f"{spec.key}.dev_path")]
             self.train, self.dev = rows, [r for r in dev if r is not None]
         else:
-            keyed = {}
-            for r in rows:
-                keyed[row_key(json.dumps(r["messages"], ensure_ascii=False))] = r
-            held = set(sorted(keyed)[:spec.dev_size])
-            self.dev = [keyed[k] for k in sorted(held)]
-            self.train = [r for r in rows
-                          if row_key(json.dumps(r["messages"], ensure_ascii=False)) not in held]
+            keys = [row_key(json.dumps(r["messages"], ensure_ascii=False)) for r in rows]
+            keyed = dict(zip(keys, rows))      # a later duplicate stands for its key
+            dev_keys = sorted(keyed)[:spec.dev_size]
+            self.dev = [keyed[k] for k in dev_keys]
+            held = set(dev_keys)
+            self.train = [r for k, r in zip(keys, rows) if k not in held]
         if not self.train:
             raise ConfigError(f"{spec.key}.path {spec.path}: no training rows left (every row "
                               f"is a dev row or ends with a non-user turn); lower "

@@ -47,7 +47,7 @@ def _cp_comm_type(cfg) -> str | None:
     if kind == "a2a+p2p":
         raise ConfigError("not implemented yet: cp_comm_type a2a+p2p (hierarchical context "
                           "parallelism, issue #23); use p2p, all_gather or a2a")
-    return "allgather" if kind == "all_gather" else kind
+    return kind   # the registry spells all_gather as allgather
 
 
 def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
