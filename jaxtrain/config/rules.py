@@ -301,9 +301,38 @@ def batch(c: Context):
     c.derived["num_microbatches"] = gbs // (mbs * dp)
 
 
+def pgs_context_parallel(c: Context):
+    """pgs's parallel.context_parallel: ring attention over min(world size, 8) devices (all of
+    them when 8 does not divide the world size; none on one device), K/V moved as
+    parallel.cp_rotate_method says: allgather gathers them, alltoall passes them round a ring."""
+    if not c.get("parallel.context_parallel") or not c.world_size or c.world_size < 2:
+        return
+    cp = min(c.world_size, 8)
+    cp = cp if c.world_size % cp == 0 else c.world_size
+    c.adopt("context_parallel_size", cp, "parallel.context_parallel")
+    method = c.get("parallel.cp_rotate_method", "allgather")
+    c.adopt("cp_comm_type", {"allgather": "allgather", "alltoall": "p2p"}[method],
+            "parallel.cp_rotate_method")
+
+
 def context_parallel(c: Context):
     """What context-parallel attention (jaxtrain.parallel.context) needs of the run."""
     cp = c.get("context_parallel_size", 1)
+    sizes = c.get("hierarchical_context_parallel_sizes")
+    kind = c.get("cp_comm_type")
+    kinds = set(kind) if isinstance(kind, list | tuple) else {kind}
+    if "a2a+p2p" in kinds and cp > 1:
+        if not sizes:
+            c.error(f"cp_comm_type a2a+p2p needs hierarchical_context_parallel_sizes (the "
+                    f"all-to-all group size, then the ring's) multiplying to "
+                    f"context_parallel_size ({cp})")
+        elif len(sizes) != 2 or math.prod(sizes) != cp or min(sizes) < 1:
+            c.error(f"{c.where('hierarchical_context_parallel_sizes')}: give two sizes (the "
+                    f"all-to-all level, then the ring) whose product is context_parallel_size "
+                    f"({cp})")
+    elif sizes and c.explicit("hierarchical_context_parallel_sizes"):
+        c.error(f"{c.where('hierarchical_context_parallel_sizes')} sizes the levels of "
+                f"cp_comm_type a2a+p2p, but {c.where('cp_comm_type')}; drop one")
     if cp <= 1:
         return
     seq = c.get("seq_length")
@@ -313,16 +342,20 @@ def context_parallel(c: Context):
     if c.get("attention_dropout"):
         c.error(f"attention_dropout ({c.get('attention_dropout')}) with context_parallel_size "
                 f"{cp}: context-parallel attention has no attention dropout; set it to 0")
-    kind = c.get("cp_comm_type")
-    if kind == "a2a":
+    a2a = cp if "a2a" in kinds else sizes[0] if "a2a+p2p" in kinds and sizes else None
+    if a2a:
         heads = c.get("num_attention_heads")
         groups = c.get("num_query_groups") if c.get("group_query_attention") else heads
         tp = c.get("tensor_model_parallel_size", 1)
+        size = "context_parallel_size" if "a2a" in kinds else "the all-to-all level"
         for name, n in (("num_attention_heads", heads), ("num_query_groups", groups)):
-            if n and n % (cp * tp):
-                c.error(f"cp_comm_type a2a splits the heads over the context-parallel devices: "
-                        f"{name} ({n}) must divide by context_parallel_size x "
-                        f"tensor_model_parallel_size ({cp} x {tp})")
+            if n and n % (a2a * tp):
+                c.error(f"cp_comm_type {kind} splits the heads over the context-parallel "
+                        f"devices: {name} ({n}) must divide by {size} x "
+                        f"tensor_model_parallel_size ({a2a} x {tp})")
+    if isinstance(kind, list | tuple) and len(kind) != c.get("num_layers", len(kind)):
+        c.error(f"{c.where('cp_comm_type')} lists {len(kind)} kinds for num_layers = "
+                f"{c.get('num_layers')}; give one per layer or a single kind")
 
 
 def moe_router(c: Context):
@@ -630,9 +663,10 @@ def _pgs_optim_extras(c: Context):
                           "train.spike_detection: false")
 
 
-RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions, checkpoint_format, precision, tensor_parallel, context_and_experts, model_shape,
-         learning_rate, iterations, batch, moe_router, upcycling, pgs, evaluate_only,
-         context_parallel)
+RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions,
+         checkpoint_format, precision, tensor_parallel, pgs_context_parallel,
+         context_and_experts, model_shape, learning_rate, iterations, batch, moe_router,
+         upcycling, pgs, evaluate_only, context_parallel)
 
 
 def apply(c: Context):

@@ -121,9 +121,14 @@ class ModelConfig:
     # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"
     # (jax.nn cuDNN attention, NVIDIA only); "auto" resolves here: see `auto_attention_impl`.
     attention_impl: str = "xla"
-    # Context parallelism's K/V exchange (jaxtrain.parallel.context: p2p, allgather, a2a) when
-    # the mesh has a context axis; None leaves the sequence-sharded attention to XLA.
-    cp_comm_type: str | None = None
+    # Context parallelism's K/V exchange (jaxtrain.parallel.context: p2p, allgather, a2a,
+    # a2a+p2p), or one per layer, when the mesh has a context axis; None leaves the
+    # sequence-sharded attention to XLA. cp_a2a_size: the all-to-all group size of a2a+p2p.
+    # cp_reorder: the token order attention runs on, "dual_chunk_swap" (Megatron's causal load
+    # balancing), "striped" or None (natural; see jaxtrain.parallel.context.REORDERS).
+    cp_comm_type: str | tuple[str, ...] | None = None
+    cp_a2a_size: int | None = None
+    cp_reorder: str | None = "dual_chunk_swap"
     flash_block_sizes: Any = None              # kernels.flash_attention.BlockSizes; None: tuned
 
     dtype: str = "float32"

@@ -34,20 +34,36 @@ from jaxtrain.models.moe.config import MoEConfig, moe_pattern, parse_layer_freq
 from jaxtrain.quant.config import from_config as quant_config
 
 
-def _cp_comm_type(cfg) -> str | None:
-    """Megatron's cp_comm_type when context_parallel_size > 1 (one value for every layer)."""
+def _cp_comm_type(cfg) -> str | tuple[str, ...] | None:
+    """Megatron's cp_comm_type when context_parallel_size > 1: one kind, or one per layer."""
     if (cfg["context_parallel_size"] or 1) <= 1:
         return None
     kind = cfg["cp_comm_type"]
-    kinds = set(kind) if isinstance(kind, list | tuple) else {kind}
-    if len(kinds) != 1:
-        raise ConfigError(f"cp_comm_type {kind!r}: a different exchange per layer is not built "
-                          "yet (issue #23); give one value")
-    kind = kinds.pop()
-    if kind == "a2a+p2p":
-        raise ConfigError("not implemented yet: cp_comm_type a2a+p2p (hierarchical context "
-                          "parallelism, issue #23); use p2p, all_gather or a2a")
-    return kind   # the registry spells all_gather as allgather
+    if not isinstance(kind, list | tuple):
+        return kind   # the registry spells all_gather as allgather
+    kinds = tuple("allgather" if k == "all_gather" else k for k in kind)
+    if len(kinds) != cfg["num_layers"]:
+        raise ConfigError(f"cp_comm_type lists {len(kinds)} kinds for {cfg['num_layers']} "
+                          f"layers (num_layers); give one per layer or a single kind")
+    return kinds[0] if len(set(kinds)) == 1 else kinds
+
+
+def _cp_a2a_size(cfg) -> int | None:
+    """The all-to-all level of hierarchical CP (a2a+p2p): the first of
+    hierarchical_context_parallel_sizes."""
+    sizes = cfg.get("hierarchical_context_parallel_sizes")
+    kind = cfg["cp_comm_type"]
+    used = "a2a+p2p" in (kind if isinstance(kind, list | tuple) else [kind])
+    return sizes[0] if used and sizes and (cfg["context_parallel_size"] or 1) > 1 else None
+
+
+def _cp_reorder(cfg) -> str | None:
+    """MaxText's context_parallel_load_balance / _reorder_strategy (auto: Megatron's dual chunk
+    swap, which Megatron always uses)."""
+    if not cfg["context_parallel_load_balance"]:
+        return None
+    kind = cfg["context_parallel_reorder_strategy"]
+    return "dual_chunk_swap" if kind == "auto" else kind
 
 
 def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
@@ -138,6 +154,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
         attn_logit_softcapping=cfg["attn_logit_softcapping"] or None,
         attention_impl=attention_impl, cp_comm_type=_cp_comm_type(cfg),
+        cp_a2a_size=_cp_a2a_size(cfg), cp_reorder=_cp_reorder(cfg),
         dtype=dtype, weight_dtype=_weight_dtype(cfg, dtype),
         quant=quant_config(cfg, accelerator()),
         quantize_kvcache=cfg["quantize_kvcache"],

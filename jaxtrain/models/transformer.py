@@ -96,10 +96,8 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
     def attend(q, k, v, sinks):
         def run(window):
             if ring:   # context parallelism: the sequence split over the mesh's context axis
-                order = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
-                return cp.sharded_attention(layout, cfg.cp_comm_type, q, k, v, order,
-                                            ctx["segment_ids"], sinks, window,
-                                            softcap=cfg.attn_logit_softcapping, scale=scale)
+                return _context_parallel(layout, q, k, v, ctx, layer_number, sinks, window,
+                                         cfg, scale)
             return attention(
                 q, k, v, impl=impl, causal=True, segment_ids=ctx["segment_ids"],
                 sliding_window=window, softcap=cfg.attn_logit_softcapping, scale=scale,
@@ -114,6 +112,29 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
     out = checkpoint_name(attend(q, k, v, p.get("sinks")), "context")
     out = constrain(out, "act_batch", "act_seq", "act_heads", "act_kv")
     return L.dense(out, p["wo"], p.get("bo"), "btnh,nhd->btd", "out_proj", cfg)
+
+
+def _context_parallel(layout, q, k, v, ctx: dict, layer_number, sinks, window, cfg, scale):
+    """Context-parallel attention (jaxtrain.parallel.context) with this layer's exchange: one
+    ``cp_comm_type`` for every layer, or a ``lax.switch`` on the layer over a per-layer list.
+    ``ctx['token_index']``: the tokens' indices in the sequence (the reordered layout's)."""
+    index = ctx.get("token_index")
+    if index is None:
+        index = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
+    kinds = cfg.cp_comm_type if isinstance(cfg.cp_comm_type, tuple) else (cfg.cp_comm_type,)
+    names = sorted(set(kinds))
+    balanced = ctx.get("token_layout") == "dual_chunk_swap"
+
+    def one(kind):
+        return lambda: cp.sharded_attention(
+            layout, kind, q, k, v, index, ctx["segment_ids"], sinks, window,
+            softcap=cfg.attn_logit_softcapping, scale=scale, balanced=balanced,
+            inner=cfg.cp_a2a_size if kind == "a2a+p2p" else None)
+
+    if len(names) == 1:
+        return one(names[0])()
+    which = jnp.asarray([names.index(kd) for kd in kinds])[layer_number - 1]
+    return jax.lax.switch(which, [one(kd) for kd in names])
 
 
 def _with_layer_window(run, i, kv_len: int, cfg, impl: str):
@@ -369,18 +390,23 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
     B, T = tokens.shape
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    ctx = {"deterministic": deterministic, "rng": rng, "moe_state": moe_state}
+    lay = cp.model_layout(cfg)
+    if lay is not None and lay.reorder is not None:
+        # context parallelism's token order: tokens, positions and segments move together, the
+        # attention masks by the tokens' indices, and the hidden states come back in order
+        index = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        tokens, positions, index = lay.apply(tokens), lay.apply(positions), lay.apply(index)
+        segment_ids = None if segment_ids is None else lay.apply(segment_ids)
+        ctx.update(token_index=index, token_layout=lay.reorder)
     x, rope = embed_inputs(params, tokens, positions, cfg)
-    ctx = {
-        "segment_ids": segment_ids,
-        "deterministic": deterministic,
-        "rng": rng,
-        "rope": rope,
-        "moe_state": moe_state,
-    }
+    ctx.update(segment_ids=segment_ids, rope=rope)
     if embed_noise and not deterministic:
         signs = jax.random.rademacher(
             jax.random.fold_in(_need(rng, "embedding noise"), cfg.num_layers + 1), x.shape,
             x.dtype)
+        if "token_layout" in ctx:   # the same noise per token as in natural order
+            signs = lay.apply(signs)
         x = x + signs * jnp.asarray(embed_noise / (T * cfg.hidden_size) ** 0.5, x.dtype)
     emb_rng = jax.random.fold_in(rng, cfg.num_layers) if rng is not None else None
     x = L.dropout(constrain(x, *RESIDUAL), cfg.hidden_dropout, emb_rng, deterministic
@@ -390,4 +416,6 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
               for k in STACKS if k in attached}
     x, stats = _run_layers(stacks, x, ctx, cfg)
     hidden = L.norm(params["final_norm"], x, cfg)
+    if "token_layout" in ctx:
+        hidden = lay.undo(hidden)
     return (hidden, stats) if with_moe_stats else hidden

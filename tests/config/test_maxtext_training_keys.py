@@ -111,8 +111,8 @@ def test_adam_eps_root_and_maxtext_decay_change_the_update():
 
 
 def test_mesh_keys_map_refuse_and_check_the_device_count():
-    with pytest.raises(ConfigError, match="context parallelism"):
-        load_config("base.yml", ["ici_context_parallelism=2"], world_size=4)
+    with pytest.raises(ConfigError, match="sequence parallelism of activations"):
+        load_config("base.yml", ["ici_sequence_parallelism=2"], world_size=4)
     with pytest.raises(ConfigError, match="not implemented yet: diloco parallelism"):
         load_config("base.yml", ["ici_diloco_parallelism=2"])
     with pytest.raises(ConfigError, match="has 6 devices"):

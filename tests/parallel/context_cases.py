@@ -38,14 +38,31 @@ def _reference(q, k, v, seg, sinks, case):
                                  sinks=sinks if case.get("sinks") else None)
 
 
-def _cp(strategy, q, k, v, seg, sinks, case, cp=4):
+# variant -> (strategy, its options, token layout): the ring on Megatron's balanced layout
+# (half-block steps) and on the natural one, hierarchical a2a+p2p with all-to-all groups of 2
+VARIANTS = {
+    "p2p": ("p2p", dict(balanced=True), "balanced"),
+    "p2p_natural": ("p2p", {}, "natural"),
+    "all_gather": ("all_gather", {}, "balanced"),
+    "a2a": ("a2a", {}, "balanced"),
+    "a2a+p2p": ("a2a+p2p", dict(inner=2), "balanced"),
+}
+
+
+def _order(layout, T, cp):
+    return context.balanced_order(T, cp) if layout == "balanced" else np.arange(T)
+
+
+def _cp(variant, q, k, v, seg, sinks, case, cp=4, **options):
+    strategy, opts, layout = VARIANTS[variant]
     mesh = Mesh(np.asarray(jax.devices()[:cp]), ("context",))
     B, T = q.shape[:2]
-    order = context.balanced_order(T, cp)
+    order = _order(layout, T, cp)
     pos = jnp.broadcast_to(jnp.asarray(order, jnp.int32), (B, T))
     lay = lambda x: x[:, order]   # noqa: E731
     fn = functools.partial(context.STRATEGIES[strategy], axis="context", causal=True,
-                           window=case.get("window"), softcap=case.get("softcap"))
+                           window=case.get("window"), softcap=case.get("softcap"),
+                           **{**opts, **options})
     seq = P(None, "context")
     use_seg = bool(case.get("segments"))
 
@@ -60,17 +77,30 @@ def _cp(strategy, q, k, v, seg, sinks, case, cp=4):
     return np.asarray(out)[:, np.argsort(order)]
 
 
-@pytest.mark.parametrize("strategy", ["p2p", "all_gather", "a2a"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("case", list(CASES))
-def test_forward_matches_one_device(strategy, case):
+def test_forward_matches_one_device(variant, case):
     q, k, v, seg, sinks = _inputs()
     want = np.asarray(_reference(q, k, v, seg, sinks, CASES[case]))
-    got = _cp(strategy, q, k, v, seg, sinks, CASES[case])
+    got = _cp(variant, q, k, v, seg, sinks, CASES[case])
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("strategy", ["p2p", "all_gather", "a2a"])
-def test_gradients_match_one_device(strategy):
+@pytest.mark.parametrize("variant, cp, inner", [("p2p", 8, None), ("a2a+p2p", 8, 4),
+                                                ("a2a+p2p", 8, 2)])
+def test_eight_devices(variant, cp, inner):
+    """The balanced ring at CP 8, and both hierarchical splits of 8 (4 x 2, 2 x 4), with
+    segments, a window and sinks."""
+    q, k, v, seg, sinks = _inputs(3, N=8, K=8)
+    case = dict(segments=True, window=11, sinks=True)
+    want = np.asarray(_reference(q, k, v, seg, sinks, case))
+    got = _cp(variant, q, k, v, seg, sinks, case, cp=cp, **({} if inner is None else
+                                                             dict(inner=inner)))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gradients_match_one_device(variant):
     """dq, dk, dv through the ring's transpose (K/V cotangents travel back), the all-gather's
     reduce-scatter and the all-to-alls, with segments and a window."""
     q, k, v, seg, sinks = _inputs(1)
@@ -82,12 +112,13 @@ def test_gradients_match_one_device(strategy):
 
     def cp_loss(q, k, v):
         cp = 4
+        strategy, opts, layout = VARIANTS[variant]
         mesh = Mesh(np.asarray(jax.devices()[:cp]), ("context",))
-        order = context.balanced_order(q.shape[1], cp)
+        order = _order(layout, q.shape[1], cp)
         pos = jnp.broadcast_to(jnp.asarray(order, jnp.int32), q.shape[:2])
         seq = P(None, "context")
         fn = functools.partial(context.STRATEGIES[strategy], axis="context", causal=True,
-                               window=case["window"])
+                               window=case["window"], **opts)
         out = jax.shard_map(lambda q, k, v, p, s: fn(q, k, v, p, p, s, s), mesh=mesh,
                             in_specs=(seq,) * 5, out_specs=seq, check_vma=False)(
             q[:, order], k[:, order], v[:, order], pos, seg[:, order])
@@ -105,5 +136,26 @@ def test_balanced_order_and_bad_sizes():
     with pytest.raises(ValueError, match="2 x 3 equal chunks"):
         context.balanced_order(16, 3)
     q, k, v, seg, sinks = _inputs(K=2)
-    with pytest.raises(ValueError, match="divide by the context-parallel size 4"):
+    with pytest.raises(ValueError, match="divide by the all-to-all size 4"):
         _cp("a2a", q, k, v, seg, sinks, {})
+    with pytest.raises(ValueError, match="divide by the all-to-all size 4"):
+        _cp("a2a+p2p", q, k, v, seg, sinks, {}, inner=4)
+
+
+def test_balanced_ring_does_half_of_each_later_block():
+    """On the load-balanced layout each ring step after the first attends half a block (the
+    other half is hidden by the causal mask): the compiled ring's FLOPs fall to about
+    (1 + (cp - 1) / 2) / cp of the plain ring's (0.625 at CP 4)."""
+    cp, B, T, N, H = 4, 1, 256, 2, 16
+    mesh = Mesh(np.asarray(jax.devices()[:cp]), ("context",))
+    x = jnp.ones((B, T, N, H))
+    pos = jnp.broadcast_to(jnp.asarray(context.balanced_order(T, cp)), (B, T))
+    seq = P(None, "context")
+
+    def flops(balanced):
+        fn = functools.partial(context.ring_attention, axis="context", balanced=balanced)
+        f = jax.shard_map(lambda q, k, v, p: fn(q, k, v, p, p), mesh=mesh, in_specs=(seq,) * 4,
+                          out_specs=seq, check_vma=False)
+        return jax.jit(f).lower(x, x, x, pos).compile().cost_analysis()["flops"]
+
+    assert flops(True) / flops(False) == pytest.approx(0.625, abs=0.03)

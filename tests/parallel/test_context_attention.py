@@ -1,6 +1,7 @@
 """Context-parallel attention against one device (the cases: context_cases.py), in a process of
-its own with 8 CPU devices (the suite's processes keep one); the configurations it refuses.
-Whole runs with each cp_comm_type: tests/parallel/test_layouts.py."""
+its own with 8 CPU devices (the suite's processes keep one); the configurations it refuses;
+whole runs through the CLI at CP 2, 4, 8 with each cp_comm_type (slow; context_cli_worker.py)."""
+import json
 import os
 import pathlib
 import subprocess
@@ -24,7 +25,7 @@ def test_context_parallel_attention_cases():
                          capture_output=True, text=True, env=env, cwd=HERE.parents[1],
                          timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "16 passed" in run.stdout, run.stdout[-2000:]
+    assert "30 passed" in run.stdout, run.stdout[-2000:]
 
 
 BASE = ["mock_data=true", "vocab_size=128", "seq_length=8", "max_position_embeddings=8",
@@ -33,13 +34,24 @@ BASE = ["mock_data=true", "vocab_size=128", "seq_length=8", "max_position_embedd
         "attention_dropout=0", "hidden_dropout=0"]
 
 
+HIER = "hierarchical_context_parallel_sizes"
+
+
 @pytest.mark.parametrize("extra, needle", [
     (["context_parallel_size=3", "seq_length=8"], "seq_length (8) must divide by "
                                                   "context_parallel_size (3)"),
     (["context_parallel_size=4", "cp_comm_type=a2a"], "num_query_groups (2) must divide by "
                                                       "context_parallel_size"),
     (["context_parallel_size=2", "attention_dropout=0.1"], "no attention dropout"),
-    (["context_parallel_size=2", "cp_comm_type=a2a+p2p"], "not implemented yet: cp_comm_type"),
+    (["context_parallel_size=4", "cp_comm_type=a2a+p2p"], "needs hierarchical_context_parallel_"
+                                                           "sizes"),
+    (["context_parallel_size=4", "cp_comm_type=a2a+p2p", f"{HIER}=[2,4]"],
+     "whose product is context_parallel_size (4)"),
+    (["context_parallel_size=4", "cp_comm_type=a2a+p2p", f"{HIER}=[4,1]"],
+     "num_query_groups (2) must divide by the all-to-all level"),
+    (["context_parallel_size=2", "hierarchical_context_parallel_sizes=[1,2]"],
+     "sizes the levels of cp_comm_type a2a+p2p"),
+    (["context_parallel_size=2", "cp_comm_type=[p2p,a2a,p2p]"], "lists 3 kinds for num_layers"),
 ])
 def test_context_parallel_refusals_name_the_keys(extra, needle):
     with pytest.raises(ConfigError) as err:
@@ -52,3 +64,25 @@ def test_the_model_takes_cp_comm_type():
                       world_size=8)
     assert ModelConfig.from_config(cfg).cp_comm_type == "allgather"
     assert ModelConfig.from_config(load_config(None, BASE, world_size=8)).cp_comm_type is None
+
+
+@pytest.mark.slow
+def test_context_parallel_through_the_cli_same_losses_and_gradients(tmp_path):
+    """CP 2, 4, 8 with each cp_comm_type (p2p, all_gather, a2a, a2a+p2p at both splits), with
+    TP and FSDP, both token orders and a per-layer list, trained through the CLI's entry on 8
+    CPU devices: every step's loss and gradient norm equal the run without CP (fp32), for a
+    causal grouped-query model and a packed model with a sliding window and sinks."""
+    from tests.parallel.context_cli_worker import RUNS, reference
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+    run = subprocess.run([sys.executable, str(HERE / "context_cli_worker.py"), str(tmp_path),
+                          ",".join(RUNS)], capture_output=True, text=True, env=env,
+                         cwd=HERE.parents[1], timeout=1200)
+    assert run.returncode == 0, run.stderr[-4000:]
+    got = json.loads(run.stdout.splitlines()[-1])
+    for name in RUNS:
+        want = got[reference(name)]
+        assert len(got[name]["losses"]) == 4, name
+        for key in ("losses", "grad_norms"):
+            assert got[name][key] == pytest.approx(want[key], rel=1e-6), (name, key)

@@ -127,13 +127,13 @@ KNOBS = [
 
     # --- context parallelism ---
     K("context_parallel_load_balance", "bool", True, "Reorder the sequence so every context "
-      "shard gets an equal share of causal-attention work.", _MT, issue=_CP),
+      "shard gets an equal share of causal-attention work.", _MT, HONORED),
     K("context_parallel_strategy", "str", "all_gather", "Context-parallel attention: all_gather "
-      "K/V, ring, ulysses (all-to-all heads) or usp (both).", _MT, issue=_CP,
+      "K/V, ring, ulysses (all-to-all heads) or usp (both).", _MT, HONORED,
       choices=("all_gather", "ring", "ulysses", "usp")),
     K("context_parallel_reorder_strategy", "str", "auto", "Load-balancing order of the "
-      "sequence: auto, dual_chunk_swap or striped.", _MT, issue=_CP,
-      choices=("auto", "dual_chunk_swap", "striped")),
+      "sequence: auto (dual_chunk_swap), dual_chunk_swap (Megatron's) or striped.", _MT,
+      HONORED, choices=("auto", "dual_chunk_swap", "striped")),
 
     # --- DiLoCo and network simulation ---
     K("enable_diloco", "bool", False, "Train with DiLoCo: replicas step locally and synchronise "

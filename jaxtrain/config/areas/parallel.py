@@ -62,10 +62,10 @@ KNOBS = [
       "sample is split across inside attention.", "megatron", status=HONORED),
     K("cp_comm_type", "str|list[str]", "p2p", "How context-parallel attention exchanges K/V (ring "
       "p2p, all-gather, all-to-all, both); may be a per-layer list.", "megatron",
-      choices=_CP_COMM_TYPES, value_aliases={"all_gather": "allgather"}, status=HONORED,
-      planned_values={"a2a+p2p": 23}),
+      choices=_CP_COMM_TYPES, value_aliases={"all_gather": "allgather"}, status=HONORED),
     K("hierarchical_context_parallel_sizes", "list[int]", None, "Group sizes of the levels of "
-      "hierarchical CP (a2a+p2p); their product is the CP degree.", "megatron"),
+      "hierarchical CP (a2a+p2p): the all-to-all level, then the ring; their product is the CP "
+      "degree.", "megatron", status=HONORED),
 
     # pgs-train parallel section
     K("parallel.fsdp", "bool", False, "Shard parameters, gradients and optimizer state over the "
@@ -80,11 +80,12 @@ KNOBS = [
       aliases=(Alias("torch_fsdp2_reshard_after_forward", ("megatron-lm", "primus"),
                      note="Megatron-LM's dest of --torch-fsdp2-no-reshard-after-forward"),)),
     K("parallel.context_parallel", "bool", False, "Ring attention: split each sequence over the "
-      "devices for very long contexts.", "pgs-train", issue=23),
+      "devices for very long contexts (min(world, 8) of them, or all).", "pgs-train",
+      status=HONORED),
     K("parallel.cp_rotate_method", "str", "allgather", "Collective that ring attention rotates "
       "K/V with; alltoall saves memory, allgather is the simpler one.", "pgs-train",
       choices=_CP_ROTATE_METHODS, value_aliases={"all_gather": "allgather",
-                                                 "all_to_all": "alltoall"}, issue=23),
+                                                 "all_to_all": "alltoall"}, status=HONORED),
 
     # MaxText
     K("shardy", "bool", False, "Partition the program with the Shardy partitioner "
@@ -116,8 +117,9 @@ _MESH_MAPPED = ("sets jaxtrain's mesh (config/dialects/maxtext_rules.py): data x
                 "fsdp_transpose x expert is the data-parallel size (FSDP sharding when fsdp or "
                 "fsdp_transpose > 1), tensor x tensor_sequence is tensor_model_parallel_size "
                 "(tensor_sequence > 1 turns sequence_parallel on), expert is "
-                "expert_model_parallel_size; the context, pipeline, DiLoCo and decoding axes are "
-                "refused above 1 until built")
+                "expert_model_parallel_size, context x context_usp_ulysses is "
+                "context_parallel_size (the Ulysses axis the all-to-all level of a2a+p2p); the "
+                "sequence, pipeline, DiLoCo and decoding axes are refused above 1 until built")
 
 
 def _mesh_knobs():

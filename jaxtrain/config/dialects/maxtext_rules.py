@@ -15,8 +15,7 @@ _MESH_AXES = ("diloco", "data", "fsdp", "fsdp_transpose", "tensor", "tensor_sequ
               "sequence", "context", "context_usp_ulysses", "context_autoregressive",
               "autoregressive", "pipeline")
 # MaxText mesh axes jaxtrain does not build yet: axis -> (what it is, issue).
-_PLANNED_AXES = {"sequence": ("context parallelism", 23), "context": ("context parallelism", 23),
-                 "context_usp_ulysses": ("context parallelism (Ulysses)", 23),
+_PLANNED_AXES = {"sequence": ("sequence parallelism of activations", 23),
                  "context_autoregressive": ("context parallelism for decoding", 23),
                  "pipeline": ("pipeline parallelism", 24),
                  "diloco": ("DiLoCo (local SGD between replicas)", None),
@@ -91,9 +90,34 @@ def maxtext_mesh(c):
     if sizes["tensor_sequence"] > 1:   # MaxText's tensor_sequence axis: TP plus sequence sharding
         c.adopt("sequence_parallel", True, "ici/dcn_tensor_sequence_parallelism > 1")
     c.adopt("expert_model_parallel_size", sizes["expert"], "ici/dcn_expert_parallelism")
+    _context(c, sizes["context"], sizes["context_usp_ulysses"])
     if sizes["fsdp"] * sizes["fsdp_transpose"] > 1:
         c.adopt("data_parallel_sharding_strategy", "optim_grads_params",
                "ici/dcn_fsdp_parallelism > 1")
+
+
+# MaxText context_parallel_strategy -> Megatron cp_comm_type
+_CP_STRATEGY = {"all_gather": "allgather", "ring": "p2p", "ulysses": "a2a", "usp": "a2a+p2p"}
+
+
+def _context(c, ring: int, ulysses: int):
+    """The context and context_usp_ulysses axes as context parallelism: their product is the
+    degree, context_parallel_strategy the exchange; usp runs the all-to-all inside groups of
+    the Ulysses axis's size and a ring across them (Megatron's a2a+p2p)."""
+    cp = ring * ulysses
+    c.adopt("context_parallel_size", cp, "ici/dcn_context(_usp_ulysses)_parallelism")
+    if cp <= 1:
+        return
+    strategy = c.get("context_parallel_strategy", "all_gather")
+    if ulysses > 1 and strategy != "usp":
+        c.error(f"ici/dcn_context_usp_ulysses_parallelism = {ulysses} is the all-to-all axis of "
+                f"context_parallel_strategy usp, but {c.where('context_parallel_strategy')}; "
+                f"set the strategy to usp or the axis to 1")
+        return
+    c.adopt("cp_comm_type", _CP_STRATEGY[strategy], "context_parallel_strategy")
+    if strategy == "usp":
+        c.adopt("hierarchical_context_parallel_sizes", [ulysses, ring],
+                "ici/dcn_context_usp_ulysses_parallelism x ici/dcn_context_parallelism")
 
 
 def maxtext(c):

@@ -1,0 +1,107 @@
+"""Subprocess for the context-parallel CLI test: 8 CPU devices, each named run trained for a few
+steps through ``jaxtrain.train.main`` (the command line's entry), printing one JSON object of
+their losses and gradient norms per step.
+
+Two models: ``plain`` (causal, grouped-query: 8 heads, 2 K/V groups) and ``packed``
+(multi-head, documents packed with their own segments and positions, a sliding window of 5 and
+learnable softmax sinks). Each is trained with context parallelism off (the reference) and with
+every exchange at CP 2, 4, 8, with TP and FSDP, with both token orders and per-layer kinds.
+
+``python context_cli_worker.py WORKDIR NAME,NAME,...``
+"""
+import contextlib
+import io
+import json
+import pathlib
+import sys
+
+import jax
+
+BASE = ["vocab_size=60", "tokenizer_type=NullTokenizer", "split=100,0,0", "seq_length=16",
+        "max_position_embeddings=16", "num_layers=2", "hidden_size=64",
+        "num_attention_heads=8", "micro_batch_size=1", "global_batch_size=16",
+        "lr_warmup_iters=0", "bf16=false", "hidden_dropout=0", "attention_dropout=0",
+        "log_interval=1", "exp_name=run", "train_iters=4", "use_distributed_optimizer=false"]
+MODELS = {
+    "plain": ["group_query_attention=true", "num_query_groups=2"],
+    "packed": ["reset_attention_mask=true", "reset_position_ids=true", "window_size=[5,0]",
+               "softmax_type=learnable"],
+}
+
+
+TP2 = "tensor_model_parallel_size=2"   # pads the vocabulary further: its own reference
+HIER = "hierarchical_context_parallel_sizes"
+
+
+def _cp(n, kind=None, *extra):
+    return [f"context_parallel_size={n}", *([f"cp_comm_type={kind}"] if kind else []), *extra]
+
+
+# name -> (model, options); each is compared with its model's CP 1 run, with tp2 in it
+# (``reference``)
+RUNS = {
+    "plain_cp1": ("plain", []),
+    "plain_cp2_p2p": ("plain", _cp(2, "p2p")),
+    "plain_cp4_p2p": ("plain", _cp(4, "p2p")),
+    "plain_cp8_p2p": ("plain", _cp(8, "p2p")),
+    "plain_cp4_allgather": ("plain", _cp(4, "all_gather")),
+    "plain_cp8_allgather": ("plain", _cp(8, "all_gather")),
+    "plain_cp2_a2a": ("plain", _cp(2, "a2a")),
+    "plain_tp2": ("plain", [TP2]),
+    "plain_cp2_tp2_p2p": ("plain", _cp(2, "p2p", TP2)),
+    "plain_cp4_natural": ("plain", _cp(4, "p2p", "context_parallel_load_balance=false")),
+    "plain_cp4_striped": ("plain", _cp(4, "p2p", "context_parallel_reorder_strategy=striped")),
+    "packed_cp1": ("packed", []),
+    "packed_cp2_p2p": ("packed", _cp(2, "p2p")),
+    "packed_cp4_p2p": ("packed", _cp(4, "p2p")),
+    "packed_cp8_p2p": ("packed", _cp(8, "p2p")),
+    "packed_cp2_allgather": ("packed", _cp(2, "all_gather")),
+    "packed_cp8_allgather": ("packed", _cp(8, "all_gather")),
+    "packed_cp4_a2a": ("packed", _cp(4, "a2a")),
+    "packed_cp8_a2a": ("packed", _cp(8, "a2a")),
+    "packed_cp4_a2a_p2p": ("packed", _cp(4, "a2a+p2p", f"{HIER}=[2,2]")),
+    "packed_cp8_a2a_p2p_2x4": ("packed", _cp(8, "a2a+p2p", f"{HIER}=[2,4]")),
+    "packed_cp8_a2a_p2p_4x2": ("packed", _cp(8, "a2a+p2p", f"{HIER}=[4,2]")),
+    "packed_cp2_fsdp": ("packed", _cp(2, "all_gather", "use_torch_fsdp2=true")),
+    "packed_tp2": ("packed", [TP2]),
+    "packed_cp2_tp2_a2a": ("packed", _cp(2, "a2a", TP2)),
+    "packed_cp4_per_layer": ("packed", _cp(4, "[p2p,a2a]")),
+}
+
+
+def reference(name: str) -> str:
+    """The run a CP run must reproduce: its model without CP, with its tensor parallelism."""
+    return f"{RUNS[name][0]}_{'tp2' if TP2 in RUNS[name][1] else 'cp1'}"
+
+
+def _data(workdir: pathlib.Path) -> str:
+    """An indexed dataset of short documents (1-11 tokens), so a 16-token sample packs several."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+    from tests.data import helpers
+
+    prefix = workdir / "docs"
+    if not prefix.with_suffix(".bin").exists():
+        helpers.write_indexed(prefix, helpers.random_docs(400, vocab=60, lo=1, hi=12, seed=4))
+    return str(prefix)
+
+
+def run(workdir: pathlib.Path, name: str) -> dict:
+    from jaxtrain.train import main
+
+    model, extra = RUNS[name]
+    args = [*BASE, *MODELS[model], f"data_path={_data(workdir)}",
+            f"workspace={workdir / name}", *extra]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(args)
+    if code != 0:
+        raise SystemExit(f"{name}: exit {code}\n{err.getvalue()[-3000:]}")
+    rows = [json.loads(r) for r in
+            (workdir / name / "run" / "metrics.jsonl").read_text().splitlines()]
+    return {"losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows]}
+
+
+if __name__ == "__main__":
+    jax.config.update("jax_num_cpu_devices", 8)
+    work = pathlib.Path(sys.argv[1])
+    print(json.dumps({n: run(work, n) for n in sys.argv[2].split(",")}))
