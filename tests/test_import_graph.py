@@ -31,6 +31,7 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     # Pallas (jax.experimental.pallas and its Triton lowering) loads only when a kernel is
     # selected; tests also swap kernels.flash_attention.flash_attention for a spy.
     ("jaxtrain.models.attention", "kernels.flash_attention"): "Pallas: only with the kernel",
+    ("jaxtrain.parallel.context", "kernels.flash_attention"): "Pallas: only with the kernel",
     ("jaxtrain.models.config", "kernels.flash_attention"): "Pallas: only with block sizes set",
     ("jaxtrain.ops", "kernels.grouped_gemm"): "Pallas: only with grouped_gemm",
     # Config loading and the dry run's translation stay free of JAX (a test checks that the HF

@@ -117,19 +117,22 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
 def _context_parallel(layout, q, k, v, ctx: dict, layer_number, sinks, window, cfg, scale):
     """Context-parallel attention (jaxtrain.parallel.context) with this layer's exchange: one
     ``cp_comm_type`` for every layer, or a ``lax.switch`` on the layer over a per-layer list.
-    ``ctx['token_index']``: the tokens' indices in the sequence (the reordered layout's)."""
+    ``ctx['token_index']``: the tokens' indices in the sequence (the reordered layout's). With
+    ``attention_impl: flash`` the ring attends its blocks with the flash kernel."""
     index = ctx.get("token_index")
     if index is None:
         index = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
     kinds = cfg.cp_comm_type if isinstance(cfg.cp_comm_type, tuple) else (cfg.cp_comm_type,)
     names = sorted(set(kinds))
     balanced = ctx.get("token_layout") == "dual_chunk_swap"
+    kernel = (dict(block_sizes=cfg.flash_block_sizes, interpret=None)
+              if cfg.attention_impl == "flash" else None)
 
     def one(kind):
         return lambda: cp.sharded_attention(
             layout, kind, q, k, v, index, ctx["segment_ids"], sinks, window,
             softcap=cfg.attn_logit_softcapping, scale=scale, balanced=balanced,
-            inner=cfg.cp_a2a_size if kind == "a2a+p2p" else None)
+            inner=cfg.cp_a2a_size if kind == "a2a+p2p" else None, kernel=kernel)
 
     if len(names) == 1:
         return one(names[0])()

@@ -158,24 +158,42 @@ def _with_sinks(out, lse, sinks):
     return out * jnp.exp(lse - total).transpose(0, 2, 1)[..., None]
 
 
-def _block_or_skip(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw):
+def _kernel_block(kernel: dict, q, k, v, q_seg, k_seg, *, causal, softcap, scale):
+    """(out, lse) of one block by the flash kernel (``kernel``: its block_sizes and interpret
+    options): the kernel masks by position within the block, which on the load-balanced
+    layout is exact for the blocks the ring forms (the own block causal, the others whole)."""
+    from kernels.flash_attention import flash_attention_lse
+
+    seg = None if q_seg is None else (q_seg, k_seg)
+    out, lse = flash_attention_lse(q, k, v, causal=causal, segment_ids=seg, logit_softcap=softcap,
+                                   scale=scale, **kernel)
+    return out.astype(jnp.float32), lse
+
+
+def _block_or_skip(q, k, v, q_pos, k_pos, q_seg, k_seg, kernel=None, **kw):
     """`block_attention` when any query of the block sees any key; else a fully masked result
     (zero output, lse NEG) without the block's matmuls: blocks that a sliding window or packed
-    documents hide entirely cost nothing."""
+    documents hide entirely cost nothing. ``kernel``: the block is wholly visible but for
+    segments, and the flash kernel attends it."""
+    def attend():
+        if kernel is not None:
+            return _kernel_block(kernel, q, k, v, q_seg, k_seg, causal=False,
+                                 softcap=kw.get("softcap"), scale=kw.get("scale"))
+        return block_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
+
     def empty():
         B, T, N = q.shape[:3]
         return (jnp.zeros((B, T, N, v.shape[-1]), jnp.float32),
                 jnp.full((B, N, T), NEG, jnp.float32))
 
     if kw.get("window") is None and q_seg is None:
-        return block_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
+        return attend()
     seen = jnp.any(_visible(q_pos, k_pos, q_seg, k_seg, kw.get("causal", True),
                             kw.get("window")))
-    return jax.lax.cond(seen, lambda: block_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw),
-                        empty)
+    return jax.lax.cond(seen, attend, empty)
 
 
-def _balanced_step(q, block, q_pos, q_seg, first: bool, **kw):
+def _balanced_step(q, block, q_pos, q_seg, first: bool, kernel=None, **kw):
     """One ring step on Megatron's load-balanced layout, where this device holds chunks i and
     2·cp−1−i and the arriving block came from device j ≠ i: when j < i only the block's first
     chunk (j) is visible, to every query; when j > i only the second query chunk (2·cp−1−i) sees
@@ -186,10 +204,12 @@ def _balanced_step(q, block, q_pos, q_seg, first: bool, **kw):
     late = lambda x: None if x is None else x[:, h:]   # noqa: E731
 
     def early_keys():
-        return _block_or_skip(q, half(k), half(v), q_pos, half(k_pos), q_seg, half(k_seg), **kw)
+        return _block_or_skip(q, half(k), half(v), q_pos, half(k_pos), q_seg, half(k_seg),
+                              kernel, **kw)
 
     def late_queries():
-        out, lse = _block_or_skip(late(q), k, v, late(q_pos), k_pos, late(q_seg), k_seg, **kw)
+        out, lse = _block_or_skip(late(q), k, v, late(q_pos), k_pos, late(q_seg), k_seg,
+                                  kernel, **kw)
         return (jnp.concatenate([jnp.zeros_like(out), out], axis=1),
                 jnp.concatenate([jnp.full_like(lse, NEG), lse], axis=2))
 
@@ -198,7 +218,7 @@ def _balanced_step(q, block, q_pos, q_seg, first: bool, **kw):
 
 def ring_attention(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, axis: str, causal=True,
                    window=None, softcap=None, scale=None, sinks=None, balanced=False,
-                   ring=None):
+                   ring=None, kernel=None):
     """Ring attention over mesh axis ``axis`` (call inside a ``shard_map``): this device's
     queries against every device's K/V block, the blocks rotating one hop per step.
 
@@ -207,22 +227,29 @@ def ring_attention(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, axis: str, 
     forward). ``balanced``: the tokens are in :func:`balanced_order` (positions its indices) and
     the mask causal, so each step after the first does half a block (`_balanced_step`).
     ``ring``: (size, stride) of a ring inside the axis (hierarchical CP: the devices stride
-    apart), default the whole axis."""
+    apart), default the whole axis. ``kernel``: options of the flash kernel
+    (:func:`kernels.flash_attention.flash_attention_lse`), used for the blocks on the balanced
+    layout without a window; None (or another layout) attends with the XLA `block_attention`.
+    """
     cp, stride = ring if ring is not None else (jax.lax.axis_size(axis), 1)
     total = cp * stride
     perm = [(j, (j + stride) % total) for j in range(total)]
     kw = dict(causal=causal, window=window, softcap=softcap, scale=scale)
     balanced = balanced and causal and ring is None
+    kernel = kernel if balanced and window is None else None
     rank = jax.lax.axis_index(axis) // stride
     block = (k, v, k_pos, k_seg)
     out = lse = None
     for s in range(cp):
         nxt = jax.lax.ppermute(block, axis, perm) if s < cp - 1 else None
-        if s == 0:
+        if s == 0 and kernel is not None:   # own chunks in increasing order: causal by place
+            out, lse = _kernel_block(kernel, q, k, v, q_seg, k_seg, causal=True,
+                                     softcap=softcap, scale=scale)
+        elif s == 0:
             out, lse = block_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, **kw)
         else:
             if balanced:
-                out_b, lse_b = _balanced_step(q, block, q_pos, q_seg, s <= rank, **kw)
+                out_b, lse_b = _balanced_step(q, block, q_pos, q_seg, s <= rank, kernel, **kw)
             else:
                 out_b, lse_b = _block_or_skip(q, *block[:2], q_pos, block[2], q_seg, block[3],
                                               **kw)
@@ -295,13 +322,15 @@ STRATEGIES = {"p2p": ring_attention, "allgather": allgather_attention, "all_gath
 
 
 def sharded_attention(layout, strategy: str, q, k, v, positions, segment_ids=None, sinks=None,
-                      window=None, *, softcap=None, scale=None, balanced=False, inner=None):
+                      window=None, *, softcap=None, scale=None, balanced=False, inner=None,
+                      kernel=None):
     """Context-parallel attention of the model's q [B,T,N,H], k/v [B,T,K,H] (global arrays
     sharded by their logical names) over ``layout``'s ``context`` axis by ``strategy``.
     ``positions`` [B,T] order the tokens for the causal mask and windows (the tokens' indices
     in the sequence, not RoPE's positions, which may restart at document boundaries).
     ``balanced``: the tokens are in :func:`balanced_order` (the ring then skips the half blocks
-    the causal mask hides). ``inner``: the all-to-all group size of ``a2a+p2p``."""
+    the causal mask hides). ``inner``: the all-to-all group size of ``a2a+p2p``. ``kernel``:
+    the flash kernel's options for the ring's blocks (:func:`ring_attention`)."""
     rules, shape = layout.rules, layout.mesh_shape
     qs = spec_for(("act_batch", "act_seq", "act_heads", "act_kv"), q.shape, rules, shape)
     ks = spec_for(("act_batch", "act_seq", "act_kv_heads", "act_kv"), k.shape, rules, shape)
@@ -312,6 +341,8 @@ def sharded_attention(layout, strategy: str, q, k, v, positions, segment_ids=Non
     sink_spec = P(qs[2])
     fn = STRATEGIES[strategy]
     extra = dict(balanced=balanced) if inner is None else dict(inner=inner)
+    if strategy == "p2p" and kernel is not None:
+        extra["kernel"] = kernel
     has_seg, has_sinks, has_window = (segment_ids is not None, sinks is not None,
                                       window is not None)
 

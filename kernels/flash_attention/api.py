@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.flash_attention.backward import backward
-from kernels.flash_attention.common import Static
+from kernels.flash_attention.common import LOG2E, Static
 from kernels.flash_attention.forward import forward
 from kernels.flash_attention.masking import make_band
 from kernels.flash_attention.tuning import BlockSizes, tuned_block_sizes
@@ -36,6 +36,27 @@ def flash_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=No
     Softmax and accumulation are fp32. Rows that see no key return zeros (sinks or not), with
     finite gradients.
     """
+    cfg, q_ids, kv_ids = _static(q, k, v, causal, segment_ids, sliding_window, sinks,
+                                 logit_softcap, scale, block_sizes, interpret)
+    return _attention(cfg, q, k, v, q_ids, kv_ids, sinks)
+
+
+def flash_attention_lse(q, k, v, *, causal=True, segment_ids=None, logit_softcap=None,
+                        scale=None, block_sizes: BlockSizes | None = None,
+                        interpret: bool | None = False):
+    """(out [B,T,Hq,D] in q's dtype, lse [B,Hq,T] float32): :func:`flash_attention` (no window,
+    no sinks) and the natural log-sum-exp of each row's scores, for merging blocks attended
+    separately (context parallelism). A row that sees no key has out 0 and lse -1e30, which
+    merges away. Both outputs are differentiable: the lse's cotangent g enters the backward
+    as delta − g (d lse / d score = p)."""
+    cfg, q_ids, kv_ids = _static(q, k, v, causal, segment_ids, None, None, logit_softcap,
+                                 scale, block_sizes, interpret)
+    return _attention_lse(cfg, q, k, v, q_ids, kv_ids)
+
+
+def _static(q, k, v, causal, segment_ids, sliding_window, sinks, logit_softcap, scale,
+            block_sizes, interpret):
+    """The argument checks and the kernels' static config: (cfg, q_ids, kv_ids)."""
     B, T, Hq, D = q.shape
     if k.ndim != 4 or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
         raise ValueError(f"k {k.shape} and v {v.shape} must be [B, S, Hkv, D] for q {q.shape}")
@@ -55,7 +76,7 @@ def flash_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=No
         scale=float(D ** -0.5 if scale is None else scale),
         softcap=None if logit_softcap is None else float(logit_softcap),
         q_len=T, kv_len=S, head_dim=D, blocks=blocks.fit(T, S), interpret=bool(interpret))
-    return _attention(cfg, q, k, v, q_ids, kv_ids, sinks)
+    return cfg, q_ids, kv_ids
 
 
 def _segments(segment_ids, B, T, S):
@@ -91,3 +112,32 @@ def _attention_bwd(cfg, residuals, d_out):
 
 _attention_vjp.defvjp(_attention_fwd, _attention_bwd)
 _attention = jax.jit(_attention_vjp, static_argnums=0)
+
+_NO_KEYS = -1e30   # the natural lse of a row that sees no key (the kernel writes +inf)
+
+
+def _natural_lse(lse2):
+    return jnp.where(jnp.isinf(lse2), _NO_KEYS, lse2 / LOG2E)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _lse_vjp(cfg, q, k, v, q_ids, kv_ids):
+    out, lse2 = forward(cfg, q, k, v, q_ids, kv_ids, None)
+    return out, _natural_lse(lse2)
+
+
+def _lse_fwd(cfg, q, k, v, q_ids, kv_ids):
+    out, lse2 = forward(cfg, q, k, v, q_ids, kv_ids, None)
+    return (out, _natural_lse(lse2)), (q, k, v, q_ids, kv_ids, out, lse2)
+
+
+def _lse_bwd(cfg, residuals, cotangents):
+    q, k, v, q_ids, kv_ids, out, lse2 = residuals
+    d_out, d_lse = cotangents
+    dq, dk, dv, _ = backward(cfg, q, k, v, q_ids, kv_ids, None, out, lse2, d_out,
+                             d_lse=jnp.where(jnp.isinf(lse2), 0.0, d_lse))
+    return dq, dk, dv, None, None
+
+
+_lse_vjp.defvjp(_lse_fwd, _lse_bwd)
+_attention_lse = jax.jit(_lse_vjp, static_argnums=0)

@@ -25,9 +25,12 @@ from kernels.flash_attention.masking import (
 )
 
 
-def backward(cfg: Static, q, k, v, q_ids, kv_ids, sinks, out, lse, d_out):
-    """(dq, dk, dv, dsinks or None) for cotangent d_out of the forward output."""
+def backward(cfg: Static, q, k, v, q_ids, kv_ids, sinks, out, lse, d_out, d_lse=None):
+    """(dq, dk, dv, dsinks or None) for cotangent d_out of the forward output (and d_lse
+    [B,Hq,T] of the natural log-sum-exp, when the caller uses it: delta − d_lse)."""
     delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), d_out.astype(jnp.float32))
+    if d_lse is not None:
+        delta = delta - d_lse.astype(jnp.float32)
     dq = _dq(cfg, q, k, v, q_ids, kv_ids, d_out, lse, delta)
     dk, dv = _dkv(cfg, q, k, v, q_ids, kv_ids, d_out, lse, delta)
     dsinks = None

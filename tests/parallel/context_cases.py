@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxtrain.models.attention import dot_product_attention
 from jaxtrain.parallel import context
+from kernels.flash_attention import BlockSizes
 
 CASES = {
     "causal": dict(),
@@ -39,13 +40,16 @@ def _reference(q, k, v, seg, sinks, case):
 
 
 # variant -> (strategy, its options, token layout): the ring on Megatron's balanced layout
-# (half-block steps) and on the natural one, hierarchical a2a+p2p with all-to-all groups of 2
+# (half-block steps) and on the natural one, hierarchical a2a+p2p with all-to-all groups of 2,
+# the ring's blocks by the flash kernel (interpreted; windows fall back to the XLA blocks)
 VARIANTS = {
     "p2p": ("p2p", dict(balanced=True), "balanced"),
     "p2p_natural": ("p2p", {}, "natural"),
     "all_gather": ("all_gather", {}, "balanced"),
     "a2a": ("a2a", {}, "balanced"),
     "a2a+p2p": ("a2a+p2p", dict(inner=2), "balanced"),
+    "p2p_kernel": ("p2p", dict(balanced=True, kernel=dict(block_sizes=BlockSizes(16, 16),
+                                                          interpret=True)), "balanced"),
 }
 
 
@@ -159,3 +163,17 @@ def test_balanced_ring_does_half_of_each_later_block():
         return jax.jit(f).lower(x, x, x, pos).compile().cost_analysis()["flops"]
 
     assert flops(True) / flops(False) == pytest.approx(0.625, abs=0.03)
+
+
+@pytest.mark.parametrize("window, expected", [(None, True), (5, False)])
+def test_the_ring_attends_with_the_kernel_unless_windowed(window, expected):
+    q, k, v, seg, sinks = _inputs()
+    cp, T = 4, q.shape[1]
+    mesh = Mesh(np.asarray(jax.devices()[:cp]), ("context",))
+    pos = jnp.broadcast_to(jnp.asarray(context.balanced_order(T, cp)), q.shape[:2])
+    fn = functools.partial(context.ring_attention, axis="context", balanced=True, window=window,
+                           kernel=dict(block_sizes=BlockSizes(16, 16), interpret=True))
+    seq = P(None, "context")
+    f = jax.shard_map(lambda q, k, v, p: fn(q, k, v, p, p), mesh=mesh, in_specs=(seq,) * 4,
+                      out_specs=seq, check_vma=False)
+    assert ("pallas_call" in str(jax.make_jaxpr(f)(q, k, v, pos))) == expected

@@ -51,6 +51,7 @@ RUNS = {
     "plain_cp2_tp2_p2p": ("plain", _cp(2, "p2p", TP2)),
     "plain_cp4_natural": ("plain", _cp(4, "p2p", "context_parallel_load_balance=false")),
     "plain_cp4_striped": ("plain", _cp(4, "p2p", "context_parallel_reorder_strategy=striped")),
+    "plain_cp4_flash": ("plain", _cp(4, "p2p", "attention_backend=flash")),   # interpreted
     "packed_cp1": ("packed", []),
     "packed_cp2_p2p": ("packed", _cp(2, "p2p")),
     "packed_cp4_p2p": ("packed", _cp(4, "p2p")),
