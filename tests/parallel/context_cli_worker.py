@@ -2,10 +2,12 @@
 steps through ``jaxtrain.train.main`` (the command line's entry), printing one JSON object of
 their losses and gradient norms per step.
 
-Two models: ``plain`` (causal, grouped-query: 8 heads, 2 K/V groups) and ``packed``
-(multi-head, documents packed with their own segments and positions, a sliding window of 5 and
-learnable softmax sinks). Each is trained with context parallelism off (the reference) and with
-every exchange at CP 2, 4, 8, with TP and FSDP, with both token orders and per-layer kinds.
+Models: ``plain`` (causal, grouped-query: 8 heads, 2 K/V groups), ``packed`` (multi-head,
+documents packed with their own segments and positions, a sliding window of 5 and learnable
+softmax sinks), ``moe`` (8 experts, top-2, expert bias) and ``mla`` (multi-latent attention).
+Each is trained with context parallelism off (the reference) and with every exchange at CP 2,
+4, 8, with TP, FSDP and EP, with each token order, per-layer kinds and the flash kernel
+(interpreted here).
 
 ``python context_cli_worker.py WORKDIR NAME,NAME,...``
 """
@@ -24,6 +26,11 @@ BASE = ["vocab_size=60", "tokenizer_type=NullTokenizer", "split=100,0,0", "seq_l
         "log_interval=1", "exp_name=run", "train_iters=4", "use_distributed_optimizer=false"]
 MODELS = {
     "plain": ["group_query_attention=true", "num_query_groups=2"],
+    "moe": ["num_experts=8", "moe_router_topk=2", "moe_ffn_hidden_size=32",
+            "moe_aux_loss_coeff=0.01", "moe_z_loss_coeff=0.001",
+            "moe_router_enable_expert_bias=true", "moe_router_score_function=sigmoid"],
+    "mla": ["multi_latent_attention=true", "kv_lora_rank=16", "qk_head_dim=8",
+            "qk_pos_emb_head_dim=4", "v_head_dim=8"],
     "packed": ["reset_attention_mask=true", "reset_position_ids=true", "window_size=[5,0]",
                "softmax_type=learnable"],
 }
@@ -48,10 +55,17 @@ RUNS = {
     "plain_cp8_allgather": ("plain", _cp(8, "all_gather")),
     "plain_cp2_a2a": ("plain", _cp(2, "a2a")),
     "plain_tp2": ("plain", [TP2]),
-    "plain_cp2_tp2_p2p": ("plain", _cp(2, "p2p", TP2)),
+    "plain_cp2_tp2_p2p": ("plain", _cp(2, "p2p", TP2, "sequence_parallel=false")),
+    "plain_cp2_tp2_sp_allgather": ("plain", _cp(2, "all_gather", TP2, "sequence_parallel=true")),
     "plain_cp4_natural": ("plain", _cp(4, "p2p", "context_parallel_load_balance=false")),
     "plain_cp4_striped": ("plain", _cp(4, "p2p", "context_parallel_reorder_strategy=striped")),
     "plain_cp4_flash": ("plain", _cp(4, "p2p", "attention_backend=flash")),   # interpreted
+    "moe_cp1": ("moe", []),
+    "moe_cp4_p2p": ("moe", _cp(4, "p2p")),
+    "moe_cp2_ep2_a2a": ("moe", _cp(2, "a2a", "expert_model_parallel_size=2")),
+    "mla_cp1": ("mla", []),
+    "mla_cp4_p2p": ("mla", _cp(4, "p2p")),
+    "mla_cp2_a2a": ("mla", _cp(2, "a2a")),
     "packed_cp1": ("packed", []),
     "packed_cp2_p2p": ("packed", _cp(2, "p2p")),
     "packed_cp4_p2p": ("packed", _cp(4, "p2p")),

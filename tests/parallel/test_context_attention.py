@@ -69,9 +69,10 @@ def test_the_model_takes_cp_comm_type():
 @pytest.mark.slow
 def test_context_parallel_through_the_cli_same_losses_and_gradients(tmp_path):
     """CP 2, 4, 8 with each cp_comm_type (p2p, all_gather, a2a, a2a+p2p at both splits), with
-    TP and FSDP, both token orders and a per-layer list, trained through the CLI's entry on 8
-    CPU devices: every step's loss and gradient norm equal the run without CP (fp32), for a
-    causal grouped-query model and a packed model with a sliding window and sinks."""
+    TP, FSDP and EP, each token order, a per-layer list and the flash kernel, trained through
+    the CLI's entry on 8 CPU devices: every step's loss and gradient norm equal the run without
+    CP (fp32), for a causal grouped-query model, a packed model with a sliding window and sinks,
+    an MoE and an MLA model."""
     from tests.parallel.context_cli_worker import RUNS, reference
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
@@ -86,3 +87,20 @@ def test_context_parallel_through_the_cli_same_losses_and_gradients(tmp_path):
         assert len(got[name]["losses"]) == 4, name
         for key in ("losses", "grad_norms"):
             assert got[name][key] == pytest.approx(want[key], rel=1e-6), (name, key)
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["context_parallel_size=4", "seq_length=12", "max_position_embeddings=12"],
+     ["seq_length (12) must be divisible by 2 x context_parallel_size (8)"]),
+    (["context_parallel_size=4", "cp_comm_type=a2a"], ["cp_comm_type", "num_query_groups (2)"]),
+    (["context_parallel_size=2", "attention_dropout=0.1"],
+     ["attention_dropout", "context_parallel_size"]),
+])
+def test_the_command_line_refuses_with_exit_2_naming_the_keys(extra, needles, capsys):
+    from jaxtrain.train import main
+
+    assert main([*BASE, *extra, "--dry-run", "--world-size", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, err
