@@ -1,8 +1,9 @@
 """Context-parallel attention (jaxtrain.parallel.context) on 4 CPU devices against the one-device
 reference attention: ring (p2p), all-gather and all-to-all (Ulysses), on Megatron's
 load-balanced layout, forward and gradients, with causal masks, packed segments, sliding
-windows, soft-capping and sinks (fp32). Run by test_context_attention.py in a process with 8
-CPU devices."""
+windows, soft-capping and sinks (fp32); hierarchical a2a+p2p and the ring with the flash kernel
+(interpreted). Run by test_context_attention.py in a process with 8 CPU devices (the cases
+marked slow with -m slow)."""
 import functools
 
 import jax
@@ -81,8 +82,13 @@ def _cp(variant, q, k, v, seg, sinks, case, cp=4, **options):
     return np.asarray(out)[:, np.argsort(order)]
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("case", list(CASES))
+def _slow_pairs():
+    """The kernel's forward cases beyond segments run with -m slow (each interprets Pallas)."""
+    return [pytest.param(c, v, marks=pytest.mark.slow) if v == "p2p_kernel" and c != "segments"
+            else (c, v) for c in CASES for v in VARIANTS]
+
+
+@pytest.mark.parametrize("case, variant", _slow_pairs())
 def test_forward_matches_one_device(variant, case):
     q, k, v, seg, sinks = _inputs()
     want = np.asarray(_reference(q, k, v, seg, sinks, CASES[case]))
@@ -90,8 +96,9 @@ def test_forward_matches_one_device(variant, case):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("variant, cp, inner", [("p2p", 8, None), ("a2a+p2p", 8, 4),
-                                                ("a2a+p2p", 8, 2)])
+@pytest.mark.parametrize("variant, cp, inner", [pytest.param("p2p", 8, None,
+                                                             marks=pytest.mark.slow),
+                                                ("a2a+p2p", 8, 4), ("a2a+p2p", 8, 2)])
 def test_eight_devices(variant, cp, inner):
     """The balanced ring at CP 8, and both hierarchical splits of 8 (4 x 2, 2 x 4), with
     segments, a window and sinks."""
@@ -103,7 +110,8 @@ def test_eight_devices(variant, cp, inner):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow)
+                                     if v == "p2p_natural" else v for v in VARIANTS])
 def test_gradients_match_one_device(variant):
     """dq, dk, dv through the ring's transpose (K/V cotangents travel back), the all-gather's
     reduce-scatter and the all-to-alls, with segments and a window."""

@@ -16,16 +16,25 @@ from jaxtrain.models import ModelConfig
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def test_context_parallel_attention_cases():
+def _cases(marks: str):
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-o", "python_files=context_cases.py", "-o", "addopts=",
+                          "-o", "python_files=context_cases.py", "-o", "addopts=", "-m", marks,
                           str(HERE / "context_cases.py")],
                          capture_output=True, text=True, env=env, cwd=HERE.parents[1],
                          timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "37 passed" in run.stdout, run.stdout[-2000:]
+    return run.stdout
+
+
+def test_context_parallel_attention_cases():
+    assert "32 passed, 5 deselected" in _cases("not slow")
+
+
+@pytest.mark.slow
+def test_context_parallel_attention_slow_cases():
+    assert "5 passed, 32 deselected" in _cases("slow")
 
 
 BASE = ["mock_data=true", "vocab_size=128", "seq_length=8", "max_position_embeddings=8",
