@@ -27,6 +27,11 @@ _FT = ("nvidia-resiliency-ext's fault-tolerance package (ft_launcher heartbeats 
        "timeouts) hooks PyTorch jobs only; restart a jaxtrain run from its last checkpoint "
        "instead")
 
+_HYBRID_CP = ("Megatron-LM regroups ranks into context-parallel groups of a different size for "
+              "each microbatch; a jaxtrain step is one program compiled for one mesh, so every "
+              "sample is split over the same context axis. Use context_parallel_size for the "
+              "whole run (with packing for short samples)")
+
 KNOBS = [
     # --- parallelism ---
     K("tensor_parallel_num_weight_shards", "int", None, "Shards of each weight across the "
@@ -38,9 +43,10 @@ KNOBS = [
     K("gtp_remat_reduce_scatter_with_fp32_accumulation", "bool", False, "Reduce-scatter the GTP "
       "weight gradients in low precision on the wire but accumulate them in float32.", _L),
     K("hybrid_context_parallel", "bool", False, "Balance packed variable-length samples across "
-      "data x context parallel ranks instead of splitting each sample evenly.", _L, issue=23),
+      "data x context parallel ranks instead of splitting each sample evenly.", _L, REJECTED,
+      _HYBRID_CP),
     K("max_seqlen_per_dp_cp_rank", "int", None, "Longest sequence one data x context parallel "
-      "rank takes under hybrid_context_parallel.", _L, issue=23),
+      "rank takes under hybrid_context_parallel.", _L, REJECTED, _HYBRID_CP),
     K("overlap_p2p_comm_warmup_flush", "bool", False, "Also overlap pipeline send/receive with "
       "compute in the warm-up and flush phases of the schedule.", _L, issue=24),
     K("mtp_standalone", "bool", False, "The MTP layers sit in their own virtual pipeline stage "
