@@ -101,6 +101,16 @@ class ModelConfig:
     apply_query_key_layer_scaling: bool = False
     attention_softmax_in_fp32: bool = True
     sliding_window: int | None = None
+    # Gemma: the token embeddings times this (sqrt(hidden_size)); None: 1
+    embedding_multiplier: float | None = None
+    # Gemma 2/3 sandwich norms: the attention and MLP outputs normalised before the residual add
+    post_attention_norm: bool = False
+    post_mlp_norm: bool = False
+    # Attention scores scaled by query_pre_attn_scalar**-0.5 (Gemma); None: head_dim**-0.5
+    query_pre_attn_scalar: float | None = None
+    # RoPE base of the sliding-window layers (Gemma 3's rope_local_base_freq; plain RoPE, no
+    # scaling); None: every layer uses rotary_base and its scaling
+    local_rotary_base: float | None = None
     # Which layers sliding_window applies to (one bool per layer; None: all), e.g. gpt-oss's
     # windowed even layers. Scanned layers read it by layer index (see transformer.py).
     sliding_window_layers: tuple[bool, ...] | None = None

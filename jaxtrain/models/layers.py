@@ -94,6 +94,15 @@ def rope_tables(positions, cfg):
     return jnp.cos(angle) * factor, jnp.sin(angle) * factor
 
 
+def local_rope_tables(positions, cfg):
+    """(cos, sin) of the sliding-window layers when ``cfg.local_rotary_base`` is set: plain
+    RoPE with that base (no scaling, no interpolation; Gemma 3's local layers)."""
+    R = cfg.rotary_dim
+    inv = 1.0 / cfg.local_rotary_base ** (np.arange(0, R, 2, dtype=np.float64) / R)
+    angle = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv, jnp.float32)
+    return jnp.cos(angle), jnp.sin(angle)
+
+
 def apply_rope(x, cos, sin, cfg):
     """Rotate the first R channels of x [B,T,N,H]; the rest pass through.
 

@@ -5,7 +5,7 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
 
     embedding [V,D]; position_embedding [P,D] (learned_absolute); output [D,V] (untied)
     final_norm {scale [D], bias [D] (LayerNorm)}
-    layers: attn_norm, mlp_norm       {scale, bias}
+    layers: attn_norm, mlp_norm       {scale, bias}; post_attn_norm, post_mlp_norm (Gemma)
             attn {wq [D,N,H], wk/wv [D,K,H], wo [N,H,D], bq [N,H], bk/bv [K,H], bo [D],
                   q_norm/k_norm {scale [H], bias [H]}, sinks [N] (fp32)}
                   (multi-latent attention: the attn tree of mla.py)
@@ -65,7 +65,9 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         attn["sinks"] = ParamSpec((N,), jnp.float32, ("q_heads",), _zeros)
 
     ffn = {"moe": _moe_specs(cfg)} if kind == MOE_STACK else {"mlp": _mlp_specs(cfg, F)}
-    return {"attn_norm": _norm(cfg, D), "attn": attn, "mlp_norm": _norm(cfg, D), **ffn}
+    post = {**({"post_attn_norm": _norm(cfg, D)} if cfg.post_attention_norm else {}),
+            **({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {})}
+    return {"attn_norm": _norm(cfg, D), "attn": attn, "mlp_norm": _norm(cfg, D), **post, **ffn}
 
 
 def _mlp_specs(cfg, F: int) -> dict:

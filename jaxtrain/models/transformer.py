@@ -48,7 +48,7 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg, cache=None):
     stores the step's keys and values and returns (keys, values to attend over, new cache);
     the result is then (out, new cache).
     """
-    q, k, v, scale = project_qkv(p, x, ctx, cfg)
+    q, k, v, scale = project_qkv(p, x, _layer_rope(ctx, layer_number, cfg), cfg)
     if cache is not None:
         k, v, cache = ctx["kv_cache"](cache, k, v)
     out = attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, scale)
@@ -73,7 +73,17 @@ def project_qkv(p: dict, x, ctx: dict, cfg):
         q, k = L.l2_norm(q, cfg.norm_epsilon), L.l2_norm(k, cfg.norm_epsilon)
     if cfg.position_embedding_type == "rope":
         q, k = L.apply_rope(q, *ctx["rope"], cfg), L.apply_rope(k, *ctx["rope"], cfg)
-    return q, k, v, cfg.head_dim ** -0.5
+    return q, k, v, (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+
+
+def _layer_rope(ctx: dict, layer_number, cfg) -> dict:
+    """``ctx`` with the RoPE tables of this layer: with ``local_rotary_base`` the tables are
+    (cos, sin, local cos, local sin) and the sliding-window layers take the local pair."""
+    rope = ctx.get("rope")
+    if rope is None or len(rope) == 2:
+        return ctx
+    local = jnp.asarray(cfg.sliding_window_layers or (True,) * cfg.num_layers)[layer_number - 1]
+    return {**ctx, "rope": tuple(jnp.where(local, b, a) for a, b in zip(rope[:2], rope[2:]))}
 
 
 def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scale):
@@ -172,6 +182,8 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
         a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, cache)
     if cache is not None:
         a, cache = a
+    if cfg.post_attention_norm:
+        a = norm(p["post_attn_norm"], a)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
          ).astype(cfg.residual_dtype)
@@ -183,6 +195,8 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
             m, stats = _moe(p["moe"], h, i, ctx, sub(4), cfg)
         else:
             m = mlp(p["mlp"], h)
+    if cfg.post_mlp_norm:
+        m = norm(p["post_mlp_norm"], m)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     m = constrain(m, *RESIDUAL)
     out = constrain((resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)
@@ -352,13 +366,18 @@ def logits_head(params: dict, x, cfg):
 
 def embed_inputs(params: dict, tokens, positions, cfg):
     """(x [B,T,D]: token plus learned position embeddings, RoPE (cos, sin) tables or None) for
-    tokens and positions [B,T]."""
+    tokens and positions [B,T]. With ``local_rotary_base`` the tables are (cos, sin, local cos,
+    local sin); each layer takes its pair (`_layer_rope`)."""
     with jax.named_scope("embed"):
         x = embed(params, tokens, cfg)
+    if cfg.embedding_multiplier is not None:   # Gemma: the multiplier in the compute dtype
+        x = x * jnp.asarray(cfg.embedding_multiplier, x.dtype)
     if cfg.position_embedding_type == "learned_absolute":
         x = x + jnp.take(params["position_embedding"].astype(x.dtype), positions, axis=0)
     rope = (L.rope_tables(positions, cfg) if cfg.position_embedding_type == "rope"
             or cfg.multi_latent_attention else None)   # MLA always rotates (Megatron)
+    if rope is not None and cfg.local_rotary_base is not None:
+        rope = (*rope, *L.local_rope_tables(positions, cfg))
     return x, rope
 
 

@@ -66,6 +66,13 @@ CASES = {
                              "full_attention"]),
     "gpt2": lambda: tr.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                   vocab_size=300),
+    "gemma": lambda: tr.GemmaConfig(**_B, head_dim=32),
+    "gemma2": lambda: tr.Gemma2Config(**_B, head_dim=32, sliding_window=16,
+                                      query_pre_attn_scalar=24),
+    "gemma3": lambda: tr.Gemma3TextConfig(**{**_B, "num_hidden_layers": 6}, head_dim=32,
+                                          sliding_window=16, rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
     "gpt2_exact_gelu": lambda: tr.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                              vocab_size=300, activation_function="gelu",
                                              tie_word_embeddings=False),

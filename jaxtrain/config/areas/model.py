@@ -119,6 +119,17 @@ KNOBS = [
       for name, what, base in _DERIVED_SIZES],
 
     # Attention details
+    K("embedding_multiplier", "float", None, "Multiply the token embeddings by this factor "
+      "(Gemma: sqrt(hidden_size)); null leaves them as looked up.", "jaxtrain", status=HONORED),
+    K("post_attention_norm", "bool", False, "Normalise the attention output before the residual "
+      "add (Gemma 2/3 sandwich norm; its own scale per layer).", "jaxtrain", status=HONORED),
+    K("post_mlp_norm", "bool", False, "Normalise the MLP output before the residual add (Gemma "
+      "2/3 sandwich norm; its own scale per layer).", "jaxtrain", status=HONORED),
+    K("query_pre_attn_scalar", "float", None, "Scale attention scores by this value ** -0.5 "
+      "(Gemma); null uses the head width.", "jaxtrain", status=HONORED),
+    K("local_rotary_base", "float", None, "RoPE base of the sliding-window layers, plain RoPE "
+      "without scaling (Gemma 3's local layers); null: every layer uses rotary_base.",
+      "jaxtrain", status=HONORED),
     K("qk_layernorm", "bool", False, "Normalise queries and keys per head before the dot product.",
       "megatron", status=HONORED),
     K("qk_l2_norm", "bool", False, "Scale queries and keys to unit L2 norm per head before the dot "

@@ -12,7 +12,8 @@ jaxtrain does not build raises naming its model_type and why.
 
 Built families (model_type): llama, mistral, qwen2, qwen3 (Llama-style attention), mixtral,
 qwen3_moe (softmax-routed MoE), gpt2, deepseek_v3 (multi-latent attention, sigmoid group-limited
-MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts).
+MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts), gemma, gemma2, gemma3_text
+(embedding scale, sandwich norms, soft-capping, local/global layers).
 
 This module imports no JAX (the dry run must not start it): only json, math, os and pathlib.
 """
@@ -29,10 +30,11 @@ from jaxtrain.config.errors import ConfigError
 KEY = "model.name_or_path"
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("mixtral", "qwen3_moe")
-FAMILIES = LLAMA_LIKE + ("gpt2", "deepseek_v3", "gpt_oss") + MOE
+GEMMA = ("gemma", "gemma2", "gemma3_text")
+FAMILIES = LLAMA_LIKE + ("gpt2", "deepseek_v3", "gpt_oss") + MOE + GEMMA
 # Text families issue #25 (model families) is to build; their model_type values.
-PLANNED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma", "gemma2", "gemma3", "gemma3_text",
-           "gemma3n", "gemma3n_text", "gemma4", "gemma4_text", "llama4", "llama4_text",
+PLANNED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma3", "gemma3n", "gemma3n_text", "gemma4",
+           "gemma4_text", "llama4", "llama4_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo", "olmo2", "olmo3",
            "phi", "phi3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
@@ -478,9 +480,68 @@ def _gpt_oss(hf: dict) -> dict:
             "moe_ffn_hidden_size": hf["intermediate_size"]}
 
 
+def _gemma_rope(hf: dict) -> dict:
+    """Gemma 3's RoPE: rope_parameters per layer type (full_attention: rope_theta and its
+    scaling; sliding_attention: a plain RoPE base), or the older rope_theta / rope_scaling /
+    rope_local_base_freq fields."""
+    rp = hf.get("rope_parameters") or {}
+    if "full_attention" in rp or "sliding_attention" in rp:
+        full = dict(rp.get("full_attention") or {"rope_type": "default"})
+        local = dict(rp.get("sliding_attention") or {"rope_type": "default"})
+    else:
+        full = {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 1e6)}
+        local = {"rope_type": "default", "rope_theta": hf.get("rope_local_base_freq", 1e4)}
+    if local.get("rope_type", local.get("type", "default")) != "default":
+        raise bad("rope_parameters.sliding_attention", local, "the sliding-window layers take "
+                  "plain RoPE (a base, no scaling)")
+    full.setdefault("rope_theta", 1e6)
+    return {**_rope({"rope_parameters": full}),
+            "local_rotary_base": _number(local.get("rope_theta", 1e4))}
+
+
+def _gemma(hf: dict) -> dict:
+    """Gemma, Gemma 2, Gemma 3 text: (1 + w) RMSNorms, embeddings times sqrt(hidden_size), a
+    tanh-GELU gated MLP, tied embeddings, query_pre_attn_scalar; Gemma 2/3 add sandwich norms
+    and sliding-window layers (layer_types), Gemma 2 soft-capping, Gemma 3 q/k norms and a
+    RoPE base of its own on the sliding-window layers."""
+    family = hf["model_type"]
+    act_field = "hidden_act" if family == "gemma" else (
+        "hidden_activation" if hf.get("hidden_activation") else "hidden_act")
+    hf = {"hidden_act": "gelu_pytorch_tanh", **hf,
+          "tie_word_embeddings": hf.get("tie_word_embeddings", True)}
+    if hf.get("attention_bias"):
+        raise bad("attention_bias", True, "Gemma with attention biases is not supported")
+    if hf.get("use_bidirectional_attention"):
+        raise bad("use_bidirectional_attention", True, "jaxtrain trains causal decoders")
+    out = {**_rms_rope(hf, hf.get("max_position_embeddings", 8192), 1e-6), **_heads(hf),
+           **_gated(hf, act_field), "apply_layernorm_1p": True,
+           "embedding_multiplier": hf["hidden_size"] ** 0.5,
+           "query_pre_attn_scalar": _number(hf.get("query_pre_attn_scalar")
+                                            or hf.get("head_dim") or 256)}
+    if family == "gemma":
+        return {**out, **_rope(hf)}
+    n = hf["num_hidden_layers"]
+    pattern = 2 if family == "gemma2" else hf.get("sliding_window_pattern", 6)
+    types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else
+                                      "full_attention" for i in range(n)]
+    if set(types) - {"sliding_attention", "full_attention"}:
+        raise bad("layer_types", types, "only sliding_attention and full_attention exist")
+    sliding = tuple(t == "sliding_attention" for t in types)
+    out.update(post_attention_norm=True, post_mlp_norm=True,
+               **windows(hf.get("sliding_window", 4096), sliding))
+    caps = {"attn_logit_softcapping": hf.get("attn_logit_softcapping",
+                                             50.0 if family == "gemma2" else None),
+            "final_logit_softcapping": hf.get("final_logit_softcapping",
+                                              30.0 if family == "gemma2" else None)}
+    out.update({k: float(v) for k, v in caps.items() if v})
+    if family == "gemma2":
+        return {**out, **_rope(hf)}
+    return {**out, "qk_layernorm": True, **_gemma_rope(hf)}
+
+
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     **{f: _llama for f in LLAMA_LIKE + MOE}, "gpt2": _gpt2, "deepseek_v3": _deepseek_v3,
-    "gpt_oss": _gpt_oss}
+    "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}}
 assert set(_TRANSLATIONS) == set(FAMILIES)
 
 

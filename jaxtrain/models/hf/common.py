@@ -229,4 +229,13 @@ def dense_problems(cfg: ModelConfig, *, rope: bool, qk_norm: bool, qkv_only_bias
         "attention_sinks": cfg.attention_sinks,
         "sliding_window_layers": cfg.sliding_window_layers is not None,
         "moe": (cfg.moe is not None) != moe,
+        **gemma_problems(cfg),
     }
+
+
+def gemma_problems(cfg: ModelConfig) -> dict:
+    """The Gemma fields, which only the Gemma families express (gemma.py clears them)."""
+    return {"embedding_multiplier": cfg.embedding_multiplier is not None,
+            "post_attention_norm": cfg.post_attention_norm, "post_mlp_norm": cfg.post_mlp_norm,
+            "query_pre_attn_scalar": cfg.query_pre_attn_scalar not in (None, cfg.head_dim),
+            "local_rotary_base": cfg.local_rotary_base is not None}

@@ -1,0 +1,151 @@
+"""Gemma, Gemma 2 and Gemma 3 (text): RMSNorms that scale by 1 + w, token embeddings times
+sqrt(hidden_size), a GeGLU MLP (tanh GELU), tied embeddings and a query scale of
+query_pre_attn_scalar ** -0.5.
+
+- Gemma: the Llama layer layout with those changes (its ``post_attention_layernorm`` is the
+  norm before the MLP).
+- Gemma 2: sandwich norms (``post_attention_layernorm`` / ``post_feedforward_layernorm`` after
+  each sublayer, ``pre_feedforward_layernorm`` before the MLP), attention and final logit
+  soft-capping, sliding-window and full layers alternating.
+- Gemma 3: Gemma 2 without soft-capping, with per-head q/k norms and its own RoPE base on the
+  sliding-window layers (``local_rotary_base``); every sixth layer is full by default.
+
+The norm weights are stored zero-centred in both jaxtrain (apply_layernorm_1p) and the
+checkpoints, so they are copied as they are.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxtrain.models.config import ModelConfig
+from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, hf_linear, output_head,
+                                       rope_config, stacks)
+from jaxtrain.models.params import layer_tree
+
+ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                 "gemma3_text": "Gemma3ForCausalLM"}
+MLP_NAMES = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
+
+
+def picks(cfg: ModelConfig) -> str | None:
+    if cfg.embedding_multiplier is None or not cfg.apply_layernorm_1p:
+        return None
+    if cfg.qk_layernorm or cfg.local_rotary_base is not None:
+        return "gemma3_text"
+    return "gemma2" if cfg.post_attention_norm else "gemma"
+
+
+def _norm_names(family: str) -> dict[str, str]:
+    """jaxtrain layer norm -> the checkpoint's name, per family."""
+    if family == "gemma":
+        return {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+    return {"attn_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+            "mlp_norm": "pre_feedforward_layernorm",
+            "post_mlp_norm": "post_feedforward_layernorm"}
+
+
+def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
+    D, N, K, H = cfg.hidden_size, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
+    family = (hf or {}).get("model_type") or picks(cfg)
+
+    def layer(i):
+        pre = f"model.layers.{i}."
+        w = lambda n: t(pre + n + ".weight").T  # noqa: E731  HF Linear [out, in] -> [in, out]
+        attn = {"wq": w("self_attn.q_proj").reshape(D, N, H),
+                "wk": w("self_attn.k_proj").reshape(D, K, H),
+                "wv": w("self_attn.v_proj").reshape(D, K, H),
+                "wo": w("self_attn.o_proj").reshape(N, H, D)}
+        if cfg.qk_layernorm:
+            attn["q_norm"] = {"scale": t(pre + "self_attn.q_norm.weight")}
+            attn["k_norm"] = {"scale": t(pre + "self_attn.k_norm.weight")}
+        norms = {ours: {"scale": t(pre + theirs + ".weight")}
+                 for ours, theirs in _norm_names(family).items()}
+        return {**norms, "attn": attn,
+                "mlp": {ours: w(f"mlp.{theirs}") for ours, theirs in MLP_NAMES}}
+
+    return output_head(t, cfg, {"embedding": t("model.embed_tokens.weight"),
+                                **stacks(layer, cfg),
+                                "final_norm": {"scale": t("model.norm.weight")}})
+
+
+def tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
+    D = cfg.hidden_size
+    out: dict[str, np.ndarray] = {}
+    for i in range(cfg.num_layers):
+        p = layer_tree(params, cfg, i)
+        a, m = p["attn"], p["mlp"]
+        pre = f"model.layers.{i}."
+        out[pre + "self_attn.q_proj.weight"] = hf_linear(a["wq"])
+        out[pre + "self_attn.k_proj.weight"] = hf_linear(a["wk"])
+        out[pre + "self_attn.v_proj.weight"] = hf_linear(a["wv"])
+        out[pre + "self_attn.o_proj.weight"] = np.asarray(a["wo"]).reshape(-1, D).T
+        if cfg.qk_layernorm:
+            out[pre + "self_attn.q_norm.weight"] = np.asarray(a["q_norm"]["scale"])
+            out[pre + "self_attn.k_norm.weight"] = np.asarray(a["k_norm"]["scale"])
+        for ours, theirs in MLP_NAMES:
+            out[pre + f"mlp.{theirs}.weight"] = hf_linear(m[ours])
+        for ours, theirs in _norm_names(family).items():
+            out[pre + theirs + ".weight"] = np.asarray(p[ours]["scale"])
+    out["model.embed_tokens.weight"] = np.asarray(params["embedding"])
+    out["model.norm.weight"] = np.asarray(params["final_norm"]["scale"])
+    if cfg.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = np.asarray(params["output"]).T
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def problems(cfg: ModelConfig, family: str) -> dict:
+    gemma3 = family == "gemma3_text"
+    out = dense_problems(cfg, rope=True, qk_norm=gemma3, qkv_only_bias=False,
+                         bias_linear=False, windows=family != "gemma", mha=False, moe=False)
+    sandwich = family != "gemma"
+    out.update(
+        embedding_multiplier=cfg.embedding_multiplier is None or not np.isclose(
+            cfg.embedding_multiplier, cfg.hidden_size ** 0.5),
+        apply_layernorm_1p=not cfg.apply_layernorm_1p,
+        activation=cfg.activation != "gelu_tanh",
+        post_attention_norm=cfg.post_attention_norm != sandwich,
+        post_mlp_norm=cfg.post_mlp_norm != sandwich,
+        query_pre_attn_scalar=False,
+        local_rotary_base=(cfg.local_rotary_base is not None) != gemma3,
+        sliding_window_layers=family == "gemma" and cfg.sliding_window_layers is not None,
+        attn_logit_softcapping=family == "gemma" and bool(cfg.attn_logit_softcapping),
+        final_logit_softcapping=family == "gemma" and bool(cfg.final_logit_softcapping),
+        rotary_seq_len_interpolation_factor=bool(cfg.rotary_seq_len_interpolation_factor)
+        and family != "gemma3_text",
+        use_rope_scaling=family == "gemma3_text" and cfg.use_rope_scaling,
+        rope_type=family == "gemma3_text" and cfg.rope_type != "rope")
+    return out
+
+
+def config(cfg: ModelConfig, family: str) -> dict:
+    out = {"hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+           "num_attention_heads": cfg.num_attention_heads,
+           "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+           "intermediate_size": cfg.ffn_hidden_size,
+           "max_position_embeddings": cfg.max_position_embeddings,
+           "rms_norm_eps": cfg.norm_epsilon, "attention_dropout": cfg.attention_dropout,
+           "attention_bias": False}
+    rope = rope_config(cfg)
+    if family == "gemma":
+        return {**out, **rope, "hidden_act": "gelu_pytorch_tanh"}
+    out.update(hidden_activation="gelu_pytorch_tanh",
+               query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+               attn_logit_softcapping=cfg.attn_logit_softcapping,
+               final_logit_softcapping=cfg.final_logit_softcapping,
+               sliding_window=cfg.sliding_window,
+               layer_types=[("sliding_attention" if on else "full_attention") for on in
+                            (cfg.sliding_window_layers or [bool(cfg.sliding_window)]
+                             * cfg.num_layers)])
+    if family == "gemma2":
+        return {**out, **rope}
+    full = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
+    if rope["rope_scaling"]:
+        full.update(rope["rope_scaling"])
+    return {**out, "rope_parameters": {
+        "full_attention": full,
+        "sliding_attention": {"rope_type": "default",
+                              "rope_theta": cfg.local_rotary_base or rope["rope_theta"]}}}
+
+
+ADAPTER = Adapter(architectures=ARCHITECTURES, picks=picks, params=params, problems=problems,
+                  config=config, tensors=tensors)
