@@ -103,6 +103,9 @@ class ModelConfig:
     sliding_window: int | None = None
     # Gemma: the token embeddings times this (sqrt(hidden_size)); None: 1
     embedding_multiplier: float | None = None
+    # MaxText normalize_embedding_logits: tied logits divided by sqrt(hidden_size) (before the
+    # final soft-cap); MaxText's Gemma keeps the sqrt(hidden_size) in the embedding weights
+    normalize_embedding_logits: bool = False
     # Gemma 2/3 sandwich norms: the attention and MLP outputs normalised before the residual add
     post_attention_norm: bool = False
     post_mlp_norm: bool = False

@@ -154,6 +154,8 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
         attn_logit_softcapping=cfg["attn_logit_softcapping"] or None,
         embedding_multiplier=cfg["embedding_multiplier"],
+        normalize_embedding_logits=bool(cfg["normalize_embedding_logits"])
+        and not cfg["untie_embeddings_and_output_weights"],
         post_attention_norm=cfg["post_attention_norm"], post_mlp_norm=cfg["post_mlp_norm"],
         query_pre_attn_scalar=cfg["query_pre_attn_scalar"],
         local_rotary_base=cfg["local_rotary_base"],

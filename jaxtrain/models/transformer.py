@@ -357,6 +357,8 @@ def logits_head(params: dict, x, cfg):
     else:
         logits = jnp.einsum("btd,vd->btv", x.astype(dt), params["embedding"].astype(dt),
                             preferred_element_type=jnp.float32)
+        if cfg.normalize_embedding_logits:
+            logits = logits / jnp.float32(cfg.hidden_size ** 0.5)
     logits = constrain(logits, "act_batch", "act_seq", "act_vocab")
     if cfg.final_logit_softcapping:
         c = cfg.final_logit_softcapping

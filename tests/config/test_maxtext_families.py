@@ -69,6 +69,15 @@ PUBLISHED = [
     ("gpt-oss-20b", 20.9e9, "OpenAI, gpt-oss-120b & gpt-oss-20b model card (arXiv 2508.10925): "
                             "20.9B total"),
     ("gpt-oss-120b", 116.8e9, "the same model card: 116.8B total"),
+    ("gemma-2b", 2.51e9, "google/gemma-2b on Hugging Face: 2.51B params"),
+    ("gemma-7b", 8.54e9, "google/gemma-7b on Hugging Face: 8.54B params"),
+    ("gemma2-2b", 2.61e9, "google/gemma-2-2b on Hugging Face: 2.61B params"),
+    ("gemma2-9b", 9.24e9, "google/gemma-2-9b on Hugging Face: 9.24B params"),
+    ("gemma2-27b", 27.2e9, "google/gemma-2-27b on Hugging Face: 27.2B params"),
+    ("gemma3-4b", 3.884e9, "Gemma 3 technical report, Table 1: 675M embedding + 3,209M "
+                           "non-embedding parameters (the 417M vision encoder not built)"),
+    ("gemma3-12b", 11.771e9, "Gemma 3 technical report, Table 1: 1,012M + 10,759M"),
+    ("gemma3-27b", 27.016e9, "Gemma 3 technical report, Table 1: 1,416M + 25,600M"),
 ]
 
 
@@ -125,6 +134,53 @@ def test_deepseek3_count_by_config_shapes():
 
 
 # --------------------------------------------------------------------- architecture switches
+
+def test_gemma_families():
+    """MaxText's gemma blocks: plain RMSNorm scales, a tanh-GELU gated MLP, tied logits divided
+    by sqrt(emb_dim); gemma2's layer pairs (num_decoder_layers is half the depth) with a window
+    on the local one, sandwich norms and soft-caps; gemma3's five local layers per global one,
+    q/k norms, the local RoPE base and the query scale of its model name."""
+    m = resolve("gemma-7b")[1]
+    assert (m.apply_layernorm_1p, m.activation, m.gated_linear_unit) == (False, "gelu_tanh", True)
+    assert m.normalize_embedding_logits and not m.untie_embeddings_and_output_weights
+    assert (m.embedding_multiplier, m.post_attention_norm, m.sliding_window) == (None, False, None)
+    m = resolve("gemma2-9b")[1]
+    assert m.num_layers == 42 and m.sliding_window == 4096
+    assert m.sliding_window_layers == (True, False) * 21
+    assert (m.post_attention_norm, m.post_mlp_norm) == (True, True)
+    assert (m.attn_logit_softcapping, m.final_logit_softcapping) == (50.0, 30.0)
+    assert m.query_pre_attn_scalar is None   # MaxText's gemma2 scales by head_dim ** -0.5
+    m = resolve("gemma3-27b")[1]
+    assert m.sliding_window_layers == ((True,) * 5 + (False,)) * 10 + (True, True)
+    assert (m.qk_layernorm, m.local_rotary_base, m.rotary_base) == (True, 1e4, 1e6)
+    assert m.rotary_seq_len_interpolation_factor == 8.0   # the global layers' linear scaling
+    assert m.query_pre_attn_scalar == 5376 // 32
+    assert resolve("gemma3-4b")[1].query_pre_attn_scalar is None
+    over = "override_model_config=true"
+    assert resolve("gemma2-2b", "use_post_ffw_norm=false", over)[1].post_mlp_norm is False
+    assert resolve("gemma3-4b", "local_rope_max_timescale=500", over)[1].local_rotary_base == 500
+    assert resolve("gemma2-2b", "sliding_window_size=0", over)[1].sliding_window is None
+    with pytest.raises(ConfigError, match="query scale from the model name"):
+        load_config("base.yml", ["decoder_block=gemma3", "base_emb_dim=64", "head_dim=32"])
+    with pytest.raises(ConfigError, match="MaxText's gemma block does not read use_post_attn_no"):
+        resolve("gemma-2b", "use_post_attn_norm=true")
+    with pytest.raises(ConfigError, match="does not read local_rope_max_timescale"):
+        resolve("gemma2-2b", "local_rope_max_timescale=500")
+
+
+def test_normalize_embedding_logits_divides_the_tied_logits():
+    """MaxText's gemma keeps sqrt(emb_dim) in its embedding weights and divides the tied logits
+    by it; the same model without the division gives logits sqrt(D) times larger."""
+    from jaxtrain.models import forward, init
+
+    m = resolve("gemma-2b", "base_emb_dim=64", "base_num_query_heads=2", "base_num_kv_heads=1",
+                "head_dim=32", "base_mlp_dim=128", "base_num_decoder_layers=1", "vocab_size=128",
+                "override_model_config=true")[1]
+    params = init(m, jax.random.key(0))
+    toks = np.arange(8)[None] % 128
+    a, b = forward(params, toks, m), forward(params, toks, m.replace(
+        normalize_embedding_logits=False))
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a) * 8.0, rtol=1e-5, atol=1e-5)
 
 def test_llama_family():
     m = resolve("llama2-7b")[1]
@@ -415,8 +471,8 @@ def test_mla_softmax_mscale():
 
 # --------------------------------------------------------------------- refusals by name
 
-@pytest.mark.parametrize("block", ["gemma", "gemma2", "gemma3", "gemma4", "llama4", "olmo3",
-                                   "qwen3_next", "qwen3_5", "deepseek4", "envy", "default"])
+@pytest.mark.parametrize("block", ["gemma4", "llama4", "olmo3", "qwen3_next", "qwen3_5",
+                                   "deepseek4", "envy", "default"])
 def test_unbuilt_families_are_planned_by_name(block):
     refused(f"decoder_block = '{block}'.*planned for issue #25 \\(model families\\)",
             f"decoder_block={block}")
@@ -424,14 +480,18 @@ def test_unbuilt_families_are_planned_by_name(block):
 
 def test_model_names_of_unbuilt_families_are_refused_by_family():
     """No copy of their model files ships; families.json names their block."""
-    with pytest.raises(ConfigError, match="'gemma3-4b'.*decoder_block gemma3.*planned for issue "
+    with pytest.raises(ConfigError, match="'gemma4-26b'.*decoder_block gemma4.*planned for issue "
                                           "#25 \\(model families\\)"):
-        resolve("gemma3-4b")
+        resolve("gemma4-26b")
 
 
 def test_multimodal_models_are_rejected_by_name():
-    with pytest.raises(ConfigError, match="vision_encoder_block is not supported.*multimodal"):
+    """use_multimodal is refused; the encoder settings of a text-only file (gemma3's) are inert,
+    as MaxText reads them only with use_multimodal."""
+    with pytest.raises(ConfigError, match="use_multimodal is not supported.*multimodal"):
         resolve("qwen3-vl-2b")
+    cfg, _ = resolve("gemma3-4b")
+    assert cfg["vision_encoder_block"] == "gemma3" and not cfg["use_multimodal"]
 
 
 def _model_names():
@@ -478,7 +538,7 @@ def test_presets_name_their_commit_and_read_back():
         assert "AI-Hypercomputer/maxtext at commit e591f30cbb" in text.splitlines()[1]
         assert yaml.safe_load(text)["decoder_block"] in (
             "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
-            "gpt_oss")
+            "gpt_oss", "gemma", "gemma2", "gemma3")
 
 
 FORWARD = {
@@ -498,6 +558,12 @@ FORWARD = {
     "gpt3": ["decoder_block=gpt3", "base_num_kv_heads=4", "mlp_activations=[gelu]",
              "trainable_position_size=64", "logits_via_embedding=true",
              "normalize_embedding_logits=false"],
+    "gemma2": ["model_name=gemma2-2b", "override_model_config=true", "base_num_decoder_layers=2",
+               "base_num_query_heads=4", "base_num_kv_heads=2", "vocab_size=256",
+               "sliding_window_size=4"],
+    "gemma3": ["model_name=gemma3-4b", "override_model_config=true", "base_num_decoder_layers=7",
+               "base_num_query_heads=4", "base_num_kv_heads=2", "vocab_size=256",
+               "sliding_window_size=4"],
 }
 
 

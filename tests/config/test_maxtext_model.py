@@ -146,8 +146,9 @@ def test_logits_via_embedding(write):
     m = model(write, PERF, "logits_via_embedding=true", "normalize_embedding_logits=false")[1]
     assert not m.untie_embeddings_and_output_weights
     assert count(m) == maxtext_llama2_param_count(32000, 256, 4, 4, 64, 1024, 4, tied=True)
-    with pytest.raises(ConfigError, match="divides the tied logits by sqrt"):
-        model(write, PERF, "logits_via_embedding=true")
+    assert not m.normalize_embedding_logits
+    assert model(write, PERF, "logits_via_embedding=true")[1].normalize_embedding_logits
+    assert not model(write, PERF, "normalize_embedding_logits=true")[1].normalize_embedding_logits
 
 
 def test_dropout_keys(write):
@@ -201,8 +202,8 @@ def test_attention_precision_knobs(write):
 
 def test_decoder_block(write):
     assert model(write, PERF, "decoder_block=mistral")[1].normalization == "RMSNorm"
-    with pytest.raises(ConfigError, match="decoder_block = 'gemma2'.*planned for issue #25"):
-        model(write, PERF, "decoder_block=gemma2")
+    with pytest.raises(ConfigError, match="decoder_block = 'gemma4'.*planned for issue #25"):
+        model(write, PERF, "decoder_block=gemma4")
     with pytest.raises(ConfigError, match="decoder_block = 'simple' is not supported"):
         model(write, PERF, "decoder_block=simple")
     with pytest.raises(ConfigError, match="decoder_block llama2 is a pre-norm RMSNorm"):
@@ -250,9 +251,13 @@ def test_mla_keys(write):
 
 
 @pytest.mark.parametrize("key", ["use_post_attn_norm", "use_post_ffw_norm"])
-def test_rejected_norm_switches(write, key):
-    with pytest.raises(ConfigError, match=f"{key} is not supported"):
+def test_norm_switches_only_in_the_blocks_that_read_them(write, key):
+    with pytest.raises(ConfigError, match=f"llama2 block does not read {key}"):
         model(write, PERF, f"{key}=true")
+    flag = "post_attention_norm" if key == "use_post_attn_norm" else "post_mlp_norm"
+    on = model(write, PERF, "decoder_block=gemma2", f"{key}=true")[1]
+    off = model(write, PERF, "decoder_block=gemma2", f"{key}=false")[1]
+    assert getattr(on, flag) and not getattr(off, flag)
 
 
 def test_mapped_and_inert_switches(write):
@@ -274,5 +279,5 @@ def test_two_spellings_of_one_setting_conflict(write, megatron, maxtext):
 
 
 def test_cli_names_the_key_and_exits_2(write, cli):
-    code, _, err = cli(write("bad.yml", PERF + "decoder_block: gemma\n"), "--dry-run")
+    code, _, err = cli(write("bad.yml", PERF + "decoder_block: gemma4\n"), "--dry-run")
     assert code == 2 and "decoder_block" in err

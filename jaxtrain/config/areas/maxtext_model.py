@@ -14,9 +14,9 @@ _FAMILIES = 25
 
 # MaxText's decoder blocks (common_types.DecoderBlockType) and what jaxtrain does with each.
 BUILT_BLOCKS = ("llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
-                "gpt_oss")
+                "gpt_oss", "gemma", "gemma2", "gemma3")
 # Blocks of model families issue 25 builds ("default" runs attention and MLP in parallel).
-PLANNED_BLOCKS = ("default", "gemma", "gemma2", "gemma3", "gemma4", "gemma4_small", "llama4",
+PLANNED_BLOCKS = ("default", "gemma4", "gemma4_small", "llama4",
                   "olmo3", "qwen3_next", "qwen3_5", "qwen3_custom_moe", "deepseek4", "envy")
 REJECTED_BLOCKS = {
     b: "MaxText's test block of a single weight matrix per layer (or an MLP only) is not a "
@@ -259,9 +259,10 @@ KNOBS = [
       "decoder_block gpt3: position_embedding_type learned_absolute with max_position_embeddings "
       "positions (none without it); other blocks refuse it, since MaxText adds the table on top "
       "of their RoPE and jaxtrain's learned table replaces RoPE"),
-    _family("local_rope_max_timescale", "int", -1, "RoPE base period of the local "
-            "(sliding-window) layers when positive; otherwise rope_max_timescale serves both.",
-            "gemma3/gemma4 blocks"),
+    K("local_rope_max_timescale", "int", -1, "RoPE base period of the local (sliding-window) "
+      "layers when positive; otherwise rope_max_timescale serves both.", _MT, HONORED,
+      "decoder_block gemma3: local_rotary_base (config/dialects/maxtext_model.py); the other "
+      "built blocks do not read it and refuse a set value"),
     _family("global_rope_max_timescale", "int", -1, "Gemma 4: RoPE base period of the global "
             "layers when positive.", "gemma4 blocks"),
     _family("global_rope_proportion", "float", 0.25, "Gemma 4: share of each global head's "

@@ -7,6 +7,9 @@ from jaxtrain.config.knob import INERT, REJECTED, K
 
 _MT = "maxtext"
 _DISTILL = 22
+_MM_DETAIL = ("MaxText reads it only when use_multimodal (or use_audio) is on, and jaxtrain rejects "
+              "those: text-only model files that carry encoder settings (gemma3, llama4) train "
+              "the text decoder alone, as MaxText does with use_multimodal false")
 _MULTIMODAL = ("multimodal (vision/audio) models are outside jaxtrain, which trains text-only "
                "decoder language models; leave it at its default")
 _CACHE_LAYOUT = ("a KV-cache or compute layout of MaxText's TPU serving engine; jaxtrain's sampler "
@@ -138,40 +141,40 @@ KNOBS = [
       "models).", _MT, REJECTED, _MULTIMODAL),
     K("vision_encoder_block", "str", "none", "Vision encoder family of a multimodal model "
       "(gemma3, llama4, qwen3_omni, gemma4, qwen3_5, qwen3_vl); none for text-only.", _MT,
-      REJECTED, _MULTIMODAL,
+      INERT, _MM_DETAIL,
       choices=("none", "gemma3", "llama4", "qwen3_omni", "gemma4", "qwen3_5", "qwen3_vl")),
     K("use_audio", "bool", False, "Build the model with its audio encoder.", _MT, REJECTED,
       _MULTIMODAL),
     K("freeze_vision_encoder_params", "bool", True, "Keep the vision encoder's weights frozen.",
-      _MT, REJECTED, _MULTIMODAL),
+      _MT, INERT, _MM_DETAIL),
     K("freeze_audio_encoder_params", "bool", True, "Keep the audio encoder's weights frozen.",
-      _MT, REJECTED, _MULTIMODAL),
-    K("dtype_mm", "str", "float32", "Compute dtype of the vision encoder.", _MT, REJECTED,
-      _MULTIMODAL),
+      _MT, INERT, _MM_DETAIL),
+    K("dtype_mm", "str", "float32", "Compute dtype of the vision encoder.", _MT, INERT,
+      _MM_DETAIL),
     K("remat_policy_for_vit", "str", "minimal", "remat_policy of the vision encoder.", _MT,
-      REJECTED, _MULTIMODAL, nullable=True),
+      INERT, _MM_DETAIL, nullable=True),
     K("image_size_for_vit", "int|list[int]", 896, "Input image size of the vision encoder.", _MT,
-      REJECTED, _MULTIMODAL, nullable=True),
+      INERT, _MM_DETAIL, nullable=True),
     K("train_image_column", "str|list[str]", "image", "Data column(s) holding training images.",
-      _MT, REJECTED, _MULTIMODAL),
+      _MT, INERT, _MM_DETAIL),
     K("eval_image_column", "str|list[str]", "image", "Data column(s) holding validation images.",
-      _MT, REJECTED, _MULTIMODAL),
+      _MT, INERT, _MM_DETAIL),
     *[K(f"{m}_path", "str", "", f"Local {m} file(s), comma-separated, for multimodal decoding.",
-        _MT, REJECTED, _MULTIMODAL) for m in ("image", "video", "audio")],
+        _MT, INERT, _MM_DETAIL) for m in ("image", "video", "audio")],
     *[K(f"{m}_placeholder", "str", f"<|{m}|>", f"Text placeholder marking where a {m} goes in a "
-        "prompt.", _MT, REJECTED, _MULTIMODAL) for m in ("image", "video", "audio")],
-    K("use_audio_in_video", "bool", False, "Also feed the audio track of videos.", _MT, REJECTED,
-      _MULTIMODAL),
+        "prompt.", _MT, INERT, _MM_DETAIL) for m in ("image", "video", "audio")],
+    K("use_audio_in_video", "bool", False, "Also feed the audio track of videos.", _MT, INERT,
+      _MM_DETAIL),
     *[K(f"video_max_grid_{a}", "int", None, f"Qwen3-Omni/3.5 video: most patches along {what} "
-        "before spatial merging.", _MT, REJECTED, _MULTIMODAL)
+        "before spatial merging.", _MT, INERT, _MM_DETAIL)
       for a, what in (("t", "time"), ("h", "height"), ("w", "width"))],
     K("posemb_type_for_vit", "str", "learn", "Position embedding of the vision encoder.", _MT,
-      REJECTED, _MULTIMODAL),
+      INERT, _MM_DETAIL),
     K("max_num_images_per_example", "int", -1, "Most images per training example; -1 pads to "
-      "what the sequence allows.", _MT, REJECTED, _MULTIMODAL),
+      "what the sequence allows.", _MT, INERT, _MM_DETAIL),
     K("vision_output_length", "int", -1, "Soft tokens the vision encoder emits per image "
-      "(Gemma 4).", _MT, REJECTED, _MULTIMODAL),
-    *[K(f"{name}_for_vit", type_, default, f"Vision encoder: {what}.", _MT, REJECTED, _MULTIMODAL)
+      "(Gemma 4).", _MT, INERT, _MM_DETAIL),
+    *[K(f"{name}_for_vit", type_, default, f"Vision encoder: {what}.", _MT, INERT, _MM_DETAIL)
       for name, type_, default, what in (
           ("hidden_size", "int", 1408, "hidden width"),
           ("intermediate_size", "int", 5632, "MLP width"),
@@ -192,8 +195,8 @@ KNOBS = [
           ("temporal_patch_size", "int", 2, "frames per video patch"),
           ("num_position_embeddings", "int", 1024, "position-embedding table size"),
           ("deepstack_visual_indexes", "list[int]", [], "layers whose features are passed on"))],
-    *[K(f"{name}_for_audio", type_, default, f"Audio encoder: {what}.", _MT, REJECTED,
-        _MULTIMODAL)
+    *[K(f"{name}_for_audio", type_, default, f"Audio encoder: {what}.", _MT, INERT,
+        _MM_DETAIL)
       for name, type_, default, what in (
           ("d_model", "int", 256, "model width"),
           ("encoder_attention_heads", "int", 4, "attention heads"),

@@ -110,7 +110,8 @@ KNOBS = [
     K("global_parameter_scale", "int", 1, "MaxText size multiplier (a power of two) that grows "
       "width, heads, MLP width and depth from their base_* values.", _MT, HONORED),
     K("decoder_block", "str", None, "MaxText layer family (llama2, mistral, mixtral, qwen2, qwen3, "
-      "qwen3_moe, deepseek, gpt3, gpt_oss are built); null: the Megatron knobs decide.",
+      "qwen3_moe, deepseek, gpt3, gpt_oss, gemma, gemma2, gemma3 are built); null: the Megatron "
+      "knobs decide.",
       _MT, HONORED, choices=DECODER_BLOCKS, doc_defaults={_MT: "llama2"},
       planned_values={b: 25 for b in PLANNED_BLOCKS}, rejected_values=REJECTED_BLOCKS),
     *[K(name, "int", None, f"MaxText's effective {what}: {base} x the global_parameter_scale "
@@ -137,11 +138,12 @@ KNOBS = [
     K("add_qkv_bias", "bool", False, "Give the query/key/value projections a bias term.",
       "megatron", status=HONORED),
     K("use_post_attn_norm", "bool", False, "MaxText: normalise the attention output before the "
-      "residual add (gemma2-style sandwich norm).", _MT, REJECTED, "post-sublayer norms are not "
-      "built in jaxtrain (MaxText reads this only in its gemma2 and envy blocks)"),
+      "residual add (gemma2/gemma3 sandwich norm).", _MT, HONORED, "decoder_block gemma2/gemma3: "
+      "post_attention_norm (config/dialects/maxtext_model.py); the other blocks do not read it "
+      "and refuse a set value"),
     K("use_post_ffw_norm", "bool", False, "MaxText: normalise the MLP output before the residual "
-      "add (gemma2-style sandwich norm).", _MT, REJECTED, "post-sublayer norms are not built in "
-      "jaxtrain (MaxText reads this only in its gemma2 and envy blocks)"),
+      "add (gemma2/gemma3 sandwich norm).", _MT, HONORED, "decoder_block gemma2/gemma3: "
+      "post_mlp_norm; the other blocks do not read it and refuse a set value"),
     K("float32_qk_product", "bool", None, "MaxText dot_product attention: take the query-key "
       "product in float32; null (non-MaxText files) keeps jaxtrain's float32 scores.", _MT,
       HONORED, doc_defaults={_MT: False}),
@@ -268,8 +270,8 @@ KNOBS = [
       aliases=(Alias("logits_via_embedding", _MT, to_canonical=_negate,
                      note="true ties the output head to the embedding (the inverse of "
                      "untie_embeddings_and_output_weights)"),)),
-    K("normalize_embedding_logits", "bool", True, "MaxText: with logits_via_embedding, divide "
-      "the tied logits by sqrt(emb_dim).", _MT, HONORED),
+    K("normalize_embedding_logits", "bool", False, "MaxText: with logits_via_embedding, divide "
+      "the tied logits by sqrt(emb_dim).", _MT, HONORED, doc_defaults={_MT: True}),
     K("use_iota_embed", "bool", False, "Look up embeddings as a one-hot matmul built with iota "
       "instead of a gather (Primus's MaxText preset turns it on).", "maxtext", status=HONORED),
     K("logits_dot_in_fp32", "bool", False, "Compute the output-head matmul in float32.",

@@ -27,6 +27,10 @@ What each block is (MaxText's models/*.py, layers/attentions.py, attention_mla.p
   router, a sink logit per head, and a sliding window on every other layer.
 - gpt3: pre-norm LayerNorm with zero-centred scales and biases, learned positions
   (trainable_position_size), biases on every projection, multi-head attention.
+- gemma, gemma2, gemma3: pre-norm RMSNorm (plain scales: MaxText's converted checkpoints hold
+  1 + w), a tanh-GELU gated MLP, tied logits divided by sqrt(emb_dim) (the embedding scale is in
+  the weights); gemma2: local/global layer pairs, sandwich norms, soft-caps; gemma3: q/k norms,
+  five local layers per global one, a local RoPE base, a query scale by model name.
 """
 from __future__ import annotations
 
@@ -53,13 +57,25 @@ _ABOUT = {
     "gpt_oss": f"{_RMS} with biases on every projection as attention_bias says",
     "gpt3": "a pre-norm LayerNorm block (zero-centred scales, biases) with learned positions and "
             "biases on every projection",
+    "gemma": f"{_RMS} without biases (its embedding scale lives in the weights)",
+    "gemma2": f"{_RMS} without biases, local and global layers in pairs, sandwich norms as "
+              "use_post_attn_norm / use_post_ffw_norm say",
+    "gemma3": f"{_RMS} without biases, with q/k norms, five local layers to one global, "
+              "sandwich norms as use_post_attn_norm / use_post_ffw_norm say",
 }
+_GEMMA = ("gemma", "gemma2", "gemma3")
+# MaxText's gemma3 query scale by model name (its get_query_pre_attn_scalar): head_dim for 4b
+# and 12b, emb_dim / heads for 27b; other names are refused, as MaxText raises for them.
+_GEMMA3_QUERY_SCALE = {"gemma3-4b": "head_dim", "gemma3-12b": "head_dim", "gemma3-27b": "width"}
 # MaxText keys a block does not read -> the blocks that do (a value away from the default in
 # another block is refused: MaxText would ignore it, jaxtrain cannot honour it there).
 _READ_BY = {
     "use_qk_norm": _QWEN,
     "mlp_activations_limit": ("gpt_oss",),
-    "sliding_window_size": ("gpt_oss",),
+    "sliding_window_size": ("gpt_oss", "gemma2", "gemma3"),
+    "use_post_attn_norm": ("gemma2", "gemma3"),
+    "use_post_ffw_norm": ("gemma2", "gemma3"),
+    "local_rope_max_timescale": ("gemma3",),
     "inhomogeneous_layer_cycle_interval": ("gpt_oss",),
     "first_num_dense_layers": ("deepseek",),
     "shared_experts": ("deepseek",),
@@ -94,12 +110,6 @@ def maxtext_model(c) -> None:
         for key in ("hidden_dropout", "attention_dropout"):
             if c.get(key):
                 c.set(key, 0.0)
-    tied = c.values.get("untie_embeddings_and_output_weights") is False
-    if tied and c.get("normalize_embedding_logits", True) and (
-            c.dialect == "maxtext" or c.explicit("normalize_embedding_logits")):
-        c.error("logits_via_embedding: true with normalize_embedding_logits: true (MaxText's "
-                "default) divides the tied logits by sqrt(emb_dim), which jaxtrain's output head "
-                "does not do; set normalize_embedding_logits: false for plain tied logits")
     if c.get("multi_latent_attention") and c.get("group_query_attention") and \
             not c.explicit("group_query_attention"):
         c.set("group_query_attention", False)   # MaxText's default GQA does not apply to MLA
@@ -196,6 +206,8 @@ def _decoder_block(c) -> None:
         _gpt3(c, because)
     if block == "gpt_oss":
         _gpt_oss(c, because)
+    if block in _GEMMA:
+        _gemma(c, block, because)
     _experts(c, block, because)
 
 
@@ -209,6 +221,10 @@ def _norms_and_biases(c, block) -> dict:
     if block == "gpt3":
         return dict(normalization="LayerNorm", apply_layernorm_1p=True, add_bias_linear=True,
                     add_qkv_bias=True, qk_layernorm=False, qk_l2_norm=False)
+    if block in _GEMMA:   # gemma3's q/k norms are built in (MaxText ignores use_qk_norm there)
+        return dict(normalization="RMSNorm", apply_layernorm_1p=False,
+                    position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
+                    qk_layernorm=block == "gemma3", qk_l2_norm=False)
     settings = dict(normalization="RMSNorm", apply_layernorm_1p=False,
                     position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
                     qk_layernorm=qk_norm and scaled, qk_l2_norm=qk_norm and not scaled)
@@ -284,6 +300,37 @@ def _gpt_oss(c, because) -> None:
                                 ("glu_linear_offset", 1.0),
                                 ("activation_func_clamp_value", float(limit))):
                 _imply(c, key, wanted, because + ", its experts GPT-OSS's clamped GLU")
+
+
+def _gemma(c, block, because) -> None:
+    """MaxText's Gemma blocks: gemma2 counts a local and a global layer as one decoder layer
+    (num_decoder_layers is half the depth), gemma3 repeats five local layers and a global one;
+    the local layers' window is sliding_window_size (none when 0), their RoPE base
+    local_rope_max_timescale (gemma3, when positive, without rope_linear_scaling_factor)."""
+    if block != "gemma":
+        _imply(c, "post_attention_norm", bool(c.get("use_post_attn_norm")), because)
+        _imply(c, "post_mlp_norm", bool(c.get("use_post_ffw_norm")), because)
+    if block == "gemma2" and c.get("num_layers"):
+        c.set("num_layers", 2 * c.get("num_layers"))
+    window = c.get("sliding_window_size") or 0
+    if block != "gemma" and window > 0:
+        c.set("window_size", [window - 1, 0])
+        c.set("window_attn_skip_freq", 2 if block == "gemma2" else 6)
+        c.set("sliding_window_size", None)
+    if block != "gemma3":
+        return
+    local = c.get("local_rope_max_timescale", -1)
+    if local and local > 0:
+        _imply(c, "local_rotary_base", float(local), because)
+    name = c.get("model_name") or ""
+    scale = _GEMMA3_QUERY_SCALE.get(name)
+    if scale is None:
+        c.error(f"decoder_block gemma3 with model_name = {name!r}: MaxText's gemma3 block takes "
+                f"its query scale from the model name and knows "
+                f"{', '.join(_GEMMA3_QUERY_SCALE)} only; use one of them")
+    elif scale == "width":
+        _imply(c, "query_pre_attn_scalar",
+               float(c.get("hidden_size") // c.get("num_attention_heads")), because)
 
 
 def _experts(c, block, because) -> None:
