@@ -109,6 +109,11 @@ class ModelConfig:
     # Gemma 2/3 sandwich norms: the attention and MLP outputs normalised before the residual add
     post_attention_norm: bool = False
     post_mlp_norm: bool = False
+    # False: no norm before the sublayers (OLMo 2/3 normalise only their outputs)
+    pre_norm: bool = True
+    # With qk_layernorm: one norm over all heads' queries (keys) together, its scale [N*H]
+    # ([K*H]), as OLMo 2/3; False normalises each head on its own
+    qk_norm_across_heads: bool = False
     # Attention scores scaled by query_pre_attn_scalar**-0.5 (Gemma); None: head_dim**-0.5
     query_pre_attn_scalar: float | None = None
     # RoPE base of the sliding-window layers (Gemma 3's rope_local_base_freq; plain RoPE, no

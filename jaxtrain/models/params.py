@@ -5,9 +5,9 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
 
     embedding [V,D]; position_embedding [P,D] (learned_absolute); output [D,V] (untied)
     final_norm {scale [D], bias [D] (LayerNorm)}
-    layers: attn_norm, mlp_norm       {scale, bias}; post_attn_norm, post_mlp_norm (Gemma)
+    layers: attn_norm, mlp_norm       {scale, bias} (pre_norm); post_attn_norm, post_mlp_norm
             attn {wq [D,N,H], wk/wv [D,K,H], wo [N,H,D], bq [N,H], bk/bv [K,H], bo [D],
-                  q_norm/k_norm {scale [H], bias [H]}, sinks [N] (fp32)}
+                  q_norm/k_norm {scale [H] ([N*H], [K*H] across heads), bias}, sinks [N] (fp32)}
                   (multi-latent attention: the attn tree of mla.py)
             mlp  {wi_0/wi_1 [D,F] (gated) or wi [D,F], wo [F,D], bi_0/bi_1/bi [F], bo [D]}
     moe_layers: the MoE layers (``cfg.moe``), as ``layers`` but with ``moe`` for ``mlp``:
@@ -57,7 +57,9 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         attn["bv"] = ParamSpec((K, H), dt, ("kv_heads", "kv"), _zeros)
     if cfg.add_bias_linear:
         attn["bo"] = ParamSpec((D,), dt, ("embed",), _zeros)
-    if cfg.qk_layernorm:
+    if cfg.qk_layernorm and cfg.qk_norm_across_heads:
+        attn["q_norm"], attn["k_norm"] = _norm(cfg, N * H), _norm(cfg, K * H)
+    elif cfg.qk_layernorm:
         attn["q_norm"], attn["k_norm"] = _norm(cfg, H), _norm(cfg, H)
     if cfg.multi_latent_attention:
         attn = mla_specs(cfg)
@@ -67,7 +69,8 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
     ffn = {"moe": _moe_specs(cfg)} if kind == MOE_STACK else {"mlp": _mlp_specs(cfg, F)}
     post = {**({"post_attn_norm": _norm(cfg, D)} if cfg.post_attention_norm else {}),
             **({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {})}
-    return {"attn_norm": _norm(cfg, D), "attn": attn, "mlp_norm": _norm(cfg, D), **post, **ffn}
+    pre = {"attn_norm": _norm(cfg, D), "mlp_norm": _norm(cfg, D)} if cfg.pre_norm else {}
+    return {**pre, "attn": attn, **post, **ffn}
 
 
 def _mlp_specs(cfg, F: int) -> dict:

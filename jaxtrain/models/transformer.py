@@ -67,7 +67,10 @@ def project_qkv(p: dict, x, ctx: dict, cfg):
     q = constrain(q, "act_batch", "act_seq", "act_heads", "act_kv")
     k = constrain(k, "act_batch", "act_seq", "act_kv_heads", "act_kv")
     v = constrain(v, "act_batch", "act_seq", "act_kv_heads", "act_kv")
-    if cfg.qk_layernorm:
+    if cfg.qk_layernorm and cfg.qk_norm_across_heads:   # OLMo 2/3: one norm over all heads
+        q = L.norm(p["q_norm"], q.reshape(*q.shape[:2], -1), cfg).reshape(q.shape)
+        k = L.norm(p["k_norm"], k.reshape(*k.shape[:2], -1), cfg).reshape(k.shape)
+    elif cfg.qk_layernorm:
         q, k = L.norm(p["q_norm"], q, cfg), L.norm(p["k_norm"], k, cfg)
     elif cfg.qk_l2_norm:
         q, k = L.l2_norm(q, cfg.norm_epsilon), L.l2_norm(k, cfg.norm_epsilon)
@@ -177,7 +180,7 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     norm = _maybe_remat(lambda q, y: L.norm(q, y, cfg), "layernorm" in cfg.recompute_modules)
     mlp = _maybe_remat(lambda q, y: L.mlp(q, y, cfg), "mlp" in cfg.recompute_modules)
 
-    h = norm(p["attn_norm"], x)
+    h = norm(p["attn_norm"], x) if cfg.pre_norm else x
     with jax.named_scope("attention"):
         a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, cache)
     if cache is not None:
@@ -188,7 +191,7 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
          ).astype(cfg.residual_dtype)
 
-    h = norm(p["mlp_norm"], x)
+    h = norm(p["mlp_norm"], x) if cfg.pre_norm else x
     stats = None
     with jax.named_scope("mlp"):
         if "moe" in p:

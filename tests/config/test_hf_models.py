@@ -73,6 +73,8 @@ CASES = {
                                           sliding_window=16, rope_parameters={
         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    "olmo2": lambda: tr.Olmo2Config(**_B),
+    "olmo3": lambda: tr.Olmo3Config(**_B, sliding_window=16),
     "gpt2_exact_gelu": lambda: tr.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                              vocab_size=300, activation_function="gelu",
                                              tie_word_embeddings=False),

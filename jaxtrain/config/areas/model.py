@@ -126,6 +126,12 @@ KNOBS = [
       "add (Gemma 2/3 sandwich norm; its own scale per layer).", "jaxtrain", status=HONORED),
     K("post_mlp_norm", "bool", False, "Normalise the MLP output before the residual add (Gemma "
       "2/3 sandwich norm; its own scale per layer).", "jaxtrain", status=HONORED),
+    K("pre_norm", "bool", True, "Normalise each sublayer's input (pre-norm); false feeds the "
+      "residual stream in as it is (OLMo 2/3, which normalise the outputs instead).",
+      "jaxtrain", status=HONORED),
+    K("qk_norm_across_heads", "bool", False, "With qk_layernorm: one norm over all heads' "
+      "queries (and one over the keys), as OLMo 2/3, instead of one per head.", "jaxtrain",
+      status=HONORED),
     K("query_pre_attn_scalar", "float", None, "Scale attention scores by this value ** -0.5 "
       "(Gemma); null uses the head width.", "jaxtrain", status=HONORED),
     K("local_rotary_base", "float", None, "RoPE base of the sliding-window layers, plain RoPE "

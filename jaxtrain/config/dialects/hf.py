@@ -13,7 +13,8 @@ jaxtrain does not build raises naming its model_type and why.
 Built families (model_type): llama, mistral, qwen2, qwen3 (Llama-style attention), mixtral,
 qwen3_moe (softmax-routed MoE), gpt2, deepseek_v3 (multi-latent attention, sigmoid group-limited
 MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts), gemma, gemma2, gemma3_text
-(embedding scale, sandwich norms, soft-capping, local/global layers).
+(embedding scale, sandwich norms, soft-capping, local/global layers), olmo2, olmo3 (output-only
+norms, q/k norms across heads, local/global layers).
 
 This module imports no JAX (the dry run must not start it): only json, math, os and pathlib.
 """
@@ -31,11 +32,12 @@ KEY = "model.name_or_path"
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("mixtral", "qwen3_moe")
 GEMMA = ("gemma", "gemma2", "gemma3_text")
-FAMILIES = LLAMA_LIKE + ("gpt2", "deepseek_v3", "gpt_oss") + MOE + GEMMA
+OLMO = ("olmo2", "olmo3")
+FAMILIES = LLAMA_LIKE + ("gpt2", "deepseek_v3", "gpt_oss") + MOE + GEMMA + OLMO
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma3", "gemma3n", "gemma3n_text", "gemma4",
            "gemma4_text", "llama4", "llama4_text",
-           "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo", "olmo2", "olmo3",
+           "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
            "phi", "phi3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
            "gpt_neox", "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
@@ -480,23 +482,38 @@ def _gpt_oss(hf: dict) -> dict:
             "moe_ffn_hidden_size": hf["intermediate_size"]}
 
 
-def _gemma_rope(hf: dict) -> dict:
-    """Gemma 3's RoPE: rope_parameters per layer type (full_attention: rope_theta and its
-    scaling; sliding_attention: a plain RoPE base), or the older rope_theta / rope_scaling /
-    rope_local_base_freq fields."""
+def _per_type_rope(hf: dict, full_theta: float, local_theta: float) -> dict:
+    """RoPE of families with per-layer-type rope_parameters (Gemma 3, OLMo 3): full_attention
+    takes rope_theta and its scaling, sliding_attention a plain RoPE base (local_rotary_base,
+    set when the sliding layers differ from the full ones); or the older rope_theta /
+    rope_scaling / rope_local_base_freq fields. ``*_theta``: the family's defaults."""
     rp = hf.get("rope_parameters") or {}
     if "full_attention" in rp or "sliding_attention" in rp:
         full = dict(rp.get("full_attention") or {"rope_type": "default"})
         local = dict(rp.get("sliding_attention") or {"rope_type": "default"})
+    elif rp:
+        full, local = dict(rp), {"rope_type": "default", "rope_theta": rp.get("rope_theta")}
     else:
-        full = {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 1e6)}
-        local = {"rope_type": "default", "rope_theta": hf.get("rope_local_base_freq", 1e4)}
+        full = {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", full_theta)}
+        local = {"rope_type": "default",
+                 "rope_theta": hf.get("rope_local_base_freq", local_theta)}
     if local.get("rope_type", local.get("type", "default")) != "default":
         raise bad("rope_parameters.sliding_attention", local, "the sliding-window layers take "
                   "plain RoPE (a base, no scaling)")
-    full.setdefault("rope_theta", 1e6)
-    return {**_rope({"rope_parameters": full}),
-            "local_rotary_base": _number(local.get("rope_theta", 1e4))}
+    full.setdefault("rope_theta", full_theta)
+    out = _rope({"rope_parameters": full})
+    base = _number(local.get("rope_theta") or local_theta)
+    plain = full.get("rope_type", full.get("type", "default")) == "default"
+    if not (plain and base == out["rotary_base"]):
+        out["local_rotary_base"] = base
+    return out
+
+
+def _gemma_rope(hf: dict) -> dict:
+    """Gemma 3's RoPE: the local layers always carry their own base (10,000 by default)."""
+    out = _per_type_rope(hf, 1e6, 1e4)
+    out.setdefault("local_rotary_base", out["rotary_base"])
+    return out
 
 
 def _gemma(hf: dict) -> dict:
@@ -539,9 +556,35 @@ def _gemma(hf: dict) -> dict:
     return {**out, "qk_layernorm": True, **_gemma_rope(hf)}
 
 
+def _olmo(hf: dict) -> dict:
+    """OLMo 2 and OLMo 3: no norm before the sublayers, RMSNorms on their outputs, one q and one
+    k RMSNorm over all heads, a SwiGLU MLP; OLMo 3 adds sliding-window layers (three of four by
+    default) with per-layer-type RoPE."""
+    family = hf["model_type"]
+    if hf.get("attention_bias"):
+        raise bad("attention_bias", True, "OLMo with attention biases is not supported")
+    out = {**_rms_rope(hf, hf.get("max_position_embeddings", 4096), 1e-5), **_heads(hf),
+           **_gated(hf), "pre_norm": False, "post_attention_norm": True, "post_mlp_norm": True,
+           "qk_layernorm": True, "qk_norm_across_heads": True}
+    if family == "olmo2":
+        return {**out, **_rope(hf)}
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % 4 else "full_attention"
+                                      for i in range(n)]
+    if set(types) - {"sliding_attention", "full_attention"}:
+        raise bad("layer_types", types, "only sliding_attention and full_attention exist")
+    sliding = tuple(t == "sliding_attention" for t in types)
+    out.update(windows(hf.get("sliding_window", 4096), sliding))
+    theta = hf.get("rope_theta", 500000.0)
+    rope = _per_type_rope(hf, theta, theta)
+    if "local_rotary_base" in rope and not any(sliding):
+        del rope["local_rotary_base"]
+    return {**out, **rope}
+
+
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     **{f: _llama for f in LLAMA_LIKE + MOE}, "gpt2": _gpt2, "deepseek_v3": _deepseek_v3,
-    "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}}
+    "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO}}
 assert set(_TRANSLATIONS) == set(FAMILIES)
 
 

@@ -12,7 +12,9 @@ Families, one adapter module each (see :class:`common.Adapter`):
 - gpt_oss.py: gpt-oss (sinks, alternating sliding windows, biases, YaRN; biased router and
   clamped-GLU experts with biases);
 - gemma.py: Gemma, Gemma 2, Gemma 3 text ((1 + w) norms, embedding scale, sandwich norms,
-  soft-capping, local/global layers with their own RoPE bases).
+  soft-capping, local/global layers with their own RoPE bases);
+- olmo.py: OLMo 2 and OLMo 3 (norms on the sublayer outputs only, q/k norms across heads,
+  OLMo 3's sliding-window layers).
 
 config.json -> ModelConfig goes through jaxtrain's knobs: ``config_from_hf`` is
 ``ModelConfig.from_config`` of the knob values jaxtrain/config/dialects/hf.py translates the
@@ -36,13 +38,13 @@ from safetensors.numpy import save_file
 from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf import deepseek_v3, gemma, gpt2, gpt_oss, llama, moe
+from jaxtrain.models.hf import deepseek_v3, gemma, gpt2, gpt_oss, llama, moe, olmo
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
 from jaxtrain.models.params import abstract
 
 # In the order hf_family asks them which family reproduces a config most directly.
 ADAPTERS: tuple[Adapter, ...] = (deepseek_v3.ADAPTER, gpt_oss.ADAPTER, moe.ADAPTER,
-                                 gpt2.ADAPTER, gemma.ADAPTER, llama.ADAPTER)
+                                 gpt2.ADAPTER, gemma.ADAPTER, olmo.ADAPTER, llama.ADAPTER)
 _BY_FAMILY = {family: a for a in ADAPTERS for family in a.families}
 FAMILIES = tuple(f for f in translation.FAMILIES if f in _BY_FAMILY)
 assert set(FAMILIES) == set(_BY_FAMILY), "every adapter family needs its config translation"

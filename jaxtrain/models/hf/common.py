@@ -234,8 +234,10 @@ def dense_problems(cfg: ModelConfig, *, rope: bool, qk_norm: bool, qkv_only_bias
 
 
 def gemma_problems(cfg: ModelConfig) -> dict:
-    """The Gemma fields, which only the Gemma families express (gemma.py clears them)."""
-    return {"embedding_multiplier": cfg.embedding_multiplier is not None,
+    """The Gemma and OLMo fields, which only those families express (gemma.py and olmo.py
+    clear theirs)."""
+    return {"pre_norm": not cfg.pre_norm, "qk_norm_across_heads": cfg.qk_norm_across_heads,
+            "embedding_multiplier": cfg.embedding_multiplier is not None,
             "post_attention_norm": cfg.post_attention_norm, "post_mlp_norm": cfg.post_mlp_norm,
             "query_pre_attn_scalar": cfg.query_pre_attn_scalar not in (None, cfg.head_dim),
             "local_rotary_base": cfg.local_rotary_base is not None}
