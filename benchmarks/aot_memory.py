@@ -34,8 +34,9 @@ def _shard_bytes(tree) -> int:
                for s in jax.tree.leaves(tree))
 
 
-def analyse(config: str | None, overrides: list[str], devices: int) -> dict:
-    """Per-device memory of the compiled train step for ``devices`` devices."""
+def compile_step(config: str | None, overrides: list[str], devices: int):
+    """(run, abstract state, compiled train step) for ``devices`` devices, lowered from
+    abstract state (nothing the size of the model is allocated)."""
     import jax
 
     from jaxtrain import loop
@@ -49,7 +50,14 @@ def analyse(config: str | None, overrides: list[str], devices: int) -> dict:
     host = next(global_batches(run.data, run.tcfg, seed=0))
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=run.layout.batch())
              for k, v in host.items()}
-    compiled = run.step_fn.lower(state, batch).compile()
+    return run, state, run.step_fn.lower(state, batch).compile()
+
+
+def analyse(config: str | None, overrides: list[str], devices: int) -> dict:
+    """Per-device memory of the compiled train step for ``devices`` devices."""
+    import jax
+
+    run, state, compiled = compile_step(config, overrides, devices)
     stats = compiled.memory_analysis()
     gib = 2.0 ** 30
     return {

@@ -53,22 +53,12 @@ def count(hlo: str) -> dict:
 
 def analyse(config: str | None, overrides: list[str], devices: int) -> dict:
     """Collectives of the train step compiled for ``devices`` devices."""
-    import jax
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from aot_memory import compile_step
 
-    from jaxtrain import loop
-    from jaxtrain.config import load_config
-    from jaxtrain.data.batches import global_batches
-
-    cfg = load_config(config, overrides, world_size=devices)
-    run = loop.build(cfg, jax.devices()[:devices], materialize=False)
-    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                         run.abstract, run.shardings)
-    host = next(global_batches(run.data, run.tcfg, seed=0))
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=run.layout.batch())
-             for k, v in host.items()}
-    hlo = run.step_fn.lower(state, batch).compile().as_text()
+    run, _, compiled = compile_step(config, overrides, devices)
     return {"mesh": {k: v for k, v in run.layout.mesh.shape.items() if v > 1},
-            "collectives": count(hlo)}
+            "collectives": count(compiled.as_text())}
 
 
 CP_MODEL = ["mock_data=true", "vocab_size=256", "seq_length=1024",

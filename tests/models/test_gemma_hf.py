@@ -1,16 +1,14 @@
 """Gemma, Gemma 2 and Gemma 3 (text) against transformers: logits (fp32, tiny random configs
 with wider-than-init weights), from_hf / to_hf round trips that load in transformers, and the
 knobs that make up the families (each flipped changes the logits)."""
-import jax
 import numpy as np
 import pytest
 import transformers as tr
-from model_helpers import SEQ, VOCAB, max_diff, random_params, tiny, tokens
-from test_hf import _hf_logits, _load, _randomize
+from model_helpers import VOCAB, max_diff, random_params, tiny, tokens
+from test_hf import _hf_model, check_parity_and_round_trip
 
-from jaxtrain.models import forward, from_hf, to_hf
+from jaxtrain.models import forward, from_hf
 
-TOL = 1e-4
 _BASE = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64)
 _TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
@@ -32,28 +30,13 @@ CASES = {
 
 
 def _model(case, path, seed=0):
-    config_cls, model_cls, kw = CASES[case]
-    model = _randomize(model_cls(config_cls(**kw, attn_implementation="eager")).eval(), seed)
-    model.save_pretrained(path)
-    return model
+    return _hf_model(case, path, seed, CASES)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_parity_and_round_trip(case, tmp_path):
-    model = _model(case, tmp_path / "hf")
-    cfg, params = from_hf(tmp_path / "hf")
-    toks = tokens()
-    ref = _hf_logits(model, toks)
-    fwd = jax.jit(lambda p, x, pos: forward(p, x, cfg, positions=pos))
-    assert max_diff(fwd(params, toks, np.tile(np.arange(SEQ), (2, 1))), ref) <= TOL
-    positions = np.tile(np.arange(5, 5 + SEQ), (2, 1))
-    assert max_diff(fwd(params, toks, positions), _hf_logits(model, toks, positions)) <= TOL
-
-    to_hf(params, cfg, tmp_path / "out")
-    assert max_diff(_hf_logits(_load(tmp_path / "out"), toks), ref) <= TOL
-    cfg2, params2 = from_hf(tmp_path / "out")
-    assert cfg2 == cfg
-    jax.tree.map(np.testing.assert_array_equal, params2, params)
+    cfg = check_parity_and_round_trip(_model(case, tmp_path / "hf"), tmp_path)
+    assert cfg.embedding_multiplier == pytest.approx(32 ** 0.5) and cfg.apply_layernorm_1p
 
 
 def test_the_families_configs():

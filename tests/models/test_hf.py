@@ -66,8 +66,10 @@ def _randomize(model, seed=0):
     return model
 
 
-def _hf_model(case, path, seed=0):
-    config_cls, model_cls, kw = CASES[case]
+def _hf_model(case, path, seed=0, cases=None):
+    """The transformers model of ``cases[case]`` (default: this file's CASES), randomized and
+    saved to ``path``."""
+    config_cls, model_cls, kw = (cases or CASES)[case]
     model = _randomize(model_cls(config_cls(**kw, attn_implementation="eager")).eval(), seed)
     model.save_pretrained(path)
     return model
@@ -83,10 +85,11 @@ def _load(path):
     return tr.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_parity_and_round_trip(case, tmp_path):
-    model = _hf_model(case, tmp_path / "hf")
-    cfg, params = from_hf(tmp_path / "hf")
+def check_parity_and_round_trip(model, path):
+    """from_hf of the saved ``model`` (in ``path``/hf) gives its logits (positions from 0 and
+    from 5), and to_hf writes what transformers loads with the same logits and from_hf reads
+    back to the same config and parameters. Returns the config."""
+    cfg, params = from_hf(path / "hf")
     toks = tokens()
     ref = _hf_logits(model, toks)
     fwd = jax.jit(lambda p, x, pos: forward(p, x, cfg, positions=pos))
@@ -97,11 +100,17 @@ def test_parity_and_round_trip(case, tmp_path):
     positions = np.tile(np.arange(5, 5 + SEQ), (2, 1))
     assert max_diff(fwd(params, toks, positions), _hf_logits(model, toks, positions)) <= TOL
 
-    to_hf(params, cfg, tmp_path / "out")
-    assert max_diff(_hf_logits(_load(tmp_path / "out"), toks), ref) <= TOL
-    cfg2, params2 = from_hf(tmp_path / "out")
+    to_hf(params, cfg, path / "out")
+    assert max_diff(_hf_logits(_load(path / "out"), toks), ref) <= TOL
+    cfg2, params2 = from_hf(path / "out")
     assert cfg2 == cfg
     jax.tree.map(np.testing.assert_array_equal, params2, params)
+    return cfg
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_parity_and_round_trip(case, tmp_path):
+    check_parity_and_round_trip(_hf_model(case, tmp_path / "hf"), tmp_path)
 
 
 def test_sharded_checkpoint_and_scan_axis_0(tmp_path):

@@ -23,6 +23,8 @@ ACT_HF = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu
           "quick_gelu": "quick_gelu"}
 # Buffers some checkpoints carry that no model reads.
 IGNORED_TENSORS = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
+# jaxtrain's gated-MLP leaves and their checkpoint names.
+GATED_MLP = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
 # Expert tensor order of jaxtrain's expert tree (gate, up, down).
 EXPERT_LEAVES = ("wi_0", "wi_1", "wo")
 
@@ -139,7 +141,28 @@ def experts_in(t: Tensors, base: str, cfg, names: tuple[str, str, str]) -> dict:
     return {"router": {"w": t(base + "gate.weight").T}, "experts": experts}
 
 
+def projections_in(t: Tensors, pre: str, cfg) -> dict:
+    """A layer's bias-free q/k/v/o projections and gated MLP (``self_attn.*_proj``,
+    ``mlp.{gate,up,down}_proj``) in jaxtrain's shapes: {attn: {wq, wk, wv, wo}, mlp}."""
+    D, N, K, H = cfg.hidden_size, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
+    w = lambda n: t(pre + n + ".weight").T  # noqa: E731  HF Linear [out, in] -> [in, out]
+    return {"attn": {"wq": w("self_attn.q_proj").reshape(D, N, H),
+                     "wk": w("self_attn.k_proj").reshape(D, K, H),
+                     "wv": w("self_attn.v_proj").reshape(D, K, H),
+                     "wo": w("self_attn.o_proj").reshape(N, H, D)},
+            "mlp": {ours: w(f"mlp.{theirs}") for ours, theirs in GATED_MLP}}
+
+
 # ---------------------------------------------------------------- checkpoint tensors out
+
+def projections_out(p: dict, pre: str, cfg) -> dict[str, np.ndarray]:
+    """The inverse of :func:`projections_in` for layer tree ``p``."""
+    a, m = p["attn"], p["mlp"]
+    out = {pre + f"self_attn.{n}_proj.weight": hf_linear(a[f"w{n}"]) for n in ("q", "k", "v")}
+    out[pre + "self_attn.o_proj.weight"] = np.asarray(a["wo"]).reshape(-1, cfg.hidden_size).T
+    out.update({pre + f"mlp.{theirs}.weight": hf_linear(m[ours]) for ours, theirs in GATED_MLP})
+    return out
+
 
 def hf_linear(w) -> np.ndarray:
     """[in, ...out] -> HF Linear [out, in]."""

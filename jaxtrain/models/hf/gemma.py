@@ -18,13 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, hf_linear, output_head,
-                                       rope_config, stacks)
+from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, output_head,
+                                       projections_in, projections_out, rope_config, stacks)
 from jaxtrain.models.params import layer_tree
 
 ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
                  "gemma3_text": "Gemma3ForCausalLM"}
-MLP_NAMES = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
 
 
 def picks(cfg: ModelConfig) -> str | None:
@@ -45,23 +44,16 @@ def _norm_names(family: str) -> dict[str, str]:
 
 
 def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
-    D, N, K, H = cfg.hidden_size, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
     family = (hf or {}).get("model_type") or picks(cfg)
 
     def layer(i):
         pre = f"model.layers.{i}."
-        w = lambda n: t(pre + n + ".weight").T  # noqa: E731  HF Linear [out, in] -> [in, out]
-        attn = {"wq": w("self_attn.q_proj").reshape(D, N, H),
-                "wk": w("self_attn.k_proj").reshape(D, K, H),
-                "wv": w("self_attn.v_proj").reshape(D, K, H),
-                "wo": w("self_attn.o_proj").reshape(N, H, D)}
+        tree = projections_in(t, pre, cfg)
         if cfg.qk_layernorm:
-            attn["q_norm"] = {"scale": t(pre + "self_attn.q_norm.weight")}
-            attn["k_norm"] = {"scale": t(pre + "self_attn.k_norm.weight")}
-        norms = {ours: {"scale": t(pre + theirs + ".weight")}
-                 for ours, theirs in _norm_names(family).items()}
-        return {**norms, "attn": attn,
-                "mlp": {ours: w(f"mlp.{theirs}") for ours, theirs in MLP_NAMES}}
+            tree["attn"]["q_norm"] = {"scale": t(pre + "self_attn.q_norm.weight")}
+            tree["attn"]["k_norm"] = {"scale": t(pre + "self_attn.k_norm.weight")}
+        return {**tree, **{ours: {"scale": t(pre + theirs + ".weight")}
+                           for ours, theirs in _norm_names(family).items()}}
 
     return output_head(t, cfg, {"embedding": t("model.embed_tokens.weight"),
                                 **stacks(layer, cfg),
@@ -69,21 +61,14 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
 
 
 def tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
-    D = cfg.hidden_size
     out: dict[str, np.ndarray] = {}
     for i in range(cfg.num_layers):
         p = layer_tree(params, cfg, i)
-        a, m = p["attn"], p["mlp"]
         pre = f"model.layers.{i}."
-        out[pre + "self_attn.q_proj.weight"] = hf_linear(a["wq"])
-        out[pre + "self_attn.k_proj.weight"] = hf_linear(a["wk"])
-        out[pre + "self_attn.v_proj.weight"] = hf_linear(a["wv"])
-        out[pre + "self_attn.o_proj.weight"] = np.asarray(a["wo"]).reshape(-1, D).T
+        out.update(projections_out(p, pre, cfg))
         if cfg.qk_layernorm:
-            out[pre + "self_attn.q_norm.weight"] = np.asarray(a["q_norm"]["scale"])
-            out[pre + "self_attn.k_norm.weight"] = np.asarray(a["k_norm"]["scale"])
-        for ours, theirs in MLP_NAMES:
-            out[pre + f"mlp.{theirs}.weight"] = hf_linear(m[ours])
+            out[pre + "self_attn.q_norm.weight"] = np.asarray(p["attn"]["q_norm"]["scale"])
+            out[pre + "self_attn.k_norm.weight"] = np.asarray(p["attn"]["k_norm"]["scale"])
         for ours, theirs in _norm_names(family).items():
             out[pre + theirs + ".weight"] = np.asarray(p[ours]["scale"])
     out["model.embed_tokens.weight"] = np.asarray(params["embedding"])

@@ -7,12 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, hf_linear, norm_scale,
-                                       output_head, rope_config, stacks)
+from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, norm_scale, output_head,
+                                       projections_in, projections_out, rope_config, stacks)
 from jaxtrain.models.params import layer_tree
 
 ARCHITECTURES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}
-MLP_NAMES = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
 NORMS = (("post_attn_norm", "post_attention_layernorm"),
          ("post_mlp_norm", "post_feedforward_layernorm"))
 
@@ -24,19 +23,12 @@ def picks(cfg: ModelConfig) -> str | None:
 
 
 def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
-    D, N, K, H = cfg.hidden_size, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
-
     def layer(i):
         pre = f"model.layers.{i}."
-        w = lambda n: t(pre + n + ".weight").T  # noqa: E731  HF Linear [out, in] -> [in, out]
-        attn = {"wq": w("self_attn.q_proj").reshape(D, N, H),
-                "wk": w("self_attn.k_proj").reshape(D, K, H),
-                "wv": w("self_attn.v_proj").reshape(D, K, H),
-                "wo": w("self_attn.o_proj").reshape(N, H, D),
-                "q_norm": {"scale": t(pre + "self_attn.q_norm.weight")},
-                "k_norm": {"scale": t(pre + "self_attn.k_norm.weight")}}
-        return {**{ours: {"scale": t(pre + theirs + ".weight")} for ours, theirs in NORMS},
-                "attn": attn, "mlp": {ours: w(f"mlp.{theirs}") for ours, theirs in MLP_NAMES}}
+        tree = projections_in(t, pre, cfg)
+        tree["attn"].update(q_norm={"scale": t(pre + "self_attn.q_norm.weight")},
+                            k_norm={"scale": t(pre + "self_attn.k_norm.weight")})
+        return {**tree, **{ours: {"scale": t(pre + theirs + ".weight")} for ours, theirs in NORMS}}
 
     return output_head(t, cfg, {"embedding": t("model.embed_tokens.weight"),
                                 **stacks(layer, cfg),
@@ -44,19 +36,13 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
 
 
 def tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
-    D = cfg.hidden_size
     out: dict[str, np.ndarray] = {}
     for i in range(cfg.num_layers):
         p = layer_tree(params, cfg, i)
-        a, m = p["attn"], p["mlp"]
         pre = f"model.layers.{i}."
-        for name in ("q", "k", "v"):
-            out[pre + f"self_attn.{name}_proj.weight"] = hf_linear(a[f"w{name}"])
-        out[pre + "self_attn.o_proj.weight"] = np.asarray(a["wo"]).reshape(-1, D).T
-        out[pre + "self_attn.q_norm.weight"] = norm_scale(a["q_norm"], cfg)
-        out[pre + "self_attn.k_norm.weight"] = norm_scale(a["k_norm"], cfg)
-        for ours, theirs in MLP_NAMES:
-            out[pre + f"mlp.{theirs}.weight"] = hf_linear(m[ours])
+        out.update(projections_out(p, pre, cfg))
+        out[pre + "self_attn.q_norm.weight"] = norm_scale(p["attn"]["q_norm"], cfg)
+        out[pre + "self_attn.k_norm.weight"] = norm_scale(p["attn"]["k_norm"], cfg)
         for ours, theirs in NORMS:
             out[pre + theirs + ".weight"] = norm_scale(p[ours], cfg)
     out["model.embed_tokens.weight"] = np.asarray(params["embedding"])
