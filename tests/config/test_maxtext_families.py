@@ -78,6 +78,8 @@ PUBLISHED = [
                            "non-embedding parameters (the 417M vision encoder not built)"),
     ("gemma3-12b", 11.771e9, "Gemma 3 technical report, Table 1: 1,012M + 10,759M"),
     ("gemma3-27b", 27.016e9, "Gemma 3 technical report, Table 1: 1,416M + 25,600M"),
+    ("olmo3-7b", 7.30e9, "allenai/Olmo-3-1025-7B on Hugging Face: 7.3B params"),
+    ("olmo3-32b", 32.2e9, "allenai/Olmo-3-1125-32B on Hugging Face: 32.2B params"),
 ]
 
 
@@ -166,6 +168,24 @@ def test_gemma_families():
         resolve("gemma-2b", "use_post_attn_norm=true")
     with pytest.raises(ConfigError, match="does not read local_rope_max_timescale"):
         resolve("gemma2-2b", "local_rope_max_timescale=500")
+
+
+def test_olmo3_family():
+    """MaxText's olmo3 block: output norms only, q/k norms across heads for olmo3* names, three
+    windowed layers to one global, YaRN on every layer."""
+    m = resolve("olmo3-7b")[1]
+    assert (m.pre_norm, m.post_attention_norm, m.post_mlp_norm) == (False, True, True)
+    assert (m.qk_layernorm, m.qk_norm_across_heads) == (True, True)
+    assert m.sliding_window == 4096 and m.sliding_window_layers == (True, True, True, False) * 8
+    assert (m.rope_type, m.yarn_scaling_factor, m.rotary_base) == ("yarn", 8.0, 5e5)
+    assert m.local_rotary_base is None
+    per_head = load_config("base.yml", ["decoder_block=olmo3", "use_qk_norm=true",
+                                        "base_num_decoder_layers=4"])
+    m = ModelConfig.from_config({**per_head})
+    assert m.qk_layernorm and not m.qk_norm_across_heads and not m.pre_norm
+    with pytest.raises(ConfigError, match="leaves out 2 of the 6 layers"):
+        load_config("base.yml", ["decoder_block=olmo3", "base_num_decoder_layers=6",
+                                 "inhomogeneous_layer_cycle_interval=4"])
 
 
 def test_normalize_embedding_logits_divides_the_tied_logits():
@@ -471,7 +491,7 @@ def test_mla_softmax_mscale():
 
 # --------------------------------------------------------------------- refusals by name
 
-@pytest.mark.parametrize("block", ["gemma4", "llama4", "olmo3", "qwen3_next", "qwen3_5",
+@pytest.mark.parametrize("block", ["gemma4", "llama4", "qwen3_next", "qwen3_5",
                                    "deepseek4", "envy", "default"])
 def test_unbuilt_families_are_planned_by_name(block):
     refused(f"decoder_block = '{block}'.*planned for issue #25 \\(model families\\)",
@@ -538,7 +558,7 @@ def test_presets_name_their_commit_and_read_back():
         assert "AI-Hypercomputer/maxtext at commit e591f30cbb" in text.splitlines()[1]
         assert yaml.safe_load(text)["decoder_block"] in (
             "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
-            "gpt_oss", "gemma", "gemma2", "gemma3")
+            "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3")
 
 
 FORWARD = {
@@ -561,6 +581,10 @@ FORWARD = {
     "gemma2": ["model_name=gemma2-2b", "override_model_config=true", "base_num_decoder_layers=2",
                "base_num_query_heads=4", "base_num_kv_heads=2", "vocab_size=256",
                "sliding_window_size=4"],
+    "olmo3": ["model_name=olmo3-7b", "override_model_config=true", "base_num_decoder_layers=4",
+              "base_num_query_heads=4", "base_num_kv_heads=2", "vocab_size=256",
+              "sliding_window_size=4", "max_position_embeddings=64",
+              "original_max_position_embeddings=16"],
     "gemma3": ["model_name=gemma3-4b", "override_model_config=true", "base_num_decoder_layers=7",
                "base_num_query_heads=4", "base_num_kv_heads=2", "vocab_size=256",
                "sliding_window_size=4"],

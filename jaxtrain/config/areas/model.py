@@ -110,8 +110,8 @@ KNOBS = [
     K("global_parameter_scale", "int", 1, "MaxText size multiplier (a power of two) that grows "
       "width, heads, MLP width and depth from their base_* values.", _MT, HONORED),
     K("decoder_block", "str", None, "MaxText layer family (llama2, mistral, mixtral, qwen2, qwen3, "
-      "qwen3_moe, deepseek, gpt3, gpt_oss, gemma, gemma2, gemma3 are built); null: the Megatron "
-      "knobs decide.",
+      "qwen3_moe, deepseek, gpt3, gpt_oss, gemma, gemma2, gemma3, olmo3 are built); null: the "
+      "Megatron knobs decide.",
       _MT, HONORED, choices=DECODER_BLOCKS, doc_defaults={_MT: "llama2"},
       planned_values={b: 25 for b in PLANNED_BLOCKS}, rejected_values=REJECTED_BLOCKS),
     *[K(name, "int", None, f"MaxText's effective {what}: {base} x the global_parameter_scale "

@@ -27,6 +27,8 @@ What each block is (MaxText's models/*.py, layers/attentions.py, attention_mla.p
   router, a sink logit per head, and a sliding window on every other layer.
 - gpt3: pre-norm LayerNorm with zero-centred scales and biases, learned positions
   (trainable_position_size), biases on every projection, multi-head attention.
+- olmo3: RMSNorms on the attention and MLP outputs only, q/k norms (across heads for olmo3*
+  model names), three sliding-window layers to one global, one (YaRN) RoPE for all layers.
 - gemma, gemma2, gemma3: pre-norm RMSNorm (plain scales: MaxText's converted checkpoints hold
   1 + w), a tanh-GELU gated MLP, tied logits divided by sqrt(emb_dim) (the embedding scale is in
   the weights); gemma2: local/global layer pairs, sandwich norms, soft-caps; gemma3: q/k norms,
@@ -44,7 +46,7 @@ from jaxtrain.config.dialects.maxtext import pinned_base
 # Scaled size knobs: (canonical key, which of MaxText's four scales applies).
 _SCALED = (("hidden_size", 0), ("num_attention_heads", 1), ("num_query_groups", 1),
            ("ffn_hidden_size", 2), ("moe_ffn_hidden_size", 2), ("num_layers", 3))
-_QWEN = ("qwen2", "qwen3", "qwen3_moe")
+_QWEN = ("qwen2", "qwen3", "qwen3_moe", "olmo3")
 _LLAMA = ("llama2", "mistral", "mixtral")
 _RMS = "a pre-norm RMSNorm + RoPE block"
 _ABOUT = {
@@ -62,6 +64,9 @@ _ABOUT = {
               "use_post_attn_norm / use_post_ffw_norm say",
     "gemma3": f"{_RMS} without biases, with q/k norms, five local layers to one global, "
               "sandwich norms as use_post_attn_norm / use_post_ffw_norm say",
+    "olmo3": "a block that normalises only the outputs of attention and MLP (RMSNorm), with q/k "
+             "norms as use_qk_norm says (across all heads for model names olmo3*) and three "
+             "local layers to one global",
 }
 _GEMMA = ("gemma", "gemma2", "gemma3")
 # MaxText's gemma3 query scale by model name (its get_query_pre_attn_scalar): head_dim for 4b
@@ -72,11 +77,11 @@ _GEMMA3_QUERY_SCALE = {"gemma3-4b": "head_dim", "gemma3-12b": "head_dim", "gemma
 _READ_BY = {
     "use_qk_norm": _QWEN,
     "mlp_activations_limit": ("gpt_oss",),
-    "sliding_window_size": ("gpt_oss", "gemma2", "gemma3"),
+    "sliding_window_size": ("gpt_oss", "gemma2", "gemma3", "olmo3"),
     "use_post_attn_norm": ("gemma2", "gemma3"),
     "use_post_ffw_norm": ("gemma2", "gemma3"),
     "local_rope_max_timescale": ("gemma3",),
-    "inhomogeneous_layer_cycle_interval": ("gpt_oss",),
+    "inhomogeneous_layer_cycle_interval": ("gpt_oss", "olmo3"),
     "first_num_dense_layers": ("deepseek",),
     "shared_experts": ("deepseek",),
     "routed_scaling_factor": ("deepseek",),
@@ -208,6 +213,8 @@ def _decoder_block(c) -> None:
         _gpt_oss(c, because)
     if block in _GEMMA:
         _gemma(c, block, because)
+    if block == "olmo3":
+        _olmo3(c, because)
     _experts(c, block, because)
 
 
@@ -331,6 +338,27 @@ def _gemma(c, block, because) -> None:
     elif scale == "width":
         _imply(c, "query_pre_attn_scalar",
                float(c.get("hidden_size") // c.get("num_attention_heads")), because)
+
+
+def _olmo3(c, because) -> None:
+    """MaxText's olmo3 block: no input norms, RMSNorms on the attention and MLP outputs, q/k
+    norms over all heads together for model names olmo3* (per head otherwise), a window of
+    sliding_window_size on three layers of every four, one RoPE (with its YaRN) for all."""
+    _imply(c, "pre_norm", False, because)
+    _imply(c, "post_attention_norm", True, because)
+    _imply(c, "post_mlp_norm", True, because)
+    across = bool(c.get("qk_layernorm")) and str(c.get("model_name") or "").startswith("olmo3")
+    _imply(c, "qk_norm_across_heads", across, because)
+    layers, interval = c.get("num_layers"), c.get("inhomogeneous_layer_cycle_interval", 1)
+    if c.get("scan_layers", True) and layers and interval > 1 and layers % interval:
+        _refuse(c, "inhomogeneous_layer_cycle_interval", f"with scan_layers MaxText builds "
+                f"num_layers // interval blocks, which leaves out {layers % interval} of the "
+                f"{layers} layers; choose an interval that divides num_layers")
+    window = c.get("sliding_window_size") or 0
+    if window > 0:
+        c.set("window_size", [window - 1, 0])
+        c.set("window_attn_skip_freq", 4)
+        c.set("sliding_window_size", None)
 
 
 def _experts(c, block, because) -> None:
