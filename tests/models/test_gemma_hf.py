@@ -87,3 +87,17 @@ def test_greedy_decode_matches_transformers_generate(case, tmp_path):
                              do_sample=False, eos_token_id=None, pad_token_id=0)
     np.testing.assert_array_equal(np.asarray(generate(params, cfg, prompt, 12)),
                                   ref[:, prompt.shape[1]:].numpy())
+
+
+def test_exported_config_loads_when_the_scalar_came_from_a_float_knob(tmp_path):
+    """The query_pre_attn_scalar knob is a float; transformers' strict Gemma configs type it
+    int, so a whole value is written as an int (a pgs SFT run's final export loads)."""
+    from jaxtrain.models.hf import hf_config
+
+    _model("gemma3", tmp_path / "hf")
+    cfg, _ = from_hf(tmp_path / "hf")
+    written = hf_config(cfg.replace(query_pre_attn_scalar=12.0))
+    assert written["query_pre_attn_scalar"] == 12 and isinstance(
+        written["query_pre_attn_scalar"], int)
+    tr.Gemma3TextConfig(**{k: v for k, v in written.items()
+                           if k not in ("architectures", "model_type")})   # strict: would raise

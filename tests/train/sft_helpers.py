@@ -63,7 +63,8 @@ def _tokenizer(corpus: list[str]):
 
 def write_chat_model(path, family: str = "llama", rows=None, seed: int = 0, **config
                      ) -> pathlib.Path:
-    """A tiny random ``family`` (llama | qwen3) chat model directory with its tokenizer."""
+    """A tiny random ``family`` (llama | qwen3 | gemma3 | olmo3) chat model directory with its
+    tokenizer."""
     import torch
     import transformers
 
@@ -80,6 +81,13 @@ def write_chat_model(path, family: str = "llama", rows=None, seed: int = 0, **co
     if family == "qwen3":
         cfg = transformers.Qwen3Config(head_dim=16, **common)
         model = transformers.Qwen3ForCausalLM(cfg)
+    elif family == "gemma3":
+        cfg = transformers.Gemma3TextConfig(head_dim=16, sliding_window=8,
+                                            **{**common, "tie_word_embeddings": True})
+        model = transformers.Gemma3ForCausalLM(cfg)
+    elif family == "olmo3":
+        cfg = transformers.Olmo3Config(sliding_window=8, **common)
+        model = transformers.Olmo3ForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(**common)
         model = transformers.LlamaForCausalLM(cfg)

@@ -114,7 +114,7 @@ def config(cfg: ModelConfig, family: str) -> dict:
     if family == "gemma":
         return {**out, **rope, "hidden_act": "gelu_pytorch_tanh"}
     out.update(hidden_activation="gelu_pytorch_tanh",
-               query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+               query_pre_attn_scalar=_whole(cfg.query_pre_attn_scalar or cfg.head_dim),
                attn_logit_softcapping=cfg.attn_logit_softcapping,
                final_logit_softcapping=cfg.final_logit_softcapping,
                sliding_window=cfg.sliding_window,
@@ -130,6 +130,11 @@ def config(cfg: ModelConfig, family: str) -> dict:
         "full_attention": full,
         "sliding_attention": {"rope_type": "default",
                               "rope_theta": cfg.local_rotary_base or rope["rope_theta"]}}}
+
+
+def _whole(value):
+    """An int when the value is integral: transformers' strict configs type some fields int."""
+    return int(value) if float(value).is_integer() else value
 
 
 ADAPTER = Adapter(architectures=ARCHITECTURES, picks=picks, params=params, problems=problems,
