@@ -163,3 +163,21 @@ def test_maxtext_sft_file_trains_on_local_chat_data(tmp_path):
     everything, real = trained("train_data_columns=[prompt,completion]",
                                "sft_train_on_completion_only=false")
     assert 0 < completion < everything == real      # false: every real token carries loss
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gemma3", "olmo3"])
+def test_pgs_quickstart_on_gemma3_and_olmo3(family, tmp_path):
+    """pgs's quickstart on a Gemma 3 and an OLMo 3 chat model: it trains, and the final export
+    loads in transformers with jaxtrain's logits and moved away from the start."""
+    model = write_chat_model(tmp_path / "model", family=family)
+    data = write_jsonl(tmp_path / "chat.jsonl", pair_task(48))
+    config = tmp_path / "quickstart.yaml"
+    shutil.copy(QUICKSTART, config)
+    assert _in(tmp_path, [config, f"model.name_or_path={model}", f"data.dataset={data}",
+                          "train.max_steps=2"]) == 0
+    final = tmp_path / "output" / "final"
+    ids = [[3, 5, 7, 11, 13, 17, 19, 23]]
+    theirs = _hf_logits(final, ids)
+    np.testing.assert_allclose(_ours_logits(final, ids), theirs, atol=1e-4, rtol=1e-4)
+    assert np.abs(_hf_logits(model, ids) - theirs).max() > 1e-4
