@@ -103,8 +103,7 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
     drop = not ctx["deterministic"] and cfg.attention_dropout > 0
 
     layout = active_layout()
-    ring = (cfg.cp_comm_type is not None and q_offset is None and layout is not None
-            and layout.mesh_shape.get("context", 1) > 1)
+    ring = q_offset is None and cp.model_layout(cfg) is not None
 
     def attend(q, k, v, sinks):
         def run(window):

@@ -41,18 +41,14 @@ NEG = -1e30   # a masked score: finite, so fully masked blocks merge away withou
 
 
 def balanced_order(length: int, cp: int) -> np.ndarray:
-    """Token order of the load-balanced layout: device i's slice (``length / cp`` tokens) is
-    chunks i and 2·cp−1−i of 2·cp equal chunks. ``x[..., order]`` lays a sequence out;
-    ``np.argsort(order)`` undoes it."""
+    """Token order of the load-balanced layout (:func:`balance` of 0..length-1): device i's
+    slice (``length / cp`` tokens) is chunks i and 2·cp−1−i of 2·cp equal chunks.
+    ``x[..., order]`` lays a sequence out; ``np.argsort(order)`` undoes it."""
     if length % (2 * cp):
         raise ValueError(f"a sequence of {length} tokens does not split into 2 x {cp} equal "
                          f"chunks")
-    chunk = length // (2 * cp)
-    parts = []
-    for i in range(cp):
-        parts += [np.arange(i * chunk, (i + 1) * chunk),
-                  np.arange((2 * cp - 1 - i) * chunk, (2 * cp - i) * chunk)]
-    return np.concatenate(parts)
+    with jax.ensure_compile_time_eval():   # a constant, also when called under jit
+        return np.asarray(balance(np.arange(length)[None], cp))[0]
 
 
 def balance(x, cp: int):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, output_head,
+from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, ends_out, output_head,
                                        projections_in, projections_out, rope_config, stacks)
 from jaxtrain.models.params import layer_tree
 
@@ -60,6 +60,11 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
                                 "final_norm": {"scale": t("model.norm.weight")}})
 
 
+def _stored(p: dict, cfg: ModelConfig) -> np.ndarray:
+    """A norm's checkpoint weight: zero-centred in both jaxtrain and Gemma checkpoints."""
+    return np.asarray(p["scale"])
+
+
 def tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for i in range(cfg.num_layers):
@@ -67,14 +72,11 @@ def tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray
         pre = f"model.layers.{i}."
         out.update(projections_out(p, pre, cfg))
         if cfg.qk_layernorm:
-            out[pre + "self_attn.q_norm.weight"] = np.asarray(p["attn"]["q_norm"]["scale"])
-            out[pre + "self_attn.k_norm.weight"] = np.asarray(p["attn"]["k_norm"]["scale"])
+            out[pre + "self_attn.q_norm.weight"] = _stored(p["attn"]["q_norm"], cfg)
+            out[pre + "self_attn.k_norm.weight"] = _stored(p["attn"]["k_norm"], cfg)
         for ours, theirs in _norm_names(family).items():
-            out[pre + theirs + ".weight"] = np.asarray(p[ours]["scale"])
-    out["model.embed_tokens.weight"] = np.asarray(params["embedding"])
-    out["model.norm.weight"] = np.asarray(params["final_norm"]["scale"])
-    if cfg.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = np.asarray(params["output"]).T
+            out[pre + theirs + ".weight"] = _stored(p[ours], cfg)
+    out.update(ends_out(params, cfg, _stored))
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 

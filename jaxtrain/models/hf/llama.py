@@ -12,9 +12,9 @@ from typing import Callable
 import numpy as np
 
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, dense_problems, hf_linear,
-                                       norm_scale, output_head, rope_config, rope_permutation,
-                                       stacks)
+from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, dense_problems, ends_out,
+                                       hf_linear, norm_scale, output_head, rope_config,
+                                       rope_permutation, stacks)
 from jaxtrain.models.params import MOE_STACK, layer_slots, layer_tree
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -113,10 +113,7 @@ def tensors(params: dict, cfg: ModelConfig, family: str = "llama",
                 out[pre + f"mlp.{theirs}.bias"] = np_(m[ours])
         out[pre + "input_layernorm.weight"] = norm_scale(p["attn_norm"], cfg)
         out[pre + "post_attention_layernorm.weight"] = norm_scale(p["mlp_norm"], cfg)
-    out["model.embed_tokens.weight"] = np_(params["embedding"])
-    out["model.norm.weight"] = norm_scale(params["final_norm"], cfg)
-    if cfg.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = np.ascontiguousarray(np_(params["output"]).T)
+    out.update(ends_out(params, cfg))
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, norm_scale, output_head,
-                                       projections_in, projections_out, rope_config, stacks)
+from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, ends_out, norm_scale,
+                                       output_head, projections_in, projections_out, rope_config,
+                                       stacks)
 from jaxtrain.models.params import layer_tree
 
 ARCHITECTURES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}
@@ -45,10 +46,7 @@ def tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray
         out[pre + "self_attn.k_norm.weight"] = norm_scale(p["attn"]["k_norm"], cfg)
         for ours, theirs in NORMS:
             out[pre + theirs + ".weight"] = norm_scale(p[ours], cfg)
-    out["model.embed_tokens.weight"] = np.asarray(params["embedding"])
-    out["model.norm.weight"] = norm_scale(params["final_norm"], cfg)
-    if cfg.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = np.asarray(params["output"]).T
+    out.update(ends_out(params, cfg))
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
