@@ -35,6 +35,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxtrain.fused_ce import head_loss, head_params
 from jaxtrain.models.transformer import hidden_states, logits_head
 
 
@@ -101,7 +102,7 @@ def model_hidden(params, micro: dict, model_cfg, *, quant_state=None, moe_state=
 def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe_state=None,
                train: bool = False, rng=None, num_chunks: int = 0,
                half_precision: bool = False, objective: TokenObjective | None = None,
-               embed_noise: float = 0.0, base_params=None):
+               embed_noise: float = 0.0, base_params=None, grad_in_forward: bool = False):
     """(Σ weights · token loss over the microbatch, MoE stats or None): the loss training,
     evaluation and the health monitor share (pre_rl: its loss, a mean over the microbatch's
     loss tokens, against ``base_params``, the frozen base model).
@@ -113,11 +114,20 @@ def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe
     ``train``: dropout on (``rng`` a key) and the routers' training statistics (aux and z
     losses); off, the forward is deterministic. ``num_chunks``/``half_precision``/
     ``objective``: as :func:`row_losses`. ``embed_noise``: pgs sym_noise's alpha (training
-    only; see :func:`jaxtrain.models.transformer.hidden_states`).
+    only; see :func:`jaxtrain.models.transformer.hidden_states`). ``grad_in_forward``: the
+    caller differentiates the loss; plain cross-entropy then computes the output layer's
+    gradient during the forward (:mod:`jaxtrain.fused_ce`).
     """
     hidden_BTD, stats = model_hidden(params, micro, model_cfg, quant_state=quant_state,
                                      moe_state=moe_state, train=train, rng=rng,
                                      embed_noise=embed_noise)
+    if grad_in_forward and (objective is None or not objective.weighted):
+        T = hidden_BTD.shape[1]
+        chunks = max(d for d in range(1, min(T, max(num_chunks, 1)) + 1) if T % d == 0)
+        with jax.named_scope("loss"):
+            total = head_loss(head_params(params, model_cfg), hidden_BTD, micro["targets"],
+                              weights.astype(jnp.float32), model_cfg, chunks, half_precision)
+        return total, stats
     base = None
     if objective is not None and objective.needs_base:
         base_hidden_BTD, _ = model_hidden(base_params, micro, model_cfg)
@@ -270,7 +280,8 @@ def row_losses(params, hidden, targets, loss_mask, model_cfg, *, num_chunks: int
         return _objective_sums(logits_BCV, targets_BC, mask_BC, half_precision, objective)
 
     if num_chunks <= 1:
-        out = sums(hidden, targets, mask_BT, base_hidden)
+        with jax.named_scope("loss"):
+            out = sums(hidden, targets, mask_BT, base_hidden)
     else:
         # a batch cut to a shorter length bucket takes the largest chunk count dividing it
         num_chunks = max(d for d in range(1, min(T, num_chunks) + 1) if T % d == 0)
@@ -280,8 +291,9 @@ def row_losses(params, hidden, targets, loss_mask, model_cfg, *, num_chunks: int
             return jnp.moveaxis(x_BT.reshape(B, num_chunks, C, *x_BT.shape[2:]), 1, 0)
 
         one = jax.checkpoint(lambda args: sums(*args))
-        out = jnp.sum(jax.lax.map(one, (split(hidden), split(targets), split(mask_BT),
-                                        split(base_hidden))), axis=0)
+        with jax.named_scope("loss"):
+            out = jnp.sum(jax.lax.map(one, (split(hidden), split(targets), split(mask_BT),
+                                            split(base_hidden))), axis=0)
     if not weighted:
         return out, counts_B
     if pre_rl:

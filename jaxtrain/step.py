@@ -1,9 +1,11 @@
 """The train state and the one jitted train step ``(state, batch) -> (state, metrics)``.
 
-The step runs the global batch as ``M`` microbatches under ``lax.scan``, accumulating
-gradients; normalises the loss as Megatron does (``calculate_per_token_loss``: over all tokens
-of the global batch; otherwise the mean over microbatches and data-parallel shards of each
-shard's token mean); unscales and checks fp16 gradients; skips pgs gradient spikes; and
+The step runs the global batch as ``M`` microbatches (the first, then the rest under
+``lax.scan``), accumulating gradients (on a data-parallel-only mesh each device sums its own
+rows' gradients and one psum per step reduces them: jaxtrain.parallel.accumulate);
+normalises the loss as Megatron does (``calculate_per_token_loss``: over all tokens of the
+global batch; otherwise the mean over microbatches and data-parallel shards of each shard's
+token mean); unscales and checks fp16 gradients; skips pgs gradient spikes; and
 applies the optax update. The per-token loss is plain cross-entropy or one of pgs's
 token-weighting objectives (``TrainConfig.objective``), with pgs sym_noise's embedding noise
 when set; evaluation keeps plain cross-entropy. A skipped step (fp16 overflow, spike) keeps
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -36,6 +39,7 @@ from jaxtrain.loss import model_loss
 from jaxtrain.models import moe
 from jaxtrain.models import params as model_params
 from jaxtrain.models import quant_state as model_quant_state
+from jaxtrain.parallel import accumulate as accumulate_mod
 
 
 @jax.tree_util.register_dataclass
@@ -178,7 +182,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
                                num_chunks=tcfg.loss_chunks,
                                half_precision=tcfg.half_precision_loss,
                                objective=tcfg.objective, embed_noise=tcfg.embed_noise,
-                               base_params=base_params)
+                               base_params=base_params, grad_in_forward=True)
         if tcfg.objective.needs_base:
             lm = lm / num_micro
         aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
@@ -221,7 +225,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         scale = state.loss_scale.scale if state.loss_scale is not None else jnp.float32(1.0)
         rng, step_rng = jax.random.split(state.rng)
 
-        def accumulate(carry, xs):
+        def accumulate(carry, xs, *, params, step_rng, pin):
             grads, loss, qstate, moe_sum, extra_sum = carry
             micro, weights_BT, i = xs   # one microbatch: [B,T] leaves
             moe_state = None if moe_sum is None or "aux_counts" not in moe_sum else {
@@ -229,7 +233,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             # The quantization state's "gradient" is its updated value (overwrite-with-gradient,
             # see jaxtrain.quant.matmul): each microbatch's forward/backward moves it one call on.
             if tcfg.seco_chunk:   # pgs memory.seco: chunk by chunk (jaxtrain.seco)
-                lm, g = seco.micro_grads(state.params, micro, weights_BT,
+                lm, g = seco.micro_grads(params, micro, weights_BT,
                                          jax.random.fold_in(step_rng, i), model_cfg, tcfg, scale)
                 stats, extra = None, extra_sum
             else:
@@ -237,19 +241,39 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
                     lambda p, q: micro_loss(p, q, micro, weights_BT,
                                             jax.random.fold_in(step_rng, i), moe_state, scale, M,
                                             frozen.get(frozen_key)),
-                    argnums=(0, 1), has_aux=True)(state.params, qstate)
-            grads = pin(jax.tree.map(lambda a, b: a + b.astype(accum_dtype), grads, g))
+                    argnums=(0, 1), has_aux=True)(params, qstate)
+            g = jax.tree.map(lambda b: b.astype(accum_dtype), g)
+            grads = pin(g if grads is None else jax.tree.map(jnp.add, grads, g))
             if moe_sum is not None:
                 moe_sum = jax.tree.map(jnp.add, moe_sum, stats)
             extra_sum = jax.tree.map(jnp.add, extra_sum, extra)
             return (grads, loss + lm, qstate, moe_sum, extra_sum), None
 
-        zeros = pin(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), state.params))
         M = weights_MBT.shape[0]
         extra0 = dpo.zero_metrics() if tcfg.dpo is not None else {}
-        (grads, loss, qstate, moe_sum, extra_sum), _ = jax.lax.scan(
-            accumulate, (zeros, jnp.float32(0.0), state.quant_state, moe.zero_stats(model_cfg),
-                         extra0), (batch, weights_MBT, jnp.arange(M)))
+        micros = (batch, weights_MBT, jnp.arange(M))
+        moe0 = moe.zero_stats(model_cfg)
+
+        def accumulate_all(params, micros, step_rng, pin):
+            """The first microbatch starts the gradient sum (no zero-filled accumulator to
+            add to); the others, if any, run under lax.scan."""
+            body = functools.partial(accumulate, params=params, step_rng=step_rng, pin=pin)
+            carry, _ = body((None, jnp.float32(0.0), state.quant_state, moe0, extra0),
+                            jax.tree.map(lambda a: a[0], micros))
+            if M > 1:
+                carry, _ = jax.lax.scan(body, carry, jax.tree.map(lambda a: a[1:], micros))
+            return carry
+
+        axes = () if M == 1 else accumulate_mod.local_axes(
+            layout, model_cfg, tcfg, moe0 is not None, state.quant_state is not None)
+        if axes:   # one reduction per step (jaxtrain.parallel.accumulate)
+            grads, loss = accumulate_mod.reduce_once(
+                lambda p, m, r: accumulate_all(p, m, r, lambda t: t)[:2], layout, axes,
+                state.params, micros, step_rng)
+            carry = (pin(grads), loss, state.quant_state, moe0, extra0)
+        else:
+            carry = accumulate_all(state.params, micros, step_rng, pin)
+        grads, loss, qstate, moe_sum, extra_sum = carry
         grads = jax.tree.map(lambda g, p: (g.astype(jnp.float32) / scale).astype(p.dtype),
                              grads, state.params)
         grad_norm = _global_norm(grads)
@@ -267,8 +291,9 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         lr = lr_schedule(state.opt_step)
         opt_state = to_device(state.opt_state)
         trained = moe.trainable(state.params)   # without the expert bias (moe.NON_TRAINABLE)
-        updates, new_opt = optimizer.update(moe.trainable(grads), opt_state, trained)
-        new_params = moe.merge_trainable(state.params, optax.apply_updates(trained, updates))
+        with jax.named_scope("optimizer"):
+            updates, new_opt = optimizer.update(moe.trainable(grads), opt_state, trained)
+            new_params = moe.merge_trainable(state.params, optax.apply_updates(trained, updates))
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(skip, b, a), new, old)  # noqa: E731
         kept_params = keep(new_params, state.params)
         if moe_sum is not None:   # Megatron updates the expert bias once per global batch

@@ -127,6 +127,24 @@ def _checked(path, overrides, world_size, primus_path):
     return cfg, world_size
 
 
+CACHE_ENV = "JAXTRAIN_COMPILATION_CACHE"
+
+
+def compilation_cache_dir(cfg) -> str | None:
+    """Where JAX's persistent compilation cache lives, so a restarted run skips compiling:
+    MaxText's ``jax_cache_dir`` when set ("" turns it off), else $JAXTRAIN_COMPILATION_CACHE
+    (a folder, or "off"), else ``jax_cache`` beside the run directory. None: leave JAX's own
+    setting (its JAX_COMPILATION_CACHE_DIR) alone."""
+    if cfg.get("jax_cache_dir") is not None:
+        return os.path.expanduser(cfg["jax_cache_dir"]) or None
+    env = os.environ.get(CACHE_ENV)
+    if env is not None:
+        return None if env in ("", "off", "0") else os.path.expanduser(env)
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    return str(run_dir(cfg).resolve().parent / "jax_cache")
+
+
 def _train(cfg, path, overrides, primus_path, logger) -> int:
     """Set XLA flags, join the multi-process job if there is one, pick the platform,
     re-resolve for the job's device count, and run the loop."""
@@ -136,15 +154,17 @@ def _train(cfg, path, overrides, primus_path, logger) -> int:
         apply_env(cfg)
         platform = xla_flags.platform_kind(cfg)
         xla_flags.apply(cfg, platform)
-        if cfg.get("jax_cache_dir"):  # MaxText: JAX's persistent compilation cache
-            jax.config.update("jax_compilation_cache_dir",
-                              os.path.expanduser(cfg["jax_cache_dir"]))
+        cache = compilation_cache_dir(cfg)
+        if cache is not None:
+            jax.config.update("jax_compilation_cache_dir", cache)
         setup = distributed.initialize(cfg, platform)
         if setup.process_id == 0:  # only process 0 writes the run directory's log and config
             logger = setup_logging(cfg, run_dir(cfg))
         backend = select_platform(cfg)
         logger.info("run directory %s; JAX backend %s; process %d of %d (%s)", run_dir(cfg),
                     backend, setup.process_id, setup.num_processes, setup.source)
+        if cache is not None:
+            logger.info("persistent compilation cache in %s", cache)
         from jaxtrain.checkpoint_args import checkpoint_overrides  # use_checkpoint_args & co
 
         cfg, _ = _checked(path, [*overrides, *checkpoint_overrides(cfg)], jax.device_count(),

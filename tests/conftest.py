@@ -13,6 +13,8 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The test programs are tiny: compile them quickly (the backend optimises less, numerics hold).
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# Runs in tests leave JAX's persistent compilation cache alone (one test turns it on)
+os.environ.setdefault("JAXTRAIN_COMPILATION_CACHE", "off")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

@@ -441,7 +441,8 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
     stacks = {k: jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), attached[k])
               for k in STACKS if k in attached}
     x, stats = _run_layers(stacks, x, ctx, cfg)
-    hidden = L.norm(params["final_norm"], x, cfg)
+    with jax.named_scope("final_norm"):
+        hidden = L.norm(params["final_norm"], x, cfg)
     if "token_layout" in ctx:
         hidden = lay.undo(hidden)
     return (hidden, stats) if with_moe_stats else hidden

@@ -201,7 +201,8 @@ def _functions(model_cfg, loss_chunks: int, half_precision: bool, layout, params
     def grad(params, micro, w, quant_state):
         def loss(p):   # the training loss, on the training quantization scales
             return model_loss(p, micro, w, model_cfg, quant_state=quant_state,
-                              num_chunks=loss_chunks, half_precision=half_precision)[0]
+                              num_chunks=loss_chunks, half_precision=half_precision,
+                              grad_in_forward=True)[0]
         return jax.tree.map(lambda g: g.astype(jnp.float32), jax.grad(loss)(params))
 
     def sample(tree):

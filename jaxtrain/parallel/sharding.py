@@ -194,6 +194,17 @@ class Layout:
 _ACTIVE: contextvars.ContextVar[Layout | None] = contextvars.ContextVar("layout", default=None)
 
 
+@contextlib.contextmanager
+def no_layout():
+    """Within this block :func:`constrain` pins nothing (code inside a ``shard_map`` that
+    splits every mesh axis)."""
+    token = _ACTIVE.set(None)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
 def active_layout() -> Layout | None:
     """The layout of the enclosing :meth:`Layout.activations` block (None outside one); code
     that runs its own ``shard_map`` (the MoE dispatch) takes the mesh and table from it."""

@@ -3,8 +3,9 @@
 ``python layout_worker.py WORKDIR train:NAME,NAME specs:NAME,... gathers:NAME`` prints one JSON
 object: per layout, its mesh, the sharding spec and memory kind of every parameter and
 optimizer-state leaf of its freshly built state, and the losses of its metrics rows
-(``train:``), the number of all-gathers in its compiled step (``gathers:``), or the replica
-check before and after one device's copy of a weight is corrupted (``replicas:``).
+(``train:``), the number of all-gathers in its compiled step (``gathers:``), its gradient
+reductions inside and outside the microbatch loop (``reductions:``), or the replica check
+before and after one device's copy of a weight is corrupted (``replicas:``).
 """
 import json
 import pathlib
@@ -55,6 +56,14 @@ LAYOUTS = {
                           "recompute_granularity=full", "recompute_method=uniform",
                           "recompute_num_layers=1", "distribute_saved_activations=true"]),
     "tp_pp_dp": (8, ["tensor_model_parallel_size=2", "use_tp_pp_dp_mapping=true"]),
+    # 4 microbatches per step: the gradient reduced once per step (jaxtrain.parallel.accumulate)
+    "one_ga4": (1, ["global_batch_size=32"]),
+    "dp_ga4": (8, ["global_batch_size=32"]),
+    "zero1_ga4": (8, ["global_batch_size=32", "use_distributed_optimizer=true"]),
+    "zero2_ga4": (8, ["global_batch_size=32", "use_megatron_fsdp=true",
+                      "data_parallel_sharding_strategy=optim_grads"]),
+    "fsdp_ga4": (8, ["global_batch_size=32", "use_torch_fsdp2=true"]),
+    "tp_ga4": (8, ["global_batch_size=32", "tensor_model_parallel_size=2"]),
     # context parallelism (jaxtrain.parallel.context) must not change the losses
     "cp4": (8, ["context_parallel_size=4"]),
     "cp2_allgather": (8, ["context_parallel_size=2", "cp_comm_type=all_gather"]),
@@ -100,6 +109,41 @@ def all_gathers(run) -> int:
     return len(re.findall(r"= \S+ all-gather(?:-start)?\(", text))
 
 
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) \(.*\{$")
+_CALLED = re.compile(r"(?:calls|body|condition|to_apply|branch_computations)=\{?%([\w.-]+)")
+_REDUCTION = re.compile(r"\s(?:all-reduce|reduce-scatter)(?:-start)?\(")
+
+
+def reductions(run, microbatches: int) -> dict:
+    """Gradient reductions (all-reduce, reduce-scatter ops) of the compiled train step: inside
+    the loop over the microbatches after the first (trip count M - 1), and in all."""
+    from jaxtrain.data.batches import global_batches
+
+    batch = run.put_batch(next(global_batches(run.data, run.tcfg, seed=0)))
+    text = run.step_fn.lower(run.state, batch).compile().as_text()
+    calls, count, current, loop = {}, {}, None, None
+    for line in text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head:
+            current = head.group(1)
+            calls[current], count[current] = [], 0
+            continue
+        if current is None:
+            continue
+        calls[current] += _CALLED.findall(line)
+        count[current] += bool(_REDUCTION.search(line))
+        if " while(" in line and f'"n":"{microbatches - 1}"' in line:
+            loop = re.search(r"body=%([\w.-]+)", line).group(1)
+    inside, todo = set(), [loop] if loop else []
+    while todo:
+        name = todo.pop()
+        if name not in inside:
+            inside.add(name)
+            todo += calls.get(name, [])
+    return {"in_loop": sum(count.get(c, 0) for c in inside), "total": sum(count.values()),
+            "loop_found": loop is not None}
+
+
 def replica_check(run) -> dict:
     """Mismatched replicas found before and after corrupting one device's copy of a weight."""
     import numpy as np
@@ -132,6 +176,8 @@ def main(workdir: str, names: list[str], mode: str = "train") -> dict:
             out[name]["replicas"] = replica_check(run)
         if mode == "gathers":
             out[name]["all_gathers"] = all_gathers(run)
+        if mode == "reductions":
+            out[name]["reductions"] = reductions(run, run.tcfg.num_microbatches)
         if mode == "train":
             loop.train(cfg, devices=devices)
             rows = (pathlib.Path(workdir) / name / "run" / "metrics.jsonl").read_text()
@@ -146,5 +192,6 @@ if __name__ == "__main__":
     result = {}
     for arg in sys.argv[2:]:
         mode, names = arg.split(":")
-        result.update(main(sys.argv[1], names.split(","), mode))
+        for name, got in main(sys.argv[1], names.split(","), mode).items():
+            result.setdefault(name, {}).update(got)
     print(json.dumps(result))

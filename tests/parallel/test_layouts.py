@@ -15,11 +15,14 @@ from tests.conftest import ROOT
 from tests.parallel.layout_worker import LAYOUTS
 
 TRAINED = ["one", "fsdp", "tp_fsdp"]  # tp_fsdp: data x tensor, SP on
+ACCUMULATED = ["one_ga4", "zero1_ga4"]   # 4 microbatches: reduced once per step
+REDUCTIONS = ["dp_ga4", "zero1_ga4", "zero2_ga4", "fsdp_ga4", "tp_ga4"]
 GATHERS = ["torch_fsdp2", "fsdp_keep", "tp_recompute", "tp_distribute"]
 REPLICAS = ["tp"]
 MOE = [n for n in LAYOUTS if n.startswith("moe")]   # compared among themselves
 CP = [n for n in LAYOUTS if n.startswith("cp")]   # trained in a slow test
-BUILT = [n for n in LAYOUTS if n not in TRAINED + GATHERS + REPLICAS + MOE + CP]
+BUILT = [n for n in LAYOUTS
+         if n not in TRAINED + GATHERS + REPLICAS + MOE + CP + ACCUMULATED + REDUCTIONS]
 # Compile quickly: these programs are tiny and run a few steps (both sides of each comparison).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 WQ = "['layers']['attn']['wq']"  # [D, L, N, H]: embed, layers, q_heads, kv
@@ -36,9 +39,29 @@ def _worker(tmp_path, *args):
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
-    return _worker(tmp_path_factory.mktemp("layouts"), f"train:{','.join(TRAINED)}",
+    return _worker(tmp_path_factory.mktemp("layouts"),
+                   f"train:{','.join(TRAINED + ACCUMULATED)}",
+                   f"reductions:{','.join(REDUCTIONS)}",
                    f"specs:{','.join(BUILT)}", f"gathers:{','.join(GATHERS)}",
                    f"replicas:{','.join(REPLICAS)}")
+
+
+def test_accumulated_gradients_reduced_once_give_the_same_losses(layouts):
+    assert len(layouts["zero1_ga4"]["losses"]) == 5
+    assert layouts["zero1_ga4"]["losses"] == pytest.approx(layouts["one_ga4"]["losses"],
+                                                           rel=2e-6)
+
+
+def test_gradients_are_reduced_once_per_step_not_per_microbatch(layouts):
+    """Data parallel with replicated parameters (plain, ZeRO-1, ZeRO-2): no reduction inside
+    the microbatch loop. FSDP reduce-scatters each microbatch's gradients (they live sharded)
+    and tensor parallelism keeps the GSPMD loop: both still reduce inside it."""
+    for name in ("dp_ga4", "zero1_ga4", "zero2_ga4"):
+        got = layouts[name]["reductions"]
+        assert got["loop_found"] and got["in_loop"] == 0 < got["total"], (name, got)
+    for name in ("fsdp_ga4", "tp_ga4"):
+        got = layouts[name]["reductions"]
+        assert got["loop_found"] and got["in_loop"] > 0, (name, got)
 
 
 def _param(got, name, path=WQ):

@@ -208,7 +208,8 @@ KNOBS += [
     K("skip_jax_distributed_system", "bool", False, "MaxText: never start jax.distributed; run "
       "as one process even when a launcher describes several.", "maxtext", HONORED),
     K("jax_cache_dir", "str", None, "Directory of JAX's persistent compilation cache (~ "
-      "expanded); null or empty leaves the cache as JAX has it.", "maxtext", HONORED,
+      "expanded); empty turns it off. Unset: $JAXTRAIN_COMPILATION_CACHE (a folder or off), "
+      "else jax_cache beside the run directory.", "maxtext", HONORED,
       doc_defaults={"maxtext": "~/jax_cache"}),
     K("compile_topology", "str", "", "MaxText: compile ahead of time for a named TPU topology "
       "(e.g. v5e-256) instead of running.", "maxtext", REJECTED,

@@ -43,8 +43,9 @@ KNOBS = [
     # Expert GEMM implementation
     K("moe_grouped_gemm", "bool", False, "Compute all local experts with one grouped matmul "
       "instead of a loop over experts.", _M, MAPPED,
-      "true runs the experts with jaxtrain's Pallas grouped GEMM (kernels.grouped_gemm); false "
-      "computes the same grouped matmul with XLA's ragged_dot (there is no per-expert loop)"),
+      "true runs the experts with jaxtrain's Pallas grouped GEMM (kernels.grouped_gemm) on a "
+      "GPU; false, or a CPU (where Pallas only interprets), computes the same grouped matmul "
+      "with XLA's ragged_dot (there is no per-expert loop)"),
     K("moe_use_legacy_grouped_gemm", "bool", False, "Pick Megatron's older grouped-GEMM module "
       "over the Transformer Engine one.", _M, INERT,
       "chooses between two PyTorch grouped-GEMM modules that compute the same thing; jaxtrain has "

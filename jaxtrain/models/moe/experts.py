@@ -1,7 +1,7 @@
 """The routed experts' FFN on one device's rows: grouped matmuls, activation, down projection.
 
 Rows sorted by expert run as one grouped matmul (:func:`jaxtrain.ops.grouped_matmul`:
-``lax.ragged_dot``, or the Pallas kernel with ``grouped_gemm``; the quantized form with
+``lax.ragged_dot``, or the Pallas kernel with ``grouped_gemm`` on a GPU; the quantized form with
 ``cfg.quant``, :func:`jaxtrain.quant.grouped_project`) and are unsorted afterwards;
 ``pad_to_capacity`` instead runs fixed [E, capacity] buffers through an einsum (the same
 numbers, static shapes; under ``cfg.quant`` as E groups of C rows of the quantized grouped
@@ -62,11 +62,12 @@ def _expert_matmul(pe, sizes, cfg, m: MoEConfig):
     """(rows, weight name) -> the grouped matmul with that expert weight, quantized when the
     config quantizes the projections (jaxtrain.quant)."""
     dt = cfg.compute_dtype
+    # the Pallas kernel only runs interpreted on a CPU: there XLA's ragged_dot computes it
+    kernel = m.grouped_gemm and jax.default_backend() != "cpu"
     if getattr(cfg, "quant", None) is not None:
-        return lambda x, name: quant.grouped_project(x, pe[name], sizes, cfg,
-                                                     kernel=m.grouped_gemm)
+        return lambda x, name: quant.grouped_project(x, pe[name], sizes, cfg, kernel=kernel)
     return lambda x, name: grouped_matmul(x.astype(dt), pe[name].astype(dt), sizes,
-                                          kernel=m.grouped_gemm)
+                                          kernel=kernel)
 
 
 def _ffn_buffers(pe, x_LCD, cfg, m: MoEConfig):
