@@ -11,7 +11,8 @@ processes on synthetic data, and reports per trainer:
 - ``step_s``: the median step time over steps 3..N of each run (MaxText's ``completed step``
   seconds, jaxtrain's ``step_time_s``), then the median over runs;
 - ``first_step_s``: wall seconds from process start to the first step's completion (start-up,
-  compilation and the step);
+  compilation and the step), each run on an empty compilation cache; ``restart_first_step_s``
+  the same for one more run that restarts on the previous run's cache;
 - ``rss_gib``: the process's peak resident memory;
 - ``ratio``: MaxText's step time / jaxtrain's (above 1: jaxtrain is faster).
 
@@ -86,22 +87,23 @@ def _run(cmd: list[str], first_step: re.Pattern, first_index: str, cwd: str, env
     return out, first, usage.ru_maxrss / 2**20
 
 
-def run_maxtext(python: str, overrides: list[str], steps: int, tmp: str) -> dict:
+def run_maxtext(python: str, overrides: list[str], steps: int, tmp: str, cache: str) -> dict:
     package = subprocess.run(
         [python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
         capture_output=True, text=True, check=True).stdout.strip()
     cmd = [python, "-m", "maxtext.trainers.pre_train.train", f"{package}/configs/base.yml",
            "run_name=vs", f"base_output_directory={tmp}/maxtext", f"steps={steps}",
-           *MAXTEXT_BASE, *overrides]
+           f"jax_cache_dir={cache}", *MAXTEXT_BASE, *overrides]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
     out, first, rss = _run(cmd, _MAXTEXT_STEP, "0", tmp, env)
     times = [float(s) for i, s in _MAXTEXT_STEP.findall(out) if int(i) >= 2]
     return {"step_s": statistics.median(times), "first_step_s": first, "rss_gib": rss}
 
 
-def run_jaxtrain(overrides: list[str], steps: int, tmp: str) -> dict:
+def run_jaxtrain(overrides: list[str], steps: int, tmp: str, cache: str) -> dict:
     cmd = [sys.executable, "-m", "jaxtrain.train", CONFIG, f"workspace={tmp}/jaxtrain",
-           "exp_name=vs", f"train_iters={steps}", "log_interval=1", *overrides]
+           "exp_name=vs", f"train_iters={steps}", "log_interval=1", f"jax_cache_dir={cache}",
+           *overrides]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     _, first, rss = _run(cmd, _JAXTRAIN_STEP, "1", ROOT, env)
     with open(f"{tmp}/jaxtrain/vs/metrics.jsonl") as f:
@@ -112,20 +114,25 @@ def run_jaxtrain(overrides: list[str], steps: int, tmp: str) -> dict:
 
 def compare(python: str, cases: list[str], runs: int, steps: int) -> dict:
     table = {}
+    runners = {"maxtext": lambda o, t, c: run_maxtext(python, o, steps, t, c),
+               "jaxtrain": lambda o, t, c: run_jaxtrain(o, steps, t, c)}
     for name in cases:
-        ours_over, theirs_over = CASES[name]
+        overrides = dict(zip(("jaxtrain", "maxtext"), CASES[name]))
         results = {"jaxtrain": [], "maxtext": []}
-        for _ in range(runs):
-            with tempfile.TemporaryDirectory() as tmp:
-                results["maxtext"].append(run_maxtext(python, theirs_over, steps, tmp))
-            with tempfile.TemporaryDirectory() as tmp:
-                results["jaxtrain"].append(run_jaxtrain(ours_over, steps, tmp))
-        row = {who: {k: round(statistics.median(r[k] for r in rs), 3)
+        with tempfile.TemporaryDirectory() as caches:
+            for i in range(runs + 1):   # the last run restarts on the previous run's cache
+                for who, runner in runners.items():
+                    cache = f"{caches}/{who}{min(i, runs - 1)}"   # a cold cache per run
+                    with tempfile.TemporaryDirectory() as tmp:
+                        results[who].append(runner(overrides[who], tmp, cache))
+        row = {who: {k: round(statistics.median(r[k] for r in rs[:runs]), 3)
                      for k in ("step_s", "first_step_s", "rss_gib")}
                for who, rs in results.items()}
+        for who, rs in results.items():
+            row[who]["restart_first_step_s"] = round(rs[runs]["first_step_s"], 3)
         row["ratio"] = round(row["maxtext"]["step_s"] / row["jaxtrain"]["step_s"], 2)
-        row["paired_ratios"] = [round(t["step_s"] / o["step_s"], 2)
-                                for t, o in zip(results["maxtext"], results["jaxtrain"])]
+        row["paired_ratios"] = [round(t["step_s"] / o["step_s"], 2) for t, o in
+                                zip(results["maxtext"][:runs], results["jaxtrain"][:runs])]
         table[name] = row
         _print_row(name, row)
     return table
@@ -135,7 +142,9 @@ def _print_row(name: str, row: dict):
     j, m = row["jaxtrain"], row["maxtext"]
     print(f"{name:<20} step {j['step_s']:.3f} s vs {m['step_s']:.3f} s  ratio {row['ratio']:.2f} "
           f"{row['paired_ratios']} | first step {j['first_step_s']:.1f} s vs "
-          f"{m['first_step_s']:.1f} s | peak RSS {j['rss_gib']:.2f} vs {m['rss_gib']:.2f} GiB",
+          f"{m['first_step_s']:.1f} s, restarted {j['restart_first_step_s']:.1f} s vs "
+          f"{m['restart_first_step_s']:.1f} s | peak RSS {j['rss_gib']:.2f} vs "
+          f"{m['rss_gib']:.2f} GiB",
           flush=True)
 
 

@@ -6,6 +6,8 @@ grouped GEMM's backward pass. Neither package imports the other for it.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -13,11 +15,48 @@ import jax.numpy as jnp
 def grouped_matmul(lhs, rhs, group_sizes, *, kernel: bool = False):
     """``lax.ragged_dot`` semantics: rows of lhs [M, K] in consecutive groups of
     ``group_sizes`` [G] times rhs [G, K, N]; rows past the groups give zeros. ``kernel`` takes
-    the Pallas grouped GEMM (``kernels.grouped_gemm``, Megatron's moe_grouped_gemm)."""
+    the Pallas grouped GEMM (``kernels.grouped_gemm``, Megatron's moe_grouped_gemm); on a CPU
+    the XLA form is :func:`tiled_grouped_matmul`."""
     if kernel:
         # Pallas and its Triton lowering load only when the kernel is selected
         from kernels.grouped_gemm import grouped_matmul as pallas_grouped_matmul
         return pallas_grouped_matmul(lhs, rhs, group_sizes)
+    if jax.default_backend() == "cpu":
+        return tiled_grouped_matmul(lhs, rhs, group_sizes)
     out = jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32),
                              preferred_element_type=jnp.float32)
     return out.astype(lhs.dtype)
+
+
+def tiled_grouped_matmul(lhs, rhs, group_sizes, tile: int | None = None):
+    """``lax.ragged_dot`` as a batched matmul over row tiles, each tile inside one group.
+
+    XLA's CPU backend computes ragged_dot as G dense matmuls over all M rows (G times the
+    work). Here each group's rows are padded to whole tiles of ``tile`` rows (at most
+    ceil(M/tile) + G tiles, a static bound), every tile is multiplied by its group's weight,
+    and each row reads its result back: (M + G·tile)·K·N multiply-adds instead of G·M·K·N.
+    ``tile`` defaults to M/(4G) rounded up to a power of two, within [8, 128]."""
+    M, K = lhs.shape
+    G, _, N = rhs.shape
+    if tile is None:
+        tile = min(128, max(8, 1 << max(0, math.ceil(math.log2(max(1, M // (4 * G)))))))
+    n_tiles = -(-M // tile) + G
+    sizes_G = group_sizes.astype(jnp.int32)
+    starts_G = jnp.cumsum(sizes_G) - sizes_G
+    padded_G = -(-sizes_G // tile) * tile
+    pad_ends_G = jnp.cumsum(padded_G)
+    pad_starts_G = pad_ends_G - padded_G
+    slot_S = jnp.arange(n_tiles * tile, dtype=jnp.int32)          # S = n_tiles * tile slots
+    group_S = jnp.minimum(jnp.searchsorted(pad_ends_G, slot_S, side="right"), G - 1)
+    offset_S = slot_S - pad_starts_G[group_S]
+    live_S = offset_S < sizes_G[group_S]
+    x_S = jnp.where(live_S[:, None], lhs[jnp.where(live_S, starts_G[group_S] + offset_S, 0)],
+                    0)
+    y_TtN = jnp.einsum("Ttk,Tkn->Ttn", x_S.reshape(n_tiles, tile, K),
+                       rhs[group_S.reshape(n_tiles, tile)[:, 0]],
+                       preferred_element_type=jnp.float32)
+    row_M = jnp.arange(M, dtype=jnp.int32)
+    group_M = jnp.minimum(jnp.searchsorted(jnp.cumsum(sizes_G), row_M, side="right"), G - 1)
+    live_M = row_M < jnp.sum(sizes_G)
+    y_MN = y_TtN.reshape(-1, N)[pad_starts_G[group_M] + row_M - starts_G[group_M]]
+    return jnp.where(live_M[:, None], y_MN, 0).astype(lhs.dtype)

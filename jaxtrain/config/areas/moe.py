@@ -44,8 +44,9 @@ KNOBS = [
     K("moe_grouped_gemm", "bool", False, "Compute all local experts with one grouped matmul "
       "instead of a loop over experts.", _M, MAPPED,
       "true runs the experts with jaxtrain's Pallas grouped GEMM (kernels.grouped_gemm) on a "
-      "GPU; false, or a CPU (where Pallas only interprets), computes the same grouped matmul "
-      "with XLA's ragged_dot (there is no per-expert loop)"),
+      "GPU; false computes the same grouped matmul with XLA's ragged_dot (there is no "
+      "per-expert loop); on a CPU, where Pallas only interprets, either is a batched matmul "
+      "over row tiles of one expert each (jaxtrain.ops.tiled_grouped_matmul)"),
     K("moe_use_legacy_grouped_gemm", "bool", False, "Pick Megatron's older grouped-GEMM module "
       "over the Transformer Engine one.", _M, INERT,
       "chooses between two PyTorch grouped-GEMM modules that compute the same thing; jaxtrain has "

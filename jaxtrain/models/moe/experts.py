@@ -1,8 +1,9 @@
 """The routed experts' FFN on one device's rows: grouped matmuls, activation, down projection.
 
 Rows sorted by expert run as one grouped matmul (:func:`jaxtrain.ops.grouped_matmul`:
-``lax.ragged_dot``, or the Pallas kernel with ``grouped_gemm`` on a GPU; the quantized form with
-``cfg.quant``, :func:`jaxtrain.quant.grouped_project`) and are unsorted afterwards;
+``lax.ragged_dot`` (tiles on a CPU), or the Pallas kernel with ``grouped_gemm`` on a GPU; the
+quantized form with ``cfg.quant``, :func:`jaxtrain.quant.grouped_project`) and are unsorted
+afterwards;
 ``pad_to_capacity`` instead runs fixed [E, capacity] buffers through an einsum (the same
 numbers, static shapes; under ``cfg.quant`` as E groups of C rows of the quantized grouped
 matmul). The experts' FFN dimension is split over the tensor axis (expert tensor
