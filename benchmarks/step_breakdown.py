@@ -8,14 +8,16 @@ Megatron's profile window on steps warmup+1..warmup+steps, has XLA dump the comp
 HLO, and joins the two: every op event of the trace is looked up by its HLO instruction name,
 classified by what it computes, by the named scope it came from and by the pass (forward,
 backward, remat recompute, optimizer update). Times are exclusive (an op's time without the
-ops nested in it), summed over XLA's worker threads, per step.
+ops nested in it), per step, summed over XLA's worker threads on a CPU; on a GPU they are the
+first GPU's "XLA Ops" stream.
 
 Tables:
 
-- ``categories``: matmuls (dots, convolutions and the fusions around them), the cross-entropy
-  over the vocabulary (the ``loss`` scope, its matmuls excluded), the optimizer update,
-  data movement (copies, transposes, slices, broadcasts, gathers and scatters), other
-  elementwise ops and reductions, collectives, control flow and the thunk runtime;
+- ``categories``: matmuls (dots, convolutions, GEMM library calls and the fusions around
+  them), fused attention (cuDNN) and Pallas kernels on a GPU, the cross-entropy over the
+  vocabulary (the ``loss`` scope, its matmuls excluded), the optimizer update, data movement
+  (copies, transposes, slices, broadcasts, gathers and scatters), other elementwise ops and
+  reductions, collectives, control flow and the runtime (trace events that are no HLO op);
 - ``scopes``: the same time by named scope (embed, attention, mlp, decoder_layer, final_norm,
   loss, optimizer) x pass;
 - ``top_ops``: the costliest ops with their shapes and category;
@@ -52,7 +54,8 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\(.*?\)|\S+) ([a-z][\w-]*)\(
 _CALLS = re.compile(r"(?:calls|to_apply|body)=%([\w.-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _OPERANDS = re.compile(r"%([\w.-]+)")
-_LHS_CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+_LHS_CONTRACTING = re.compile(r'lhs_contracting_dim(?:s=\{([\d,]*)\}|ensions":\[([\d",]*)\])')
 _WRAPPED = re.compile(r"^(?:\w+\()+")
 _DIMS = re.compile(r"^\w+\[([\d,]*)\]")
 
@@ -66,6 +69,7 @@ class Op:
     op_name: str
     operands: list
     contracting: tuple = ()   # a dot's lhs contracting dimensions
+    target: str = ""          # a custom call's target (cuBLAS GEMM, cuDNN, Triton/Pallas)
 
 
 def parse_hlo(text: str) -> tuple[dict, dict]:
@@ -84,16 +88,22 @@ def parse_hlo(text: str) -> tuple[dict, dict]:
         op_name = _OP_NAME.search(line)
         args = line[m.end():].split(")", 1)[0]
         contracting = _LHS_CONTRACTING.search(line)
+        target = _TARGET.search(line)
         ops[name] = Op(name, shape, opcode, _CALLS.findall(line),
                        op_name.group(1) if op_name else "", _OPERANDS.findall(args),
-                       tuple(int(d) for d in contracting.group(1).split(",") if d)
-                       if contracting else ())
+                       _ints(contracting.group(1) or contracting.group(2))
+                       if contracting else (), target.group(1).lower() if target else "")
         computations[current].append(name)
     return ops, computations
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in text.replace('"', "").split(",") if d)
+
+
 def _dims(shape: str) -> list[int]:
-    m = _DIMS.match(shape)
+    """The dimensions of a shape (a tuple's first element: a GEMM call's result)."""
+    m = _DIMS.match(shape.lstrip("("))
     return [int(d) for d in m.group(1).split(",") if d] if m else []
 
 
@@ -108,7 +118,8 @@ def matmul_flops(op: Op | None, ops: dict, computations: dict) -> int:
         return 0
     total = 0
     for inner in _inner(op, ops, computations):
-        if inner.opcode == "dot" and inner.operands and inner.operands[0] in ops:
+        gemm = inner.opcode == "custom-call" and "gemm" in inner.target
+        if (inner.opcode == "dot" or gemm) and inner.operands and inner.operands[0] in ops:
             lhs = _dims(ops[inner.operands[0]].shape)
             k = 1
             for d in inner.contracting:
@@ -146,8 +157,13 @@ def category(op: Op | None, ops: dict, computations: dict) -> str:
     base = lambda c: c.removesuffix("-start").removesuffix("-done")  # noqa: E731
     if any(base(c) in COLLECTIVES for c in codes):
         return "collectives"
-    if codes & set(MATMULS):
+    targets = {i.target for i in _inner(op, ops, computations) if i.target}
+    if codes & set(MATMULS) or any("gemm" in t or "matmul" in t for t in targets):
         return "matmul"
+    if any("fmha" in t or "cudnn" in t for t in targets):
+        return "fused attention (cuDNN)"
+    if any("triton" in t or "mosaic" in t or "pallas" in t for t in targets):
+        return "Pallas kernels"
     if op.opcode in CONTROL:
         return "control flow"
     scope = scope_of(op.op_name)
@@ -227,26 +243,31 @@ def breakdown(events, ops: dict, computations: dict, steps: int, top: int = 15) 
 
 
 def trace_events(xplane_path: str) -> list[list[tuple[str, int, int]]]:
-    """(name, start ns, duration ns) per XLA execution thread of a host trace."""
+    """(name, start ns, duration ns) per line that runs XLA ops: the first GPU's "XLA Ops"
+    stream when the trace has a GPU, else the host's XLA execution threads (CPU backend)."""
     import jax
 
     data = jax.profiler.ProfileData.from_file(xplane_path)
+    gpus = sorted(p.name for p in data.planes if p.name.startswith("/device:GPU:"))
     lines = []
     for plane in data.planes:
-        if plane.name != "/host:CPU":
+        if plane.name != (gpus[0] if gpus else "/host:CPU"):
             continue
         for line in plane.lines:
-            if line.name.startswith("tf_XLA"):
+            if line.name == "XLA Ops" if gpus else line.name.startswith("tf_XLA"):
                 lines.append([(e.name, e.start_ns, e.duration_ns) for e in line.events])
     return lines
 
 
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """GFLOP/s of the best of ``repeats`` [n,n]x[n,n] float32 matmuls on the default device."""
+def matmul_peak_gflops(n: int | None = None, repeats: int = 5) -> float:
+    """GFLOP/s of the best of ``repeats`` [n,n]x[n,n] matmuls on the default device: float32
+    n=2048 on a CPU, bfloat16 n=8192 on an accelerator (its dense peak)."""
     import jax
     import jax.numpy as jnp
 
-    a = jnp.ones((n, n), jnp.float32)
+    cpu = jax.default_backend() == "cpu"
+    n = n or (2048 if cpu else 8192)
+    a = jnp.ones((n, n), jnp.float32 if cpu else jnp.bfloat16)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
     best = float("inf")

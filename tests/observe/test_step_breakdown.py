@@ -54,6 +54,26 @@ def test_parse_and_classify():
     assert sb.scope_of("jit(step)/add") == "other"
 
 
+GPU_HLO = """\
+ENTRY %main (a: bf16[64,32], b: bf16[32,16]) -> bf16[64,16] {
+  %a = bf16[64,32]{1,0} parameter(0)
+  %b = bf16[32,16]{1,0} parameter(1)
+  %gemm.1 = (bf16[64,16]{1,0}, s8[4194304]{0}) custom-call(%a, %b), """ \
+    """custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":""" \
+    """{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"]}}}
+  %fmha = (bf16[64,16]{1,0}) custom-call(%a), custom_call_target="__cudnn$fmhaSoftmax"
+  %kernel = bf16[64,16]{1,0} custom-call(%a), custom_call_target="__gpu$xla.gpu.triton"
+}
+"""
+
+
+def test_gpu_library_calls_are_classified_and_counted():
+    ops, computations = sb.parse_hlo(GPU_HLO)
+    got = [sb.category(ops[n], ops, computations) for n in ("gemm.1", "fmha", "kernel")]
+    assert got == ["matmul", "fused attention (cuDNN)", "Pallas kernels"]
+    assert sb.matmul_flops(ops["gemm.1"], ops, computations) == 2 * 64 * 16 * 32
+
+
 def test_exclusive_times_subtract_nested_events():
     # a while loop (0..100) holding two ops (10..30, 40..90); another thread with one op
     lines = [[("while.1", 0, 100), ("a", 10, 20), ("b", 40, 50)], [("c", 5, 10)]]
