@@ -58,12 +58,10 @@ LAYOUTS = {
     "tp_pp_dp": (8, ["tensor_model_parallel_size=2", "use_tp_pp_dp_mapping=true"]),
     # 4 microbatches per step: the gradient reduced once per step (jaxtrain.parallel.accumulate)
     "one_ga4": (1, ["global_batch_size=32"]),
-    "dp_ga4": (8, ["global_batch_size=32"]),
     "zero1_ga4": (8, ["global_batch_size=32", "use_distributed_optimizer=true"]),
     "zero2_ga4": (8, ["global_batch_size=32", "use_megatron_fsdp=true",
                       "data_parallel_sharding_strategy=optim_grads"]),
     "fsdp_ga4": (8, ["global_batch_size=32", "use_torch_fsdp2=true"]),
-    "tp_ga4": (8, ["global_batch_size=32", "tensor_model_parallel_size=2"]),
     # context parallelism (jaxtrain.parallel.context) must not change the losses
     "cp4": (8, ["context_parallel_size=4"]),
     "cp2_allgather": (8, ["context_parallel_size=2", "cp_comm_type=all_gather"]),
