@@ -7,8 +7,9 @@
   ``<save>/best`` with ``best_meta.json``.
 
 Each directory is what ``transformers`` loads: config.json and model.safetensors
-(:func:`jaxtrain.models.hf.to_hf`), the tokenizer's files and generation_config.json copied
-from the tokenizer's (or the model's) directory. It is written under a temporary name and
+(:func:`jaxtrain.models.hf.to_hf`; the special token ids from the starting model's
+config.json), the tokenizer's files and generation_config.json copied from the tokenizer's
+(or the model's) directory. It is written under a temporary name and
 renamed when complete, so no half-written model is ever left under the final name.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from jaxtrain.models import hf
 HF_STEP = re.compile(r"^step-(\d+)$")
 BEST_DIR = "best"
 # Files beside the weights that make the directory a complete model for transformers.
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json",
               "merges.txt", "added_tokens.json", "generation_config.json")
@@ -61,6 +63,7 @@ def write_model(params, model_cfg, path: pathlib.Path, side_dirs=()) -> pathlib.
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     hf.to_hf(params, model_cfg, tmp)
+    _carry_token_ids(tmp / "config.json", side_dirs)
     for name in SIDE_FILES:
         for d in side_dirs:
             if d is not None and (pathlib.Path(d) / name).is_file():
@@ -70,6 +73,21 @@ def write_model(params, model_cfg, path: pathlib.Path, side_dirs=()) -> pathlib.
         shutil.rmtree(path)
     tmp.rename(path)
     return path
+
+
+def _carry_token_ids(config: pathlib.Path, side_dirs) -> None:
+    """The special token ids (bos, eos, pad) of the first ``side_dirs`` model whose
+    config.json names any, written into the exported config.json: a fine-tuned model stops
+    and pads as the one it started from."""
+    for d in side_dirs:
+        source = pathlib.Path(d) / "config.json" if d is not None else None
+        if source is None or not source.is_file():
+            continue
+        ids = {k: v for k, v in json.loads(source.read_text()).items() if k in TOKEN_IDS}
+        if ids:
+            config.write_text(json.dumps({**json.loads(config.read_text()), **ids}, indent=2)
+                              + "\n")
+            return
 
 
 def export_final(params, model_cfg, final_dir: pathlib.Path, log: logging.Logger,
