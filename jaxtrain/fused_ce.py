@@ -39,7 +39,7 @@ def _chunk_loss(head, hidden_BCD, targets_BC, weights_BC, cfg, half):
     return jnp.sum(weights_BC * nll_BC), nll_BC
 
 
-def _split(x_BT, n: int):
+def split_chunks(x_BT, n: int):
     """[B,T,...] -> [n,B,T/n,...]."""
     B, T = x_BT.shape[:2]
     return jnp.moveaxis(x_BT.reshape(B, n, T // n, *x_BT.shape[2:]), 1, 0)
@@ -70,7 +70,7 @@ def _forward(head, hidden_BTD, targets_BT, weights_BT, cfg, num_chunks, half):
         return ((loss + loss_c, jax.tree.map(jnp.add, grad_head, g_head)),
                 (g_hidden_BCD, nll_BC))
 
-    chunks = [_split(x, num_chunks) for x in (hidden_BTD, targets_BT, weights_BT)]
+    chunks = [split_chunks(x, num_chunks) for x in (hidden_BTD, targets_BT, weights_BT)]
     # the first chunk starts the sums: no zero-filled V x D accumulator to add to
     loss0, grad0, g_hidden0, nll0 = one(*(x[0] for x in chunks))
     (loss, grad_head), (g_hidden_nBCD, nll_nBC) = jax.lax.scan(

@@ -35,7 +35,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxtrain.fused_ce import head_loss, head_params
+from jaxtrain.fused_ce import head_loss, head_params, split_chunks
 from jaxtrain.models.transformer import hidden_states, logits_head
 
 
@@ -285,15 +285,10 @@ def row_losses(params, hidden, targets, loss_mask, model_cfg, *, num_chunks: int
     else:
         # a batch cut to a shorter length bucket takes the largest chunk count dividing it
         num_chunks = max(d for d in range(1, min(T, num_chunks) + 1) if T % d == 0)
-        C = T // num_chunks
-
-        def split(x_BT):   # [B,T,...] -> [num_chunks,B,C,...]
-            return jnp.moveaxis(x_BT.reshape(B, num_chunks, C, *x_BT.shape[2:]), 1, 0)
-
         one = jax.checkpoint(lambda args: sums(*args))
+        chunks = [split_chunks(x, num_chunks) for x in (hidden, targets, mask_BT, base_hidden)]
         with jax.named_scope("loss"):
-            out = jnp.sum(jax.lax.map(one, (split(hidden), split(targets), split(mask_BT),
-                                            split(base_hidden))), axis=0)
+            out = jnp.sum(jax.lax.map(one, chunks), axis=0)
     if not weighted:
         return out, counts_B
     if pre_rl:

@@ -42,7 +42,8 @@ def tiled_grouped_matmul(lhs, rhs, group_sizes, tile: int | None = None):
         tile = min(128, max(8, 1 << max(0, math.ceil(math.log2(max(1, M // (4 * G)))))))
     n_tiles = -(-M // tile) + G
     sizes_G = group_sizes.astype(jnp.int32)
-    starts_G = jnp.cumsum(sizes_G) - sizes_G
+    ends_G = jnp.cumsum(sizes_G)
+    starts_G = ends_G - sizes_G
     padded_G = -(-sizes_G // tile) * tile
     pad_ends_G = jnp.cumsum(padded_G)
     pad_starts_G = pad_ends_G - padded_G
@@ -56,7 +57,7 @@ def tiled_grouped_matmul(lhs, rhs, group_sizes, tile: int | None = None):
                        rhs[group_S.reshape(n_tiles, tile)[:, 0]],
                        preferred_element_type=jnp.float32)
     row_M = jnp.arange(M, dtype=jnp.int32)
-    group_M = jnp.minimum(jnp.searchsorted(jnp.cumsum(sizes_G), row_M, side="right"), G - 1)
-    live_M = row_M < jnp.sum(sizes_G)
+    group_M = jnp.minimum(jnp.searchsorted(ends_G, row_M, side="right"), G - 1)
+    live_M = row_M < ends_G[-1]
     y_MN = y_TtN.reshape(-1, N)[pad_starts_G[group_M] + row_M - starts_G[group_M]]
     return jnp.where(live_M[:, None], y_MN, 0).astype(lhs.dtype)

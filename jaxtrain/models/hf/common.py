@@ -72,6 +72,15 @@ def common_config(cfg: ModelConfig, family: str, architecture: str) -> dict:
             "architectures": [architecture]}
 
 
+def size_config(cfg: ModelConfig) -> dict:
+    """The config.json sizes the dense attention families (Llama, Gemma, OLMo) share."""
+    return {"hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_kv_heads, "intermediate_size": cfg.ffn_hidden_size,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "rms_norm_eps": cfg.norm_epsilon, "attention_dropout": cfg.attention_dropout}
+
+
 # ---------------------------------------------------------------- checkpoint tensors in
 
 def read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:

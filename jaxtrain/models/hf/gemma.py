@@ -19,7 +19,8 @@ import numpy as np
 
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, ends_out, output_head,
-                                       projections_in, projections_out, rope_config, stacks)
+                                       projections_in, projections_out, rope_config, size_config,
+                                       stacks)
 from jaxtrain.models.params import layer_tree
 
 ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
@@ -105,13 +106,7 @@ def problems(cfg: ModelConfig, family: str) -> dict:
 
 
 def config(cfg: ModelConfig, family: str) -> dict:
-    out = {"hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
-           "num_attention_heads": cfg.num_attention_heads,
-           "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-           "intermediate_size": cfg.ffn_hidden_size,
-           "max_position_embeddings": cfg.max_position_embeddings,
-           "rms_norm_eps": cfg.norm_epsilon, "attention_dropout": cfg.attention_dropout,
-           "attention_bias": False}
+    out = {**size_config(cfg), "head_dim": cfg.head_dim, "attention_bias": False}
     rope = rope_config(cfg)
     if family == "gemma":
         return {**out, **rope, "hidden_act": "gelu_pytorch_tanh"}

@@ -14,7 +14,7 @@ import numpy as np
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, dense_problems, ends_out,
                                        hf_linear, norm_scale, output_head, rope_config,
-                                       rope_permutation, stacks)
+                                       rope_permutation, size_config, stacks)
 from jaxtrain.models.params import MOE_STACK, layer_slots, layer_tree
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -132,13 +132,8 @@ def problems(cfg: ModelConfig, family: str, style: str | None = None, moe: bool 
 def config(cfg: ModelConfig, family: str, style: str | None = None) -> dict:
     """config.json entries of a Llama-style attention (``style`` as in :func:`problems`)."""
     style = style or family
-    out = {"hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
-           "num_attention_heads": cfg.num_attention_heads,
-           "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-           "intermediate_size": cfg.ffn_hidden_size,
-           "max_position_embeddings": cfg.max_position_embeddings,
-           "rms_norm_eps": cfg.norm_epsilon, "hidden_act": ACT_HF[cfg.activation],
-           "attention_dropout": cfg.attention_dropout, **rope_config(cfg)}
+    out = {**size_config(cfg), "head_dim": cfg.head_dim, "hidden_act": ACT_HF[cfg.activation],
+           **rope_config(cfg)}
     if style == "llama":
         out.update(attention_bias=cfg.add_bias_linear, mlp_bias=cfg.add_bias_linear)
     elif style == "mistral":

@@ -9,7 +9,7 @@ import numpy as np
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, ends_out, norm_scale,
                                        output_head, projections_in, projections_out, rope_config,
-                                       stacks)
+                                       size_config, stacks)
 from jaxtrain.models.params import layer_tree
 
 ARCHITECTURES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}
@@ -63,12 +63,7 @@ def problems(cfg: ModelConfig, family: str) -> dict:
 
 
 def config(cfg: ModelConfig, family: str) -> dict:
-    out = {"hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
-           "num_attention_heads": cfg.num_attention_heads,
-           "num_key_value_heads": cfg.num_kv_heads, "intermediate_size": cfg.ffn_hidden_size,
-           "max_position_embeddings": cfg.max_position_embeddings,
-           "rms_norm_eps": cfg.norm_epsilon, "hidden_act": "silu",
-           "attention_dropout": cfg.attention_dropout, "attention_bias": False}
+    out = {**size_config(cfg), "hidden_act": "silu", "attention_bias": False}
     rope = rope_config(cfg)
     if family == "olmo2":
         return {**out, **rope}
