@@ -16,8 +16,9 @@ CASES = [  # rows, K, N, group sizes (rows past them give zeros), tile
 ]
 
 
-@pytest.mark.parametrize("M,K,N,sizes,tile", CASES)
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("M,K,N,sizes,tile,dtype",
+                         [(*c, jnp.float32) for c in CASES]
+                         + [(*c, jnp.bfloat16) for c in (CASES[0], CASES[4])])
 def test_equals_ragged_dot_forward_and_backward(M, K, N, sizes, tile, dtype):
     rng = np.random.default_rng(M)
     x = jnp.asarray(rng.standard_normal((M, K)), dtype)

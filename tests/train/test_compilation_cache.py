@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from jaxtrain.train import CACHE_ENV, compilation_cache_dir
 from tests.conftest import ROOT
 
@@ -27,6 +29,7 @@ def test_where_the_cache_lives(tmp_path, monkeypatch):
     assert compilation_cache_dir({**cfg, "jax_cache_dir": ""}) is None
 
 
+@pytest.mark.slow
 def test_a_restarted_run_reads_the_compiled_step_from_the_cache(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != CACHE_ENV}   # the default: on
     env.update(PYTHONPATH=str(ROOT), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
