@@ -10,6 +10,11 @@ stages, ZB-H1, ZB-H2, the zero-bubble V) and prints the share of the step each r
 (one unit per microbatch and chunk; a split backward keeps half a unit until its W). The
 published bubble of each is printed beside it. ``--table NAME`` prints that schedule's table.
 Schedules without a split backward run B and W together (cost B + W).
+
+Beside the simulation, the columns ``ticks`` and ``slots`` come from the program the executor
+compiles (jaxtrain.parallel.pipeline.lower, one layer per stage): its tick count, and the
+stage inputs its buffers hold per rank at most (what the compiled step allocates; one slot is
+one microbatch's [b, T, D] input of a chunk).
 """
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ def published(name: str, p: int, m: int, v: int, f: float, b: float, w: float) -
 
 
 def main(argv=None) -> int:
+    from jaxtrain.models import ModelConfig
+    from jaxtrain.parallel import pipeline
     from jaxtrain.parallel import schedules as S
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,7 +52,8 @@ def main(argv=None) -> int:
     f, b, w = (float(x) for x in args.costs.split(","))
     p, m, v = args.ranks, args.microbatches, args.chunks
     print(f"{p} ranks, {m} microbatches, costs F={f} B={b} W={w}")
-    print(f"{'schedule':<18}{'bubble':>8}{'worst':>8}{'published':>11}{'step':>8}{'memory':>8}")
+    print(f"{'schedule':<18}{'bubble':>8}{'worst':>8}{'published':>11}{'step':>8}{'memory':>8}"
+          f"{'ticks':>7}{'slots':>7}")
     for name in S.SCHEDULES:
         try:
             sched = S.build(name, p, m, v, costs=(f, b, w))
@@ -54,9 +62,13 @@ def main(argv=None) -> int:
             continue
         t = S.simulate(sched, f, b, w)
         ref = published(name, p, m, v, f, b, w)
+        stages = p * sched.chunks
+        cfg = ModelConfig(num_layers=stages, hidden_size=8, num_attention_heads=1,
+                          ffn_hidden_size=8, vocab_size=8)
+        prog = pipeline.lower(sched, cfg, tuple((s, s + 1) for s in range(stages)))
         print(f"{name:<18}{t.bubble_fraction:>8.3f}{max(t.bubble):>8.3f}"
               f"{'' if ref is None else f'{ref:.3f}':>11}{t.makespan:>8.1f}"
-              f"{max(t.peak_memory):>8.1f}")
+              f"{max(t.peak_memory):>8.1f}{prog.ticks:>7}{prog.x_slots:>7}")
         if name == args.table:
             print(sched.table())
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import json
 import logging
 import signal
 import time
@@ -41,6 +42,7 @@ from jaxtrain.optim.schedules import (ScheduleConfig, batch_size_at, ga_ramp_siz
 from jaxtrain.parallel.mesh import MeshConfig, make_mesh
 from jaxtrain.parallel.replicas import replica_mismatches
 from jaxtrain.parallel.sharding import Layout
+from jaxtrain.parallel import pipeline, stages
 from jaxtrain.step import (TrainState, abstract_state, create_state, device_memory,
                            make_train_step, memory_movers, state_shardings)
 from jaxtrain.train_config import TrainConfig
@@ -163,6 +165,10 @@ def build(cfg, devices=None, tcfg: TrainConfig | None = None, materialize: bool 
                  tcfg.global_batch_size)
     mcfg = MeshConfig.from_config(cfg, len(devices))
     layout = Layout(make_mesh(mcfg, devices), mcfg)
+    tcfg = dataclasses.replace(tcfg, pipeline=stages.plan(
+        cfg, model_cfg.num_layers, tcfg.num_microbatches))
+    if tcfg.pipeline is not None and jax.process_index() == 0:
+        _report_pipeline(tcfg.pipeline, tcfg.num_microbatches, model_cfg, run_dir(cfg))
     sched_cfg = ScheduleConfig.from_config(cfg, total_steps=steps)
     schedule = make_lr_schedule(sched_cfg)
     opt_cfg = OptimConfig.from_config(cfg)
@@ -190,6 +196,19 @@ def build(cfg, devices=None, tcfg: TrainConfig | None = None, materialize: bool 
                       out_shardings=(shardings, layout.replicated()), donate_argnums=0)
     return Setup(data, model_cfg, tcfg, steps, layout, schedule, optimizer, abstract, shardings,
                  state, step_fn)
+
+
+def _report_pipeline(plan, microbatches: int, model_cfg, directory) -> None:
+    """debug_scheduler_table: log the schedule's table; dump_pp_data: write the lowered
+    program's ops (rank, tick, stage, microbatch) to pp_schedule.json in the run directory."""
+    sched = plan.build(microbatches)
+    if plan.print_table:
+        log.info("pipeline schedule (%s, %d microbatches):\n%s", plan.schedule, microbatches,
+                 sched.table())
+    if plan.dump:
+        prog = pipeline.lower(sched, model_cfg, stages.bounds(plan.counts))
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "pp_schedule.json").write_text(json.dumps(pipeline.events(prog)))
 
 
 def upcycled_state(run: Setup, ckpt: Checkpointer, logger) -> TrainState:

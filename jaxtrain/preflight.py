@@ -117,6 +117,7 @@ def preflight(cfg, world_size: int | None = None) -> None:
     from jaxtrain.optim.optimizers import OptimConfig, build_optimizer
     from jaxtrain.optim.schedules import ScheduleConfig, make_lr_schedule
     from jaxtrain.parallel.mesh import MeshConfig
+    from jaxtrain.parallel.stages import plan as pipeline_plan
     from jaxtrain.parallel.xla_flags import accelerator_of, platform_kind
     from jaxtrain.train_config import TrainConfig
 
@@ -149,6 +150,9 @@ def preflight(cfg, world_size: int | None = None) -> None:
             model_cfg = attempt("model", lambda: models.ModelConfig.from_config(
                 {**cfg, "vocab_size": vocab}))
     attempt("mesh", lambda: MeshConfig.from_config(cfg, world_size or smallest_job(cfg)))
+    if model_cfg is not None and tcfg is not None:
+        attempt("pipeline", lambda: pipeline_plan(cfg, model_cfg.num_layers,
+                                                  tcfg.num_microbatches))
     steps = tcfg.train_iters if tcfg is not None and tcfg.train_iters else None
     schedule = attempt("LR schedule", lambda: make_lr_schedule(
         ScheduleConfig.from_config(cfg, total_steps=steps))) if steps or not (

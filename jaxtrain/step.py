@@ -40,6 +40,7 @@ from jaxtrain.models import moe
 from jaxtrain.models import params as model_params
 from jaxtrain.models import quant_state as model_quant_state
 from jaxtrain.parallel import accumulate as accumulate_mod
+from jaxtrain.parallel import pipeline, stages
 
 
 @jax.tree_util.register_dataclass
@@ -162,6 +163,29 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
     params_in, params_out = params_memory or (lambda t: t, lambda t: t)
     pin = ((lambda t: jax.lax.with_sharding_constraint(t, grad_shardings))
            if grad_shardings is not None else (lambda t: t))
+    programs = {}   # pipeline parallelism: the lowered schedule per microbatch count
+
+    def pipelined(params, batch, weights_MBT, step_rng, scale, moe0):
+        """(gradients in accum_dtype, Σ loss, Σ MoE statistics) of the step's microbatches
+        run through the pipeline schedule (jaxtrain.parallel.pipeline)."""
+        M = weights_MBT.shape[0]
+        if M not in programs:
+            plan = tcfg.pipeline
+            programs[M] = pipeline.lower(plan.build(M), model_cfg, stages.bounds(plan.counts))
+        prog = programs[M]
+
+        def split(q):
+            return pipeline.split_params(q, model_cfg, prog.schedule, prog.bounds)
+
+        stacks, shared = split(params)
+        gst, gsh, loss, moe_sum = pipeline.accumulate(
+            prog, layout, model_cfg, stacks=stacks, shared=shared, batch=batch,
+            weights_MBT=weights_MBT, step_rng=step_rng, scale=scale,
+            num_chunks=tcfg.loss_chunks, half_precision=tcfg.half_precision_loss,
+            accum_dtype=accum_dtype, embed_noise=tcfg.embed_noise, moe0=moe0)
+        like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, accum_dtype), params)
+        (grads,) = jax.linear_transpose(split, like)((gst, gsh))
+        return grads, loss, moe_sum
 
     def micro_loss(params, qstate, micro, weights_BT, rng, moe_state, scale, num_micro,
                    base_params):
@@ -266,7 +290,11 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
 
         axes = () if M == 1 else accumulate_mod.local_axes(
             layout, model_cfg, tcfg, moe0 is not None, state.quant_state is not None)
-        if axes:   # one reduction per step (jaxtrain.parallel.accumulate)
+        if tcfg.pipeline is not None:
+            grads, loss, moe_sum = pipelined(state.params, batch, weights_MBT, step_rng, scale,
+                                             moe0)
+            carry = (pin(grads), loss, state.quant_state, moe_sum, extra0)
+        elif axes:   # one reduction per step (jaxtrain.parallel.accumulate)
             grads, loss = accumulate_mod.reduce_once(
                 lambda p, m, r: accumulate_all(p, m, r, lambda t: t)[:2], layout, axes,
                 state.params, micros, step_rng)

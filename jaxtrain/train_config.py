@@ -168,6 +168,9 @@ class TrainConfig:
     # pgs dpo.enabled: the preference loss (jaxtrain.dpo.DPOConfig); None trains on tokens.
     # micro_batch_size/global_batch_size then count rows, two per pair
     dpo: Any = None
+    # pipeline parallelism: the stages and schedule (jaxtrain.parallel.stages.PipelinePlan;
+    # None without). Set by the loop, which knows the model's layer count
+    pipeline: Any = None
 
     @classmethod
     def from_config(cls, cfg) -> "TrainConfig":

@@ -58,6 +58,7 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("jaxtrain.preflight", "jaxtrain.logs"): LAZY + " (preflight)",
     ("jaxtrain.preflight", "jaxtrain.loss_scale"): LAZY + " (preflight)",
     ("jaxtrain.preflight", "jaxtrain.models.config"): LAZY + " (preflight)",
+    ("jaxtrain.preflight", "jaxtrain.parallel.stages"): LAZY + " (preflight)",
     ("jaxtrain.preflight", "jaxtrain.observe.trackers"): LAZY + " (preflight)",
     ("jaxtrain.preflight", "jaxtrain.optim.optimizers"): LAZY + " (preflight)",
     ("jaxtrain.preflight", "jaxtrain.optim.schedules"): LAZY + " (preflight)",

@@ -663,10 +663,60 @@ def _pgs_optim_extras(c: Context):
                           "train.spike_detection: false")
 
 
+# What the pipeline executor (jaxtrain.parallel.pipeline) does not run yet: key -> (is it on,
+# what it is)
+_PIPELINE_NOT_YET = {
+    "context_parallel_size": (lambda v: v > 1, "context parallelism: its ring and token "
+                              "reordering exchange inside a rank's own op, which the CPU "
+                              "collectives this is tested on cannot run"),
+    "moe_router_load_balancing_type": (
+        lambda v: "global_aux_loss" in (v if isinstance(v, (list, tuple)) else [v]),
+        "global_aux_loss counts tokens over the step's microbatches in order"),
+    "mtp_num_layers": (lambda v: v and v > 0, "multi-token prediction"),
+    "dpo.enabled": (bool, "DPO"),
+    "memory.seco": (bool, "SeCO"),
+    "plugins.dft": (bool, "token-weighting objectives"),
+    "plugins.deft": (bool, "token-weighting objectives"),
+    "plugins.cadft": (bool, "token-weighting objectives"),
+    "plugins.info_sft": (bool, "token-weighting objectives"),
+    "plugins.pre_rl": (bool, "pre_rl's frozen base model"),
+    "rampup_batch_size": (bool, "a batch-size ramp (the schedule is built for one microbatch "
+                          "count)"),
+    "train.ga_ramp_start": (lambda v: v and v > 0, "a gradient-accumulation ramp (the "
+                            "schedule is built for one microbatch count)"),
+    "first_last_layers_bf16": (bool, "per-layer quantization switches"),
+    "enable_1f1b_v": (bool, "the V-shaped 1F1B schedule (zero_bubble_v_schedule runs the V "
+                      "schedule with a split backward)"),
+    "pp_max_mem": (lambda v: v is not None, "a memory cap for zero-bubble-heuristic"),
+}
+
+
+def pipeline_parallel(c: Context):
+    """Pipeline parallelism with what its executor does not run yet, refused by name."""
+    if c.get("pipeline_model_parallel_size", 1) <= 1:
+        return
+    for key, (on, what) in _PIPELINE_NOT_YET.items():
+        if on(c.get(key)):
+            c.error(f"not implemented yet: pipeline_model_parallel_size "
+                    f"{c.get('pipeline_model_parallel_size')} with {c.where(key)} ({what})")
+    fsdp = [k for k in ("use_torch_fsdp2", "parallel.fsdp") if c.get(k)]
+    if c.get("data_parallel_sharding_strategy") == "optim_grads_params" and (
+            c.get("use_megatron_fsdp") or c.chosen("data_parallel_sharding_strategy")):
+        fsdp.append("data_parallel_sharding_strategy")
+    if c.get("tensor_model_parallel_size", 1) > 1 and fsdp:
+        c.error(f"not implemented yet: pipeline_model_parallel_size "
+                f"{c.get('pipeline_model_parallel_size')} with tensor_model_parallel_size "
+                f"{c.get('tensor_model_parallel_size')} and {c.where(fsdp[0])} (XLA's partitioner "
+                f"fails on the three together); drop one of them (ZeRO-1/2 work)")
+    if c.get("fp8") and (c.get("fp8_recipe") or "delayed") == "delayed":
+        c.error("not implemented yet: pipeline_model_parallel_size > 1 with fp8_recipe delayed "
+                "(its amax history is per step); use tensorwise, blockwise or mxfp8")
+
+
 RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions,
          checkpoint_format, precision, tensor_parallel, pgs_context_parallel,
          context_and_experts, model_shape, learning_rate, iterations, batch, moe_router,
-         upcycling, pgs, evaluate_only, context_parallel)
+         upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel)
 
 
 def apply(c: Context):

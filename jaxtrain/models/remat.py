@@ -86,28 +86,31 @@ class Segment(NamedTuple):
     policy: object
 
 
-def layer_plan(cfg) -> list[Segment]:
-    """Contiguous layer segments with their remat policy (NO_REMAT: plain).
+def layer_plan(cfg, lo: int = 0, hi: int | None = None) -> list[Segment]:
+    """Contiguous layer segments of layers [lo, hi) (default all) with their remat policy
+    (NO_REMAT: plain).
 
     Default: every layer rematted on its own with ``cfg.remat_policy``. Megatron layouts:
     ``uniform`` N: groups of N consecutive layers, one checkpoint per group (the last group may
     be shorter); ``block`` N: the first N layers rematted, the rest plain;
-    ``recompute_layer_ids``: exactly those layers rematted.
+    ``recompute_layer_ids``: exactly those layers rematted. As in Megatron, a pipeline stage
+    (layers [lo, hi)) counts ``uniform`` groups and ``block``'s first N from its own first layer.
     """
-    n, policy = cfg.num_layers, checkpoint_policy(cfg)
+    hi = cfg.num_layers if hi is None else hi
+    n, policy = hi - lo, checkpoint_policy(cfg)
     if policy is NO_REMAT or (cfg.recompute_method is None and cfg.recompute_layer_ids is None):
-        return [Segment(0, n, 1, policy)]
+        return [Segment(lo, hi, 1, policy)]
     if cfg.recompute_method == "uniform":
         k = min(cfg.recompute_num_layers, n)
-        full = n // k * k
-        segs = [Segment(0, full, k, policy)]
-        return segs + ([Segment(full, n, n - full, policy)] if full < n else [])
+        full = lo + n // k * k
+        segs = [Segment(lo, full, k, policy)]
+        return segs + ([Segment(full, hi, hi - full, policy)] if full < hi else [])
     if cfg.recompute_method == "block":
-        k = min(cfg.recompute_num_layers, n)
-        return [Segment(0, k, 1, policy)] + ([Segment(k, n, 1, NO_REMAT)] if k < n else [])
+        k = lo + min(cfg.recompute_num_layers, n)
+        return [Segment(lo, k, 1, policy)] + ([Segment(k, hi, 1, NO_REMAT)] if k < hi else [])
     chosen = set(cfg.recompute_layer_ids)
     segs: list[Segment] = []
-    for i in range(n):
+    for i in range(lo, hi):
         p = policy if i in chosen else NO_REMAT
         if segs and segs[-1].policy is p:
             segs[-1] = segs[-1]._replace(stop=i + 1)

@@ -259,12 +259,13 @@ def _periodic_runs(sigs: list) -> list[tuple[int, int, int]]:
     return best
 
 
-def _layer_blocks(cfg) -> list[_Block]:
-    """The remat plan (`layer_plan`) cut into scannable blocks: within a block every scan step
-    sees the same sequence of layer kinds (dense or MoE), so one traced body serves it."""
+def _layer_blocks(cfg, lo: int = 0, hi: int | None = None) -> list[_Block]:
+    """The remat plan (`layer_plan`) of layers [lo, hi) cut into scannable blocks: within a
+    block every scan step sees the same sequence of layer kinds (dense or MoE), so one traced
+    body serves it."""
     kinds = layer_kinds(cfg)
     blocks = []
-    for seg in layer_plan(cfg):
+    for seg in layer_plan(cfg, lo, hi):
         g = seg.group
         units = [kinds[a:a + g] for a in range(seg.start, seg.stop, g)]
         for off, q, r in _periodic_runs(units):
@@ -276,10 +277,15 @@ def _stack(trees):
     return jax.tree.map(lambda *a: jnp.stack(a), *trees) if trees else None
 
 
-def _run_layers(stacks: dict, x, ctx: dict, cfg):
-    """All layers over x, block by block of `_layer_blocks`; ``stacks`` maps each stack
+def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None = None,
+                shift=0):
+    """The layers over x, block by block of `_layer_blocks`; ``stacks`` maps each stack
     ('layers', 'moe_layers') to its parameters with the layer axis first. Returns (x, stats):
-    the MoE layers' statistics stacked in MoE-layer order (None without MoE layers)."""
+    the MoE layers' statistics stacked in MoE-layer order (None without MoE layers).
+
+    ``layers`` (lo, hi): only those layers (a pipeline stage; ``stacks`` then hold just
+    theirs, in order); ``shift`` (may be traced) is added to every layer index, so stages of the
+    same shape share one traced body."""
     kinds = layer_kinds(cfg)
     axes = {k: layer_axes(cfg, k) for k in stacks}
     used = dict.fromkeys(stacks, 0)
@@ -297,7 +303,7 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg):
             stats += [] if s is None else [s]
         return h, stats
 
-    for blk in _layer_blocks(cfg):
+    for blk in _layer_blocks(cfg, *(layers or (0, None))):
         size = blk.units * blk.group
         sig = kinds[blk.start:blk.start + size]
         params = {}
@@ -308,7 +314,7 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg):
                 params[k] = jax.tree.map(
                     lambda a: a[lo:lo + blk.reps * c].reshape(blk.reps, c, *a.shape[1:]),
                     stacks[k])
-        idx = jnp.arange(blk.start, blk.start + blk.reps * size).reshape(blk.reps, size)
+        idx = jnp.arange(blk.start, blk.start + blk.reps * size).reshape(blk.reps, size) + shift
 
         def step(h, xs, sig=sig, blk=blk):
             pb, ib = xs
@@ -378,11 +384,15 @@ def embed_inputs(params: dict, tokens, positions, cfg):
         x = x * jnp.asarray(cfg.embedding_multiplier, x.dtype)
     if cfg.position_embedding_type == "learned_absolute":
         x = x + jnp.take(params["position_embedding"].astype(x.dtype), positions, axis=0)
+    return x, _rope_tables(positions, cfg)
+
+
+def _rope_tables(positions, cfg):
     rope = (L.rope_tables(positions, cfg) if cfg.position_embedding_type == "rope"
             or cfg.multi_latent_attention else None)   # MLA always rotates (Megatron)
     if rope is not None and cfg.local_rotary_base is not None:
         rope = (*rope, *L.local_rope_tables(positions, cfg))
-    return x, rope
+    return rope
 
 
 def forward(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
@@ -400,6 +410,57 @@ def forward(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
     return logits_head(params, hidden, cfg)
 
 
+def layer_inputs(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
+                 deterministic: bool = True, rng=None, moe_state=None,
+                 embed_noise: float = 0.0, with_embedding: bool = True):
+    """(x, ctx): the residual stream [B,T,D] entering the first layer (None without
+    ``with_embedding``: a pipeline stage after the first) and the context every layer reads
+    (RoPE tables, segments, dropout, context parallelism's token order). Arguments as
+    :func:`hidden_states`."""
+    B, T = tokens.shape
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    ctx = {"deterministic": deterministic, "rng": rng, "moe_state": moe_state}
+    lay = cp.model_layout(cfg)
+    if lay is not None and lay.reorder is not None:
+        # context parallelism's token order: tokens, positions and segments move together, the
+        # attention masks by the tokens' indices, and the hidden states come back in order
+        index = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        tokens, positions, index = lay.apply(tokens), lay.apply(positions), lay.apply(index)
+        segment_ids = None if segment_ids is None else lay.apply(segment_ids)
+        ctx.update(token_index=index, token_layout=lay.reorder, reordered=lay)
+    if not with_embedding:
+        ctx.update(segment_ids=segment_ids, rope=_rope_tables(positions, cfg))
+        return None, ctx
+    x, rope = embed_inputs(params, tokens, positions, cfg)
+    ctx.update(segment_ids=segment_ids, rope=rope)
+    if embed_noise and not deterministic:
+        signs = jax.random.rademacher(
+            jax.random.fold_in(_need(rng, "embedding noise"), cfg.num_layers + 1), x.shape,
+            x.dtype)
+        if "token_layout" in ctx:   # the same noise per token as in natural order
+            signs = lay.apply(signs)
+        x = x + signs * jnp.asarray(embed_noise / (T * cfg.hidden_size) ** 0.5, x.dtype)
+    emb_rng = jax.random.fold_in(rng, cfg.num_layers) if rng is not None else None
+    x = L.dropout(constrain(x, *RESIDUAL), cfg.hidden_dropout, emb_rng, deterministic
+                  ).astype(cfg.residual_dtype)
+    return x, ctx
+
+
+def layer_stacks(params: dict, cfg) -> dict:
+    """The layer stacks of ``params`` ('layers', 'moe_layers') with the layer axis first."""
+    return {k: jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), params[k])
+            for k in STACKS if k in params}
+
+
+def final_hidden(params: dict, x, ctx: dict, cfg):
+    """The last layer's output x normed by the final norm, in the tokens' natural order."""
+    with jax.named_scope("final_norm"):
+        hidden = L.norm(params["final_norm"], x, cfg)
+    lay = ctx.get("reordered")
+    return hidden if lay is None else lay.undo(hidden)
+
+
 def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
                   deterministic: bool = True, rng=None, quant_state=None, moe_state=None,
                   with_moe_stats: bool = False, embed_noise: float = 0.0):
@@ -413,36 +474,10 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
     over MoE layers (``moe.route``; None without MoE). ``moe_state`` = {aux_counts
     [L_moe, E], steps}: global_aux_loss's counts summed over the step's earlier microbatches.
     """
-    B, T = tokens.shape
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    ctx = {"deterministic": deterministic, "rng": rng, "moe_state": moe_state}
-    lay = cp.model_layout(cfg)
-    if lay is not None and lay.reorder is not None:
-        # context parallelism's token order: tokens, positions and segments move together, the
-        # attention masks by the tokens' indices, and the hidden states come back in order
-        index = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        tokens, positions, index = lay.apply(tokens), lay.apply(positions), lay.apply(index)
-        segment_ids = None if segment_ids is None else lay.apply(segment_ids)
-        ctx.update(token_index=index, token_layout=lay.reorder)
-    x, rope = embed_inputs(params, tokens, positions, cfg)
-    ctx.update(segment_ids=segment_ids, rope=rope)
-    if embed_noise and not deterministic:
-        signs = jax.random.rademacher(
-            jax.random.fold_in(_need(rng, "embedding noise"), cfg.num_layers + 1), x.shape,
-            x.dtype)
-        if "token_layout" in ctx:   # the same noise per token as in natural order
-            signs = lay.apply(signs)
-        x = x + signs * jnp.asarray(embed_noise / (T * cfg.hidden_size) ** 0.5, x.dtype)
-    emb_rng = jax.random.fold_in(rng, cfg.num_layers) if rng is not None else None
-    x = L.dropout(constrain(x, *RESIDUAL), cfg.hidden_dropout, emb_rng, deterministic
-                  ).astype(cfg.residual_dtype)
+    x, ctx = layer_inputs(params, tokens, cfg, positions=positions, segment_ids=segment_ids,
+                          deterministic=deterministic, rng=rng, moe_state=moe_state,
+                          embed_noise=embed_noise)
     attached = attach_quant_state(params, cfg, quant_state)
-    stacks = {k: jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), attached[k])
-              for k in STACKS if k in attached}
-    x, stats = _run_layers(stacks, x, ctx, cfg)
-    with jax.named_scope("final_norm"):
-        hidden = L.norm(params["final_norm"], x, cfg)
-    if "token_layout" in ctx:
-        hidden = lay.undo(hidden)
+    x, stats = _run_layers(layer_stacks(attached, cfg), x, ctx, cfg)
+    hidden = final_hidden(params, x, ctx, cfg)
     return (hidden, stats) if with_moe_stats else hidden

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain.parallel.sharding import active_layout, spec_for
+from jaxtrain.parallel.sharding import active_layout, nested_mesh, spec_for
 
 NEG = -1e30   # a masked score: finite, so fully masked blocks merge away without NaN
 
@@ -351,6 +351,6 @@ def sharded_attention(layout, strategy: str, q, k, v, positions, segment_ids=Non
     args = (q, k, v, positions, segment_ids if has_seg else positions,
             sinks if has_sinks else jnp.zeros((q.shape[2],), jnp.float32),
             jnp.asarray(window, jnp.int32) if has_window else zero)
-    return jax.shard_map(body, mesh=layout.mesh,
+    return jax.shard_map(body, **nested_mesh(layout),
                          in_specs=(qs, ks, ks, tok, tok, sink_spec, P()), out_specs=qs,
                          check_vma=False)(*args)

@@ -120,10 +120,12 @@ def zero_bubble(p: int, m: int, kind: str = "zb-h1", costs=(1.0, 1.0, 1.0)) -> S
     return _list_schedule(kind, p, m, limit, costs, v_shape=False)
 
 
-def zbv(p: int, m: int, costs=(1.0, 1.0, 1.0)) -> Schedule:
+def zbv(p: int, m: int, costs=(1.0, 1.0, 1.0), limit: int | None = None) -> Schedule:
     """The zero-bubble V schedule (two chunks per rank, stage r and 2p − 1 − r), by the same
-    list scheduling with 2p − 1 forwards in flight per rank at most."""
-    return _list_schedule("zbv", p, m, lambda r: 2 * p - 1, costs, v_shape=True)
+    list scheduling with ``limit`` chunk forwards in flight per rank at most (default 2p − 1;
+    p is about half of 1F1B's activation memory)."""
+    n = 2 * p - 1 if limit is None else limit
+    return _list_schedule("zbv", p, m, lambda r: n, costs, v_shape=True)
 
 
 def _list_schedule(name, p, m, limit, costs, v_shape) -> Schedule:
@@ -248,39 +250,57 @@ def simulate(s: Schedule, f: float = 1.0, b: float = 2.0, w: float = 0.0,
     its inputs exist (transfers take no time). Memory: a forward holds one unit until its
     backward; with a split backward, ``w_memory`` of it stays until the W."""
     cost = {"F": f, "B": b if s.split_backward else b + w, "W": w}
+    starts = timeline(s, cost)
+    ends = [[t + cost[op.kind] for op, t in zip(order, st)]
+            for order, st in zip(s.orders, starts)]
+    end = max(e[-1] for e in ends if e)
+    busy = [sum(cost[op.kind] for op in order) for order in s.orders]
+    peak = []
+    for order in s.orders:
+        mem = top = 0.0
+        for op in order:
+            mem += {"F": 1.0, "B": -(1.0 - w_memory) if s.split_backward else -1.0,
+                    "W": -w_memory}[op.kind]
+            top = max(top, mem)
+        peak.append(top)
+    return Timing(end, tuple((end - x) / end for x in busy), tuple(peak))
+
+
+def deps(s: Schedule, rank: int, op: Op) -> list[tuple]:
+    """The (kind, microbatch, stage) results ``op`` of ``rank`` waits for."""
     n_stages = s.ranks * s.chunks
+    stage = s.stage(rank, op.chunk)
+    if op.kind == "F":
+        return [("F", op.microbatch, stage - 1)] if stage else []
+    if op.kind == "B":
+        nxt = [("B", op.microbatch, stage + 1)] if stage < n_stages - 1 else []
+        return [("F", op.microbatch, stage)] + nxt
+    return [("B", op.microbatch, stage)]
+
+
+def timeline(s: Schedule, cost: dict) -> list[list[float]]:
+    """Each op's start time, per rank in table order: it starts when its rank is free and its
+    inputs exist; ``cost`` maps F/B/W to durations. A cycle of waits raises ValueError."""
     done: dict[tuple, float] = {}
-    pos, t_rank, busy = [0] * s.ranks, [0.0] * s.ranks, [0.0] * s.ranks
-    mem, peak = [0.0] * s.ranks, [0.0] * s.ranks
+    pos, t_rank = [0] * s.ranks, [0.0] * s.ranks
+    starts = [[] for _ in range(s.ranks)]
     left = sum(len(o) for o in s.orders)
     while left:
         progressed = False
         for r, order in enumerate(s.orders):
             while pos[r] < len(order):
                 op = order[pos[r]]
-                stage = s.stage(r, op.chunk)
-                if op.kind == "F":
-                    deps = [("F", op.microbatch, stage - 1)] if stage else []
-                elif op.kind == "B":
-                    deps = [("F", op.microbatch, stage)]
-                    if stage < n_stages - 1:
-                        deps.append(("B", op.microbatch, stage + 1))
-                else:
-                    deps = [("B", op.microbatch, stage)]
-                if any(d not in done for d in deps):
+                need = deps(s, r, op)
+                if any(d not in done for d in need):
                     break
-                start = max([t_rank[r]] + [done[d] for d in deps])
+                start = max([t_rank[r]] + [done[d] for d in need])
+                starts[r].append(start)
                 t_rank[r] = start + cost[op.kind]
-                busy[r] += cost[op.kind]
-                done[(op.kind, op.microbatch, stage)] = t_rank[r]
-                mem[r] += {"F": 1.0, "B": -(1.0 - w_memory) if s.split_backward else -1.0,
-                           "W": -w_memory}[op.kind]
-                peak[r] = max(peak[r], mem[r])
+                done[(op.kind, op.microbatch, s.stage(r, op.chunk))] = t_rank[r]
                 pos[r] += 1
                 left -= 1
                 progressed = True
         if not progressed:
             stuck = {r: s.orders[r][pos[r]] for r in range(s.ranks) if pos[r] < len(s.orders[r])}
             raise ValueError(f"schedule {s.name} deadlocks: ranks wait on {stuck}")
-    end = max(t_rank)
-    return Timing(end, tuple((end - x) / end for x in busy), tuple(peak))
+    return starts

@@ -11,8 +11,9 @@ vocab              tensor                      embedding rows / output columns (
 q_heads, kv_heads  tensor                      attention heads (column-parallel QKV,
                                                row-parallel output projection)
 mlp                tensor                      MLP hidden (column then row parallel)
-embed, kv, norm,   -                           hidden size, head dim, norm scales, the
-layers                                         stacked layer axis
+embed, kv, norm   -                           hidden size, head dim, norm scales
+layers             pipeline                    the stacked layer axis (each pipeline rank
+                                               holds its stages' layers when they divide)
 exp                expert                      MoE experts (expert parallelism)
 zero               data, expert                where ZeRO / FSDP shards over data parallel
 act_batch          replica, data, expert       the batch of every activation
@@ -57,7 +58,7 @@ def axis_rules(mcfg: MeshConfig) -> Rules:
     res = seq + ("tensor",) if mcfg.sequence_parallel else seq
     return {
         "vocab": ("tensor",), "q_heads": ("tensor",), "kv_heads": ("tensor",),
-        "mlp": ("tensor",), "embed": (), "kv": (), "norm": (), "layers": (),
+        "mlp": ("tensor",), "embed": (), "kv": (), "norm": (), "layers": ("pipeline",),
         "lora": (),   # MLA latent rank (q_lora_rank, kv_lora_rank): small, kept whole
         "exp": ("expert",), "zero": ("data", "expert"),
         "act_batch": BATCH_AXES, "act_seq": seq,
@@ -209,6 +210,17 @@ def active_layout() -> Layout | None:
     """The layout of the enclosing :meth:`Layout.activations` block (None outside one); code
     that runs its own ``shard_map`` (the MoE dispatch) takes the mesh and table from it."""
     return _ACTIVE.get()
+
+
+def nested_mesh(layout: Layout) -> dict:
+    """``mesh`` (and ``axis_names``) for a ``shard_map`` over ``layout``'s mesh that may run
+    inside another one manual over some axes (the pipeline executor's): there it must name
+    the enclosing abstract mesh and only the axes still automatic."""
+    context = jax.sharding.get_abstract_mesh()
+    manual = set(getattr(context, "manual_axes", ()) or ())
+    if context.empty or not manual:
+        return {"mesh": layout.mesh}
+    return {"mesh": context, "axis_names": set(context.axis_names) - manual}
 
 
 def constrain(x, *names: str | None):

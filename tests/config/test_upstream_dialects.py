@@ -42,11 +42,14 @@ def test_bare_megatron_lm_command_line_takes_megatron_lm_defaults():
     assert cfg.defaults_about.startswith("Megatron-LM's argparse defaults")
 
 
-def test_gpt3_flags_are_refused_by_name_not_by_unknown_key():
-    with pytest.raises(ConfigError) as e:
-        load_config(None, GPT3_175B)
-    assert "pipeline_model_parallel_size" in str(e.value)
-    assert "unknown key" not in str(e.value)
+def test_gpt3_flags_load_with_their_pipeline():
+    """Megatron-LM's GPT-3 175B example: TP 8 x PP 16 (96 layers, 6 per stage, 1F1B)."""
+    from jaxtrain.parallel import stages
+
+    cfg = load_config(None, GPT3_175B, world_size=1024)
+    plan = stages.plan(cfg, cfg["num_layers"], cfg.derived["num_microbatches"])
+    assert (plan.ranks, plan.chunks, plan.schedule) == (16, 1, "1f1b")
+    assert plan.counts == (6,) * 16
 
 
 def test_negative_and_renamed_flags():

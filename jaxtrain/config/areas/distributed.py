@@ -183,23 +183,29 @@ KNOBS = [
 
     # Pipeline-specific; no issue builds pipeline parallelism yet
     K("overlap_p2p_comm", "bool", True, "Overlap pipeline send/recv with forward and backward "
-      "compute.", "megatron"),
+      "compute.", "megatron", status=MAPPED,
+      reason="a pipeline transfer is an XLA collective-permute after each tick's op; XLA's "
+      "scheduler overlaps it with independent work (there is no blocking mode to choose)"),
     K("scatter_gather_tensors_in_pipeline", "bool", True, "Send pipeline activations as TP "
-      "shards and all-gather them on arrival.", "megatron"),
+      "shards and all-gather them on arrival.", "megatron", status=MAPPED,
+      reason="activations cross stages in the sharding they have: split over the tensor axis "
+      "with sequence_parallel, whole otherwise; no separate scatter/all-gather is inserted"),
     K("use_ring_exchange_p2p", "bool", False, "Use a custom ring-exchange kernel for pipeline "
-      "send/recv.", "megatron"),
+      "send/recv.", "megatron", status=INERT,
+      reason="pipeline transfers are XLA collective-permutes over the pipeline axis; there is no "
+      "custom ring-exchange kernel to pick"),
     K("defer_embedding_wgrad_compute", "bool", False, "Postpone the output-layer weight-gradient "
       "GEMMs to the pipeline flush.", "megatron"),
     K("wgrad_deferral_limit", "int", 0, "Microbatches whose output-layer weight gradients are "
       "deferred; 0 means all.", "megatron"),
     K("account_for_embedding_in_pipeline_split", "bool", False, "Count the input embedding as one "
-      "layer when splitting layers over pipeline stages.", "megatron"),
+      "layer when splitting layers over pipeline stages.", "megatron", status=HONORED),
     K("account_for_loss_in_pipeline_split", "bool", False, "Count the loss as one layer when "
-      "splitting layers over pipeline stages.", "megatron"),
+      "splitting layers over pipeline stages.", "megatron", status=HONORED),
     K("standalone_embedding_stage", "bool", False, "Put the input embedding alone on the first "
-      "pipeline stage.", "megatron"),
+      "pipeline stage.", "megatron", status=HONORED),
     K("decoder_pipeline_manual_split_list", "list[int]", None, "Layers per pipeline stage, "
-      "given explicitly (Primus).", "megatron"),
+      "given explicitly (Primus).", "megatron", status=HONORED),
 ]
 
 

@@ -1,7 +1,7 @@
 """Megatron-LM training-side arguments beyond the reference document: parallelism, DDP/FSDP
 buffers, optimizer extras, evaluation, logging, checkpoint plumbing, data, tokenizers,
 resilience, fault injection and logits distillation. Keys are Megatron-LM's argparse dests."""
-from jaxtrain.config.knob import HONORED, INERT, K, REJECTED
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, K, REJECTED
 
 _L = "megatron-lm"
 _LP = ("megatron-lm", "primus")
@@ -48,7 +48,9 @@ KNOBS = [
     K("max_seqlen_per_dp_cp_rank", "int", None, "Longest sequence one data x context parallel "
       "rank takes under hybrid_context_parallel.", _L, REJECTED, _HYBRID_CP),
     K("overlap_p2p_comm_warmup_flush", "bool", False, "Also overlap pipeline send/receive with "
-      "compute in the warm-up and flush phases of the schedule.", _L, issue=24),
+      "compute in the warm-up and flush phases of the schedule.", _L, issue=24, status=MAPPED,
+      reason="as overlap_p2p_comm: XLA schedules the collective-permutes of every phase the "
+      "same way"),
     K("mtp_standalone", "bool", False, "The MTP layers sit in their own virtual pipeline stage "
       "(normally derived from the pipeline layout).", _L, issue=24),
     K("overlap_dispatch_backward_with_experts_wgrad", "bool", False, "Compute expert weight "

@@ -36,26 +36,27 @@ KNOBS = [
 
     # Pipeline parallelism (Megatron); no issue builds it yet
     K("pipeline_model_parallel_size", "int", 1, "Pipeline-parallel degree: number of stages the "
-      "layer stack is cut into.", "megatron"),
+      "layer stack is cut into.", "megatron", status=HONORED),
     K("pipeline_model_parallel_layout", "str", None, "Explicit layer-to-stage layout string (e.g. "
-      "'Et*3|(tt|)*29,m|L'); overrides the even split.", "megatron"),
+      "'Et*3|(tt|)*29,m|L'); overrides the even split.", "megatron", status=HONORED),
     K("pipeline_model_parallel_comm_backend", "str", None, "Library for pipeline send/recv "
       "(nccl or ucc); null uses the default backend.", "megatron", REJECTED,
       "JAX's runtime (jax.distributed.initialize) owns communication; XLA moves pipeline "
       "activations with its own NCCL/RCCL collectives and cannot use UCC",
       choices=_PP_COMM_BACKENDS),
     K("decoder_first_pipeline_num_layers", "int", None, "Layers on the first pipeline stage for an "
-      "uneven split; null splits evenly.", "megatron"),
+      "uneven split; null splits evenly.", "megatron", status=HONORED),
     K("decoder_last_pipeline_num_layers", "int", None, "Layers on the last pipeline stage for an "
-      "uneven split; null splits evenly.", "megatron"),
+      "uneven split; null splits evenly.", "megatron", status=HONORED),
     K("virtual_pipeline_model_parallel_size", "int", None, "Interleaved pipeline: model chunks "
-      "(virtual stages) held by each pipeline rank.", "megatron"),
+      "(virtual stages) held by each pipeline rank.", "megatron", status=HONORED),
     K("num_layers_per_virtual_pipeline_stage", "int", None, "Interleaved pipeline: layers in each "
-      "virtual stage (another way to set the chunk count).", "megatron"),
+      "virtual stage (another way to set the chunk count).", "megatron", status=HONORED),
     K("num_virtual_stages_per_pipeline_rank", "int", None, "Interleaved pipeline: virtual stages "
-      "per pipeline rank (another way to set the chunk count).", "megatron"),
+      "per pipeline rank (another way to set the chunk count).", "megatron", status=HONORED),
     K("microbatch_group_size_per_vp_stage", "int", None, "Interleaved pipeline: consecutive "
-      "microbatches run per virtual stage; null means the PP degree.", "megatron"),
+      "microbatches run per virtual stage; null means the PP degree.", "megatron",
+      status=HONORED),
 
     # Context parallelism (Megatron; issue #23 builds the rest)
     K("context_parallel_size", "int", 1, "Context-parallel degree: devices the sequence of each "

@@ -1,5 +1,6 @@
 """Pipeline schedules: Primus's zero-bubble runtime and Primus pipeline (no issue builds them yet)."""
-from jaxtrain.config.knob import K
+from jaxtrain.config.knob import HONORED, INERT, MAPPED, K
+from jaxtrain.parallel.schedules import SCHEDULES
 
 _V_MEM_SETUPS = ("half", "min", "zb")
 _PP_ALGORITHMS = ("1f1b", "1f1b-interleaved", "zero-bubble", "zero-bubble-heuristic",
@@ -7,33 +8,46 @@ _PP_ALGORITHMS = ("1f1b", "1f1b-interleaved", "zero-bubble", "zero-bubble-heuris
 _PP_COMM_METHODS = ("async_p2p", "batch_p2p")
 
 KNOBS = [
+    K("pipeline_schedule", "str", None, "Pipeline schedule by name, over the dialects' switches "
+      "(null: 1F1B, interleaved with virtual stages, or what patch_zero_bubble / pp_algorithm "
+      "pick).", "jaxtrain", HONORED, choices=SCHEDULES),
     # Zero-bubble runtime: switches
     K("patch_zero_bubble", "bool", False, "Swap in the zero-bubble pipeline runtime that Primus "
       "provides.",
-      "megatron"),
+      "megatron", status=HONORED),
     K("enable_zb_runtime", "bool", True, "Run pipeline schedules through the unified zero-bubble "
-      "runtime.", "megatron"),
+      "runtime.", "megatron", status=INERT,
+      reason="jaxtrain has one executor for every schedule; the schedule is chosen by "
+      "patch_zero_bubble / pp_algorithm / virtual stages"),
     K("enable_zero_bubble", "bool", True, "Use zero-bubble schedules (backward split into input "
-      "and weight gradients) in that runtime.", "megatron"),
+      "and weight gradients) in that runtime.", "megatron", status=HONORED),
     K("zero_bubble_v_schedule", "bool", False, "Use the V-shaped zero-bubble schedule (two chunks "
-      "per rank, no extra memory).", "megatron"),
+      "per rank, no extra memory).", "megatron", status=HONORED),
     K("zero_bubble_v_schedule_mem_setup", "str", "half", "Memory target of the V schedule: half, "
-      "min or zb (full zero bubble).", "megatron", choices=_V_MEM_SETUPS),
+      "min or zb (full zero bubble).", "megatron", choices=_V_MEM_SETUPS, status=HONORED),
     K("enable_1f1b_v", "bool", False, "Use the V-shaped 1F1B schedule.", "megatron"),
     K("debug_scheduler_table", "bool", False, "Print the pipeline schedule table of each rank.",
-      "megatron"),
+      "megatron", status=HONORED),
 
     # Zero-bubble runtime: automatic scheduling and memory
     K("pre_communication_optimization", "bool", False, "Send a tiny message before each real "
-      "transfer to improve overlap.", "megatron"),
+      "transfer to improve overlap.", "megatron", status=INERT,
+      reason="a warm-up message for NCCL p2p channels; XLA's collective-permutes set up their "
+      "communicators when the program loads"),
     K("zero_bubble_pipeline_timers_start_iter", "int", 100, "Step at which the timers feeding the "
-      "automatic schedule start.", "megatron"),
+      "automatic schedule start.", "megatron", status=INERT,
+      reason="jaxtrain plans the zero-bubble schedule once from pp_cost_f/b/w; it does not "
+      "time steps to re-plan"),
     K("zero_bubble_pipeline_timers_end_iter", "int", 110, "Step at which the timers feeding the "
-      "automatic schedule stop.", "megatron"),
+      "automatic schedule stop.", "megatron", status=INERT,
+      reason="jaxtrain plans the zero-bubble schedule once from pp_cost_f/b/w; it does not "
+      "time steps to re-plan"),
     K("zero_bubble_max_pending_backward", "int|str", "auto", "Most backward passes held pending "
-      "(PP picks ZB-1p, 2·PP ZB-2p); 'auto' adapts to memory.", "megatron"),
+      "(PP picks ZB-1p, 2·PP ZB-2p); 'auto' adapts to memory.", "megatron", status=HONORED),
     K("zero_bubble_adaptive_memory_limit_percentile", "int", 85, "With 'auto': percent of device "
-      "memory the adaptive schedule may fill.", "megatron"),
+      "memory the adaptive schedule may fill.", "megatron", status=INERT,
+      reason="zero_bubble_max_pending_backward auto is planned statically as ZB-H1 (1F1B's "
+      "memory); there is no adaptive memory search"),
     K("allow_padding_num_layers", "bool", True, "Pad the layer count so it divides over the "
       "pipeline stages.", "megatron"),
     K("interleave_group_size", "int", 0, "Group size of the group-interleaved 1F1B schedule; 0 "
@@ -63,11 +77,13 @@ KNOBS = [
 
     # Primus pipeline
     K("patch_primus_pipeline", "bool", False, "Install Primus's table-driven pipeline scheduler.",
-      "megatron"),
+      "megatron", status=HONORED),
     K("pp_algorithm", "str", "1f1b-interleaved", "Pipeline schedule of the Primus scheduler.",
-      "megatron", choices=_PP_ALGORITHMS),
+      "megatron", choices=_PP_ALGORITHMS, status=HONORED),
     K("communication_method", "str", "async_p2p", "How the Primus scheduler sends activations: "
-      "async_p2p or batch_p2p.", "megatron", choices=_PP_COMM_METHODS),
+      "async_p2p or batch_p2p.", "megatron", choices=_PP_COMM_METHODS, status=INERT,
+      reason="async vs batched torch p2p calls; every pipeline transfer here is one XLA "
+      "collective-permute per tick"),
     K("offload", "bool", False, "Offload activations of the ops in offload_ops to host memory.",
       "megatron"),
     K("offload_ops", "str|list[str]", "", "Comma-separated ops whose activations are offloaded "
@@ -75,13 +91,17 @@ KNOBS = [
     K("pp_max_mem", "float|list[float]", None, "Per-stage cap on activation memory for the "
       "zero-bubble-heuristic schedule; scalar or list, null for no cap.", "megatron"),
     K("pp_cost_f", "float|list[float]", None, "Assumed forward-pass cost of each stage under "
-      "zero-bubble-heuristic; scalar or list, 1000 when null.", "megatron"),
+      "zero-bubble-heuristic; scalar or list, 1000 when null.", "megatron", status=HONORED),
     K("pp_cost_b", "float|list[float]", None, "zero-bubble-heuristic: input-gradient cost per "
-      "stage (one value or one per stage); null means 1000.", "megatron"),
+      "stage (one value or one per stage); null means 1000.", "megatron", status=HONORED),
     K("pp_cost_w", "float|list[float]", None, "Assumed weight-gradient cost of each stage under "
-      "zero-bubble-heuristic; scalar or list, 1000 when null.", "megatron"),
+      "zero-bubble-heuristic; scalar or list, 1000 when null.", "megatron", status=HONORED),
     K("pp_warmup", "bool", False, "Run one pipeline pass before training so the first step is "
-      "not slowed by start-up.", "megatron"),
-    K("dump_pp_data", "bool", False, "Write a JSON timeline of pipeline events for the Primus "
-      "visualizer.", "megatron"),
+      "not slowed by start-up.", "megatron", status=INERT,
+      reason="XLA compiles the whole step, pipeline transfers included, before the first "
+      "step runs; there is no lazy communicator or buffer set-up for a warm-up pass to "
+      "absorb"),
+    K("dump_pp_data", "bool", False, "Write the pipeline's op timeline as JSON (jaxtrain: "
+      "pp_schedule.json in the run directory, one entry per op with rank and tick).",
+      "megatron", status=HONORED),
 ]

@@ -20,7 +20,7 @@ from jaxtrain.models import layers as L
 from jaxtrain.models.moe.comm import LOCAL, Comm
 from jaxtrain.models.moe.dispatch import experts_local
 from jaxtrain.models.moe.router import _gate, route
-from jaxtrain.parallel.sharding import active_layout, constrain, spec_for
+from jaxtrain.parallel.sharding import active_layout, constrain, nested_mesh, spec_for
 from jaxtrain.quant import QWeight
 
 
@@ -120,7 +120,7 @@ def _sharded(layout, routed, x_BTD, xr_BTD, rand_BTE, prev, steps, cfg, train, s
     args = (routed, x_BTD, xr_BTD, rand_BTE, prev, steps)
     keep = [i for i, a in enumerate(args) if a is not None]
     fn = jax.shard_map(
-        lambda *live: body(*_fill(live, keep, len(args))), mesh=layout.mesh,
+        lambda *live: body(*_fill(live, keep, len(args))), **nested_mesh(layout),
         in_specs=tuple(in_specs[i] for i in keep), out_specs=(tok, P()))
     return fn(*(args[i] for i in keep))
 

@@ -1,0 +1,362 @@
+"""Pipeline parallelism: one executor that runs any schedule table (jaxtrain.parallel.schedules).
+
+A schedule is lowered (:func:`lower`) into a static program: at each tick every pipeline rank
+runs at most one op (F, B or W of one microbatch on one of its model chunks), then the ranks
+exchange what they produced (``ppermute`` over the ``pipeline`` mesh axis: activations to the
+next stage, input gradients to the previous one). Ticks come from timing the table with unit
+costs, so an op runs one tick after the op it waits for. What a rank receives goes into a
+buffer slot chosen statically: a slot is reused once its last reader ran, so the buffers hold
+exactly what the schedule keeps in flight (1F1B's p microbatches on the first rank, GPipe's m).
+
+:func:`accumulate` runs the program as one ``lax.scan`` over ticks inside a ``shard_map`` that
+is manual over ``pipeline`` only: the other mesh axes (data, tensor, ...) stay under the
+compiler's partitioner, so a stage runs exactly as the unpipelined model does. Per op:
+
+- F: the stage's forward from its input (the first stage embeds the tokens; the last stage
+  computes the loss, kept for the step's metric);
+- B: the stage's backward, recomputed from its saved input (stages keep only their inputs, as
+  Megatron's full activation recompute): parameter gradients and the input gradient;
+- split backward (zero-bubble schedules): B computes only the input gradient and W, later,
+  only the parameter gradients (each recomputes the forward).
+
+Parameter gradients are summed per rank; the shared parameters (embedding, final norm, output
+layer) are summed over ranks at the end, which also joins a tied embedding's two uses (first
+and last stage). The loss and its normalisation are the unpipelined step's: each microbatch's
+loss is Σ weights · NLL with the step's token weights.
+
+Legend: p ranks, v chunks per rank, S = p·v stages, m microbatches, b rows per microbatch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from jaxtrain.fused_ce import head_loss, head_params
+from jaxtrain.models.params import STACKS
+from jaxtrain.models.remat import NO_REMAT, layer_plan
+from jaxtrain.models.spec import MOE_STACK, layer_kinds
+from jaxtrain.models.transformer import _run_layers, final_hidden, layer_inputs, layer_stacks
+from jaxtrain.parallel import schedules as sched
+
+AXIS = "pipeline"
+IDLE = "idle"
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A schedule lowered to ticks. ``rows`` [ticks, p, 8]: per rank, its op's branch,
+    microbatch, chunk, input slot, gradient slot, layer shift, whether it is on the first
+    stage (input: the embeddings) and the MoE-layer index of its stage's first layer; ``recv`` [ticks, p, channels, 2]: the input and gradient
+    slot each channel's message is written to (the last slot of a buffer is a sink for no
+    message); ``flags`` [ticks, 2]: whether the tick runs the output layer and loss (after a
+    forward of the last stage) and the embedding's backward (after an input gradient of the
+    first stage). ``branches``: (op kind, representative stage) per branch, 0 = idle."""
+
+    schedule: sched.Schedule
+    bounds: tuple[tuple[int, int], ...]   # per stage: its layers [lo, hi)
+    rows: np.ndarray
+    recv: np.ndarray
+    flags: np.ndarray
+    channels: tuple[int, ...]      # rank shift of each channel's ppermute
+    branches: tuple[tuple[str, int], ...]
+    x_slots: int
+    g_slots: int
+    head_rank: int
+    embed_rank: int
+
+    @property
+    def ticks(self) -> int:
+        return self.rows.shape[0]
+
+
+def _signature(cfg, bounds, s: int):
+    """Stages with equal signatures run one traced body (their layer indices shifted)."""
+    lo, hi = bounds[s]
+    plan = tuple((g.start - lo, g.stop - lo, g.group, g.policy is NO_REMAT)
+                 for g in layer_plan(cfg, lo, hi) if g.stop > g.start)
+    return (tuple(layer_kinds(cfg)[lo:hi]), plan)
+
+
+def _allocate(intervals: list[tuple[int, int, object]]) -> tuple[dict, int]:
+    """Slots for values alive over [arrive, last use] ticks: a slot is free again from its
+    value's last-use tick (the write of a tick follows its reads)."""
+    free_at: list[int] = []
+    slot = {}
+    for start, end, key in sorted(intervals, key=lambda t: t[:2]):
+        for i, t in enumerate(free_at):
+            if t <= start:
+                slot[key], free_at[i] = i, end
+                break
+        else:
+            slot[key] = len(free_at)
+            free_at.append(end)
+    return slot, len(free_at)
+
+
+def lower(s: sched.Schedule, cfg, bounds) -> Program:
+    """The schedule ``s`` as a tick program for stages with layer ``bounds`` (per stage).
+
+    The output layer and loss run in the tick of the last stage's forward (their gradient
+    waits in a gradient slot for that stage's backward); the embedding's backward runs in the
+    tick of the first stage's input gradient."""
+    p, S = s.ranks, s.ranks * s.chunks
+    starts = sched.timeline(s, {"F": 1.0, "B": 1.0, "W": 1.0})
+    tick = {}                       # (kind, microbatch, stage) -> (tick, rank)
+    for r, (order, st) in enumerate(zip(s.orders, starts)):
+        for op, t in zip(order, st):
+            tick[(op.kind, op.microbatch, s.stage(r, op.chunk))] = (int(t), r)
+    n_ticks = 1 + max(t for t, _ in tick.values())
+    home = {s.stage(r, c): r for r in range(p) for c in range(s.chunks)}
+    last_use = "W" if s.split_backward else "B"
+
+    x_live = [[] for _ in range(p)]     # per rank: (arrive, last use, (microbatch, stage))
+    g_live = [[] for _ in range(p)]
+    messages = []                       # (tick, from rank, to rank, buffer, key)
+    flags = np.zeros((n_ticks, 2), np.int32)
+    for (kind, mb, st), (t, r) in tick.items():
+        if kind == "F" and st < S - 1:
+            dest = home[st + 1]
+            x_live[dest].append((t, tick[(last_use, mb, st + 1)][0], (mb, st + 1)))
+            messages.append((t, r, dest, 0, (mb, st + 1)))
+        if kind == "F" and st == S - 1:   # the loss's gradient, kept for this stage's B
+            g_live[r].append((t, tick[(last_use, mb, st)][0], (mb, st)))
+            flags[t, 0] = 1
+        if kind == "B" and st > 0:
+            dest = home[st - 1]
+            g_live[dest].append((t, tick[(last_use, mb, st - 1)][0], (mb, st - 1)))
+            messages.append((t, r, dest, 1, (mb, st - 1)))
+        if kind == "B" and st == 0:
+            flags[t, 1] = 1
+    x_slot, g_slot = zip(*[(_allocate(x_live[r]), _allocate(g_live[r])) for r in range(p)])
+    nx = max(1, max(n for _, n in x_slot))
+    ng = max(1, max(n for _, n in g_slot))
+    channels = tuple(sorted({(d - r) % p for _, r, d, _, _ in messages}))
+
+    sigs, branches, branch_of = {}, [(IDLE, -1)], {}
+    rows = np.zeros((n_ticks, p, 8), np.int32)
+    kinds = layer_kinds(cfg)
+    rows[:, :, 3], rows[:, :, 4] = nx, ng
+    for (kind, mb, st), (t, r) in tick.items():
+        if kind == "B":
+            kind = "Bx" if s.split_backward else "BW"
+        rep = sigs.setdefault(_signature(cfg, bounds, st), st)
+        key = (kind, rep)
+        if key not in branch_of:
+            branch_of[key] = len(branches)
+            branches.append(key)
+        c = next(c for c in range(s.chunks) if s.stage(r, c) == st)
+        rows[t, r] = (branch_of[key], mb, c,
+                      x_slot[r][0].get((mb, st), nx), g_slot[r][0].get((mb, st), ng),
+                      bounds[st][0] - bounds[rep][0], st == 0,
+                      sum(k == MOE_STACK for k in kinds[:bounds[st][0]]))
+    recv = np.zeros((n_ticks, p, max(1, len(channels)), 2), np.int32)
+    recv[..., 0], recv[..., 1] = nx, ng
+    for t, r, dest, buf, key in messages:
+        ch = channels.index((dest - r) % p)
+        recv[t, dest, ch, buf] = (x_slot if buf == 0 else g_slot)[dest][0][key]
+    return Program(s, tuple(bounds), rows, recv, flags, channels, tuple(branches), nx, ng,
+                   home[S - 1], home[0])
+
+
+def events(prog: Program) -> dict:
+    """The program as data (``dump_pp_data``): every op with its rank, tick, stage and
+    microbatch, and the stages' layers."""
+    ops = []
+    for t in range(prog.ticks):
+        for r in range(prog.schedule.ranks):
+            branch, mb, chunk = (int(x) for x in prog.rows[t, r, :3])
+            if branch:
+                ops.append({"tick": t, "rank": r, "op": prog.branches[branch][0],
+                            "microbatch": mb, "chunk": chunk,
+                            "stage": prog.schedule.stage(r, chunk)})
+    return {"schedule": prog.schedule.name, "ranks": prog.schedule.ranks,
+            "chunks": prog.schedule.chunks, "microbatches": prog.schedule.microbatches,
+            "stage_layers": [list(b) for b in prog.bounds], "ticks": prog.ticks,
+            "input_slots": prog.x_slots, "ops": ops}
+
+
+def stage_params(stacks: dict, cfg, s: sched.Schedule, bounds):
+    """Per-rank copies of the layer stacks: {stack: [p, v, n_max, ...]}, chunk c of rank r
+    holding its stage's layers of that stack in order (padded with layer 0)."""
+    kinds = layer_kinds(cfg)
+    ordinal = {k: np.cumsum([x == k for x in kinds]) - 1 for k in stacks}
+    out = {}
+    for k, tree in stacks.items():
+        per = [[[int(ordinal[k][i]) for i in range(*bounds[s.stage(r, c)]) if kinds[i] == k]
+                for c in range(s.chunks)] for r in range(s.ranks)]
+        n = max(1, max(len(x) for row in per for x in row))
+        idx = np.array([[x + [0] * (n - len(x)) for x in row] for row in per], np.int32)
+        flat = idx.reshape(-1)
+        if np.array_equal(flat, np.arange(flat.size)) and flat.size == len(ordinal[k]) and (
+                ordinal[k][-1] + 1 == flat.size):
+            out[k] = jax.tree.map(lambda a: a.reshape(*idx.shape, *a.shape[1:]), tree)
+        else:
+            out[k] = jax.tree.map(lambda a: a[idx], tree)
+    return out
+
+
+def split_params(params: dict, cfg, s: sched.Schedule, bounds):
+    """(per-rank layer stacks as :func:`stage_params`, the other parameters); differentiate
+    through it (``jax.vjp``) to bring the executor's gradients back to the parameters' shape."""
+    shared = {k: v for k, v in params.items() if k not in STACKS}
+    return stage_params(layer_stacks(params, cfg), cfg, s, bounds), shared
+
+
+def _layer_counts(cfg, bounds, st: int) -> dict:
+    kinds = layer_kinds(cfg)[slice(*bounds[st])]
+    return {k: kinds.count(k) for k in STACKS if kinds.count(k)}
+
+
+def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT, step_rng,
+               scale, num_chunks: int, half_precision: bool, accum_dtype,
+               embed_noise: float = 0.0, moe0=None):
+    """(stage gradients {stack: [p, v, n_max, ...]}, shared gradients, Σ loss, Σ MoE
+    statistics) of the step's microbatches run by ``prog``. ``stacks``: :func:`stage_params`;
+    ``shared``: the other parameters; ``batch`` leaves and ``weights_MBT`` [M, B, T]; the
+    gradients are of the loss times ``scale`` (fp16 loss scaling), in ``accum_dtype``;
+    ``embed_noise``: pgs sym_noise's alpha on the embeddings; ``moe0``: zeros shaped like the
+    MoE layers' stacked router statistics (None without MoE layers), whose load-balancing
+    objective joins the loss averaged over microbatches, as in the unpipelined step.
+
+    A rank's op runs in a ``lax.switch`` on its branch; the embedding, output layer and loss
+    run outside it, on every rank of a tick that needs them (a tick lasts as long as its
+    slowest rank, so this costs no time), so that the collectives they contain under tensor
+    parallelism are entered by every device."""
+    bounds = prog.bounds
+    p = prog.schedule.ranks
+    M, T = batch["tokens"].shape[0], batch["tokens"].shape[-1]
+    chunks = max(d for d in range(1, min(T, max(num_chunks, 1)) + 1) if T % d == 0)
+    emb_keys = [k for k in ("embedding", "position_embedding") if k in shared]
+    head_keys = list(dict.fromkeys(["final_norm", *head_params(shared, cfg)]))
+
+    def context(micro, rng, sh=None):
+        """(embeddings or None, the layers' context) of a microbatch."""
+        return layer_inputs(sh or {}, micro["tokens"], cfg, positions=micro.get("positions"),
+                            segment_ids=micro.get("segment_ids"), deterministic=False,
+                            rng=rng, with_embedding=sh is not None, embed_noise=embed_noise)
+
+    def layers_fn(st: int, shift, sp, x, micro, rng):
+        """((stage output, its MoE objective / M), router statistics or None)."""
+        _, ctx = context(micro, rng)
+        y, stats = _run_layers(sp, x, ctx, cfg, layers=bounds[st], shift=shift)
+        aux = jnp.float32(0.0) if stats is None else jnp.sum(stats["objective"]) / M
+        return (y, aux), stats
+
+    def make_branch(kind: str, st: int):
+        n = _layer_counts(cfg, bounds, st)
+
+        def branch(carry, row, x_in, micro, rng, sp_all, scale):
+            xbuf, gbuf, gst, moe = carry
+            c, gs, shift = row[2], row[4], row[5]
+            sp = {k: jax.tree.map(lambda a: a[c, :n[k]], sp_all[k]) for k in n}
+            f = functools.partial(layers_fn, st, shift)
+            if kind == "F":
+                (y, _), stats = f(sp, x_in, micro, rng)
+                if stats is not None:
+                    moe = jax.tree.map(lambda acc, s: jax.lax.dynamic_update_slice_in_dim(
+                        acc, jax.lax.dynamic_slice_in_dim(acc, row[7], s.shape[0]) + s,
+                        row[7], 0), moe, stats)
+                return (xbuf, gbuf, gst, moe), y.astype(x_in.dtype)
+            cot = (gbuf[gs], scale)
+            if kind == "Bx":
+                _, vjp, _ = jax.vjp(lambda x: f(sp, x, micro, rng), x_in, has_aux=True)
+                return carry, vjp(cot)[0].astype(x_in.dtype)
+            if kind == "W":
+                _, vjp, _ = jax.vjp(lambda a: f(a, x_in, micro, rng), sp, has_aux=True)
+                (dsp,), dx = vjp(cot), jnp.zeros_like(x_in)
+            else:
+                _, vjp, _ = jax.vjp(lambda a, x: f(a, x, micro, rng), sp, x_in, has_aux=True)
+                dsp, dx = vjp(cot)
+            gst = {k: jax.tree.map(lambda acc, g: acc.at[c, :n[k]].add(g.astype(acc.dtype)),
+                                   gst[k], dsp[k]) if k in dsp else gst[k] for k in gst}
+            return (xbuf, gbuf, gst, moe), dx.astype(x_in.dtype)
+
+        return branch
+
+    def idle(carry, row, x_in, micro, rng, sp_all, scale):
+        return carry, jnp.zeros_like(x_in)
+
+    fns = [idle] + [make_branch(k, st) for k, st in prog.branches[1:]]
+
+    def run(sp_all, sh_all, moe, batch, weights_MBT, step_rng, scale, rows, recv, flags):
+        rank = jax.lax.axis_index(AXIS)
+        sp_all = jax.tree.map(lambda a: a[0], sp_all)    # this rank's [v, n_max, ...]
+        B = batch["tokens"].shape[1]
+        dt = jnp.dtype(cfg.residual_dtype)
+        xbuf = jnp.zeros((prog.x_slots + 1, B, T, cfg.hidden_size), dt)
+        gbuf = jnp.zeros((prog.g_slots + 1, B, T, cfg.hidden_size), dt)
+        gst = jax.tree.map(lambda a: jnp.zeros(a.shape, accum_dtype), sp_all)
+        gsh = jax.tree.map(lambda a: jnp.zeros(a.shape, accum_dtype), sh_all)
+        emb = {k: sh_all[k] for k in emb_keys}
+        head = {k: sh_all[k] for k in head_keys}
+        on_head, on_embed = rank == prog.head_rank, rank == prog.embed_rank
+
+        def head_loss_grads(x, micro, w):
+            """(loss, its gradient for x and the head's parameters, x scale) of the last
+            stage's output x."""
+            def loss_fn(x, h):
+                hidden = final_hidden(h, x, {}, cfg)
+                with jax.named_scope("loss"):
+                    return head_loss(head_params(h, cfg), hidden, micro["targets"], w, cfg,
+                                     chunks, half_precision)
+            loss, (dx, dh) = jax.value_and_grad(loss_fn, argnums=(0, 1))(x, head)
+            return loss, (dx * scale).astype(dt), jax.tree.map(
+                lambda g: (g * scale).astype(accum_dtype), dh)
+
+        def tick(carry, xs):
+            xbuf, gbuf, gst, gsh, loss, moe = carry
+            rows_t, recv_t, flags_t = xs
+            row, rcv = rows_t[rank], recv_t[rank]
+            mb = row[1]
+            micro = jax.tree.map(lambda a: a[mb], batch)
+            rng = jax.random.fold_in(step_rng, mb)
+            x_emb, embed_vjp = jax.vjp(lambda e: context(micro, rng, e)[0].astype(dt), emb)
+            x_in = jnp.where(row[6] == 1, x_emb, xbuf[row[3]])
+            (xbuf, gbuf, gst, moe), out = jax.lax.switch(
+                row[0], fns, (xbuf, gbuf, gst, moe), row, x_in, micro, rng, sp_all, scale)
+            # the output layer and loss after the last stage's forward (its gradient kept in
+            # the stage's gradient slot), the embedding's backward after the first stage's
+            zero_head = (jnp.float32(0.0), jnp.zeros_like(out),
+                         jax.tree.map(lambda a: jnp.zeros(a.shape, accum_dtype), head))
+            lv, dx, dh = jax.lax.cond(flags_t[0] == 1,
+                                      lambda: head_loss_grads(out, micro, weights_MBT[mb]),
+                                      lambda: zero_head)
+            use_head = (flags_t[0] == 1) & on_head
+            gbuf = gbuf.at[jnp.where(use_head, row[4], prog.g_slots)].set(dx)
+            loss = loss + jnp.where(use_head, lv, 0.0)
+            gsh = {**gsh, **{k: jax.tree.map(
+                lambda acc, g: acc + jnp.where(use_head, g, 0).astype(acc.dtype), gsh[k], dh[k])
+                for k in head}}
+            use_emb = (flags_t[1] == 1) & on_embed
+            demb = jax.lax.cond(
+                flags_t[1] == 1,
+                lambda: embed_vjp(jnp.where(use_emb, out, jnp.zeros_like(out)))[0],
+                lambda: jax.tree.map(jnp.zeros_like, emb))
+            gsh = {**gsh, **{k: jax.tree.map(lambda acc, g: acc + g.astype(acc.dtype),
+                                             gsh[k], demb[k]) for k in emb}}
+            for ch, shift in enumerate(prog.channels):
+                got = out if shift == 0 else jax.lax.ppermute(
+                    out, AXIS, [(i, (i + shift) % p) for i in range(p)])
+                xbuf = xbuf.at[rcv[ch, 0]].set(got)
+                gbuf = gbuf.at[rcv[ch, 1]].set(got)
+            return (xbuf, gbuf, gst, gsh, loss, moe), None
+
+        carry = (xbuf, gbuf, gst, gsh, jnp.float32(0.0), moe)
+        (_, _, gst, gsh, loss, moe), _ = jax.lax.scan(tick, carry, (rows, recv, flags))
+        gsh, loss, moe = jax.lax.psum((gsh, loss, moe), AXIS)
+        return jax.tree.map(lambda a: a[None], gst), gsh, loss, moe
+
+    spec = P(AXIS)
+    return jax.shard_map(
+        run, mesh=layout.mesh,
+        in_specs=(jax.tree.map(lambda _: spec, stacks), P(), P(), P(), P(), P(), P(), P(),
+                  P(), P()),
+        out_specs=(jax.tree.map(lambda _: spec, stacks), P(), P(), P()),
+        axis_names={AXIS}, check_vma=False)(
+            stacks, shared, moe0, batch, weights_MBT, step_rng, jnp.asarray(scale, jnp.float32),
+            jnp.asarray(prog.rows), jnp.asarray(prog.recv), jnp.asarray(prog.flags))

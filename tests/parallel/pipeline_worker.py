@@ -1,0 +1,243 @@
+"""Subprocess for the pipeline tests: 8 CPU devices.
+
+``python pipeline_worker.py WORKDIR MODE:NAME,NAME ...`` prints one JSON object per name:
+
+- ``grads``: the executor's loss and gradients for case NAME (schedule, ranks, ...) against
+  autodiff of the unpipelined loss over the same microbatches (max relative difference);
+- ``train``: losses and gradient norms of a few training steps of layout NAME (the loop);
+- ``resume``: a run saved at step 2 with one pipeline size and resumed with another.
+"""
+import json
+import logging
+import pathlib
+import sys
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxtrain import loop  # noqa: E402
+from jaxtrain.config import load_config  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "models"))
+
+TINY = ["mock_data=true", "vocab_size=128", "make_vocab_size_divisible_by=32", "seq_length=8",
+        "max_position_embeddings=8", "num_layers=4", "hidden_size=32", "num_attention_heads=4",
+        "group_query_attention=true", "num_query_groups=2", "micro_batch_size=1",
+        "global_batch_size=16", "lr_warmup_iters=0", "bf16=false", "hidden_dropout=0",
+        "attention_dropout=0", "log_interval=1", "exp_name=run", "train_iters=3",
+        "use_distributed_optimizer=false"]
+PP2, PP4 = "pipeline_model_parallel_size=2", "pipeline_model_parallel_size=4"
+# MoE and dense layers alternating, router statistics and expert bias as in Megatron
+MOE = ["num_experts=4", "moe_router_topk=2", "moe_ffn_hidden_size=32", "moe_layer_freq=2",
+       "moe_router_score_function=sigmoid", "moe_router_enable_expert_bias=true",
+       "moe_aux_loss_coeff=0.01", "moe_z_loss_coeff=0.001"]
+
+LAYOUTS = {
+    "one": [],
+    "pp2_table": [PP2, "debug_scheduler_table=true", "dump_pp_data=true", "train_iters=1"],
+    "tp2": ["tensor_model_parallel_size=2"],
+    "pp2": [PP2],
+    "pp4": [PP4],
+    "pp2_gpipe": [PP2, "pipeline_schedule=gpipe"],
+    "pp2_vpp2": [PP2, "virtual_pipeline_model_parallel_size=2"],
+    "pp4_zb": [PP4, "patch_zero_bubble=true"],
+    "pp2_zb2": [PP2, "patch_zero_bubble=true", "zero_bubble_max_pending_backward=4"],
+    "pp2_zbv": [PP2, "patch_primus_pipeline=true", "pp_algorithm=zbv-formatted"],
+    "pp2_vhalf": [PP2, "patch_zero_bubble=true", "zero_bubble_v_schedule=true"],
+    "pp2_tp2": [PP2, "tensor_model_parallel_size=2"],
+    "pp2_tp2_sp": [PP2, "tensor_model_parallel_size=2", "sequence_parallel=true"],
+    "pp2_vpp2_tp2": [PP2, "virtual_pipeline_model_parallel_size=2",
+                     "tensor_model_parallel_size=2"],
+    "pp2_fsdp": [PP2, "use_torch_fsdp2=true"],
+    "pp2_zero1_recompute": [PP2, "use_distributed_optimizer=true", "recompute_granularity=full",
+                            "recompute_method=uniform", "recompute_num_layers=1"],
+    "pp4_uneven": [PP4, "decoder_first_pipeline_num_layers=2",
+                   "decoder_last_pipeline_num_layers=0"],
+    "pp2_layout": [PP2, "pipeline_model_parallel_layout=E|tt|t|tL"],
+    "pp2_untied_gpipe": [PP2, "untie_embeddings_and_output_weights=true",
+                         "pipeline_schedule=gpipe"],
+    "one_untied": ["untie_embeddings_and_output_weights=true"],
+    "moe": MOE,
+    "moe_tp2": [*MOE, "tensor_model_parallel_size=2"],
+    "moe_pp2": [*MOE, PP2],
+    "moe_pp2_tp2_vpp2": [*MOE, PP2, "tensor_model_parallel_size=2",
+                         "virtual_pipeline_model_parallel_size=2"],
+    "moe_pp4_zb": [*MOE, PP4, "patch_zero_bubble=true"],
+    "moe_ep2": [*MOE, "expert_model_parallel_size=2"],
+    "moe_pp2_ep2": [*MOE, PP2, "expert_model_parallel_size=2"],
+    "moe_pp2_ep2_a2a": [*MOE, PP2, "expert_model_parallel_size=2",
+                        "moe_token_dispatcher_type=alltoall"],
+    "moe_pp2_ep2_zbv": [*MOE, PP2, "expert_model_parallel_size=2",
+                        "patch_primus_pipeline=true", "pp_algorithm=zbv-formatted"],
+    "tp2_dropout": ["tensor_model_parallel_size=2", "hidden_dropout=0.1",
+                    "attention_dropout=0.1"],
+    "pp2_dropout": [PP2, "hidden_dropout=0.1", "attention_dropout=0.1"],
+}
+
+# in-process cases: (schedule, ranks, chunks, untied, hidden dropout, attention dropout,
+# tensor-parallel size); the rest of the 8 devices split the batch
+GRADS = {
+    "1f1b_p2": ("1f1b", 2, 1, False, 0.0, 0.0, 1),
+    "gpipe_p4_untied": ("gpipe", 4, 1, True, 0.0, 0.0, 1),
+    "interleaved_p2": ("1f1b-interleaved", 2, 2, False, 0.0, 0.0, 1),
+    "interleaved_p4": ("1f1b-interleaved", 4, 2, True, 0.0, 0.0, 1),
+    "zbh1_p4": ("zb-h1", 4, 1, False, 0.0, 0.0, 1),
+    "zbh2_p2": ("zb-h2", 2, 1, True, 0.0, 0.0, 1),
+    "zbv_p2": ("zbv", 2, 2, False, 0.0, 0.0, 1),
+    "zbv_p4": ("zbv", 4, 2, True, 0.0, 0.0, 1),
+    "1f1b_p2_dropout": ("1f1b", 2, 1, True, 0.1, 0.1, 1),
+    "zbh1_p2_tp2_dropout": ("zb-h1", 2, 1, False, 0.1, 0.1, 2),
+    # MoE layers alternating with dense ones: the load-balancing objective joins the loss
+    "moe_1f1b_p2": ("1f1b", 2, 1, False, 0.0, 0.0, 1),
+    "moe_zbh1_p4": ("zb-h1", 4, 1, True, 0.0, 0.0, 1),
+    "moe_interleaved_p2_tp2": ("1f1b-interleaved", 2, 2, False, 0.0, 0.0, 2),
+    "moe_gpipe_p4": ("gpipe", 4, 1, False, 0.0, 0.0, 1),
+    "moe_zbh2_p2_tp2": ("zb-h2", 2, 1, True, 0.0, 0.0, 2),
+    "moe_zbv_p2": ("zbv", 2, 2, False, 0.0, 0.0, 1),
+}
+MOE_MODEL = dict(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32,
+                 moe_layer_freq=2, moe_router_score_function="sigmoid",
+                 moe_router_enable_expert_bias=True, moe_aux_loss_coeff=0.01,
+                 moe_z_loss_coeff=0.001)
+
+
+def grads(name: str) -> dict:
+    """The executor's loss and gradients against autodiff of the unpipelined loss on the same
+    mesh (max relative difference per parameter)."""
+    from model_helpers import random_params, tiny, tokens
+
+    from jaxtrain.loss import model_loss
+    from jaxtrain.models import moe
+    from jaxtrain.parallel import pipeline, schedules, stages
+    from jaxtrain.parallel.mesh import MeshConfig, make_mesh
+    from jaxtrain.parallel.sharding import Layout
+
+    schedule, p, v, untied, hd, ad, tp = GRADS[name]
+    dp = 8 // p // tp
+    L, M, B, T = 8, 4, 4, 16
+    if name.startswith("moe"):
+        from jaxtrain import models
+
+        cfg = models.ModelConfig.from_config(dict(
+            hidden_size=32, num_attention_heads=4, num_layers=L, vocab_size=97, seq_length=T,
+            max_position_embeddings=T, normalization="RMSNorm", hidden_dropout=hd,
+            attention_dropout=ad, make_vocab_size_divisible_by=1, bf16=False, dtype="float32",
+            weight_dtype="float32",
+            untie_embeddings_and_output_weights=untied, **MOE_MODEL))
+    else:
+        cfg = tiny(num_layers=L, hidden_dropout=hd, attention_dropout=ad,
+                   untie_embeddings_and_output_weights=untied)
+    params = random_params(cfg)
+    batch = {"tokens": jnp.stack([tokens(B, T, seed=i) for i in range(M)]),
+             "targets": jnp.stack([tokens(B, T, seed=10 + i) for i in range(M)])}
+    w = jnp.ones((M, B, T), jnp.float32) / (M * B * T)
+    rng = jax.random.key(0)
+
+    mcfg = MeshConfig(pipeline=p, data=dp, tensor=tp)
+    layout = Layout(make_mesh(mcfg, jax.devices()[:p * dp * tp]), mcfg)
+    # the reference runs on the same mesh, unpipelined (GSPMD): the batch split as the
+    # pipeline's ranks split it (the MoE dispatch runs per data-parallel shard)
+    ref_layout = layout
+
+    def plain(params):
+        """Σ over microbatches of the loss plus the MoE objective / M, as the train step."""
+        with ref_layout.activations():
+            return _plain(params)
+
+    def _plain(params):
+        total = 0.0
+        for i in range(M):
+            lm, stats = model_loss(params, jax.tree.map(lambda a: a[i], batch), w[i], cfg,
+                                   train=True, rng=jax.random.fold_in(rng, i),
+                                   grad_in_forward=True)
+            total = total + lm + (0.0 if stats is None else jnp.sum(stats["objective"]) / M)
+        return total
+
+    bounds = stages.bounds(stages.stage_layers({}, L, p, v))
+    prog = pipeline.lower(schedules.build(schedule, p, M, v), cfg, bounds)
+
+    def piped(params):
+        def split(q):
+            return pipeline.split_params(q, cfg, prog.schedule, bounds)
+
+        sp, shared = split(params)
+        with layout.activations():
+            gst, gsh, loss, _ = pipeline.accumulate(
+                prog, layout, cfg, stacks=sp, shared=shared, batch=batch, weights_MBT=w,
+                step_rng=rng, scale=1.0, num_chunks=1, half_precision=False,
+                accum_dtype=jnp.float32, moe0=moe.zero_stats(cfg))
+        (g,) = jax.linear_transpose(split, params)((gst, gsh))
+        return loss, g
+
+    want_loss, want = jax.jit(jax.value_and_grad(plain))(params)
+    loss, got = jax.jit(piped)(params)
+    if name.startswith("moe"):   # compare the language-model loss alone
+
+        def lm(params):
+            with ref_layout.activations():
+                return sum(model_loss(params, jax.tree.map(lambda a: a[i], batch), w[i], cfg,
+                                      train=True, rng=jax.random.fold_in(rng, i))[0]
+                           for i in range(M))
+
+        want_loss = jax.jit(lm)(params)
+    rel = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-30)),
+                       jax.device_get(want), jax.device_get(got))
+    return {"loss": float(loss), "want_loss": float(want_loss),
+            "max_rel": max(jax.tree.leaves(rel)), "ticks": prog.ticks,
+            "x_slots": prog.x_slots}
+
+
+def _rows(workdir: pathlib.Path) -> list[dict]:
+    return [json.loads(r) for r in (workdir / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(workdir: pathlib.Path, name: str) -> dict:
+    """Losses and gradient norms, and the sharding of the stacked query weights (layer axis
+    split over the pipeline ranks when there are several)."""
+    cfg = load_config(None, [*TINY, f"workspace={workdir / name}", *LAYOUTS[name]],
+                      world_size=8)
+    run = loop.build(cfg, jax.devices(), materialize=False)
+    spec = run.shardings.params["layers"]["attn"]["wq"].spec
+    loop.train(cfg, devices=jax.devices())
+    rows = _rows(workdir / name)
+    dump = workdir / name / "run" / "pp_schedule.json"
+    return {"pp_schedule": json.loads(dump.read_text()) if dump.exists() else None,
+            "losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],
+            "moe_aux_loss": [r.get("moe_aux_loss") for r in rows],
+            "wq_spec": [list(a) if isinstance(a, tuple) else a for a in spec],
+            "mesh": dict(run.layout.mesh.shape)}
+
+
+def resume(workdir: pathlib.Path, name: str) -> dict:
+    """NAME = SAVED-LOADED layouts: train 2 of 4 steps with SAVED, then 2 more with LOADED."""
+    saved, loaded = name.split("-")
+    ckpt = workdir / name / "ckpt"
+    common = ["train_iters=4", f"save={ckpt}", "save_interval=2", "finetune=false"]
+    first = load_config(None, [*TINY, f"workspace={workdir / name / 'a'}", *LAYOUTS[saved],
+                               *common, "exit_interval=2"], world_size=8)
+    loop.train(first, devices=jax.devices())
+    second = load_config(None, [*TINY, f"workspace={workdir / name / 'b'}", *LAYOUTS[loaded],
+                                *common, f"load={ckpt}"], world_size=8)
+    loop.train(second, devices=jax.devices())
+    rows = [json.loads(r) for r in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    return {"losses": [r["loss"] for r in rows], "steps": [r["step"] for r in rows]}
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
+    out = {}
+    root = pathlib.Path(sys.argv[1])
+    for arg in sys.argv[2:]:
+        mode, names = arg.split(":")
+        for name in names.split(","):
+            if mode == "grads":
+                out[name] = grads(name)
+            elif mode == "train":
+                out[name] = train(root, name)
+            else:
+                out[name] = resume(root, name)
+    print(json.dumps(out))

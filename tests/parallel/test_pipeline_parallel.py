@@ -1,0 +1,340 @@
+"""Pipeline parallelism (jaxtrain.parallel.stages, pipeline): the layer split and schedule the
+knobs choose, the lowered tick program, and the executor against the unpipelined step.
+
+Runs on 8 CPU devices happen in ``pipeline_worker.py`` (the device count is fixed when JAX
+starts). Default run: the executor's gradients for the zero-bubble V schedule against autodiff,
+and the loop at PP 1 and 2 (1F1B); ``-m slow`` covers every schedule for dense and MoE models,
+PP x TP / SP / FSDP / ZeRO-1 / EP, virtual stages, uneven and layout-string splits, dropout,
+checkpoints moving between pipeline sizes, and the CLI.
+"""
+import collections
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jaxtrain.config.errors import ConfigError
+from jaxtrain.parallel import pipeline, schedules, stages
+from tests.conftest import ROOT
+from tests.models.model_helpers import tiny
+
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+WQ_LAYER_AXIS = 1     # [D, L, N, H] with the default param_scan_axis 1
+
+
+def _worker(tmp_path, *args):
+    out = subprocess.run([sys.executable, str(ROOT / "tests/parallel/pipeline_worker.py"),
+                          str(tmp_path), *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=1500, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin",
+                                            "PYTHONPATH": str(ROOT), "XLA_FLAGS": FAST_COMPILE})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1]), out.stderr
+
+
+# ---------------------------------------------------------------- the layer split
+
+
+def test_layout_language_expands_repeats_and_groups():
+    assert stages.parse_layout("Et*2|(tt|)*2,tL") == ["Ett", "tt", "tt", "tL"]
+    assert stages.parse_layout("E|t|(t|)*2L") == ["E", "t", "t", "t", "L"]
+    assert stages.stage_layers({"pipeline_model_parallel_layout": "Et|tt|t|tL"}, 5, 2, 2) == (
+        1, 2, 1, 1)
+
+
+@pytest.mark.parametrize("layout,match", [
+    ("Etx|tL", "does not parse"), ("tE|tL", "embedding E must come once, first"),
+    ("Et|tL|L", "not a multiple"), ("Et|tt", "loss L must come once"),
+    ("Et|ttL", "places 3 decoder layers"), ("Et|tmL", "MTP")])
+def test_bad_layout_strings_name_the_key(layout, match):
+    with pytest.raises(ConfigError, match=match):
+        stages.stage_layers({"pipeline_model_parallel_layout": layout}, 4, 2, 1)
+
+
+@pytest.mark.parametrize("knobs,layers,p,v,want", [
+    ({}, 8, 4, 1, (2, 2, 2, 2)),
+    ({}, 8, 2, 2, (2, 2, 2, 2)),                      # stage c·p + r: rank 0 holds 0 and 2
+    ({"decoder_first_pipeline_num_layers": 1, "decoder_last_pipeline_num_layers": 1}, 8, 4, 1,
+     (1, 3, 3, 1)),
+    ({"decoder_first_pipeline_num_layers": 4}, 8, 3, 1, (4, 2, 2)),
+    ({"decoder_first_pipeline_num_layers": 2, "decoder_last_pipeline_num_layers": 2}, 4, 2, 2,
+     (1, 1, 1, 1)),
+    ({"account_for_embedding_in_pipeline_split": True,
+      "account_for_loss_in_pipeline_split": True}, 8, 2, 1, (4, 4)),
+    ({"account_for_embedding_in_pipeline_split": True}, 8, 3, 1, (2, 3, 3)),
+    ({"standalone_embedding_stage": True}, 8, 3, 1, (0, 4, 4)),
+    ({"decoder_pipeline_manual_split_list": [1, 3, 2, 2]}, 8, 4, 1, (1, 3, 2, 2)),
+    ({"decoder_pipeline_manual_split_list": [2, 6]}, 8, 2, 2, (1, 3, 1, 3)),
+    ({"decoder_pipeline_manual_split_list": [1, 2, 3, 2]}, 8, 2, 2, (1, 2, 3, 2)),
+])
+def test_layers_per_stage(knobs, layers, p, v, want):
+    """Megatron's rules: the embedding / loss counted as a layer (account_for_*) make the
+    first / last stage one decoder layer lighter ((8 + 1 + 1) / 2 = 5 units per rank)."""
+    assert stages.stage_layers(knobs, layers, p, v) == want
+
+
+@pytest.mark.parametrize("knobs,p,match", [
+    ({}, 4, "not divisible by pipeline_model_parallel_size"),
+    ({"decoder_first_pipeline_num_layers": 2}, 4, "do not split evenly"),
+    ({"decoder_pipeline_manual_split_list": [3, 3, 1]}, 3, "summing to num_layers 9"),
+    ({"decoder_pipeline_manual_split_list": [3, 6]}, 3, "one per pipeline rank"),
+])
+def test_bad_splits_name_the_keys(knobs, p, match):
+    with pytest.raises(ConfigError, match=match):
+        stages.stage_layers(knobs, 9, p, 1)
+
+
+# ---------------------------------------------------------------- the schedule the knobs pick
+
+
+def _plan(m=8, layers=8, **knobs):
+    return stages.plan({"pipeline_model_parallel_size": 2, **knobs}, layers, m)
+
+
+@pytest.mark.parametrize("knobs,name,chunks", [
+    ({}, "1f1b", 1),
+    ({"virtual_pipeline_model_parallel_size": 2}, "1f1b-interleaved", 2),
+    ({"num_virtual_stages_per_pipeline_rank": 4}, "1f1b-interleaved", 4),
+    ({"num_layers_per_virtual_pipeline_stage": 1}, "1f1b-interleaved", 4),
+    ({"pipeline_model_parallel_layout": "Et|t|t|tt|t|t|t|L"}, "1f1b-interleaved", 4),
+    ({"patch_zero_bubble": True}, "zb-h1", 1),
+    ({"patch_zero_bubble": True, "enable_zero_bubble": False}, "1f1b", 1),
+    ({"patch_zero_bubble": True, "zero_bubble_max_pending_backward": 4}, "zb-h2", 1),
+    ({"patch_zero_bubble": True, "zero_bubble_v_schedule": True}, "zbv", 2),
+    ({"patch_primus_pipeline": True, "pp_algorithm": "zero-bubble"}, "zb-h1", 1),
+    ({"patch_primus_pipeline": True, "pp_algorithm": "zero-bubble-heuristic"}, "zb-h2", 1),
+    ({"patch_primus_pipeline": True, "pp_algorithm": "v-min"}, "zbv", 2),
+    ({"patch_primus_pipeline": True, "pp_algorithm": "1f1b-interleaved",
+      "virtual_pipeline_model_parallel_size": 2}, "1f1b-interleaved", 2),
+    ({"pp_algorithm": "zbv-formatted"}, "1f1b", 1),     # only under patch_primus_pipeline
+    ({"pipeline_schedule": "gpipe"}, "gpipe", 1),
+])
+def test_schedule_chosen_by_the_dialects_switches(knobs, name, chunks):
+    plan = _plan(**knobs)
+    assert (plan.schedule, plan.chunks) == (name, chunks)
+    assert plan.build(8).name == name
+
+
+def test_v_schedule_memory_setups_and_costs_change_the_table():
+    half = _plan(patch_zero_bubble=True, zero_bubble_v_schedule=True)
+    full = _plan(patch_zero_bubble=True, zero_bubble_v_schedule=True,
+                 zero_bubble_v_schedule_mem_setup="zb")
+    low = _plan(patch_primus_pipeline=True, pp_algorithm="v-min", pipeline_model_parallel_size=4)
+    assert (half.v_limit, full.v_limit, low.v_limit) == (2, None, 3)
+    peak = [max(schedules.simulate(x.build(8), 1, 1, 1).peak_memory) for x in (half, full)]
+    assert peak[0] < peak[1]
+    zbh = {"patch_primus_pipeline": True, "pp_algorithm": "zero-bubble-heuristic"}
+    plain = _plan(**zbh)
+    for knobs, costs, against in (({"pp_cost_f": 3.0}, (3.0, 1.0, 1.0), plain),
+                                  ({"pp_cost_w": 0.2}, (1.0, 1.0, 0.2), plain),
+                                  ({"pp_cost_f": 3.0, "pp_cost_b": [5.0, 5.0]}, (3.0, 5.0, 1.0),
+                                   _plan(**zbh, pp_cost_f=3.0))):
+        planned = _plan(**zbh, **knobs)
+        assert planned.costs == costs
+        assert planned.build(8).orders != against.build(8).orders, knobs
+
+
+def test_microbatch_group_size_changes_the_interleaved_order():
+    default = _plan(virtual_pipeline_model_parallel_size=2)
+    grouped = _plan(virtual_pipeline_model_parallel_size=2, microbatch_group_size_per_vp_stage=4)
+    assert grouped.group == 4 and default.group is None
+    assert grouped.build(8).orders != default.build(8).orders
+
+
+@pytest.mark.parametrize("knobs,m,match", [
+    ({"virtual_pipeline_model_parallel_size": 2}, 3, "not a multiple"),
+    ({"virtual_pipeline_model_parallel_size": 2, "microbatch_group_size_per_vp_stage": 4}, 6,
+     "groups of 4"),
+    ({"virtual_pipeline_model_parallel_size": 3}, 8, "not divisible by its 3 virtual stages"),
+    ({"virtual_pipeline_model_parallel_size": 2, "pipeline_schedule": "zb-h1"}, 8,
+     "runs one chunk per rank"),
+    ({"patch_zero_bubble": True, "zero_bubble_max_pending_backward": 3}, 8,
+     "zero_bubble_max_pending_backward 3"),
+    ({"num_layers_per_virtual_pipeline_stage": 3}, 8, "not a multiple"),
+    ({"patch_primus_pipeline": True, "pp_algorithm": "zero-bubble-heuristic",
+      "pp_cost_f": [1.0, 2.0]}, 8, "per-stage costs"),
+])
+def test_plans_that_cannot_run_are_config_errors(knobs, m, match):
+    with pytest.raises(ConfigError, match=match):
+        _plan(m=m, **knobs)
+
+
+# ---------------------------------------------------------------- the lowered program
+
+
+@pytest.mark.parametrize("name,p,v", [("gpipe", 2, 1), ("1f1b", 4, 1),
+                                      ("1f1b-interleaved", 2, 2), ("zb-h1", 4, 1),
+                                      ("zb-h2", 2, 1), ("zbv", 2, 2)])
+def test_program_runs_every_op_once_and_holds_what_the_schedule_keeps(name, p, v):
+    m, layers = 8, 8
+    cfg = tiny(num_layers=layers)
+    sched = schedules.build(name, p, m, v)
+    bounds = stages.bounds(stages.stage_layers({}, layers, p, v))
+    prog = pipeline.lower(sched, cfg, bounds)
+    seen = collections.Counter()
+    for t in range(prog.ticks):
+        for r in range(p):
+            branch, mb, chunk = prog.rows[t, r, :3]
+            if branch:
+                kind = prog.branches[branch][0]
+                seen[(kind, int(mb), sched.stage(r, int(chunk)))] += 1
+    kinds = ("F", "Bx", "W") if sched.split_backward else ("F", "BW")
+    assert seen == {(k, mb, s): 1 for k in kinds for mb in range(m) for s in range(p * v)}
+    # the output layer runs once per microbatch, the embedding's backward too
+    assert prog.flags.sum(axis=0).tolist() == [m, m]
+    # GPipe holds every microbatch's input; 1F1B's buffers do not grow with m
+    if name == "gpipe":
+        assert prog.x_slots == m
+    if name == "1f1b":
+        longer = pipeline.lower(schedules.build(name, p, 2 * m, v), cfg, bounds)
+        assert prog.x_slots == longer.x_slots <= p
+    # equal stages share one traced body per op kind
+    assert len(prog.branches) == 1 + len(kinds)
+
+
+# ---------------------------------------------------------------- 8 devices
+
+DEFAULT_GRADS = ["zbv_p2"]
+SLOW_GRADS = ["1f1b_p2", "gpipe_p4_untied", "interleaved_p2", "interleaved_p4", "zbh1_p4", "zbh2_p2",
+              "zbv_p4", "1f1b_p2_dropout", "zbh1_p2_tp2_dropout", "moe_1f1b_p2", "moe_zbh1_p4",
+              "moe_interleaved_p2_tp2", "moe_gpipe_p4", "moe_zbh2_p2_tp2", "moe_zbv_p2"]
+DEFAULT_TRAIN = ["one", "pp2", "pp2_table"]
+SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "pp2_vhalf", "pp2_tp2",
+              "pp2_tp2_sp", "pp2_vpp2_tp2", "pp2_fsdp", "pp2_zero1_recompute", "pp4_uneven",
+              "pp2_layout", "pp2_untied_gpipe", "one_untied", "tp2_dropout", "pp2_dropout",
+              "moe", "moe_tp2", "moe_pp2", "moe_pp4_zb", "moe_pp2_tp2_vpp2", "moe_ep2",
+              "moe_pp2_ep2", "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv"]
+
+
+@pytest.fixture(scope="module")
+def default_runs(tmp_path_factory):
+    return _worker(tmp_path_factory.mktemp("pipeline"), f"grads:{','.join(DEFAULT_GRADS)}",
+                   f"train:{','.join(DEFAULT_TRAIN)}")
+
+
+def _check_grads(got):
+    assert got["loss"] == pytest.approx(got["want_loss"], rel=1e-6)
+    assert got["max_rel"] < 2e-5
+
+
+@pytest.mark.parametrize("name", DEFAULT_GRADS)
+def test_executor_gradients_equal_autodiff_of_the_plain_loss(default_runs, name):
+    _check_grads(default_runs[0][name])
+
+
+def test_pipelined_training_gives_the_same_losses(default_runs):
+    runs = default_runs[0]
+    for name in ("pp2",):
+        assert runs[name]["losses"] == pytest.approx(runs["one"]["losses"], rel=2e-6), name
+        assert runs[name]["grad_norms"] == pytest.approx(runs["one"]["grad_norms"], rel=1e-5)
+    # the knob takes effect: a pipeline axis, the stacked layers split over it
+    assert runs["pp2"]["mesh"]["pipeline"] == 2 and runs["one"]["mesh"]["pipeline"] == 1
+    assert runs["pp2"]["wq_spec"][WQ_LAYER_AXIS] == "pipeline"
+    assert runs["one"]["wq_spec"][WQ_LAYER_AXIS] is None
+
+
+@pytest.mark.slow
+def test_every_schedule_and_layout_gives_the_same_losses(tmp_path):
+    runs, log = _worker(tmp_path, f"grads:{','.join(SLOW_GRADS)}",
+                        f"train:{','.join(SLOW_TRAIN)}",
+                        "resume:pp4-one,one-pp2_vpp2,one-one")
+    for name in SLOW_GRADS:
+        _check_grads(runs[name])
+    one, untied = runs.pop("one_untied")["losses"], runs.pop("pp2_untied_gpipe")["losses"]
+    assert untied == pytest.approx(one, rel=2e-6)
+    dropout = runs.pop("tp2_dropout")["losses"]    # the same batch split (4), GSPMD
+    assert runs.pop("pp2_dropout")["losses"] == pytest.approx(dropout, rel=2e-6)
+    moe = runs.pop("moe")
+    for name in ("moe_tp2", "moe_pp2", "moe_pp4_zb", "moe_pp2_tp2_vpp2", "moe_ep2", "moe_pp2_ep2",
+                 "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv"):
+        got = runs.pop(name)
+        assert got["losses"] == pytest.approx(moe["losses"], rel=2e-6), name
+        assert got["moe_aux_loss"] == pytest.approx(moe["moe_aux_loss"], rel=2e-6), name
+    reference = _worker(tmp_path / "ref", "train:one")[0]["one"]["losses"]
+    for name in SLOW_TRAIN:
+        if name in runs:
+            assert runs[name]["losses"] == pytest.approx(reference, rel=2e-6), name
+    # checkpoints move between pipeline sizes: saved at step 2, resumed to step 4
+    straight = runs["one-one"]["losses"]
+    for name in ("pp4-one", "one-pp2_vpp2"):
+        assert runs[name]["steps"] == [1, 2, 3, 4]
+        assert runs[name]["losses"] == pytest.approx(straight, rel=2e-6), name
+
+
+def test_dump_pp_data_writes_the_program(default_runs):
+    runs = default_runs[0]
+    assert runs["pp2"]["pp_schedule"] is None
+    dump = runs["pp2_table"]["pp_schedule"]
+    assert (dump["schedule"], dump["ranks"], dump["microbatches"]) == ("1f1b", 2, 4)
+    assert dump["stage_layers"] == [[0, 2], [2, 4]]
+    assert len(dump["ops"]) == 2 * 2 * 4      # F and B of 4 microbatches on 2 stages
+    first = [(o["op"], o["microbatch"]) for o in dump["ops"] if o["rank"] == 1][:3]
+    assert first == [("F", 0), ("BW", 0), ("F", 1)]
+
+
+def test_debug_scheduler_table_prints_the_table(default_runs):
+    log = default_runs[1]
+    assert "pipeline schedule (1f1b, 4 microbatches)" in log    # 16 rows / (1 x 4 DP)
+    assert "rank 0: F0 F1 B0 F2 B1 F3 B2 B3" in log
+    assert "rank 1: F0 B0 F1 B1 F2 B2 F3 B3" in log
+    assert log.count("pipeline schedule (") == 2   # the worker builds the run twice
+
+
+# ---------------------------------------------------------------- the dry run
+
+DRY = ("mock_data: true\nvocab_size: 64\nnum_layers: 6\nhidden_size: 32\n"
+       "num_attention_heads: 4\nseq_length: 8\nmax_position_embeddings: 8\n"
+       "micro_batch_size: 1\nglobal_batch_size: 8\ntrain_iters: 4\nlr_warmup_iters: 0\n")
+
+
+@pytest.mark.parametrize("extra,says", [
+    ("pipeline_model_parallel_size: 4\n", "num_layers 6 = 6 is not divisible by "
+     "pipeline_model_parallel_size 4"),
+    ("pipeline_model_parallel_size: 2\nvirtual_pipeline_model_parallel_size: 3\n"
+     "global_batch_size: 12\n", "3 microbatches per step"),
+    ("pipeline_model_parallel_size: 2\npipeline_model_parallel_layout: 'Ett|t(t|L'\n",
+     "pipeline_model_parallel_layout 'Ett|t(t|L' does not parse"),
+    ("pipeline_model_parallel_size: 2\ncontext_parallel_size: 2\n",
+     "not implemented yet: pipeline_model_parallel_size 2 with context_parallel_size = 2"),
+    ("pipeline_model_parallel_size: 2\ntensor_model_parallel_size: 2\nuse_torch_fsdp2: true\n",
+     "not implemented yet: pipeline_model_parallel_size 2 with tensor_model_parallel_size"),
+])
+def test_dry_run_refuses_what_cannot_run(write, cli, extra, says):
+    path = write("run.yml", DRY + extra)
+    code, _, err = cli(path, "--dry-run", "--world-size", "8")
+    assert code == 2 and says in err, err
+    assert "Traceback" not in err
+
+
+def test_dry_run_accepts_a_pipelined_config(write, cli):
+    path = write("run.yml", DRY + "pipeline_model_parallel_size: 2\n"
+                 "decoder_first_pipeline_num_layers: 2\npatch_zero_bubble: true\n")
+    code, out, err = cli(path, "--dry-run", "--world-size", "8")
+    assert code == 0, err
+
+
+@pytest.mark.slow
+def test_cli_trains_a_pipelined_config_like_one_stage(tmp_path, write):
+    """python -m jaxtrain.train on 8 CPU devices: PP 2 with the zero-bubble V schedule and
+    PP 4 with uneven stages give the losses of PP 1."""
+    from tests.conftest import run_module
+    from tests.parallel.pipeline_worker import TINY
+
+    losses = {}
+    for name, extra in (("one", []),
+                        ("zbv", ["pipeline_model_parallel_size=2",
+                                 "patch_primus_pipeline=true", "pp_algorithm=zbv-formatted"]),
+                        ("uneven", ["pipeline_model_parallel_size=4",
+                                    "decoder_first_pipeline_num_layers=2",
+                                    "decoder_last_pipeline_num_layers=0"])):
+        path = write(f"{name}.yml", "\n".join(f"{k}: {v}" for k, v in (
+            a.split("=", 1) for a in [*TINY, *extra, f"workspace={tmp_path / name}"])) + "\n")
+        run = run_module("jaxtrain.train", path, env={
+            "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+            + FAST_COMPILE})
+        assert run.returncode == 0, run.stderr[-3000:]
+        rows = (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()
+        losses[name] = [json.loads(r)["loss"] for r in rows]
+    assert len(losses["one"]) == 3
+    for name in ("zbv", "uneven"):
+        assert losses[name] == pytest.approx(losses["one"], rel=2e-6), name
