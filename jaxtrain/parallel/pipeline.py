@@ -51,11 +51,11 @@ IDLE = "idle"
 class Program:
     """A schedule lowered to ticks. ``rows`` [ticks, p, 8]: per rank, its op's branch,
     microbatch, chunk, input slot, gradient slot, layer shift, whether it is on the first
-    stage (input: the embeddings) and the MoE-layer index of its stage's first layer; ``recv`` [ticks, p, channels, 2]: the input and gradient
-    slot each channel's message is written to (the last slot of a buffer is a sink for no
-    message); ``flags`` [ticks, 2]: whether the tick runs the output layer and loss (after a
-    forward of the last stage) and the embedding's backward (after an input gradient of the
-    first stage). ``branches``: (op kind, representative stage) per branch, 0 = idle."""
+    stage (input: the embeddings) and the MoE-layer index of its stage's first layer;
+    ``recv`` [ticks, p, channels, 2]: the input and gradient slot each channel's message is
+    written to (the last slot of a buffer is a sink for no message); ``flags`` [ticks, 2]:
+    whether the tick runs the output layer and loss (after a forward of the last stage) and
+    the embedding's backward (after an input gradient of the first stage). ``branches``: (op kind, representative stage) per branch, 0 = idle."""
 
     schedule: sched.Schedule
     bounds: tuple[tuple[int, int], ...]   # per stage: its layers [lo, hi)
@@ -191,9 +191,8 @@ def stage_params(stacks: dict, cfg, s: sched.Schedule, bounds):
                 for c in range(s.chunks)] for r in range(s.ranks)]
         n = max(1, max(len(x) for row in per for x in row))
         idx = np.array([[x + [0] * (n - len(x)) for x in row] for row in per], np.int32)
-        flat = idx.reshape(-1)
-        if np.array_equal(flat, np.arange(flat.size)) and flat.size == len(ordinal[k]) and (
-                ordinal[k][-1] + 1 == flat.size):
+        if np.array_equal(idx.reshape(-1), np.arange(int(ordinal[k][-1]) + 1)):
+            # the stack in order, evenly split: a reshape (each rank's slice stays in place)
             out[k] = jax.tree.map(lambda a: a.reshape(*idx.shape, *a.shape[1:]), tree)
         else:
             out[k] = jax.tree.map(lambda a: a[idx], tree)
@@ -201,8 +200,9 @@ def stage_params(stacks: dict, cfg, s: sched.Schedule, bounds):
 
 
 def split_params(params: dict, cfg, s: sched.Schedule, bounds):
-    """(per-rank layer stacks as :func:`stage_params`, the other parameters); differentiate
-    through it (``jax.vjp``) to bring the executor's gradients back to the parameters' shape."""
+    """(per-rank layer stacks as :func:`stage_params`, the other parameters). It is linear:
+    its transpose (``jax.linear_transpose``) brings the executor's gradients back to the
+    parameters' shape."""
     shared = {k: v for k, v in params.items() if k not in STACKS}
     return stage_params(layer_stacks(params, cfg), cfg, s, bounds), shared
 
