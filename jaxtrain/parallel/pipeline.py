@@ -55,7 +55,8 @@ class Program:
     ``recv`` [ticks, p, channels, 2]: the input and gradient slot each channel's message is
     written to (the last slot of a buffer is a sink for no message); ``flags`` [ticks, 2]:
     whether the tick runs the output layer and loss (after a forward of the last stage) and
-    the embedding's backward (after an input gradient of the first stage). ``branches``: (op kind, representative stage) per branch, 0 = idle."""
+    the embedding's backward (after an input gradient of the first stage). ``branches``:
+    (op kind, representative stage) per branch, 0 = idle."""
 
     schedule: sched.Schedule
     bounds: tuple[tuple[int, int], ...]   # per stage: its layers [lo, hi)
