@@ -20,8 +20,12 @@ _MODEL_PARALLEL = ("tensor_model_parallel_size", "context_parallel_size",
 
 def smallest_job(cfg) -> int:
     """The fewest devices the config's parallel sizes allow (one data-parallel replica of each
-    expert and optimizer-instance group)."""
-    return math.prod(cfg.get(k) or 1 for k in _MODEL_PARALLEL)
+    expert and optimizer-instance group). MaxText's ici/dcn sizes count too: with an axis to
+    fill (-1), the model-parallel sizes it implies are only known for a device count."""
+    canonical = math.prod(cfg.get(k) or 1 for k in _MODEL_PARALLEL)
+    fixed = math.prod(max(v, 1) for k, v in cfg.items() if isinstance(v, int)
+                      and k.startswith(("ici_", "dcn_")) and k.endswith("_parallelism"))
+    return max(canonical, fixed)
 
 
 def _problems(what: str, error: Exception) -> list[str]:

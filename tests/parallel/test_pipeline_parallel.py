@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from jaxtrain.config import load_config
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.parallel import pipeline, schedules, stages
 from tests.conftest import ROOT
@@ -338,3 +339,69 @@ def test_cli_trains_a_pipelined_config_like_one_stage(tmp_path, write):
     assert len(losses["one"]) == 3
     for name in ("zbv", "uneven"):
         assert losses[name] == pytest.approx(losses["one"], rel=2e-6), name
+
+
+# ---------------------------------------------------------------- MaxText's pipeline keys
+
+MAXTEXT = ("framework: maxtext\ndataset_type: synthetic\nbase_num_decoder_layers: 8\n"
+           "base_emb_dim: 32\nbase_num_query_heads: 4\nbase_num_kv_heads: 4\nbase_mlp_dim: 64\n"
+           "head_dim: 8\nvocab_size: 128\nmax_target_length: 16\nper_device_batch_size: 2\n"
+           "steps: 3\nici_pipeline_parallelism: 2\n")
+
+
+@pytest.mark.parametrize("extra,want", [
+    # 16 rows per micro-step (2 x 8 devices), 4 data-parallel replicas
+    ("num_layers_per_pipeline_stage: 2\n", (2, 2, 16, 2)),       # 2 repeats, 2 microbatches
+    ("num_layers_per_pipeline_stage: 4\nnum_pipeline_microbatches: 4\n"
+     "gradient_accumulation_steps: 2\n", (None, 1, 32, 8)),
+    ("num_layers_per_pipeline_stage: 4\npipeline_delay_activation_forwarding: true\n",
+     (None, 1, 16, 4)),
+])
+def test_maxtext_pipeline_keys(write, extra, want):
+    """ici_pipeline_parallelism stages x num_layers_per_pipeline_stage x num_pipeline_repeats
+    layers; num_pipeline_microbatches (default the stages, twice with delayed forwarding)
+    split each micro-step's rows; gradient_accumulation_steps repeats the micro-step."""
+    cfg = load_config(write("mt.yml", MAXTEXT + extra), world_size=8)
+    assert cfg["pipeline_model_parallel_size"] == 2
+    got = (cfg["virtual_pipeline_model_parallel_size"], cfg["micro_batch_size"],
+           cfg["global_batch_size"], cfg.derived["num_microbatches"])
+    assert got == want
+
+
+@pytest.mark.parametrize("extra,says", [
+    ("num_layers_per_pipeline_stage: 3\n", "must give the 8 decoder layers"),
+    ("num_pipeline_microbatches: 3\n", "must be a multiple of the 2 pipeline stages"),
+    ("pipeline_parallel_layers: 4\n", "not implemented yet: pipeline_parallel_layers = 4"),
+])
+def test_maxtext_pipeline_keys_that_cannot_run(write, extra, says):
+    with pytest.raises(ConfigError, match=says):
+        load_config(write("mt.yml", MAXTEXT + extra), world_size=8)
+
+
+@pytest.mark.slow
+def test_maxtext_pipelined_file_trains_like_the_unpipelined_one(tmp_path, write):
+    """A MaxText config with ici_pipeline_parallelism 2 and 2 repeats (a circular pipeline:
+    jaxtrain runs it interleaved) trains as without the pipeline, through the CLI."""
+    from tests.conftest import run_module
+
+    losses = {}
+    for name, extra in (("one", "ici_pipeline_parallelism: 1\n"),
+                        ("pp", "num_layers_per_pipeline_stage: 2\n")):
+        path = write(f"{name}.yml", MAXTEXT + extra + "dtype: float32\nweight_dtype: float32\n"
+                     f"log_period: 1\nenable_checkpointing: false\n"
+                     f"base_output_directory: {tmp_path / name}\nrun_name: r\n")
+        run = run_module("jaxtrain.train", path, env={
+            "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+            + FAST_COMPILE})
+        assert run.returncode == 0, run.stderr[-3000:]
+        rows = next((tmp_path / name).rglob("metrics.jsonl")).read_text().splitlines()
+        losses[name] = [json.loads(r)["loss"] for r in rows if "loss" in json.loads(r)]
+    assert len(losses["one"]) == 3
+    assert losses["pp"] == pytest.approx(losses["one"], rel=2e-6)
+
+
+def test_maxtext_pipeline_file_dry_runs_without_a_device_count(write, cli):
+    """The smallest job counts MaxText's fixed ici/dcn sizes when an axis fills (-1)."""
+    code, _, err = cli(write("mt.yml", MAXTEXT + "num_layers_per_pipeline_stage: 2\n"),
+                       "--dry-run")
+    assert code == 0, err

@@ -6,7 +6,12 @@ Canonical keys are MaxText's own (configs/base.yml); defaults are its base.yml v
 from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
 _MT = "maxtext"
-_CP, _PP = 23, 24
+_CP = 23
+_PP_XLA = ("when the FSDP all-gathers of a stage's weights run inside MaxText's pipeline loop; "
+           "in jaxtrain's executor XLA places them (the values are the same)")
+_PP_SCAN = "jaxtrain's pipeline executor always runs its ticks under one jax.lax.scan"
+_PP_REMAT = ("a jaxtrain pipeline stage always recomputes its forward from its input in the "
+             "backward, and its layers follow remat_policy")
 
 _LAYOUT = ("at MaxText's default the layout is jaxtrain's own logical-axis table "
            "(jaxtrain/parallel/sharding.py); other values are checked by the MaxText dialect "
@@ -99,31 +104,37 @@ KNOBS = [
     K("debug_sharding", "bool", False, "MaxText: print how each weight is sharded.", _MT,
       issue=None),
 
-    # --- pipeline parallelism ---
+    # --- pipeline parallelism (run by jaxtrain's schedule executor, jaxtrain.parallel) ---
     K("num_layers_per_pipeline_stage", "int", 1, "Layers each pipeline stage runs per pass; "
-      "layers = stages x this x repeats.", _MT, issue=_PP),
+      "layers = stages x this x repeats.", _MT, HONORED),
     K("num_pipeline_repeats", "int", -1, "Circular pipeline: passes through the stages; -1 "
-      "derives it from the layer count.", _MT, issue=_PP),
+      "derives it from the layer count; > 1 runs that many virtual stages per rank.", _MT,
+      HONORED),
     K("pipeline_parallel_layers", "int", -1, "Pipeline only this many leading layers (the stage "
-      "axis acts as data parallelism for the rest); -1 pipelines all.", _MT, issue=_PP),
+      "axis acts as data parallelism for the rest); -1 pipelines all (only -1 runs).", _MT,
+      HONORED),
     K("num_pipeline_microbatches", "int", -1, "Microbatches per step in the pipeline (a "
-      "multiple of the stages); -1 means the stage count.", _MT, issue=_PP),
+      "multiple of the stages) splitting each micro-step's rows; -1 means the stage count.",
+      _MT, HONORED),
     K("pipeline_delay_activation_forwarding", "bool", False, "Send activations to the next "
-      "stage one iteration late (easier overlap, twice the bubble).", _MT, issue=_PP),
+      "stage one iteration late (easier overlap, twice the bubble).", _MT, MAPPED,
+      "doubles the default num_pipeline_microbatches as MaxText does; the delay itself is a "
+      "detail of MaxText's loop: jaxtrain's tick program sends each activation right after "
+      "its op and XLA overlaps the transfer"),
     K("pipeline_fsdp_ag_once", "bool", False, "All-gather the FSDP-sharded weights once before "
-      "the pipeline loop instead of per microbatch.", _MT, issue=_PP),
+      "the pipeline loop instead of per microbatch.", _MT, INERT, _PP_XLA),
     K("pipeline_fsdp_ag_per_repeat", "bool", False, "Circular pipeline: prefetch each repeat's "
-      "FSDP weight gathers ahead of its microbatches.", _MT, issue=_PP),
+      "FSDP weight gathers ahead of its microbatches.", _MT, INERT, _PP_XLA),
     K("scan_pipeline_iterations", "bool", True, "Run the pipeline's microbatch iterations under "
-      "jax.lax.scan.", _MT, issue=_PP),
+      "jax.lax.scan.", _MT, INERT, _PP_SCAN),
     K("scan_pipeline_repeats", "bool", False, "Run the circular pipeline's repeats under "
-      "jax.lax.scan.", _MT, issue=_PP),
+      "jax.lax.scan.", _MT, INERT, _PP_SCAN),
     K("scan_layers_per_stage", "bool", False, "Scan over the layers inside each pipeline "
-      "stage.", _MT, issue=_PP),
+      "stage.", _MT, MAPPED, "the layers inside a stage follow scan_layers"),
     K("set_remat_policy_on_pipeline_iterations", "bool", True, "Apply remat_policy to each "
-      "pipeline iteration.", _MT, issue=_PP),
+      "pipeline iteration.", _MT, MAPPED, _PP_REMAT),
     K("set_remat_policy_on_layers_per_stage", "bool", False, "Apply remat_policy to each layer "
-      "inside a pipeline stage.", _MT, issue=_PP),
+      "inside a pipeline stage.", _MT, MAPPED, _PP_REMAT),
 
     # --- context parallelism ---
     K("context_parallel_load_balance", "bool", True, "Reorder the sequence so every context "

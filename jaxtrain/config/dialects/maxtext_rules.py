@@ -17,7 +17,6 @@ _MESH_AXES = ("diloco", "data", "fsdp", "fsdp_transpose", "tensor", "tensor_sequ
 # MaxText mesh axes jaxtrain does not build yet: axis -> (what it is, issue).
 _PLANNED_AXES = {"sequence": ("sequence parallelism of activations", 23),
                  "context_autoregressive": ("context parallelism for decoding", 23),
-                 "pipeline": ("pipeline parallelism", 24),
                  "diloco": ("DiLoCo (local SGD between replicas)", None),
                  "autoregressive": ("the decoding mesh axis", None)}
 # ici/dcn_pipeline_parallelism sizes the mesh axis MaxText names 'stage'.
@@ -90,10 +89,45 @@ def maxtext_mesh(c):
     if sizes["tensor_sequence"] > 1:   # MaxText's tensor_sequence axis: TP plus sequence sharding
         c.adopt("sequence_parallel", True, "ici/dcn_tensor_sequence_parallelism > 1")
     c.adopt("expert_model_parallel_size", sizes["expert"], "ici/dcn_expert_parallelism")
+    c.adopt("pipeline_model_parallel_size", sizes["pipeline"], "ici/dcn_pipeline_parallelism")
+    _pipeline(c, sizes["pipeline"])
     _context(c, sizes["context"], sizes["context_usp_ulysses"])
     if sizes["fsdp"] * sizes["fsdp_transpose"] > 1:
         c.adopt("data_parallel_sharding_strategy", "optim_grads_params",
                "ici/dcn_fsdp_parallelism > 1")
+
+
+def _pipeline(c, stages: int):
+    """MaxText's pipeline onto jaxtrain's executor: stages x num_layers_per_pipeline_stage x
+    num_pipeline_repeats layers (repeats > 1: that many virtual stages per rank), and
+    num_pipeline_microbatches splitting each micro-step's rows (-1: the stage count, twice it
+    with pipeline_delay_activation_forwarding; see per_device_batch)."""
+    if stages <= 1:
+        return
+    layers, per_stage = c.get("num_layers"), c.get("num_layers_per_pipeline_stage", 1)
+    if c.get("pipeline_parallel_layers", -1) not in (-1, layers):
+        c.error(f"not implemented yet: {c.where('pipeline_parallel_layers')} pipelines only "
+                f"some of the {layers} layers; use -1 (all)")
+        return
+    repeats = c.get("num_pipeline_repeats", -1)
+    if repeats == -1 and layers % (stages * per_stage) == 0:
+        repeats = layers // (stages * per_stage)
+    if stages * per_stage * repeats != layers:
+        c.error(f"{stages} pipeline stages x num_layers_per_pipeline_stage {per_stage} x "
+                f"num_pipeline_repeats {c.get('num_pipeline_repeats', -1)} must give the "
+                f"{layers} decoder layers (MaxText's rule)")
+        return
+    if repeats > 1:
+        c.adopt("virtual_pipeline_model_parallel_size", repeats,
+                "num_pipeline_repeats (circular pipeline)")
+    micro = c.get("num_pipeline_microbatches", -1)
+    if micro == -1:
+        micro = stages * (2 if c.get("pipeline_delay_activation_forwarding") else 1)
+    if micro % stages:
+        c.error(f"{c.where('num_pipeline_microbatches')} must be a multiple of the {stages} "
+                f"pipeline stages (MaxText's rule)")
+        return
+    c.derived["maxtext_pipeline_microbatches"] = micro
 
 
 # MaxText context_parallel_strategy -> Megatron cp_comm_type
@@ -218,6 +252,22 @@ def per_device_batch(c):
     dp = c.world_size // model_parallel if c.world_size % model_parallel == 0 else None
     if dp is None:
         return  # batch() reports the layout
+    # a pipelined micro-step runs as num_pipeline_microbatches microbatches
+    split = c.derived.get("maxtext_pipeline_microbatches", 1)
+    if split > 1:
+        if rows != int(rows) or int(rows) % (dp * split):
+            c.error(f"per_device_batch_size {pdbs} x {c.world_size} devices = {rows:g} "
+                    f"sequences per micro-step cannot be split into {split} pipeline "
+                    f"microbatches (num_pipeline_microbatches) over {dp} data-parallel "
+                    f"replicas; make it a multiple of {dp * split}")
+            return
+        c.adopt("micro_batch_size", int(rows) // (dp * split),
+                "per_device_batch_size x devices / num_pipeline_microbatches")
+        # jaxtrain's accumulation counts every pipeline microbatch of the step
+        c.set("train.gradient_accumulation_steps", accum * split)
+        c.adopt("global_batch_size", int(rows) * accum,
+                "per_device_batch_size x devices x gradient_accumulation_steps")
+        return
     if rows != int(rows) or int(rows) % dp:
         c.error(f"per_device_batch_size {pdbs} x {c.world_size} devices = {rows:g} sequences "
                 f"per micro-step, which the {dp} data-parallel replicas cannot share evenly; "
