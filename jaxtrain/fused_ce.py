@@ -107,6 +107,17 @@ def _bwd(cfg, num_chunks, half, res, g):
 head_loss.defvjp(_fwd, _bwd)
 
 
+def plain_loss(params: dict, hidden_BTD, targets_BT, weights_BT, cfg, num_chunks: int = 0,
+               half: bool = False):
+    """:func:`head_loss` through the output layer of ``params``, in the most chunks up to
+    ``num_chunks`` that divide T (one when 0)."""
+    T = hidden_BTD.shape[1]
+    chunks = max(d for d in range(1, min(T, max(num_chunks, 1)) + 1) if T % d == 0)
+    with jax.named_scope("loss"):
+        return head_loss(head_params(params, cfg), hidden_BTD, targets_BT,
+                         weights_BT.astype(jnp.float32), cfg, chunks, half)
+
+
 def head_params(params: dict, cfg) -> dict:
     """The parameters the output layer reads."""
     key = "output" if cfg.untie_embeddings_and_output_weights else "embedding"

@@ -35,7 +35,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxtrain.fused_ce import head_loss, head_params, split_chunks
+from jaxtrain.fused_ce import plain_loss, split_chunks
 from jaxtrain.models.transformer import hidden_states, logits_head
 
 
@@ -122,12 +122,8 @@ def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe
                                      moe_state=moe_state, train=train, rng=rng,
                                      embed_noise=embed_noise)
     if grad_in_forward and (objective is None or not objective.weighted):
-        T = hidden_BTD.shape[1]
-        chunks = max(d for d in range(1, min(T, max(num_chunks, 1)) + 1) if T % d == 0)
-        with jax.named_scope("loss"):
-            total = head_loss(head_params(params, model_cfg), hidden_BTD, micro["targets"],
-                              weights.astype(jnp.float32), model_cfg, chunks, half_precision)
-        return total, stats
+        return plain_loss(params, hidden_BTD, micro["targets"], weights, model_cfg, num_chunks,
+                          half_precision), stats
     base = None
     if objective is not None and objective.needs_base:
         base_hidden_BTD, _ = model_hidden(base_params, micro, model_cfg)

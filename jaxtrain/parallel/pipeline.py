@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain.fused_ce import head_loss, head_params
+from jaxtrain.fused_ce import head_params, plain_loss
 from jaxtrain.models.params import STACKS
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.models.spec import MOE_STACK, layer_kinds
@@ -231,7 +231,6 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
     bounds = prog.bounds
     p = prog.schedule.ranks
     M, T = batch["tokens"].shape[0], batch["tokens"].shape[-1]
-    chunks = max(d for d in range(1, min(T, max(num_chunks, 1)) + 1) if T % d == 0)
     emb_keys = [k for k in ("embedding", "position_embedding") if k in shared]
     head_keys = list(dict.fromkeys(["final_norm", *head_params(shared, cfg)]))
 
@@ -301,10 +300,8 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             """(loss, its gradient for x and the head's parameters, x scale) of the last
             stage's output x."""
             def loss_fn(x, h):
-                hidden = final_hidden(h, x, {}, cfg)
-                with jax.named_scope("loss"):
-                    return head_loss(head_params(h, cfg), hidden, micro["targets"], w, cfg,
-                                     chunks, half_precision)
+                return plain_loss(h, final_hidden(h, x, {}, cfg), micro["targets"], w, cfg,
+                                  num_chunks, half_precision)
             loss, (dx, dh) = jax.value_and_grad(loss_fn, argnums=(0, 1))(x, head)
             return loss, (dx * scale).astype(dt), jax.tree.map(
                 lambda g: (g * scale).astype(accum_dtype), dh)
