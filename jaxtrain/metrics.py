@@ -13,6 +13,12 @@ size); biases, norms and sinks are not matmuls. The second term is the attention
 (v_head_dim; head_dim without MLA), forward and backward, for sequence length T: with
 head_dim = v_head_dim it is Megatron's 12 * L * T * heads * head_dim. TFLOP/s per device =
 FLOPs per token x tokens per second / devices; MFU = that / the device's peak.
+
+Hybrid models: L counts only the softmax-attention layers; each Gated DeltaNet layer instead
+adds 6 * Hv * (3 C Dk + 2 C Dv + 3 Dk Dv) per token (C the chunk length, Hv value heads, Dk/Dv
+head widths): within a chunk the key-key and query-key products (C Dk each), the triangular
+inverse applied to values and keys (C (Dk + Dv)) and the scores times the values (C Dv); across
+chunks the state read by queries and keys and its update (Dk Dv each); no causal discount.
 """
 from __future__ import annotations
 
@@ -49,9 +55,19 @@ def flop_terms(model_cfg, params) -> tuple[float, float]:
             continue
         n_active += math.prod(leaf.shape) * (routed if "experts" in keys else 1.0)
     v_dim = model_cfg.v_head_dim if model_cfg.multi_latent_attention else model_cfg.head_dim
-    attn = 6 * model_cfg.num_layers * model_cfg.num_attention_heads * (model_cfg.head_dim
-                                                                        + v_dim)
-    return 6.0 * n_active, float(attn)
+    linear = sum(getattr(model_cfg, "linear_attention_layers", None) or ())
+    softmax_layers = model_cfg.num_layers - linear
+    attn = 6 * softmax_layers * model_cfg.num_attention_heads * (model_cfg.head_dim + v_dim)
+    return 6.0 * n_active + linear_mixing_flops(model_cfg) * linear, float(attn)
+
+
+def linear_mixing_flops(cfg) -> float:
+    """Per token and Gated DeltaNet layer, forward and backward: the chunked rule's matmuls
+    6 * Hv * (3 C Dk + 2 C Dv + 3 Dk Dv) (module docstring); 0 without such layers."""
+    if not getattr(cfg, "linear_attention_layers", None):
+        return 0.0
+    C, Dk, Dv = cfg.linear_chunk_size, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    return 6.0 * cfg.linear_num_value_heads * (3 * C * Dk + 2 * C * Dv + 3 * Dk * Dv)
 
 
 def peak_tflops(device) -> float | None:

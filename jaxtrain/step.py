@@ -39,6 +39,7 @@ from jaxtrain.loss import model_loss
 from jaxtrain.models import moe
 from jaxtrain.models import params as model_params
 from jaxtrain.models import quant_state as model_quant_state
+from jaxtrain.optim import freeze
 from jaxtrain.parallel import accumulate as accumulate_mod
 from jaxtrain.parallel import pipeline, stages
 
@@ -193,6 +194,8 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         (summed over layers, weighted by their coefficients) averaged over microbatches. pgs
         pre_rl's loss is a mean over the microbatch's tokens, averaged over microbatches; so
         is DPO's (jaxtrain.dpo, a mean over the microbatch's pairs), whose metrics come third."""
+        if tcfg.freeze_linear:
+            params = freeze.stop_frozen(params)
         if tcfg.dpo is not None:
             lm, stats, extra = dpo.micro_loss(
                 params, base_params, micro, model_cfg, tcfg.dpo, quant_state=qstate,

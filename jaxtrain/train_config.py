@@ -147,6 +147,8 @@ class TrainConfig:
     objective: TokenObjective = CE
     # pgs sym_noise: alpha of the ±alpha/sqrt(T·D) input-embedding noise in training; 0 off
     embed_noise: float = 0.0
+    # pgs freeze_non_attention: no gradient through the Gated DeltaNet layers (optim/freeze.py)
+    freeze_linear: bool = False
     # pgs ga_ramp_start: micro-batches per step at step 1, growing to num_microbatches; 0 off
     ga_ramp_start: int = 0
     # Megatron iterations_to_skip: steps whose batch is read and dropped
@@ -225,6 +227,7 @@ class TrainConfig:
             embed_noise=float(cfg["plugins.sym_noise_alpha"]) if cfg["plugins.sym_noise"]
             else 0.0,
             ga_ramp_start=_ga_ramp_start(cfg),
+            freeze_linear=bool(cfg["train.freeze_non_attention"]),
             iterations_to_skip=frozenset(cfg["iterations_to_skip"] or ()),
             ema_decay=float(cfg["train.ema_decay"]) if cfg["train.ema"] else None,
             ema_every=cfg["train.ema_every"], base_merge_ratio=_base_merge_ratio(cfg),

@@ -4,10 +4,10 @@ A step directory ``<root>/step_<N>`` holds one Orbax item per entry of :data:`IT
 parameter and optimizer trees (:data:`FLAT_ITEMS`) are stored flat, ``{leaf name: array}``,
 with names made from the leaves' tree paths (:func:`flat`), so a restore can ask for some
 leaves and compare names (see :mod:`jaxtrain.checkpoint.compat`). Layer-stacked leaves
-(every leaf under a ``layers`` or ``moe_layers`` key) move their layer axis on restore when
-the checkpoint's ``param_scan_axis`` differs from the model's (:func:`restore_targets` reads
-them in the saved layout, :func:`place` moves the axis and puts each leaf into the template's
-sharding).
+(every leaf under a layer-stack key: ``layers``, ``moe_layers``, ...) move their layer axis on
+restore when the checkpoint's ``param_scan_axis`` differs from the model's
+(:func:`restore_targets` reads them in the saved layout, :func:`place` moves the axis and puts
+each leaf into the template's sharding).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxtrain.checkpoint import local
+from jaxtrain.models.spec import STACKS
 
 STEP_PREFIX = "step"
 FORMAT_VERSION = 1
@@ -113,7 +114,7 @@ def _move(seq, src: int, dst: int) -> list:
 
 
 def _is_layered(path) -> bool:
-    return any(isinstance(k, jax.tree_util.DictKey) and k.key in ("layers", "moe_layers")
+    return any(isinstance(k, jax.tree_util.DictKey) and k.key in STACKS
                for k in path)
 
 

@@ -117,6 +117,32 @@ def quantization(c: Context):
                 c.error(f"{k} ({n}) must lie in [0, num_layers = {layers}]")
 
 
+def _gated_delta_net(c: Context) -> bool:
+    return c.get("experimental_attention_variant") in ("gdn", "gated_delta_net")
+
+
+def gated_delta_net(c: Context):
+    """Gated DeltaNet layers: heads split whole over TP; what they do not run yet, refused."""
+    if not _gated_delta_net(c):
+        return
+    tp = c.get("tensor_model_parallel_size", 1)
+    for key in ("linear_num_key_heads", "linear_num_value_heads"):
+        if c.get(key) and c.get(key) % tp:
+            c.error(f"{key} ({c.get(key)}) must be divisible by tensor_model_parallel_size "
+                    f"({tp}): the Gated DeltaNet heads split over the tensor axis")
+    why = {"context_parallel_size": "its recurrence runs along the whole sequence, which "
+                                    "context parallelism splits",
+           "pipeline_model_parallel_size": "the pipeline executor does not run its layers yet"}
+    if c.get("moe_use_upcycling"):
+        c.error("not implemented yet: moe_use_upcycling with experimental_attention_variant "
+                "gdn: upcycling converts the dense layer stack only")
+    for key, reason in why.items():
+        if c.get(key, 1) > 1:
+            c.error(f"not implemented yet: {key} {c.get(key)} with experimental_attention_"
+                    f"variant {c.get('experimental_attention_variant')} (Gated DeltaNet "
+                    f"layers): {reason}")
+
+
 def tensor_parallel(c: Context):
     tp = c.get("tensor_model_parallel_size", 1)
     heads = c.get("num_attention_heads")
@@ -492,7 +518,7 @@ def pgs(c: Context):
     if scaled and any(k != "plugins.deft" for k in weighting):
         c.error(f"data.turn_scaling {c.get('data.turn_scaling')} weights the cross-entropy "
                 f"(and DEFT); {weighting[0]} replaces it: keep one (pgs)")
-    if c.get("train.freeze_non_attention"):
+    if c.get("train.freeze_non_attention") and not _gated_delta_net(c):
         c.warnings.append("train.freeze_non_attention freezes linear-attention and recurrent "
                           "layers, and this model has none: nothing is frozen (as in pgs)")
     if c.get("data.pretokenize") and c.get("data.seq_len_curriculum"):
@@ -716,7 +742,7 @@ def pipeline_parallel(c: Context):
 RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions,
          checkpoint_format, precision, tensor_parallel, pgs_context_parallel,
          context_and_experts, model_shape, learning_rate, iterations, batch, moe_router,
-         upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel)
+         upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel, gated_delta_net)
 
 
 def apply(c: Context):

@@ -125,6 +125,20 @@ class ModelConfig:
     # gpt-oss / Primus sink attention: a learned fp32 logit per query head, an extra softmax
     # column without a value, in every layer.
     attention_sinks: bool = False
+    # Qwen3-Next gated attention: the attention output times sigmoid(x @ wg), per head channel
+    attention_output_gate: bool = False
+    # Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5; models/linear_attention.py): the
+    # layers that mix tokens with it instead of softmax attention (one bool per layer; None:
+    # none), its head counts and widths, the causal convolution's width, the chunk length of
+    # the chunked form and whether q and k are L2-normalised inside the rule.
+    linear_attention_layers: tuple[bool, ...] | None = None
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    linear_chunk_size: int = 64
+    linear_qk_l2_norm: bool = True
     # Multi-latent attention (DeepSeek-V2/V3, Megatron MLA; see mla.py). q/k heads are
     # qk_head_dim + qk_pos_emb_head_dim wide, values v_head_dim; qk_layernorm puts a norm on the
     # q and kv latents (Megatron's spec; DeepSeek checkpoints have them).
@@ -201,6 +215,9 @@ class ModelConfig:
             layers = tuple(bool(b) for b in self.sliding_window_layers)
             every = len(layers) == self.num_layers and all(layers)
             put("sliding_window_layers", None if every else layers)
+        if self.linear_attention_layers is not None:
+            layers = tuple(bool(b) for b in self.linear_attention_layers)
+            put("linear_attention_layers", layers if any(layers) else None)
         if self.recompute_layer_ids is not None:
             put("recompute_layer_ids", tuple(int(i) for i in self.recompute_layer_ids))
         if self.attention_impl == "auto":
@@ -250,6 +267,8 @@ class ModelConfig:
                   "picks the layers that use sliding_window, which is None")
         if self.multi_latent_attention:
             self._validate_mla(check)
+        if self.linear_attention_layers is not None:
+            self._validate_linear(check)
         choice("kv_quant_axis", ("",) + KV_QUANT_AXES)
         choice("kv_quant_dtype", tuple(KV_QUANT_DTYPES))
         check(not (self.quantize_kvcache and not self.kv_quant_axis), "kv_quant_axis",
@@ -302,6 +321,25 @@ class ModelConfig:
             check(getattr(self, name) > 0, name, "must be positive")
         check(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank",
               "must be positive or None (queries projected directly)")
+
+    def _validate_linear(self, check):
+        """Gated DeltaNet's shapes: whole value heads per key head, a causal convolution."""
+        check(len(self.linear_attention_layers) == self.num_layers, "linear_attention_freq",
+              f"names {len(self.linear_attention_layers)} layers of {self.num_layers}")
+        for name in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                     "linear_num_key_heads", "linear_num_value_heads", "linear_chunk_size"):
+            check(getattr(self, name) > 0, name, "must be positive")
+        check(self.linear_num_value_heads % self.linear_num_key_heads == 0,
+              "linear_num_value_heads", f"{self.linear_num_value_heads} is not a multiple of "
+              f"linear_num_key_heads {self.linear_num_key_heads} (each key head serves whole "
+              "value heads)")
+        check(not self.multi_latent_attention, "experimental_attention_variant",
+              "Gated DeltaNet layers beside multi-latent attention are not a model jaxtrain "
+              "builds")
+
+    def is_linear(self, i: int) -> bool:
+        """Whether 0-based layer ``i`` is a Gated DeltaNet (linear-attention) layer."""
+        return bool(self.linear_attention_layers and self.linear_attention_layers[i])
 
     @property
     def head_dim(self) -> int:

@@ -12,6 +12,8 @@ The cache is a dict with the layer axis first (the same for scanned and unrolled
     k_scale, v_scale                 only when quantized: [L,B,S,K,1] (kv_quant_axis dkv) or
                                      [L,B,S,1,1] (heads_and_dkv); see jaxtrain.quant.kvcache
     length []                        int32, positions filled so far
+    linear                           hybrid models only: Gated DeltaNet layers' convolution
+                                     inputs and recurrent states (linear_attention.init_cache)
 
 S is the longest sequence the cache holds. MLA caches the expanded per-head keys and values
 (K = N heads, H = qk_head_dim + qk_pos_emb_head_dim, Hv = v_head_dim), not the compressed
@@ -34,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain.models import layers as L
+from jaxtrain.models.linear_attention import init_cache as linear_cache
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.transformer import (RESIDUAL, _periodic_runs, decoder_layer, embed_inputs,
@@ -58,6 +61,8 @@ def init_cache(cfg, batch: int, max_len: int, *, dtype=None) -> dict:
         cache = {n: jnp.zeros(s, int_dtype) for n, s in shapes.items()}
         cache.update({f"{n}_scale": jnp.zeros(scale_shape(s, cfg.kv_quant_axis), dt)
                       for n, s in shapes.items()})
+    if cfg.linear_attention_layers is not None:
+        cache["linear"] = linear_cache(cfg, batch, dt)
     cache["length"] = jnp.zeros((), jnp.int32)
     return cache
 

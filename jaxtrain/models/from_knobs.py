@@ -31,6 +31,7 @@ from jaxtrain.config import complete
 from jaxtrain.config.activations import megatron_activation, mlp_from_activations
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.models.moe.config import MoEConfig, moe_pattern, parse_layer_freq
+from jaxtrain.models.spec import linear_pattern
 from jaxtrain.quant.config import from_config as quant_config
 
 
@@ -150,7 +151,8 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         init_method_xavier_uniform=cfg["init_method_xavier_uniform"],
         apply_query_key_layer_scaling=cfg["apply_query_key_layer_scaling"],
         attention_softmax_in_fp32=softmax_fp32,
-        **_sink_fields(cfg), **_mla_fields(cfg),
+        **_sink_fields(cfg), **_mla_fields(cfg), **_linear_fields(cfg),
+        attention_output_gate=cfg["attention_output_gate"],
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
         attn_logit_softcapping=cfg["attn_logit_softcapping"] or None,
         embedding_multiplier=cfg["embedding_multiplier"],
@@ -182,8 +184,33 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         raise ValueError(_knob_message(str(e))) from None
 
 
+def _linear_fields(cfg) -> dict:
+    """Gated DeltaNet layers (experimental_attention_variant gdn) placed as Megatron's
+    linear_attention_freq says: N makes every N-th layer softmax attention and the others
+    linear; a 0/1 list (or its string form) marks each layer, 1 = linear."""
+    variant = cfg["experimental_attention_variant"]
+    if variant not in ("gdn", "gated_delta_net"):
+        return {}
+    freq, n = cfg["linear_attention_freq"], cfg["num_layers"]
+    if freq is None:
+        raise ConfigError(f"experimental_attention_variant {variant} needs "
+                          "linear_attention_freq: which layers are linear attention (N: every "
+                          "N-th layer is softmax attention; or a 0/1 list, 1 = linear)")
+    try:
+        pattern = linear_pattern(parse_layer_freq(freq), n)
+    except ValueError as e:
+        raise ConfigError(f"linear_attention_freq: {e}") from None
+    return dict(linear_attention_layers=pattern,
+                **{k: cfg[k] for k in ("linear_conv_kernel_dim", "linear_key_head_dim",
+                                       "linear_value_head_dim", "linear_num_key_heads",
+                                       "linear_num_value_heads")},
+                linear_chunk_size=cfg["gdn_chunk_size"],
+                linear_qk_l2_norm=cfg["use_qk_norm_in_gdn"])
+
+
 # ModelConfig fields read from a knob of another name: a config's problem names the knob.
-_FIELD_KNOBS = {"sliding_window": "sliding_window_size",
+_FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "gdn_chunk_size",
+                "linear_attention_layers": "linear_attention_freq",
                 "sliding_window_layers": "window_attn_skip_freq",
                 "yarn_scaling_factor": "rotary_scaling_factor", "yarn_mscale": "mscale",
                 "yarn_mscale_all_dim": "mscale_all_dim"}
@@ -452,6 +479,8 @@ def _recompute(cfg: Mapping[str, Any]):
     if not ids and method is None:
         raise ValueError("recompute_granularity='full' needs recompute_method "
                          "('uniform' or 'block') or recompute_layer_ids")
+    if method == "block" and cfg["recompute_num_layers"] == 0 and not ids:
+        return "none", None, None, None, ()   # Megatron's block of 0 layers rematerialises none
     # layer ids beside a method: ModelConfig refuses the pair
     return ("full", method, None if method is None else cfg["recompute_num_layers"],
             None if ids is None else tuple(ids), ())
@@ -483,6 +512,7 @@ def _moe(cfg, etp, tp, turbo, dispatcher, factor, activation, glu_limit):
         layer_freq=parse_layer_freq(cfg["moe_layer_freq"]),
         ffn_hidden_size=cfg["moe_ffn_hidden_size"],
         shared_expert_size=cfg["moe_shared_expert_intermediate_size"],
+        shared_expert_gate=cfg["moe_shared_expert_gate"],
         score_function=cfg["moe_router_score_function"],
         pre_softmax=cfg["moe_router_pre_softmax"], router_dtype=cfg["moe_router_dtype"],
         topk_scaling_factor=cfg["moe_router_topk_scaling_factor"],

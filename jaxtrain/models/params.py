@@ -10,10 +10,13 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
                   q_norm/k_norm {scale [H] ([N*H], [K*H] across heads), bias}, sinks [N] (fp32)}
                   (multi-latent attention: the attn tree of mla.py)
             mlp  {wi_0/wi_1 [D,F] (gated) or wi [D,F], wo [F,D], bi_0/bi_1/bi [F], bo [D]}
+                  wg [D,N,H] (attention_output_gate)
     moe_layers: the MoE layers (``cfg.moe``), as ``layers`` but with ``moe`` for ``mlp``:
             moe  {router {w [D,E], bias [E], expert_bias [E] (fp32, not trained)},
                   experts {wi_0/wi_1 or wi [E,D,Fe], wo [E,Fe,D], bi_* [E,Fe], bo [E,D]},
-                  shared {as mlp, with the shared expert's width}}
+                  shared {as mlp, with the shared expert's width}, shared_gate [D,1]}
+    linear_layers, linear_moe_layers: as layers / moe_layers with a Gated DeltaNet mixer
+            ``linear_attn`` (linear_attention.py) for ``attn``
 
 Every leaf under ``layers`` carries a stacked layer axis of size L at position
 ``cfg.param_scan_axis`` (MaxText's default 1: ``wq`` is [D,L,N,H], a norm scale [D,L]). With
@@ -35,9 +38,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from jaxtrain.models.mla import mla_specs
-from jaxtrain.models.spec import (DENSE_STACK, MOE_STACK, STACKS, Init, ParamSpec, _is_spec,
-                                  _leaf_key, _linear_init, _norm, _zeros, layer_kinds,
-                                  layer_slots)
+from jaxtrain.models.linear_attention import linear_attention_specs
+from jaxtrain.models.spec import (DENSE_STACK, LINEAR_STACKS, MOE_STACKS, STACKS, Init,
+                                  ParamSpec, _is_spec, _leaf_key, _linear_init, _norm, _zeros,
+                                  layer_kinds, layer_slots)
 
 
 def _layer_specs(cfg, kind: str = "layers") -> dict:
@@ -65,12 +69,17 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         attn = mla_specs(cfg)
     if cfg.attention_sinks:   # fp32 whatever weight_dtype is, zero-initialised (Primus)
         attn["sinks"] = ParamSpec((N,), jnp.float32, ("q_heads",), _zeros)
+    if cfg.attention_output_gate:
+        attn["wg"] = ParamSpec((D, N, H), dt, ("embed", "q_heads", "kv"),
+                               _linear_init(cfg, 0, (1, 2)))
+    mixer = ({"linear_attn": linear_attention_specs(cfg)} if kind in LINEAR_STACKS
+             else {"attn": attn})
 
-    ffn = {"moe": _moe_specs(cfg)} if kind == MOE_STACK else {"mlp": _mlp_specs(cfg, F)}
+    ffn = {"moe": _moe_specs(cfg)} if kind in MOE_STACKS else {"mlp": _mlp_specs(cfg, F)}
     post = {**({"post_attn_norm": _norm(cfg, D)} if cfg.post_attention_norm else {}),
             **({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {})}
     pre = {"attn_norm": _norm(cfg, D), "mlp_norm": _norm(cfg, D)} if cfg.pre_norm else {}
-    return {**pre, "attn": attn, **post, **ffn}
+    return {**pre, **mixer, **post, **ffn}
 
 
 def _mlp_specs(cfg, F: int) -> dict:
@@ -113,6 +122,8 @@ def _moe_specs(cfg) -> dict:
     tree = {"router": router, "experts": experts}
     if m.shared_expert_size:
         tree["shared"] = _mlp_specs(cfg, m.shared_expert_size)
+    if m.shared_expert_gate:
+        tree["shared_gate"] = ParamSpec((D, 1), dt, ("embed", None), _linear_init(cfg, 0, 1))
     return tree
 
 

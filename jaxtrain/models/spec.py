@@ -2,7 +2,8 @@
 
 :class:`ParamSpec` declares one parameter (shape, dtype, logical axes, initializer); the
 initializers here are Megatron's. The layer stacks say where each layer's parameters live:
-``layers`` holds the dense layers and ``moe_layers`` the MoE ones, each in layer order, and
+``layers`` holds the dense layers and ``moe_layers`` the MoE ones (``linear_layers`` and
+``linear_moe_layers`` the same with Gated DeltaNet mixers), each in layer order, and
 :func:`moe_pattern` (Megatron's ``moe_layer_freq``) decides which layers are MoE.
 
 :mod:`jaxtrain.models.params` builds the model's parameter tree from these; the MoE package,
@@ -82,7 +83,11 @@ def _norm(cfg, size: int) -> dict:
 # ----------------------------------------------------------------------------- layer stacks
 
 DENSE_STACK, MOE_STACK = "layers", "moe_layers"
-STACKS = (DENSE_STACK, MOE_STACK)
+# Gated DeltaNet (linear-attention) layers of hybrid models, with a dense or an MoE FFN
+LINEAR_STACK, LINEAR_MOE_STACK = "linear_layers", "linear_moe_layers"
+STACKS = (DENSE_STACK, MOE_STACK, LINEAR_STACK, LINEAR_MOE_STACK)
+MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK)
+LINEAR_STACKS = (LINEAR_STACK, LINEAR_MOE_STACK)
 
 
 def moe_pattern(moe, num_layers: int) -> tuple[bool, ...]:
@@ -104,10 +109,31 @@ def freq_pattern(freq, num_layers: int) -> tuple[bool, ...]:
     return tuple(bool(v) for v in freq)
 
 
+def linear_pattern(freq, num_layers: int) -> tuple[bool, ...]:
+    """Which layers are Gated DeltaNet (linear attention) for a parsed linear_attention_freq
+    (Megatron: int N makes every N-th layer softmax attention, the rest linear; a 0/1 tuple
+    marks each layer, 1 = linear)."""
+    if isinstance(freq, int):
+        if freq < 1:
+            raise ValueError(f"linear_attention_freq {freq} must be positive")
+        return tuple((i + 1) % freq != 0 for i in range(num_layers))
+    if len(freq) != num_layers:
+        raise ValueError(f"linear_attention_freq has {len(freq)} entries for {num_layers} layers")
+    return tuple(bool(v) for v in freq)
+
+
+def stack_kinds(moe: tuple[bool, ...], linear: tuple[bool, ...] | None) -> tuple[str, ...]:
+    """The stack of each layer from which layers are MoE and which are linear attention."""
+    linear = linear or (False,) * len(moe)
+    return tuple((LINEAR_MOE_STACK if lin else MOE_STACK) if m
+                 else (LINEAR_STACK if lin else DENSE_STACK) for m, lin in zip(moe, linear))
+
+
 def layer_kinds(cfg) -> tuple[str, ...]:
-    """The stack each layer's parameters live in: 'layers' (dense) or 'moe_layers'."""
-    return tuple(MOE_STACK if is_moe else DENSE_STACK
-                 for is_moe in moe_pattern(getattr(cfg, "moe", None), cfg.num_layers))
+    """The stack each layer's parameters live in: 'layers' (dense), 'moe_layers', and for
+    Gated DeltaNet layers 'linear_layers' / 'linear_moe_layers'."""
+    return stack_kinds(moe_pattern(getattr(cfg, "moe", None), cfg.num_layers),
+                       getattr(cfg, "linear_attention_layers", None))
 
 
 def layer_slots(cfg) -> tuple[tuple[str, int], ...]:

@@ -19,9 +19,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxtrain.models import layers as L
 from jaxtrain.models.attention import attention
+from jaxtrain.models.linear_attention import linear_attention_block
 from jaxtrain.models.mla import mla_qkv
 from jaxtrain.models.moe import moe_block
-from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
+from jaxtrain.models.params import MOE_STACKS, STACKS, layer_axes, layer_kinds
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.parallel import context as cp
@@ -51,7 +52,9 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg, cache=None):
     q, k, v, scale = project_qkv(p, x, _layer_rope(ctx, layer_number, cfg), cfg)
     if cache is not None:
         k, v, cache = ctx["kv_cache"](cache, k, v)
-    out = attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, scale)
+    gate = (L.dense(x, p["wg"], None, "btd,dnh->btnh", "query_gate_proj", cfg)
+            if "wg" in p else None)
+    out = attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, scale, gate)
     return out if cache is None else (out, cache)
 
 
@@ -89,10 +92,11 @@ def _layer_rope(ctx: dict, layer_number, cfg) -> dict:
     return {**ctx, "rope": tuple(jnp.where(local, b, a) for a, b in zip(rope[:2], rope[2:]))}
 
 
-def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scale):
+def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scale, gate=None):
     """Core attention (this layer's window, the sinks in ``p``) and the output projection.
     ``ctx['q_offset']`` (decoding: the cache position of q's first token) selects the xla
-    attention with that offset."""
+    attention with that offset. ``gate`` [B,T,N,H] (attention_output_gate): the attention
+    output is multiplied by its sigmoid before the projection."""
     q_offset = ctx.get("q_offset")
     impl = cfg.attention_impl if q_offset is None else "xla"
     # Query-key layer scaling guards fp16 scores from overflow; the fused kernels accumulate
@@ -123,6 +127,9 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
     attend = _maybe_remat(attend, "core_attn" in cfg.recompute_modules)
     out = checkpoint_name(attend(q, k, v, p.get("sinks")), "context")
     out = constrain(out, "act_batch", "act_seq", "act_heads", "act_kv")
+    if gate is not None:
+        out = (out.astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))
+               ).astype(out.dtype)
     return L.dense(out, p["wo"], p.get("bo"), "btnh,nhd->btd", "out_proj", cfg)
 
 
@@ -180,10 +187,20 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     mlp = _maybe_remat(lambda q, y: L.mlp(q, y, cfg), "mlp" in cfg.recompute_modules)
 
     h = norm(p["attn_norm"], x) if cfg.pre_norm else x
-    with jax.named_scope("attention"):
-        a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, cache)
-    if cache is not None:
-        a, cache = a
+    if "linear_attn" in p:
+        with jax.named_scope("linear_attention"):
+            a = linear_attention_block(p["linear_attn"], h, ctx, cfg,
+                                       None if cache is None else cache["linear"])
+        if cache is not None:
+            a, lin = a
+            cache = {**cache, "linear": lin}
+    else:
+        with jax.named_scope("attention"):
+            kv = None if cache is None else {n: c for n, c in cache.items() if n != "linear"}
+            a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, kv)
+        if cache is not None:
+            a, kv = a
+            cache = {**cache, **kv}
     if cfg.post_attention_norm:
         a = norm(p["post_attn_norm"], a)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
@@ -214,7 +231,7 @@ def _moe(p: dict, h, i, ctx: dict, rng, cfg):
     state = ctx.get("moe_state")
     prev = steps = None
     if state is not None:
-        ordinal = jnp.cumsum(jnp.asarray([k == "moe_layers" for k in layer_kinds(cfg)])) - 1
+        ordinal = jnp.cumsum(jnp.asarray([k in MOE_STACKS for k in layer_kinds(cfg)])) - 1
         prev, steps = state["aux_counts"][ordinal[i]], state["steps"]
     train = not ctx["deterministic"]
 

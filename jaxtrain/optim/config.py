@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxtrain.config import complete
 from jaxtrain.config.areas import optim as _knob_areas
 from jaxtrain.models.moe.config import parse_layer_freq
-from jaxtrain.models.spec import DENSE_STACK, MOE_STACK, freq_pattern
+from jaxtrain.models.spec import freq_pattern, linear_pattern, stack_kinds
 
 MEGATRON = "megatron"
 PGS = "pgs"
@@ -60,6 +60,7 @@ class OptimConfig:
     adam_eps: float = 1e-8
     adam_eps_root: float = 0.0  # MaxText: added to the second moment inside the root
     decay_all: bool = False  # MaxText: weight decay on every parameter (empty adamw_mask)
+    wd_qk_norm: bool = False  # Megatron apply_wd_to_qk_layernorm: q/k norm scales decayed
     sgd_momentum: float = 0.9
     weight_decay: float = 0.0
     weight_decay_incr_style: str = "constant"
@@ -99,6 +100,7 @@ class OptimConfig:
     mona: bool = False
     mona_beta_a: float = 0.975
     mona_lite: bool = True
+    freeze_linear: bool = False   # pgs freeze_non_attention: Gated DeltaNet layers fixed
 
     def __post_init__(self):
         known = MEGATRON_OPTIMIZERS + PGS_OPTIMIZERS
@@ -193,6 +195,8 @@ class OptimConfig:
             adam_eps=float(get("adam_eps")),
             adam_eps_root=float(get("adam_eps_root") or 0.0),
             decay_all=bool(get("decay_all_params")) and flavour == MEGATRON,
+            wd_qk_norm=bool(get("apply_wd_to_qk_layernorm")) or get(
+                "no_weight_decay_cond_type") == "apply_wd_to_qk_layernorm",
             sgd_momentum=float(get("sgd_momentum")),
             weight_decay=float(get("weight_decay") or 0.0),
             weight_decay_incr_style=get("weight_decay_incr_style"),
@@ -227,6 +231,7 @@ class OptimConfig:
             hyperball_lr=_float_or(get("train.hyperball_lr"), 0.0),
             mona=bool(get("train.mona")), mona_beta_a=_float_or(get("train.mona_beta_a"), 0.975),
             mona_lite=get("train.mona_lite") is not False,
+            freeze_linear=bool(get("train.freeze_non_attention")),
         )
 
 
@@ -244,13 +249,18 @@ def _float_or(value, default):
 
 
 def _layer_stacks(get) -> tuple[str, ...] | None:
-    """The stack ('layers' or 'moe_layers') of each layer when an MoE model mixes dense and MoE
-    layers, for layer-wise LR decay; None for one stack."""
-    if not get("num_experts") or not get("num_layers"):
+    """The stack of each layer when a model mixes stacks (dense and MoE layers, softmax and
+    Gated DeltaNet ones), for layer-wise LR decay; None for one stack."""
+    layers = get("num_layers")
+    if not layers:
         return None
-    freq = parse_layer_freq(get("moe_layer_freq") if get("moe_layer_freq") is not None else 1)
-    pattern = freq_pattern(freq, int(get("num_layers")))
-    if all(pattern) or not any(pattern):
-        return None
-    return tuple(MOE_STACK if moe else DENSE_STACK for moe in pattern)
-
+    moe = (False,) * int(layers)
+    if get("num_experts"):
+        freq = get("moe_layer_freq")
+        moe = freq_pattern(parse_layer_freq(freq if freq is not None else 1), int(layers))
+    linear = None
+    if get("experimental_attention_variant") in ("gdn", "gated_delta_net") and \
+            get("linear_attention_freq") is not None:
+        linear = linear_pattern(parse_layer_freq(get("linear_attention_freq")), int(layers))
+    kinds = stack_kinds(moe, linear)
+    return None if len(set(kinds)) == 1 else kinds

@@ -10,7 +10,8 @@ axes: a stacked leaf is one matrix (or vector) per copy. On that plan:
   and vectors skip decay; matrices, embeddings and the output layer decay). pgs skips decay for
   1-D tensors and names containing bias, norm or embed (so the embedding is not decayed), except
   in its Muon+AdamW hybrid, which decays everything but biases and norms. MaxText's empty
-  ``adamw_mask`` (``decay_all_params``) decays every leaf.
+  ``adamw_mask`` (``decay_all_params``) decays every leaf. Megatron's
+  ``apply_wd_to_qk_layernorm`` decays the query/key norm scales too.
 - :func:`muon_member`: the leaves Muon takes (the rest go to Adam): Megatron's every parameter
   that is neither 1-D nor the word embedding / output layer (so a learned position embedding is
   Muon's); pgs's >= 2-D non-embedding weights, the output head included.
@@ -128,7 +129,13 @@ def decayed(opt_cfg: OptimConfig, part: str) -> Callable[[Leaf], bool]:
         kinds = ("matrix", "output")
     else:
         kinds = ("matrix", "output", "embedding", "position_embedding")
+    if opt_cfg.wd_qk_norm:   # Megatron apply_wd_to_qk_layernorm (Qwen3-Next's recipe)
+        return lambda leaf: leaf.kind in kinds or any(p in QK_NORMS for p in leaf.path)
     return lambda leaf: leaf.kind in kinds
+
+
+# Megatron's q_layernorm / k_layernorm: per-head q/k norms, and MLA's query-latent norm.
+QK_NORMS = ("q_norm", "k_norm", "q_a_norm")
 
 
 def muon_member(opt_cfg: OptimConfig) -> Callable[[Leaf], bool]:

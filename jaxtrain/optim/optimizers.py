@@ -51,6 +51,7 @@ from jaxtrain.optim.adam import AdamState, scale_by_adam_stored
 from jaxtrain.optim.config import (DTYPES, JORDAN, MATMUL_PRECS, MEGATRON, MEGATRON_OPTIMIZERS,
                                    NS_COEFFICIENTS, PGS, PGS_MUON_LR_MULT, PGS_OPTIMIZERS,
                                    QUINTIC, SCALE_MODES, TP_MODES, OptimConfig)
+from jaxtrain.optim.freeze import is_frozen
 from jaxtrain.optim.leaves import (Leaf, Path, batch_axes_of, by_path, decayed, leaf_plan,
                                    muon_member)
 from jaxtrain.optim.muon import (MuonState, muon_scale_factor, newton_schulz,
@@ -168,7 +169,8 @@ def build_optimizer(opt_cfg: OptimConfig, lr_schedule, params_axes, *, wd_schedu
                              "Muon; the schedule-free optimizers keep their own weights: use fp32")
         extras = [k for k, on in (("train.mona", opt_cfg.mona), ("train.adamc", opt_cfg.adamc),
                                   ("train.llrd_decay", opt_cfg.llrd_decay < 1),
-                                  ("train.hyperball", opt_cfg.hyperball)) if on]
+                                  ("train.hyperball", opt_cfg.hyperball),
+                                  ("train.freeze_non_attention", opt_cfg.freeze_linear)) if on]
         if extras:
             raise ValueError(f"{', '.join(extras)} cannot be combined with plugins.schedule_free "
                              f"(it has no LR schedule or per-layer LR to act on)")
@@ -178,6 +180,8 @@ def build_optimizer(opt_cfg: OptimConfig, lr_schedule, params_axes, *, wd_schedu
     decoupled = opt_cfg.decoupled_lr is not None
 
     def label(leaf: Leaf) -> str:
+        if opt_cfg.freeze_linear and is_frozen(leaf.path):
+            return "frozen"
         if member(leaf):
             return "muon"
         if decoupled and leaf.kind in ("embedding", "output"):
@@ -188,7 +192,7 @@ def build_optimizer(opt_cfg: OptimConfig, lr_schedule, params_axes, *, wd_schedu
     part = "muon-adam" if opt_cfg.uses_muon else "main"
     main_wd = (pgs_extras.adamc_weight_decay(wd, lr_schedule, opt_cfg.lr) if opt_cfg.adamc
                else wd)
-    transforms = {}
+    transforms = {"frozen": optax.set_to_zero()} if "frozen" in used else {}
     if "main" in used:
         transforms["main"] = _elementwise(opt_cfg, plan, lr_schedule, main_wd, part)
     if "decoupled" in used:

@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtrain.fused_ce import head_params, plain_loss
 from jaxtrain.models.params import STACKS
 from jaxtrain.models.remat import NO_REMAT, layer_plan
-from jaxtrain.models.spec import MOE_STACK, layer_kinds
+from jaxtrain.models.spec import MOE_STACKS, layer_kinds
 from jaxtrain.models.transformer import _run_layers, final_hidden, layer_inputs, layer_stacks
 from jaxtrain.parallel import schedules as sched
 
@@ -154,7 +154,7 @@ def lower(s: sched.Schedule, cfg, bounds) -> Program:
         rows[t, r] = (branch_of[key], mb, c,
                       x_slot[r][0].get((mb, st), nx), g_slot[r][0].get((mb, st), ng),
                       bounds[st][0] - bounds[rep][0], st == 0,
-                      sum(k == MOE_STACK for k in kinds[:bounds[st][0]]))
+                      sum(k in MOE_STACKS for k in kinds[:bounds[st][0]]))
     recv = np.zeros((n_ticks, p, max(1, len(channels)), 2), np.int32)
     recv[..., 0], recv[..., 1] = nx, ng
     for t, r, dest, buf, key in messages:

@@ -37,6 +37,9 @@ _DS = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_v
            n_shared_experts=1, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16,
            qk_rope_head_dim=8, v_head_dim=16, vocab_size=300, max_position_embeddings=256)
 
+_GDN = dict(linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_conv_kernel_dim=3)
+
 # Tiny random configs of every family (one case or more per family).
 CASES = {
     "llama3": lambda: tr.LlamaConfig(**_B, rope_parameters={
@@ -75,6 +78,20 @@ CASES = {
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
     "olmo2": lambda: tr.Olmo2Config(**_B),
     "olmo3": lambda: tr.Olmo3Config(**_B, sliding_window=16),
+    "qwen3_next": lambda: tr.Qwen3NextConfig(
+        **_B, head_dim=16, **_GDN, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24, mlp_only_layers=[2], norm_topk_prob=False),
+    "qwen3_5_text": lambda: tr.Qwen3_5TextConfig(
+        **_B, head_dim=16, **_GDN, layer_types=["linear_attention", "full_attention"] * 2),
+    "qwen3_5_moe_text": lambda: tr.Qwen3_5MoeTextConfig(
+        **_B, head_dim=16, **_GDN, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16),
+    "qwen3_5": lambda: tr.Qwen3_5Config(text_config=dict(
+        **_B, head_dim=16, **_GDN, layer_types=["linear_attention", "full_attention"] * 2,
+        tie_word_embeddings=True)),
+    "qwen3_5_moe": lambda: tr.Qwen3_5MoeConfig(text_config=dict(
+        **_B, head_dim=16, **_GDN, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16)),
     "gpt2_exact_gelu": lambda: tr.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                              vocab_size=300, activation_function="gelu",
                                              tie_word_embeddings=False),
@@ -250,8 +267,9 @@ def test_the_model_directory_is_the_tokenizer(tmp_path, write):
 
 
 @pytest.mark.parametrize("config,words", [
-    ({"model_type": "qwen3_next"}, ["'qwen3_next'", "planned for issue #25"]),
-    ({"model_type": "qwen3_5_moe"}, ["'qwen3_5_moe'", "planned for issue #25"]),
+    ({"model_type": "gemma4", "text_config": {}}, ["'gemma4'", "planned for issue #25"]),
+    ({"model_type": "qwen3_5", "vision_config": {}}, ["text_config=None", "has none"]),
+    ({"model_type": "gemma3n"}, ["'gemma3n'", "planned for issue #25"]),
     ({"model_type": "gemma3", "vision_config": {}}, ["'gemma3'", "planned for issue #25"]),
     ({"model_type": "llama4"}, ["'llama4'", "planned for issue #25"]),
     ({"model_type": "llava", "vision_config": {}, "text_config": {}},
@@ -331,9 +349,24 @@ GPT_OSS_20B = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size"
                "tie_word_embeddings": False, "attention_bias": True, "hidden_act": "silu"}
 
 
+# Qwen/Qwen3-Next-80B-A3B-Instruct config.json (80B in total; its MTP layer is not built)
+QWEN3_NEXT_80B = {"model_type": "qwen3_next", "hidden_size": 2048, "intermediate_size": 5120,
+                  "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+                  "head_dim": 256, "vocab_size": 151936, "max_position_embeddings": 262144,
+                  "rms_norm_eps": 1e-6, "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                  "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
+                  "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+                  "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+                  "linear_num_value_heads": 32, "full_attention_interval": 4,
+                  "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+                  "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [], "norm_topk_prob": True}
+
+
 @pytest.mark.parametrize("config,published", [
-    (LLAMA_3_1_8B, 8.03e9), (QWEN3_8B, 8.19e9), (DEEPSEEK_V3, 671e9), (GPT_OSS_20B, 20.91e9)],
-    ids=["Llama-3.1-8B", "Qwen3-8B", "DeepSeek-V3", "gpt-oss-20b"])
+    (LLAMA_3_1_8B, 8.03e9), (QWEN3_8B, 8.19e9), (DEEPSEEK_V3, 671e9), (GPT_OSS_20B, 20.91e9),
+    (QWEN3_NEXT_80B, 80e9)],
+    ids=["Llama-3.1-8B", "Qwen3-8B", "DeepSeek-V3", "gpt-oss-20b", "Qwen3-Next-80B-A3B"])
 def test_published_configs_give_published_sizes(config, published, tmp_path, write):
     model = write_hf_model(tmp_path / "m", config)
     cfg = ModelConfig.from_config({**load_config(_pgs_file(write, model))})

@@ -80,6 +80,12 @@ PUBLISHED = [
     ("gemma3-27b", 27.016e9, "Gemma 3 technical report, Table 1: 1,416M + 25,600M"),
     ("olmo3-7b", 7.30e9, "allenai/Olmo-3-1025-7B on Hugging Face: 7.3B params"),
     ("olmo3-32b", 32.2e9, "allenai/Olmo-3-1125-32B on Hugging Face: 32.2B params"),
+    ("qwen3-next-80b-a3b", 80e9, "Qwen/Qwen3-Next-80B-A3B-Instruct model card: 80B in total, "
+                                 "3B activated (its multi-token-prediction layer not built)"),
+    ("qwen3.5-35b-a3b", 35e9, "Qwen/Qwen3.5-35B-A3B model card: 35B in total, 3B activated "
+                              "(the text decoder; the vision encoder not built)"),
+    ("qwen3.5-397b-a17b", 397e9, "Qwen/Qwen3.5-397B-A17B model card: 397B in total, 17B "
+                                 "activated (the vision encoder not built)"),
 ]
 
 
@@ -186,6 +192,44 @@ def test_olmo3_family():
     with pytest.raises(ConfigError, match="leaves out 2 of the 6 layers"):
         load_config("base.yml", ["decoder_block=olmo3", "base_num_decoder_layers=6",
                                  "inhomogeneous_layer_cycle_interval=4"])
+
+
+def test_qwen3_hybrid_families():
+    """MaxText's qwen3_next / qwen3_5 blocks: Gated DeltaNet layers (gdn_* sizes, chunk, q/k L2
+    norm) with full attention every inhomogeneous_layer_cycle_interval layers (output gate,
+    1 + w q/k norms, RoPE on partial_rotary_factor), every layer MoE with a gated shared expert
+    as wide as the routed ones; qwen3_5's use_mrope is plain RoPE on text."""
+    cfg, m = resolve("qwen3-next-80b-a3b")
+    assert cfg["experimental_attention_variant"] == "gdn" and cfg["linear_attention_freq"] == 4
+    assert m.linear_attention_layers == (True, True, True, False) * 12
+    assert (m.linear_num_key_heads, m.linear_num_value_heads, m.linear_key_head_dim,
+            m.linear_value_head_dim, m.linear_conv_kernel_dim, m.linear_chunk_size) == (
+        16, 32, 128, 128, 4, 64)
+    assert m.linear_qk_l2_norm and m.attention_output_gate and m.apply_layernorm_1p
+    assert m.qk_layernorm and m.rotary_percent == 0.25 and m.rotary_base == 1e7
+    assert (m.moe.num_experts, m.moe.topk, m.moe.ffn_hidden_size) == (512, 10, 512)
+    assert m.moe.shared_expert_size == 512 and m.moe.shared_expert_gate
+    cfg, m = resolve("qwen3.5-35b-a3b")
+    assert not cfg["use_mrope"] and m.rotary_percent == 0.25 and m.vocab_size == 248320
+    assert cfg["mrope_section"] == [24, 20, 20]   # the file's [11, 11, 10]: plain RoPE on text
+    small = ["decoder_block=qwen3_5", "base_num_decoder_layers=6", "num_experts=4",
+             "num_experts_per_tok=2",
+             "base_moe_mlp_dim=32", "base_mlp_dim=32", "gdn_num_key_heads=2",
+             "gdn_num_value_heads=4", "inhomogeneous_layer_cycle_interval=3",
+             "gdn_chunk_size=16", "use_qk_norm_in_gdn=false", "partial_rotary_factor=0.5",
+             "gdn_key_head_dim=8", "gdn_value_head_dim=8", "gdn_conv_kernel_dim=3"]
+    m = ModelConfig.from_config({**load_config("base.yml", small)})
+    assert m.linear_attention_layers == (True, True, False) * 2
+    assert (m.linear_chunk_size, m.linear_qk_l2_norm, m.rotary_percent) == (16, False, 0.5)
+    assert (m.linear_key_head_dim, m.linear_conv_kernel_dim) == (8, 3)
+    with pytest.raises(ConfigError, match="leaves out 2 of the 6 layers"):
+        load_config("base.yml", [*small, "inhomogeneous_layer_cycle_interval=4"])
+    with pytest.raises(ConfigError, match="every layer of this block with MoE"):
+        load_config("base.yml", ["decoder_block=qwen3_next", "base_num_decoder_layers=4"])
+    with pytest.raises(ConfigError, match="llama2 block does not read partial_rotary_factor"):
+        load_config("base.yml", ["decoder_block=llama2", "partial_rotary_factor=0.5"])
+    with pytest.raises(ConfigError, match="use_mrope.*multimodal"):
+        load_config("base.yml", ["decoder_block=qwen3", "use_mrope=true"])
 
 
 def test_normalize_embedding_logits_divides_the_tied_logits():
@@ -491,8 +535,7 @@ def test_mla_softmax_mscale():
 
 # --------------------------------------------------------------------- refusals by name
 
-@pytest.mark.parametrize("block", ["gemma4", "llama4", "qwen3_next", "qwen3_5",
-                                   "deepseek4", "envy", "default"])
+@pytest.mark.parametrize("block", ["gemma4", "llama4", "deepseek4", "envy", "default"])
 def test_unbuilt_families_are_planned_by_name(block):
     refused(f"decoder_block = '{block}'.*planned for issue #25 \\(model families\\)",
             f"decoder_block={block}")
@@ -558,7 +601,7 @@ def test_presets_name_their_commit_and_read_back():
         assert "AI-Hypercomputer/maxtext at commit e591f30cbb" in text.splitlines()[1]
         assert yaml.safe_load(text)["decoder_block"] in (
             "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
-            "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3")
+            "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5")
 
 
 FORWARD = {
@@ -585,6 +628,12 @@ FORWARD = {
               "base_num_query_heads=4", "base_num_kv_heads=2", "vocab_size=256",
               "sliding_window_size=4", "max_position_embeddings=64",
               "original_max_position_embeddings=16"],
+    "qwen3_next": ["model_name=qwen3-next-80b-a3b", "override_model_config=true",
+                   "base_num_decoder_layers=4", "base_num_query_heads=4", "base_num_kv_heads=2",
+                   "vocab_size=256", "num_experts=4", "num_experts_per_tok=2",
+                   "base_moe_mlp_dim=32", "base_mlp_dim=32", "gdn_num_key_heads=2",
+                   "gdn_num_value_heads=4", "gdn_key_head_dim=8", "gdn_value_head_dim=8",
+                   "gdn_chunk_size=8"],
     "gemma3": ["model_name=gemma3-4b", "override_model_config=true", "base_num_decoder_layers=7",
                "base_num_query_heads=4", "base_num_kv_heads=2", "vocab_size=256",
                "sliding_window_size=4"],

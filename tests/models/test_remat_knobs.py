@@ -50,3 +50,14 @@ def test_mlpwi_names_the_plain_mlp_input(capsys):
 def test_quantization_policies_keep_the_quantized_operands(policy, kept, capsys):
     cfg = tiny(remat_policy=policy, scan_layers=False, quant=TENSORWISE)
     assert ("named 'quantization'" in saved(cfg, capsys)) == kept
+
+
+def test_block_recompute_of_zero_layers_recomputes_none():
+    """Megatron's block method checkpoints the first recompute_num_layers layers: 0 is none
+    (Primus's Qwen3.5 experiments write it); uniform needs a positive count."""
+    full = ["recompute_granularity=full", "recompute_method=block"]
+    cfg = model(*full, "recompute_num_layers=0")
+    assert (cfg.remat_policy, cfg.recompute_method) == ("none", None)
+    assert model(*full, "recompute_num_layers=1").recompute_method == "block"
+    with pytest.raises(ValueError, match="positive layer count"):
+        model("recompute_granularity=full", "recompute_method=uniform", "recompute_num_layers=0")

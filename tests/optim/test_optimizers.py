@@ -715,3 +715,22 @@ def test_against_torch_adamw_sgd_and_muon():
     want = theirs(lambda ps: torch.optim.Muon(ps, lr=0.1, weight_decay=0.1, momentum=0.95,
                                               nesterov=True)) - w0
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.02  # both iterate in bf16
+
+
+@pytest.mark.parametrize("knob", ["apply_wd_to_qk_layernorm=true",
+                                  "no_weight_decay_cond_type=apply_wd_to_qk_layernorm"])
+def test_apply_wd_to_qk_layernorm_decays_the_query_key_norms_only(knob):
+    """Megatron's Qwen3-Next recipe: the q/k norm scales join the decayed leaves; the layer
+    norms and biases stay exempt."""
+    from jaxtrain.models import ModelConfig, logical_axes
+    from jaxtrain.optim.leaves import decayed
+
+    plan = leaf_plan(logical_axes(ModelConfig(qk_layernorm=True, add_qkv_bias=True)))
+    base = ["lr=1e-3", "weight_decay=0.1", "num_layers=2", "hidden_size=32",
+            "num_attention_heads=4", "vocab_size=64", "seq_length=16"]
+    flagged = OptimConfig.from_config(load_config(None, [*base, knob]))
+    plain = OptimConfig.from_config(load_config(None, base))
+    on, off = decayed(flagged, "main"), decayed(plain, "main")
+    changed = {p for p, leaf in plan.items() if on(leaf) != off(leaf)}
+    assert changed == {("layers", "attn", "q_norm", "scale"), ("layers", "attn", "k_norm", "scale")}
+    assert not on(plan[("layers", "attn_norm", "scale")]) and not on(plan[("layers", "attn", "bq")])

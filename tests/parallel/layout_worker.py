@@ -29,6 +29,10 @@ MOE = ["num_layers=1", "num_experts=8", "moe_router_topk=2", "moe_ffn_hidden_siz
        "moe_aux_loss_coeff=0.01", "moe_z_loss_coeff=0.001",
        "moe_shared_expert_intermediate_size=16"]
 MOE_MIXED = MOE + ["num_layers=2", "moe_layer_freq=[1,0]"]   # an MoE and a dense layer
+GDN = ["experimental_attention_variant=gdn", "linear_attention_freq=2", "linear_num_key_heads=2",
+       "linear_num_value_heads=4", "linear_key_head_dim=8", "linear_value_head_dim=8",
+       "linear_conv_kernel_dim=3", "attention_output_gate=true", "rotary_percent=0.5",
+       "gdn_chunk_size=4"]
 MOE_CAPACITY = ["moe_expert_capacity_factor=1.0", "moe_pad_expert_input_to_capacity=true"]
 
 LAYOUTS = {
@@ -69,6 +73,10 @@ LAYOUTS = {
     "cp2_tp2": (8, ["context_parallel_size=2", "tensor_model_parallel_size=2",
                     "sequence_parallel=false"]),
     "cp2_fsdp": (8, ["context_parallel_size=2", "use_torch_fsdp2=true"]),
+    # Gated DeltaNet hybrid (one linear and one gated-attention layer): heads split by TP
+    "gdn": (1, GDN),
+    "gdn_tp_sp_fsdp": (8, GDN + ["tensor_model_parallel_size=2", "sequence_parallel=true",
+                                 "use_torch_fsdp2=true"]),
     # MoE: expert parallelism must not change the losses
     "moe": (8, MOE),
     "moe_ep2": (8, MOE + ["expert_model_parallel_size=2"]),

@@ -21,8 +21,9 @@ GATHERS = ["torch_fsdp2", "fsdp_keep", "tp_recompute", "tp_distribute"]
 REPLICAS = ["tp"]
 MOE = [n for n in LAYOUTS if n.startswith("moe")]   # compared among themselves
 CP = [n for n in LAYOUTS if n.startswith("cp")]   # trained in a slow test
+GDN = [n for n in LAYOUTS if n.startswith("gdn")]   # trained in their own test
 BUILT = [n for n in LAYOUTS
-         if n not in TRAINED + GATHERS + REPLICAS + MOE + CP + ACCUMULATED + REDUCTIONS]
+         if n not in TRAINED + GATHERS + REPLICAS + MOE + CP + GDN + ACCUMULATED + REDUCTIONS]
 # Compile quickly: these programs are tiny and run a few steps (both sides of each comparison).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 WQ = "['layers']['attn']['wq']"  # [D, L, N, H]: embed, layers, q_heads, kv
@@ -227,3 +228,13 @@ def test_expert_parallel_with_capacity_and_tensor_parallel(tmp_path):
         assert got[name]["losses"] == pytest.approx(got[ref]["losses"], rel=2e-6), name
     assert _param(got, "moe_ep2_tp", EXPERTS)["spec"] == ["expert", None, None, "tensor"]
     assert _param(got, "moe_ep2_fsdp", EXPERTS)["spec"] == ["expert", None, "data", None]
+
+
+def test_gated_deltanet_hybrid_splits_its_heads_without_changing_the_losses(tmp_path):
+    """A Gated DeltaNet + gated-attention model under TP 2 with SP and FSDP trains with the
+    one-device losses; the linear layers' heads are split over the tensor axis."""
+    got = _worker(tmp_path, "train:gdn,gdn_tp_sp_fsdp")
+    assert got["gdn_tp_sp_fsdp"]["losses"] == pytest.approx(got["gdn"]["losses"], rel=2e-6)
+    specs = got["gdn_tp_sp_fsdp"]["params"]
+    wq = next(v for k, v in specs.items() if "linear_attn" in k and k.endswith("['wq']"))
+    assert "tensor" in json.dumps(wq)

@@ -63,7 +63,7 @@ def _tokenizer(corpus: list[str]):
 
 def write_chat_model(path, family: str = "llama", rows=None, seed: int = 0, **config
                      ) -> pathlib.Path:
-    """A tiny random ``family`` (llama | qwen3 | gemma3 | olmo3) chat model directory with its
+    """A tiny random ``family`` (llama | qwen3 | qwen3_5 | gemma3 | olmo3) chat model directory with its
     tokenizer."""
     import torch
     import transformers
@@ -88,6 +88,12 @@ def write_chat_model(path, family: str = "llama", rows=None, seed: int = 0, **co
     elif family == "olmo3":
         cfg = transformers.Olmo3Config(sliding_window=8, **common)
         model = transformers.Olmo3ForCausalLM(cfg)
+    elif family == "qwen3_5":
+        cfg = transformers.Qwen3_5TextConfig(
+            head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+            linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"],
+            **common)
+        model = transformers.Qwen3_5ForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(**common)
         model = transformers.LlamaForCausalLM(cfg)

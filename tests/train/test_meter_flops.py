@@ -41,3 +41,19 @@ def test_moe_with_mla_and_a_dense_layer():
     n = 2 * mla + dense_mlp + moe + D * V       # untied: the output layer, not the embedding
     assert (mla, moe, n) == (2880, 4864, 19872)
     assert per_token(cfg) == 6 * n + 6 * 2 * 4 * (12 + 6) * T == 133056
+
+
+def test_gated_deltanet_hybrid():
+    """One Gated DeltaNet layer (projections q, k [D,2,8], v, z [D,4,6], b, a [D,4], o) and one
+    gated softmax-attention layer (the gate projection counts); the score term counts only the
+    softmax layer, the linear layer adds its chunked-rule matmuls."""
+    cfg = ModelConfig(**BASE, linear_attention_layers=(True, False), linear_num_key_heads=2,
+                      linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+                      linear_chunk_size=16, attention_output_gate=True,
+                      untie_embeddings_and_output_weights=False)
+    lin = 2 * D * 2 * 8 + 2 * D * 4 * 6 + 2 * D * 4 + 4 * 6 * D
+    attn = 5 * D * 4 * 8                               # q, k, v, gate, o (MHA, head dim 8)
+    mlp = 3 * D * 64
+    n = lin + attn + 2 * mlp + D * V
+    rule = 6 * 4 * (3 * 16 * 8 + 2 * 16 * 6 + 3 * 8 * 6)
+    assert per_token(cfg) == 6 * n + rule + 12 * 1 * 4 * 8 * T

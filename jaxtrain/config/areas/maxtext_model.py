@@ -14,15 +14,16 @@ _FAMILIES = 25
 
 # MaxText's decoder blocks (common_types.DecoderBlockType) and what jaxtrain does with each.
 BUILT_BLOCKS = ("llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
-                "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3")
+                "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5")
 # Blocks of model families issue 25 builds ("default" runs attention and MLP in parallel).
-PLANNED_BLOCKS = ("default", "gemma4", "gemma4_small", "llama4", "qwen3_next", "qwen3_5", "qwen3_custom_moe", "deepseek4", "envy")
+PLANNED_BLOCKS = ("default", "gemma4", "gemma4_small", "llama4", "qwen3_custom_moe", "deepseek4",
+                  "envy")
 REJECTED_BLOCKS = {
     b: "MaxText's test block of a single weight matrix per layer (or an MLP only) is not a "
        "language model architecture; use a real decoder block such as llama2"
     for b in ("simple", "simple_mlp")}
 DECODER_BLOCKS = BUILT_BLOCKS + PLANNED_BLOCKS + tuple(REJECTED_BLOCKS)
-MOE_BLOCKS = ("mixtral", "qwen3_moe", "deepseek", "gpt_oss")
+MOE_BLOCKS = ("mixtral", "qwen3_moe", "deepseek", "gpt_oss", "qwen3_next", "qwen3_5")
 
 
 def _family(key, type_, default, meaning, family, **kw):
@@ -169,7 +170,9 @@ KNOBS = [
       "averages the layers' losses and leaves out Megatron's 1/top-k); the DeepSeek block, "
       "whose balance loss takes a softmax of its scores, refuses it"),
     K("shared_experts", "int", 0, "Number of always-on shared experts, each base_moe_mlp_dim "
-      "wide.", _MT, HONORED, _DEEPSEEK + ": moe_shared_expert_intermediate_size"),
+      "wide.", _MT, HONORED, _DEEPSEEK + ": moe_shared_expert_intermediate_size (the "
+      "qwen3_next and qwen3_5 blocks always have one gated shared expert and ignore it, as "
+      "MaxText does)"),
     K("first_num_dense_layers", "int", 0, "Leading layers with a dense MLP (base_mlp_dim) before "
       "the MoE layers.", _MT, HONORED, _DEEPSEEK + ": moe_layer_freq"),
     K("routed_scaling_factor", "float", 1.0, "Multiplier on the chosen experts' routing "
@@ -268,9 +271,10 @@ KNOBS = [
             "channels that RoPE rotates.", "gemma4 blocks"),
     _family("local_rope_proportion", "float", 1.0, "Gemma 4: share of each local head's channels "
             "that RoPE rotates.", "gemma4 blocks"),
-    _family("partial_rotary_factor", "float", 1.0, "Share of each head's channels that RoPE "
-            "rotates in MaxText's qwen3-next and multimodal-RoPE paths.",
-            "qwen3-next and qwen3-omni blocks"),
+    K("partial_rotary_factor", "float", 1.0, "Share of each head's channels that RoPE rotates "
+      "in MaxText's qwen3-next and multimodal-RoPE paths.", _MT, HONORED,
+      "decoder_block qwen3_next / qwen3_5: rotary_percent (config/dialects/maxtext_model.py); "
+      "other blocks refuse a value they would not read"),
     K("rope_factor", "float", 40.0, "YaRN context-extension factor (also sets MLA's softmax "
       "mscale).", _MT, HONORED, _YARN + ": rotary_scaling_factor"),
     K("beta_fast", "float", 32.0, "YaRN: rotation count that bounds the extrapolated (high "
@@ -298,20 +302,11 @@ KNOBS = [
           "never the rotary cos/sin, unlike Megatron's mscale")),)),
 
     # --- other architectures ---
-    _family("gdn_conv_kernel_dim", "int", 4, "Qwen3-Next Gated DeltaNet: kernel size of its "
-            "short causal convolution.", "qwen3-next/qwen3.5 blocks"),
-    _family("gdn_key_head_dim", "int", 128, "Gated DeltaNet: width of each query/key head.",
-            "qwen3-next/qwen3.5 blocks"),
-    _family("gdn_value_head_dim", "int", 128, "Gated DeltaNet: width of each value head.",
-            "qwen3-next/qwen3.5 blocks"),
-    _family("gdn_num_key_heads", "int", 16, "Gated DeltaNet: number of query/key heads.",
-            "qwen3-next/qwen3.5 blocks"),
-    _family("gdn_num_value_heads", "int", 32, "Gated DeltaNet: number of value heads.",
-            "qwen3-next/qwen3.5 blocks"),
-    _family("gdn_chunk_size", "int", 64, "Gated DeltaNet: chunk length of its chunked parallel "
-            "scan.", "qwen3-next/qwen3.5 blocks"),
-    _family("use_qk_norm_in_gdn", "bool", True, "Gated DeltaNet: L2-normalise queries and keys "
-            "inside the delta rule.", "qwen3-next/qwen3.5 blocks"),
+    K("gdn_chunk_size", "int", 64, "Gated DeltaNet: chunk length of its chunked parallel scan.",
+      _MT, HONORED, "the chunk length of jaxtrain's chunked gated delta rule (kernels/"
+      "gated_delta); the result is the same for any length, the cost is not"),
+    K("use_qk_norm_in_gdn", "bool", True, "Gated DeltaNet: L2-normalise queries and keys inside "
+      "the delta rule.", _MT, HONORED, "kernels/gated_delta l2_qk"),
     _family("mhc_expansion_rate", "int", 1, "Manifold-constrained hyper-connections: parallel "
             "residual streams per layer; 1 is the plain residual.", "DeepSeek V4 mHC"),
     _family("sinkhorn_iterations", "int", 20, "mHC: Sinkhorn-Knopp iterations that make the "

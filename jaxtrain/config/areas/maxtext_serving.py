@@ -3,7 +3,7 @@ KV-cache serving, LoRA adapters, vLLM, logit distillation, and the multimodal en
 
 Canonical keys are MaxText's own (configs/base.yml); defaults are its base.yml values.
 """
-from jaxtrain.config.knob import INERT, REJECTED, K
+from jaxtrain.config.knob import HONORED, INERT, REJECTED, K
 
 _MT = "maxtext"
 _DISTILL = 22
@@ -217,7 +217,9 @@ KNOBS = [
           ("max_timescale", "float", 10000.0, "largest timescale of its position encoding"),
           ("max_sample_len", "int", 10000, "longest input sample"))],
     K("use_mrope", "bool", False, "Multi-dimensional RoPE (time, height, width) of Qwen3-Omni's "
-      "multimodal inputs.", _MT, REJECTED, _MULTIMODAL),
+      "multimodal inputs.", _MT, HONORED, "decoder_block qwen3_5: on text the three positions "
+      "of a token are equal, which makes it plain RoPE (config/dialects/maxtext_model.py); "
+      "other blocks refuse it: " + _MULTIMODAL),
     K("position_id_per_seconds", "int", 25, "Multi-dimensional RoPE: position ids per second of "
       "video/audio.", _MT, REJECTED, _MULTIMODAL),
 ]

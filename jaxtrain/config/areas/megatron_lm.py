@@ -9,6 +9,9 @@ from jaxtrain.config.knob import HONORED, INERT, REJECTED, Alias, K
 
 _L = "megatron-lm"
 _LP = ("megatron-lm", "primus")   # Megatron-LM arguments that Primus presets or experiments set
+_GDN = ("with experimental_attention_variant gdn: the Gated DeltaNet layers "
+        "(models/linear_attention.py)")
+_GDN_ALIAS = "MaxText's name for it in its qwen3_next and qwen3_5 blocks"
 # Megatron-LM arguments that MaxText's base.yml has too; MaxText files default to base.yml's value.
 _LM = ("megatron-lm", "maxtext")
 _LPM = ("megatron-lm", "primus", "maxtext")
@@ -47,11 +50,15 @@ KNOBS = [
       "logit in the denominator) or learnable (a learned per-head offset logit).", _L, HONORED,
       choices=("vanilla", "off-by-one", "learnable"), planned_values={"off-by-one": None}),
     K("attention_output_gate", "bool", False, "Multiply the attention output by a sigmoid gate "
-      "computed from the layer input (Qwen3-Next gated attention).", _LP, issue=25),
+      "computed from the layer input (Qwen3-Next gated attention).", _LP, HONORED,
+      "a per-head-channel gate projection wg [D,N,H]; HF Qwen3-Next/3.5 q_proj carry it beside "
+      "the query (models/hf/qwen3_next.py)"),
     K("experimental_attention_variant", "str", None, "Replace softmax attention in some layers: "
       "gdn/gdn2 (Gated DeltaNet linear attention) or dsa (DeepSeek sparse attention); "
-      "gated_delta_net is the old name of gdn.", _LP, issue=25,
-      choices=("gdn", "gdn2", "dsa", "gated_delta_net")),
+      "gated_delta_net is the old name of gdn.", _LP, HONORED,
+      "gdn: Gated DeltaNet layers (models/linear_attention.py, kernels/gated_delta) where "
+      "linear_attention_freq says", choices=("gdn", "gdn2", "dsa", "gated_delta_net"),
+      planned_values={"gdn2": 25, "dsa": 25}),
     K("flash_attention_version", "int", None, "Pin the FlashAttention generation (2, 3 or 4) of "
       "the training and inference attention; null lets each path pick.", _L, INERT,
       "selects among CUDA FlashAttention library generations; jaxtrain's attention kernels are "
@@ -75,8 +82,10 @@ KNOBS = [
       "every Nth layer, or a 0/1 per-layer pattern where 1 skips RoPE (Llama 4 NoPE layers).",
       _L),
     K("mrope_section", "list[int]", None, "Split of the rotary channels among temporal, height "
-      "and width positions for multimodal RoPE (position_embedding_type mrope).", _LM,
-      doc_defaults={"maxtext": [24, 20, 20]}),
+      "and width positions for multimodal RoPE (position_embedding_type mrope).", _LM, HONORED,
+      "read with MaxText's use_mrope in the qwen3_5 block, where text makes the split "
+      "irrelevant (plain RoPE); Megatron reads it only with position_embedding_type mrope, "
+      "which is planned and refused", doc_defaults={"maxtext": [24, 20, 20]}),
     K("yarn_beta_fast", "float", None, "YaRN: rotation count above which frequencies are kept "
       "unscaled (high-frequency boundary of the ramp).", _L, HONORED,
       "jaxtrain's YaRN ramp (rope_type yarn); null is Megatron-LM's 32"),
@@ -155,17 +164,18 @@ KNOBS = [
     # --- linear attention (Gated DeltaNet) and hybrid models ---
     K("linear_attention_freq", "int|list[int]|str", None, "Mix of linear-attention and softmax "
       "layers: N puts one softmax layer after N-1 linear ones, or a 0/1 per-layer pattern (1 = "
-      "linear).", _LP, issue=25),
+      "linear).", _LP, HONORED, _GDN),
     K("linear_conv_kernel_dim", "int", 4, "Width of the short causal convolution in Gated "
-      "DeltaNet layers.", _LP, issue=25),
+      "DeltaNet layers.", _LP, HONORED, _GDN,
+      aliases=(Alias("gdn_conv_kernel_dim", "maxtext", note=_GDN_ALIAS),)),
     K("linear_key_head_dim", "int", 128, "Query/key head width of Gated DeltaNet layers.", _LP,
-      issue=25),
+      HONORED, _GDN, aliases=(Alias("gdn_key_head_dim", "maxtext", note=_GDN_ALIAS),)),
     K("linear_value_head_dim", "int", 128, "Value/gate head width of Gated DeltaNet layers.", _LP,
-      issue=25),
+      HONORED, _GDN, aliases=(Alias("gdn_value_head_dim", "maxtext", note=_GDN_ALIAS),)),
     K("linear_num_key_heads", "int", 16, "Query/key heads of Gated DeltaNet layers.", _LP,
-      issue=25),
+      HONORED, _GDN, aliases=(Alias("gdn_num_key_heads", "maxtext", note=_GDN_ALIAS),)),
     K("linear_num_value_heads", "int", 32, "Value/gate heads of Gated DeltaNet layers.", _LP,
-      issue=25),
+      HONORED, _GDN, aliases=(Alias("gdn_num_value_heads", "maxtext", note=_GDN_ALIAS),)),
     K("is_hybrid_model", "bool", False, "The model mixes Mamba/linear-attention layers with "
       "attention and MLP layers (Megatron's hybrid model).", _LP, issue=25),
     K("hybrid_layer_pattern", "str", None, "Per-layer type string of a hybrid model: M Mamba, G "
@@ -225,7 +235,8 @@ KNOBS = [
 
     # --- MoE ---
     K("moe_shared_expert_gate", "bool", False, "Scale the shared expert's output by a learned "
-      "sigmoid gate of the token (Qwen2/Qwen3-Next style).", _LP, issue=25),
+      "sigmoid gate of the token (Qwen2/Qwen3-Next style).", _LP, HONORED,
+      "a [D,1] gate beside the shared expert (models/moe/block.py)"),
     K("moe_apply_probs_on_input", "bool", False, "Multiply expert inputs by the routing "
       "probabilities instead of the expert outputs.", _LP),
     K("moe_latent_size", "int", None, "Width of a latent bottleneck the routed experts run in "

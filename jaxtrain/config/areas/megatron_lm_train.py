@@ -161,9 +161,12 @@ KNOBS = [
 
     # --- optimizer ---
     K("apply_wd_to_qk_layernorm", "bool", False, "Apply weight decay to the query/key norm "
-      "weights too (other norms and biases stay exempt).", _LP),
+      "weights too (other norms and biases stay exempt).", _LP, HONORED,
+      "optim/leaves.py decayed(): the q/k norm scales (and MLA's query-latent norm, Megatron's "
+      "q_layernorm) join the decayed leaves"),
     K("no_weight_decay_cond_type", "str", None, "Former way to ask for apply_wd_to_qk_layernorm.",
-      _L, choices=("apply_wd_to_qk_layernorm",)),
+      _L, HONORED, "apply_wd_to_qk_layernorm turns apply_wd_to_qk_layernorm on",
+      choices=("apply_wd_to_qk_layernorm",)),
     K("muon_coefficient_type", "str", "quintic", "Newton-Schulz coefficient schedule of Muon "
       "(quintic, simple, polar_express, aol, ...); jaxtrain runs quintic.", _L),
     K("muon_use_syrk", "bool", False, "Form Muon's Gram matrix with a Triton SYRK kernel.", _L,

@@ -33,16 +33,22 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("mixtral", "qwen3_moe")
 GEMMA = ("gemma", "gemma2", "gemma3_text")
 OLMO = ("olmo2", "olmo3")
-FAMILIES = LLAMA_LIKE + ("gpt2", "deepseek_v3", "gpt_oss") + MOE + GEMMA + OLMO
+# Hybrids of gated attention and Gated DeltaNet layers (Qwen3.5's text-only model types).
+HYBRID = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+# Vision-language checkpoints whose text model jaxtrain trains (as transformers'
+# AutoModelForCausalLM does: text_config, the language model's weights, no vision tower).
+TEXT_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+FAMILIES = (LLAMA_LIKE + ("gpt2", "deepseek_v3", "gpt_oss") + MOE + GEMMA + OLMO + HYBRID
+            + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
-PLANNED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma3", "gemma3n", "gemma3n_text", "gemma4",
+PLANNED = ("gemma3", "gemma3n", "gemma3n_text", "gemma4",
            "gemma4_text", "llama4", "llama4_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
            "phi", "phi3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
            "gpt_neox", "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
            "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "smollm3", "lfm2")
-PLANNED_PREFIXES = ("gemma", "llama4", "qwen3_5", "qwen3_next")
+PLANNED_PREFIXES = ("gemma", "llama4")
 # config.json entries that mark a model reading more than text.
 MULTIMODAL_FIELDS = ("vision_config", "audio_config", "speech_config", "image_token_id",
                      "image_token_index", "video_token_id")
@@ -582,9 +588,80 @@ def _olmo(hf: dict) -> dict:
     return {**out, **rope}
 
 
+def _hybrid(hf: dict) -> dict:
+    """Qwen3-Next and Qwen3.5 (text): layer_types mixes Gated DeltaNet layers (linear_attention)
+    with gated full attention (q/k norms, a sigmoid output gate, RoPE on partial_rotary_factor
+    of each head; Qwen3.5's multimodal RoPE is plain RoPE for text, whose three position rows
+    are equal); RMSNorms scale by 1 + w. MoE layers (Qwen3-Next, Qwen3.5-MoE): softmax top-k
+    renormalised when norm_topk_prob, plus a shared expert behind a sigmoid gate."""
+    family, n = hf["model_type"], hf["num_hidden_layers"]
+    if hf.get("hidden_act", "silu") != "silu":
+        raise bad("hidden_act", hf["hidden_act"], "the Gated DeltaNet convolution and the MLPs "
+                  "of these models are built with silu only")
+    hf = {"intermediate_size": hf.get("moe_intermediate_size", 512), **hf}   # MoE-only: unused
+    if hf.get("attention_bias", False):
+        raise bad("attention_bias", True, "biases on the attention projections are not built")
+    rp = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    partial = rp.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
+    for key in ("mrope_section", "mrope_interleaved"):   # text positions make these plain RoPE
+        rp.pop(key, None)
+    rope = _rope({**{k: v for k, v in hf.items() if k != "partial_rotary_factor"},
+                  "rope_parameters": rp, "rope_scaling": None})
+    types = hf.get("layer_types") or [
+        "full_attention" if (i + 1) % hf.get("full_attention_interval", 4) == 0
+        else "linear_attention" for i in range(n)]
+    unknown = sorted(set(types) - {"linear_attention", "full_attention"})
+    if unknown or len(types) != n:
+        raise bad("layer_types", types, f"expected {n} entries of linear_attention or "
+                  "full_attention")
+    linear = [int(t == "linear_attention") for t in types]
+    freq = next((k for k in range(1, n + 1)
+                 if linear == [int((i + 1) % k != 0) for i in range(n)]), linear)
+    out = {**_rms_rope(hf, hf.get("max_position_embeddings", 32768), 1e-6), **_heads(hf),
+           **_gated(hf), **rope, "rotary_percent": float(partial), "qk_layernorm": True,
+           "apply_layernorm_1p": True, "attention_output_gate": True,
+           "experimental_attention_variant": "gdn", "linear_attention_freq": freq,
+           **{k: hf.get(k, d) for k, d in (("linear_conv_kernel_dim", 4),
+                                           ("linear_key_head_dim", 128),
+                                           ("linear_value_head_dim", 128),
+                                           ("linear_num_key_heads", 16),
+                                           ("linear_num_value_heads", 32))}}
+    if family == "qwen3_5_text":
+        return out
+    dense, step = set(hf.get("mlp_only_layers") or ()), hf.get("decoder_sparse_step", 1)
+    pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(n)]
+    experts = hf.get("num_experts", 512 if family == "qwen3_next" else 256)
+    if not experts or not any(pattern):
+        return out
+    out.update(num_experts=experts, moe_router_topk=hf.get("num_experts_per_tok", 8),
+               moe_ffn_hidden_size=hf.get("moe_intermediate_size", 512),
+               moe_layer_freq=1 if all(pattern) else pattern,
+               moe_router_pre_softmax=not hf.get("norm_topk_prob", True),
+               moe_shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size",
+                                                          512),
+               moe_shared_expert_gate=True)
+    if family == "qwen3_5_moe_text":
+        out["moe_router_pre_softmax"] = False   # its router always renormalises the top k
+    return out
+
+
+def text_config(hf: dict) -> dict:
+    """The text model's config.json of a vision-language checkpoint (:data:`TEXT_OF`): its
+    text_config, with the top level's tie_word_embeddings when the text part has none."""
+    text = dict(hf.get("text_config") or {})
+    if not text:
+        raise bad("text_config", None, f"a {hf['model_type']} checkpoint describes its language "
+                  "model in text_config, and this one has none")
+    text["model_type"] = TEXT_OF[hf["model_type"]]
+    if "tie_word_embeddings" not in text and "tie_word_embeddings" in hf:
+        text["tie_word_embeddings"] = hf["tie_word_embeddings"]
+    return text
+
+
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     **{f: _llama for f in LLAMA_LIKE + MOE}, "gpt2": _gpt2, "deepseek_v3": _deepseek_v3,
-    "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO}}
+    "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
+    **{f: _hybrid for f in HYBRID}, **{f: lambda hf: _hybrid(text_config(hf)) for f in TEXT_OF}}
 assert set(_TRANSLATIONS) == set(FAMILIES)
 
 

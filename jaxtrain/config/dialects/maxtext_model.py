@@ -29,6 +29,11 @@ What each block is (MaxText's models/*.py, layers/attentions.py, attention_mla.p
   (trainable_position_size), biases on every projection, multi-head attention.
 - olmo3: RMSNorms on the attention and MLP outputs only, q/k norms (across heads for olmo3*
   model names), three sliding-window layers to one global, one (YaRN) RoPE for all layers.
+- qwen3_next, qwen3_5: Gated DeltaNet layers (gdn_* sizes) with full attention every
+  inhomogeneous_layer_cycle_interval layers (sigmoid output gate, q/k norms, RoPE on
+  partial_rotary_factor of each head), RMSNorms scaling by 1 + w, every layer MoE with a
+  softmax router and one gated shared expert as wide as the routed ones; qwen3_5's
+  multimodal RoPE (use_mrope) is plain RoPE on text, where all three positions are equal.
 - gemma, gemma2, gemma3: pre-norm RMSNorm (plain scales: MaxText's converted checkpoints hold
   1 + w), a tanh-GELU gated MLP, tied logits divided by sqrt(emb_dim) (the embedding scale is in
   the weights); gemma2: local/global layer pairs, sandwich norms, soft-caps; gemma3: q/k norms,
@@ -48,6 +53,7 @@ _SCALED = (("hidden_size", 0), ("num_attention_heads", 1), ("num_query_groups", 
            ("ffn_hidden_size", 2), ("moe_ffn_hidden_size", 2), ("num_layers", 3))
 _QWEN = ("qwen2", "qwen3", "qwen3_moe", "olmo3")
 _LLAMA = ("llama2", "mistral", "mixtral")
+_HYBRID = ("qwen3_next", "qwen3_5")
 _RMS = "a pre-norm RMSNorm + RoPE block"
 _ABOUT = {
     **{b: f"{_RMS} without biases" for b in _LLAMA},
@@ -67,6 +73,9 @@ _ABOUT = {
     "olmo3": "a block that normalises only the outputs of attention and MLP (RMSNorm), with q/k "
              "norms as use_qk_norm says (across all heads for model names olmo3*) and three "
              "local layers to one global",
+    **{b: "a hybrid of Gated DeltaNet layers and gated full attention (RMSNorms scaling by "
+          "1 + w, q/k norms, partial RoPE) with MoE layers and a gated shared expert"
+       for b in _HYBRID},
 }
 _GEMMA = ("gemma", "gemma2", "gemma3")
 # MaxText's gemma3 query scale by model name (its get_query_pre_attn_scalar): head_dim for 4b
@@ -81,9 +90,12 @@ _READ_BY = {
     "use_post_attn_norm": ("gemma2", "gemma3"),
     "use_post_ffw_norm": ("gemma2", "gemma3"),
     "local_rope_max_timescale": ("gemma3",),
-    "inhomogeneous_layer_cycle_interval": ("gpt_oss", "olmo3"),
+    "inhomogeneous_layer_cycle_interval": ("gpt_oss", "olmo3") + _HYBRID,
+    "partial_rotary_factor": _HYBRID,
+    "gdn_chunk_size": _HYBRID,
+    "use_qk_norm_in_gdn": _HYBRID,
     "first_num_dense_layers": ("deepseek",),
-    "shared_experts": ("deepseek",),
+    "shared_experts": ("deepseek",) + _HYBRID,
     "routed_scaling_factor": ("deepseek",),
     "n_routing_groups": ("deepseek",),
     "topk_routing_group": ("deepseek",),
@@ -184,13 +196,30 @@ def _expert_width(c) -> None:
     if c.dialect == "maxtext" and fully_moe and block != "qwen3_moe" and dense != width:
         c.error(f"a model of MoE layers only needs base_mlp_dim = base_moe_mlp_dim (MaxText's "
                 f"rule): {c.where('ffn_hidden_size')}, {c.where('base_moe_mlp_dim')}")
-    if block in ("qwen3_moe", "deepseek") and width > 0:
+    if block in ("qwen3_moe", "deepseek") + _HYBRID and width > 0:
         _imply(c, "moe_ffn_hidden_size", width, f"decoder_block {block} sizes its experts by "
                f"base_moe_mlp_dim = {width}")
 
 
+def _mrope(c, block) -> None:
+    """use_mrope: plain RoPE in the qwen3_5 block (the three positions of a text token are all
+    its position, so every channel section rotates by it); refused elsewhere."""
+    if not c.get("use_mrope"):
+        return
+    if block != "qwen3_5":
+        _refuse(c, "use_mrope", "multi-dimensional RoPE belongs to multimodal models, outside "
+                "jaxtrain, which trains text-only decoders (the qwen3_5 block takes it: on text "
+                "it is plain RoPE)")
+        return
+    c.set("use_mrope", False)
+    c.set("mrope_section", pinned_base()[1].get("mrope_section",
+                                                c.defaults.get("mrope_section")))
+
+
 def _decoder_block(c) -> None:
     block = c.get("decoder_block")
+    if c.dialect == "maxtext":
+        _mrope(c, block)
     if block not in BUILT_BLOCKS:
         return   # planned and rejected blocks are reported by the status check
     because = f"decoder_block {block} is {_ABOUT[block]}"
@@ -215,6 +244,8 @@ def _decoder_block(c) -> None:
         _gemma(c, block, because)
     if block == "olmo3":
         _olmo3(c, because)
+    if block in _HYBRID:
+        _hybrid(c, block, because)
     _experts(c, block, because)
 
 
@@ -228,6 +259,10 @@ def _norms_and_biases(c, block) -> dict:
     if block == "gpt3":
         return dict(normalization="LayerNorm", apply_layernorm_1p=True, add_bias_linear=True,
                     add_qkv_bias=True, qk_layernorm=False, qk_l2_norm=False)
+    if block in _HYBRID:
+        return dict(normalization="RMSNorm", apply_layernorm_1p=True,
+                    position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
+                    qk_layernorm=True, qk_l2_norm=False)
     if block in _GEMMA:   # gemma3's q/k norms are built in (MaxText ignores use_qk_norm there)
         return dict(normalization="RMSNorm", apply_layernorm_1p=False,
                     position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
@@ -359,6 +394,37 @@ def _olmo3(c, because) -> None:
         c.set("window_size", [window - 1, 0])
         c.set("window_attn_skip_freq", 4)
         c.set("sliding_window_size", None)
+
+
+def _hybrid(c, block, because) -> None:
+    """MaxText's qwen3_next / qwen3_5 blocks: layer i is full attention when (i + 1) is a
+    multiple of inhomogeneous_layer_cycle_interval, else Gated DeltaNet (gdn_* sizes); the full
+    attention gates its output and rotates partial_rotary_factor of each head; every layer is
+    MoE with one shared expert as wide as the routed ones behind a sigmoid gate."""
+    interval = c.get("inhomogeneous_layer_cycle_interval", 1)
+    layers = c.get("num_layers")
+    if interval < 1:
+        _refuse(c, "inhomogeneous_layer_cycle_interval", "must be positive (every this-many-th "
+                "layer is full attention)")
+        return
+    if c.get("scan_layers", True) and layers and layers % interval:
+        _refuse(c, "inhomogeneous_layer_cycle_interval", f"with scan_layers MaxText builds "
+                f"num_layers // interval blocks, which leaves out {layers % interval} of the "
+                f"{layers} layers; choose an interval that divides num_layers")
+    if not c.values.get("num_experts"):
+        c.error(f"decoder_block {block}: MaxText builds every layer of this block with MoE "
+                f"(Qwen3NextSparseMoeBlock); set num_experts and base_moe_mlp_dim")
+        return
+    _imply(c, "experimental_attention_variant", "gdn", because)
+    _imply(c, "linear_attention_freq", interval, because + " with full attention every "
+           f"{interval} layers (inhomogeneous_layer_cycle_interval)")
+    _imply(c, "attention_output_gate", True, because)
+    _imply(c, "rotary_percent", float(c.get("partial_rotary_factor", 1.0)),
+           because + " rotating partial_rotary_factor of each head")
+    width = c.get("moe_ffn_hidden_size") or c.get("ffn_hidden_size")
+    _imply(c, "moe_shared_expert_intermediate_size", width, because + ", its shared expert as "
+           "wide as the routed ones")
+    _imply(c, "moe_shared_expert_gate", True, because)
 
 
 def _experts(c, block, because) -> None:

@@ -14,7 +14,9 @@ Families, one adapter module each (see :class:`common.Adapter`):
 - gemma.py: Gemma, Gemma 2, Gemma 3 text ((1 + w) norms, embedding scale, sandwich norms,
   soft-capping, local/global layers with their own RoPE bases);
 - olmo.py: OLMo 2 and OLMo 3 (norms on the sublayer outputs only, q/k norms across heads,
-  OLMo 3's sliding-window layers).
+  OLMo 3's sliding-window layers);
+- qwen3_next.py: Qwen3-Next, Qwen3.5 and Qwen3.5-MoE text models (Gated DeltaNet layers
+  between gated full-attention layers; MoE with a gated shared expert).
 
 config.json -> ModelConfig goes through jaxtrain's knobs: ``config_from_hf`` is
 ``ModelConfig.from_config`` of the knob values jaxtrain/config/dialects/hf.py translates the
@@ -38,12 +40,13 @@ from safetensors.numpy import save_file
 from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf import deepseek_v3, gemma, gpt2, gpt_oss, llama, moe, olmo
+from jaxtrain.models.hf import deepseek_v3, gemma, gpt2, gpt_oss, llama, moe, olmo, qwen3_next
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
 from jaxtrain.models.params import abstract
 
 # In the order hf_family asks them which family reproduces a config most directly.
-ADAPTERS: tuple[Adapter, ...] = (deepseek_v3.ADAPTER, gpt_oss.ADAPTER, moe.ADAPTER,
+ADAPTERS: tuple[Adapter, ...] = (qwen3_next.ADAPTER, deepseek_v3.ADAPTER, gpt_oss.ADAPTER,
+                                 moe.ADAPTER,
                                  gpt2.ADAPTER, gemma.ADAPTER, olmo.ADAPTER, llama.ADAPTER)
 _BY_FAMILY = {family: a for a in ADAPTERS for family in a.families}
 FAMILIES = tuple(f for f in translation.FAMILIES if f in _BY_FAMILY)

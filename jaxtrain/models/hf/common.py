@@ -272,6 +272,9 @@ def dense_problems(cfg: ModelConfig, *, rope: bool, qk_norm: bool, qkv_only_bias
         "sliding_window_layers": cfg.sliding_window_layers is not None,
         "moe": (cfg.moe is not None) != moe,
         **gemma_problems(cfg),
+        "attention_output_gate": cfg.attention_output_gate,
+        "linear_attention_layers": cfg.linear_attention_layers is not None,
+        "moe.shared_expert_gate": cfg.moe is not None and cfg.moe.shared_expert_gate,
     }
 
 

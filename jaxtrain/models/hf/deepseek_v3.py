@@ -20,7 +20,8 @@ from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, experts_in, exp
                                        gemma_problems, hf_linear, norm_scale, output_head,
                                        rope_config, stacks)
 from jaxtrain.models.moe import group_score_topk, moe_pattern
-from jaxtrain.models.params import MOE_STACK, layer_slots, layer_tree
+from jaxtrain.models.params import layer_slots, layer_tree
+from jaxtrain.models.spec import MOE_STACK
 
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
 EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")

@@ -15,7 +15,8 @@ from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, dense_problems, ends_out,
                                        hf_linear, norm_scale, output_head, rope_config,
                                        rope_permutation, size_config, stacks)
-from jaxtrain.models.params import MOE_STACK, layer_slots, layer_tree
+from jaxtrain.models.params import layer_slots, layer_tree
+from jaxtrain.models.spec import MOE_STACK
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}

@@ -69,7 +69,12 @@ def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
         shared = L.mlp
         if "shared_experts" in cfg.recompute_modules:
             shared = jax.checkpoint(shared, static_argnums=(2,))
-        y_BTD = y_BTD + shared(p["shared"], x_BTD, cfg).astype(y_BTD.dtype)
+        s_BTD = shared(p["shared"], x_BTD, cfg)
+        if "shared_gate" in p:
+            gate_BT1 = jnp.einsum("btd,de->bte", x_BTD, p["shared_gate"].astype(x_BTD.dtype),
+                                  preferred_element_type=jnp.float32)
+            s_BTD = jax.nn.sigmoid(gate_BT1).astype(s_BTD.dtype) * s_BTD
+        y_BTD = y_BTD + s_BTD.astype(y_BTD.dtype)
     return y_BTD, stats
 
 

@@ -42,6 +42,8 @@ class MoEConfig:
     capacity, int(max(ceil(T·k/E)·factor, factor)) tokens per expert in each sequence of T
     tokens, kept in token order, instead of Megatron's ceil(N·k/E·factor) over a rank's N
     tokens. ``router_dtype`` None: compute dtype.
+    ``shared_expert_gate``: the shared expert's output times sigmoid(x @ w) of a learned
+    [D, 1] gate (Qwen2-MoE, Qwen3-Next).
     ``router_bias``: a learned router bias (GPT-OSS); ``expert_bias``: Megatron's aux-free bias.
     ``activation`` None: the model's; 'swiglu_oai' is GPT-OSS's clamped GLU (``glu_limit``).
     ``expert_tensor_parallel``: split expert FFNs over the tensor axis (ETP = TP) or not (1).
@@ -55,6 +57,7 @@ class MoEConfig:
     layer_freq: Any = 1
     ffn_hidden_size: int | None = None
     shared_expert_size: int | None = None
+    shared_expert_gate: bool = False
     score_function: str = "softmax"
     pre_softmax: bool = False
     router_dtype: str | None = None
@@ -115,6 +118,9 @@ class MoEConfig:
                 out.append(msg)
 
         need(E >= 1, f"num_experts {E} must be positive")
+        need(not self.shared_expert_gate or self.shared_expert_size,
+             "moe_shared_expert_gate gates the shared expert, and "
+             "moe_shared_expert_intermediate_size gives none")
         need(1 <= k <= E, f"topk {k} must be in [1, num_experts={E}]")
         need(self.score_function in SCORE_FUNCTIONS,
              f"score_function {self.score_function!r} is not one of {SCORE_FUNCTIONS}")

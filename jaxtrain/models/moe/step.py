@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxtrain.models.moe.config import LOSS_METRICS, NON_TRAINABLE, moe_pattern
+from jaxtrain.models.spec import MOE_STACKS, layer_kinds
 
 
 def trainable(tree):
@@ -37,19 +38,27 @@ def merge_trainable(full, part):
 
 def update_expert_bias(params: dict, counts, cfg) -> dict:
     """Megatron's aux-free update, once per global batch: bias += rate·sign(mean(c) − c) per
-    MoE layer, so under-loaded experts rise. counts [L_moe, E]: tokens kept per expert."""
+    MoE layer, so under-loaded experts rise. counts [L_moe, E]: tokens kept per expert, in
+    MoE-layer order (across the MoE stacks)."""
     m = cfg.moe
-    if m is None or not m.expert_bias or "moe_layers" not in params:
+    if m is None or not m.expert_bias:
         return params
     counts_LE = counts.astype(jnp.float32)
     delta_LE = m.bias_update_rate * jnp.sign(counts_LE.mean(-1, keepdims=True) - counts_LE)
-    layers = params["moe_layers"]
-    router = layers["moe"]["router"]
-    bias = router["expert_bias"]
-    axis = cfg.param_scan_axis if bias.ndim == 2 else 0
-    new = bias + jnp.moveaxis(delta_LE, 0, axis).astype(bias.dtype)
-    return {**params, "moe_layers": {**layers, "moe": {**layers["moe"], "router": {
-        **router, "expert_bias": new}}}}
+    moe_kinds = [k for k in layer_kinds(cfg) if k in MOE_STACKS]
+    out = dict(params)
+    for stack in MOE_STACKS:
+        if stack not in params:
+            continue
+        rows = jnp.asarray([j for j, k in enumerate(moe_kinds) if k == stack])
+        layers = params[stack]
+        router = layers["moe"]["router"]
+        bias = router["expert_bias"]
+        axis = cfg.param_scan_axis if bias.ndim == 2 else 0
+        new = bias + jnp.moveaxis(delta_LE[rows], 0, axis).astype(bias.dtype)
+        out[stack] = {**layers, "moe": {**layers["moe"], "router": {
+            **router, "expert_bias": new}}}
+    return out
 
 
 def metrics(stats: dict, cfg, moe_layer_ids) -> dict:

@@ -29,6 +29,9 @@ def upcycle(dense_params: dict, cfg, key) -> dict:
     that sum to 1 (softmax over the top k; sigmoid/sqrtsoftplus renormalised, k > 1) every
     expert is the dense FFN and the MoE model computes exactly what the dense one did.
     """
+    if getattr(cfg, "linear_attention_layers", None):
+        raise ValueError("upcycling a hybrid (Gated DeltaNet) model is not built: it converts "
+                         "the dense 'layers' stack only")
     m = cfg.moe
     F, Fe, E = cfg.ffn_hidden_size, m.ffn_hidden_size, m.num_experts
     if F % Fe or E % (F // Fe):

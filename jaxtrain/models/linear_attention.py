@@ -1,0 +1,159 @@
+"""Gated DeltaNet token mixing (Qwen3-Next, Qwen3.5; Megatron's experimental_attention_variant
+gdn): the linear-attention layers of hybrid models, in place of softmax attention.
+
+    q, k, v = silu(causal_conv(x W_q|k|v))        short depthwise convolution over time
+    beta = sigmoid(x W_b),  g = -exp(A_log) * softplus(x W_a + dt_bias)     per value head
+    o = gated_delta_rule(q, k, v, g, beta)        kernels/gated_delta (state reset per segment)
+    out = (rmsnorm(o) * w_norm * silu(x W_z)) W_o
+
+Parameters (one layer; H_k key heads of width D_k, H_v value heads of width D_v, W the
+convolution width): wq, wk [D,H_k,D_k]; wv, wz [D,H_v,D_v]; wb, wa [D,H_v]; conv_q, conv_k
+[W,H_k,D_k], conv_v [W,H_v,D_v] (tap W-1 multiplies the current token); A_log, dt_bias [H_v]
+(float32); norm {scale [D_v]} (a plain weight, also under apply_layernorm_1p); wo [H_v,D_v,D].
+Heads split over the tensor axis like attention heads (a value head's key head is on the same
+shard, since H_v/H_k value heads follow each key head).
+
+Decoding carries per layer the last W-1 convolution inputs and the recurrent state
+[B,H_v,D_k,D_v] instead of keys and values (:func:`init_cache`).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtrain.models import layers as L
+from jaxtrain.models.spec import ParamSpec, _linear_init, _ones
+from jaxtrain.parallel.sharding import constrain
+from kernels.gated_delta import chunked_gated_delta_rule
+from kernels.gated_delta.reference import starts
+
+
+def _a_log_init(key, shape, dtype):
+    """log(A) with A uniform in [1, 16] (the Gated DeltaNet / Mamba-2 initialisation)."""
+    return jnp.log(jax.random.uniform(key, shape, jnp.float32, 1.0, 16.0)).astype(dtype)
+
+
+def _dt_bias_init(key, shape, dtype):
+    """softplus^-1(dt), dt log-uniform in [1e-3, 1e-1]: the initial step sizes."""
+    dt = jnp.exp(jax.random.uniform(key, shape, jnp.float32, np.log(1e-3), np.log(1e-1)))
+    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+
+
+def _conv_init(key, shape, dtype):
+    """PyTorch's Conv1d default for a depthwise kernel: uniform(+-1/sqrt(W))."""
+    bound = shape[0] ** -0.5
+    return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(dtype)
+
+
+def linear_attention_specs(cfg) -> dict:
+    """The :class:`ParamSpec` tree of one Gated DeltaNet mixer (module docstring)."""
+    D, dt = cfg.hidden_size, cfg.param_dtype
+    Hk, Hv, Dk, Dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                      cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+    W = cfg.linear_conv_kernel_dim
+    proj = lambda *s: ParamSpec((D, *s), dt, ("embed", "q_heads", "kv")[:len(s) + 1],  # noqa
+                                _linear_init(cfg, 0, tuple(range(1, len(s) + 1))))
+    conv = lambda H, Dh: ParamSpec((W, H, Dh), dt, (None, "q_heads", "kv"), _conv_init)  # noqa
+    return {
+        "wq": proj(Hk, Dk), "wk": proj(Hk, Dk), "wv": proj(Hv, Dv), "wz": proj(Hv, Dv),
+        "wb": proj(Hv), "wa": proj(Hv),
+        "conv_q": conv(Hk, Dk), "conv_k": conv(Hk, Dk), "conv_v": conv(Hv, Dv),
+        "A_log": ParamSpec((Hv,), jnp.float32, ("q_heads",), _a_log_init),
+        "dt_bias": ParamSpec((Hv,), jnp.float32, ("q_heads",), _dt_bias_init),
+        "norm": {"scale": ParamSpec((Dv,), dt, ("norm",), _ones)},
+        "wo": ParamSpec((Hv, Dv, D), dt, ("q_heads", "kv", "embed"),
+                        _linear_init(cfg, (0, 1), 2, output_layer=True)),
+    }
+
+
+def causal_conv(x, w, seq=None, state=None):
+    """Depthwise causal convolution of x [B,T,H,Dh] with w [W,H,Dh], then silu.
+
+    ``seq`` [B,T] (sequence numbers, see :func:`sequence_numbers`): a tap reaching into an
+    earlier sequence reads zero. ``state`` [B,W-1,H,Dh]: the inputs before x (decoding).
+    Returns (y [B,T,H,Dh], the last W-1 inputs) in x's dtype."""
+    W, T = w.shape[0], x.shape[1]
+    if state is None:
+        state = jnp.zeros((x.shape[0], W - 1, *x.shape[2:]), x.dtype)
+    full = jnp.concatenate([state.astype(x.dtype), x], 1)
+    seq_full = None if seq is None else jnp.concatenate(
+        [jnp.broadcast_to(seq[:, :1], (seq.shape[0], W - 1)), seq], 1)
+    y = jnp.zeros(x.shape, jnp.float32)
+    for s in range(W):   # shift s: the input s tokens back, weighted by tap W-1-s
+        xs = jax.lax.dynamic_slice_in_dim(full, W - 1 - s, T, 1).astype(jnp.float32)
+        if seq is not None:
+            same = jax.lax.dynamic_slice_in_dim(seq_full, W - 1 - s, T, 1) == seq
+            xs = jnp.where(same[..., None, None], xs, 0.0)
+        y = y + xs * w[W - 1 - s].astype(jnp.float32)
+    return jax.nn.silu(y).astype(x.dtype), full[:, T:]
+
+
+def sequence_numbers(segment_ids, B: int, T: int):
+    """[B,T] int32 ordinal of each token's sequence (a new one wherever the segment changes),
+    or None without segments."""
+    if segment_ids is None:
+        return None
+    return jnp.cumsum(starts(segment_ids, T, B).astype(jnp.int32), 1)
+
+
+def gated_norm(p: dict, o, z, cfg):
+    """RMSNorm of o [...,D_v] (float32, the plain weight) times silu(z), in the compute dtype."""
+    o32 = o.astype(jnp.float32)
+    y = o32 * jax.lax.rsqrt(jnp.mean(o32 * o32, -1, keepdims=True) + cfg.norm_epsilon)
+    y = (p["scale"].astype(jnp.float32) * y.astype(o.dtype).astype(jnp.float32))
+    return (y * jax.nn.silu(z.astype(jnp.float32))).astype(cfg.compute_dtype)
+
+
+def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
+    """Gated DeltaNet over x [B,T,D] -> [B,T,D] (before the residual add). With a decoding
+    ``cache`` ({conv_q, conv_k, conv_v, state}: this layer's slice of :func:`init_cache`) the
+    tokens continue the cached sequence and the result is (out, new cache)."""
+    B, T, _ = x.shape
+    seg = ctx.get("segment_ids")
+    if isinstance(seg, tuple):   # decoding: (the new tokens' segments, the cache's)
+        seg = seg[0]
+    seq = sequence_numbers(seg, B, T)
+    if seq is not None and cache is not None:
+        # decoding left-padded rows: padding tokens (segment 0) leave no trace in the state
+        x = jnp.where((seg != 0)[..., None], x, jnp.zeros((), x.dtype))
+    names = ("query_proj", "key_proj", "value_proj")
+    q, k, v = (L.dense(x, p[w], None, "btd,dhk->bthk", n, cfg)
+               for w, n in zip(("wq", "wk", "wv"), names))
+    z = L.dense(x, p["wz"], None, "btd,dhk->bthk", "linear_gate_proj", cfg)
+    b = L.dense(x, p["wb"], None, "btd,dh->bth", "linear_beta_proj", cfg).astype(jnp.float32)
+    a = L.dense(x, p["wa"], None, "btd,dh->bth", "linear_decay_proj", cfg).astype(jnp.float32)
+    q, k, v, z = (constrain(t, "act_batch", "act_seq", "act_heads", "act_kv")
+                  for t in (q, k, v, z))
+    conv_state = {} if cache is None else cache
+    (q, sq), (k, sk), (v, sv) = (
+        causal_conv(t, p["conv_" + n], seq, conv_state.get("conv_" + n))
+        for t, n in zip((q, k, v), "qkv"))
+    beta = jax.nn.sigmoid(b)
+    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(
+        a + p["dt_bias"].astype(jnp.float32))
+    o, state = chunked_gated_delta_rule(
+        q, k, v, g, beta, segment_ids=seg, chunk_size=cfg.linear_chunk_size,
+        initial_state=None if cache is None else cache["state"], l2_qk=cfg.linear_qk_l2_norm)
+    o = constrain(gated_norm(p["norm"], o, z, cfg), "act_batch", "act_seq", "act_heads",
+                  "act_kv")
+    out = L.dense(o, p["wo"], None, "bthk,hkd->btd", "out_proj", cfg)
+    if cache is None:
+        return out
+    if seq is not None:   # the convolution state keeps only the last sequence's inputs
+        W = cfg.linear_conv_kernel_dim
+        old = jnp.broadcast_to(seq[:, :1] == seq[:, -1:], (B, max(W - 1 - T, 0)))
+        keep = jnp.concatenate([old, (seq == seq[:, -1:])[:, -(W - 1):]], 1)[..., None, None]
+        sq, sk, sv = (jnp.where(keep, s_, jnp.zeros((), s_.dtype)) for s_ in (sq, sk, sv))
+    return out, {"conv_q": sq, "conv_k": sk, "conv_v": sv, "state": state}
+
+
+def init_cache(cfg, batch: int, dtype) -> dict:
+    """Empty decoding state of every layer ([L, ...]; only the linear layers use theirs)."""
+    Lyr, W = cfg.num_layers, cfg.linear_conv_kernel_dim
+    Hk, Hv, Dk, Dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                      cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+    return {"conv_q": jnp.zeros((Lyr, batch, W - 1, Hk, Dk), dtype),
+            "conv_k": jnp.zeros((Lyr, batch, W - 1, Hk, Dk), dtype),
+            "conv_v": jnp.zeros((Lyr, batch, W - 1, Hv, Dv), dtype),
+            "state": jnp.zeros((Lyr, batch, Hv, Dk, Dv), jnp.float32)}
