@@ -35,7 +35,9 @@ def _rel(a, b):
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-6))
 
 
-@pytest.mark.parametrize("chunk, segments", [(1, True), (4, False), (5, True), (64, True)])
+@pytest.mark.parametrize("chunk, segments", [
+    pytest.param(1, True, marks=pytest.mark.slow), pytest.param(4, False, marks=pytest.mark.slow),
+    (5, True), (64, True)])
 def test_chunked_equals_recurrent(chunk, segments):
     args = _inputs()
     seg = SEGMENTS if segments else None
@@ -44,6 +46,7 @@ def test_chunked_equals_recurrent(chunk, segments):
     assert _rel(o, o_ref) < 1e-5 and _rel(s, s_ref) < 1e-5
 
 
+@pytest.mark.slow
 def test_segments_restart_the_state():
     """Each packed sequence's outputs equal the recurrence over that sequence alone."""
     args = _inputs(1)
@@ -57,6 +60,7 @@ def test_segments_restart_the_state():
     assert _rel(o, whole) > 1e-2   # without segments the sequences mix
 
 
+@pytest.mark.slow
 def test_initial_state_continues_a_sequence():
     """Running the first 10 tokens, then the rest from the returned state, equals one run."""
     args = _inputs(2)
@@ -83,6 +87,7 @@ def test_gradients_match_the_recurrence(chunk):
         assert _rel(g, g_ref) < 1e-5
 
 
+@pytest.mark.slow
 def test_bf16_inputs_stay_close():
     args32 = _inputs(5)
     o_ref, _ = recurrent_gated_delta_rule(*args32)
@@ -90,6 +95,7 @@ def test_bf16_inputs_stay_close():
     assert o.dtype == jnp.bfloat16 and _rel(o, o_ref) < 3e-2
 
 
+@pytest.mark.slow
 def test_recurrence_matches_transformers():
     torch = pytest.importorskip("torch")
     from transformers.models.qwen3_next import modeling_qwen3_next as hf

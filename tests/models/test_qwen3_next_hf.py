@@ -60,7 +60,13 @@ def _model(case, path, seed=0):
 SEEDS = {"qwen3_5_moe_text": 1}
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# Two cases run by default (a Qwen3-Next MoE with a dense layer, Qwen3.5 with mrope and partial
+# RoPE); the others with -m slow.
+FAST = ("qwen3_next_moe", "qwen3_5_text")
+
+
+@pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in sorted(CASES)])
 def test_parity_and_round_trip(case, tmp_path):
     model = _model(case, tmp_path / "hf", SEEDS.get(case, 0))
     cfg = check_parity_and_round_trip(model, tmp_path)
@@ -70,6 +76,7 @@ def test_parity_and_round_trip(case, tmp_path):
     assert cfg.attention_output_gate and cfg.apply_layernorm_1p
 
 
+@pytest.mark.slow
 def test_chunk_length_does_not_change_the_model(tmp_path):
     """The chunked rule with chunks that divide the length, that do not, and one chunk per
     token gives the same logits."""
@@ -83,7 +90,8 @@ def test_chunk_length_does_not_change_the_model(tmp_path):
         assert max_diff(o, out[0]) < 1e-4
 
 
-@pytest.mark.parametrize("case", ["qwen3_next_moe", "qwen3_5_text"])
+@pytest.mark.parametrize("case", [pytest.param("qwen3_next_moe", marks=pytest.mark.slow),
+                                  "qwen3_5_text"])
 def test_greedy_decode_matches_transformers(case, tmp_path):
     model = _model(case, tmp_path / "hf")
     cfg, params = from_hf(tmp_path / "hf", linear_chunk_size=4)
@@ -95,6 +103,7 @@ def test_greedy_decode_matches_transformers(case, tmp_path):
                                   ref[:, prompt.shape[1]:].numpy())
 
 
+@pytest.mark.slow
 def test_left_padded_prompts_decode_as_alone(tmp_path):
     """A short prompt left-padded next to a long one continues as it does alone: padding
     leaves no trace in the convolution or the recurrent state."""
@@ -109,6 +118,7 @@ def test_left_padded_prompts_decode_as_alone(tmp_path):
     np.testing.assert_array_equal(both[0], alone[0])
 
 
+@pytest.mark.slow
 def test_packed_sequences_are_independent(tmp_path):
     """With segment ids, each packed document's logits equal its logits alone (the state and
     the convolution restart at every document)."""
@@ -131,6 +141,7 @@ def _hybrid(**changes):
                 linear_num_value_heads=4, linear_chunk_size=4, **changes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["attention_output_gate", "linear_attention_layers",
                                    "linear_qk_l2_norm", "shared_expert_gate"])
 def test_each_knob_changes_the_model(field):
@@ -149,6 +160,7 @@ def test_each_knob_changes_the_model(field):
     assert max_diff(run(a, toks, base), run(b, toks, changed)) > 1e-3
 
 
+@pytest.mark.slow
 def test_gradients_flow_through_every_linear_parameter():
     cfg = _hybrid()
     params = random_params(cfg, seed=2)

@@ -230,6 +230,7 @@ def test_expert_parallel_with_capacity_and_tensor_parallel(tmp_path):
     assert _param(got, "moe_ep2_fsdp", EXPERTS)["spec"] == ["expert", None, "data", None]
 
 
+@pytest.mark.slow
 def test_gated_deltanet_hybrid_splits_its_heads_without_changing_the_losses(tmp_path):
     """A Gated DeltaNet + gated-attention model under TP 2 with SP and FSDP trains with the
     one-device losses; the linear layers' heads are split over the tensor axis."""
