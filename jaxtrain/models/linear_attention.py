@@ -26,7 +26,7 @@ from jaxtrain.models import layers as L
 from jaxtrain.models.spec import ParamSpec, _linear_init, _ones
 from jaxtrain.parallel.sharding import constrain
 from kernels.gated_delta import chunked_gated_delta_rule
-from kernels.gated_delta.reference import starts
+from kernels.gated_delta.reference import sequence_numbers
 
 
 def _a_log_init(key, shape, dtype):
@@ -87,14 +87,6 @@ def causal_conv(x, w, seq=None, state=None):
             xs = jnp.where(same[..., None, None], xs, 0.0)
         y = y + xs * w[W - 1 - s].astype(jnp.float32)
     return jax.nn.silu(y).astype(x.dtype), full[:, T:]
-
-
-def sequence_numbers(segment_ids, B: int, T: int):
-    """[B,T] int32 ordinal of each token's sequence (a new one wherever the segment changes),
-    or None without segments."""
-    if segment_ids is None:
-        return None
-    return jnp.cumsum(starts(segment_ids, T, B).astype(jnp.int32), 1)
 
 
 def gated_norm(p: dict, o, z, cfg):

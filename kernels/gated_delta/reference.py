@@ -35,6 +35,14 @@ def starts(segment_ids, T: int, B: int):
     return jnp.concatenate([jnp.zeros((B, 1), bool), s[:, 1:] != s[:, :-1]], 1)
 
 
+def sequence_numbers(segment_ids, T: int, B: int):
+    """[B,T] int32 ordinal of each token's sequence (a new one wherever the segment changes),
+    or None without segments."""
+    if segment_ids is None:
+        return None
+    return jnp.cumsum(starts(segment_ids, T, B).astype(jnp.int32), 1)
+
+
 def _prepare(q, k, v, g, beta, l2_qk: bool):
     """float32 inputs with key heads repeated to the value heads and q scaled."""
     r = v.shape[2] // k.shape[2]
@@ -95,7 +103,8 @@ def chunked_gated_delta_rule(q, k, v, g, beta, *, segment_ids=None, initial_stat
     C = chunk_size
     pad = -T % C
     # c: each token's sequence number; two tokens interact only within one sequence
-    c = jnp.cumsum(starts(segment_ids, T, B).astype(jnp.int32), 1)
+    c = sequence_numbers(segment_ids, T, B)
+    c = jnp.zeros((B, T), jnp.int32) if c is None else c
     if pad:
         q, k, v = (jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))) for a in (q, k, v))
         g, beta = (jnp.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (g, beta))

@@ -154,6 +154,15 @@ def _refuse(c, key, why: str) -> None:
     c.error(f"{c.where(key)}: {why}")
 
 
+def _cycle_divides(c, layers, interval) -> None:
+    """With scan_layers MaxText builds num_layers // interval blocks of the layer cycle: an
+    interval that does not divide the layers leaves some out, which jaxtrain refuses."""
+    if c.get("scan_layers", True) and layers and interval > 1 and layers % interval:
+        _refuse(c, "inhomogeneous_layer_cycle_interval", f"with scan_layers MaxText builds "
+                f"num_layers // interval blocks, which leaves out {layers % interval} of the "
+                f"{layers} layers; choose an interval that divides num_layers")
+
+
 def _llama31_rope(c) -> None:
     """MaxText applies Llama-3.1 RoPE scaling to every model_name starting with llama3.1,
     whatever rope_type says (its attention layer checks the name)."""
@@ -302,10 +311,7 @@ def _gpt_oss(c, because) -> None:
                 f"(add_bias_linear), as GPT-OSS has them; set all three alike")
     interval = c.get("inhomogeneous_layer_cycle_interval", 1)
     layers, scan = c.get("num_layers"), c.get("scan_layers", True)
-    if scan and layers and interval > 0 and layers % interval:
-        _refuse(c, "inhomogeneous_layer_cycle_interval", f"with scan_layers MaxText builds "
-                f"num_layers // interval blocks, which leaves out {layers % interval} of the "
-                f"{layers} layers; choose an interval that divides num_layers")
+    _cycle_divides(c, layers, interval)
     window = c.get("sliding_window_size") or 0
     if window:
         if not c.get("use_sink_attention"):
@@ -385,10 +391,7 @@ def _olmo3(c, because) -> None:
     across = bool(c.get("qk_layernorm")) and str(c.get("model_name") or "").startswith("olmo3")
     _imply(c, "qk_norm_across_heads", across, because)
     layers, interval = c.get("num_layers"), c.get("inhomogeneous_layer_cycle_interval", 1)
-    if c.get("scan_layers", True) and layers and interval > 1 and layers % interval:
-        _refuse(c, "inhomogeneous_layer_cycle_interval", f"with scan_layers MaxText builds "
-                f"num_layers // interval blocks, which leaves out {layers % interval} of the "
-                f"{layers} layers; choose an interval that divides num_layers")
+    _cycle_divides(c, layers, interval)
     window = c.get("sliding_window_size") or 0
     if window > 0:
         c.set("window_size", [window - 1, 0])
@@ -407,10 +410,7 @@ def _hybrid(c, block, because) -> None:
         _refuse(c, "inhomogeneous_layer_cycle_interval", "must be positive (every this-many-th "
                 "layer is full attention)")
         return
-    if c.get("scan_layers", True) and layers and layers % interval:
-        _refuse(c, "inhomogeneous_layer_cycle_interval", f"with scan_layers MaxText builds "
-                f"num_layers // interval blocks, which leaves out {layers % interval} of the "
-                f"{layers} layers; choose an interval that divides num_layers")
+    _cycle_divides(c, layers, interval)
     if not c.values.get("num_experts"):
         c.error(f"decoder_block {block}: MaxText builds every layer of this block with MoE "
                 f"(Qwen3NextSparseMoeBlock); set num_experts and base_moe_mlp_dim")
