@@ -188,7 +188,7 @@ def fused_update(params, opt_state, micro: dict, weights_BT, rng, model_cfg, tcf
 
     x0, embed_pullback, rope = jax.vjp(embed_fn, rest, has_aux=True)
     ctx = {"segment_ids": micro.get("segment_ids"), "deterministic": False, "rng": rng,
-           "rope": rope, "moe_state": None}
+           "rope": rope, "moe_state": None, "positions": positions}
     axes = layer_axes(cfg, DENSE_STACK)
 
     def layer(p, x, i):

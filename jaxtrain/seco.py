@@ -121,7 +121,8 @@ def _chunk(params, kv, tokens, positions, targets, weights, start, rng, cfg, *, 
         return full_k.astype(k.dtype), full_v.astype(v.dtype), {"k": k, "v": v}
 
     ctx = {"segment_ids": None, "deterministic": not train, "rng": rng, "rope": rope,
-           "moe_state": None, "kv_cache": kv_cache, "q_offset": start}
+           "moe_state": None, "kv_cache": kv_cache, "q_offset": start, "positions": positions,
+           "kv_positions": jnp.arange(kv["k"].shape[2], dtype=jnp.int32)[None]}
     x, own = cached_layers(params, x, kv, ctx, cfg, None)
     own = jax.tree.map(lambda a, b: a.astype(b.dtype), own, kv)
     if not with_loss:

@@ -125,6 +125,18 @@ class ModelConfig:
     # gpt-oss / Primus sink attention: a learned fp32 logit per query head, an extra softmax
     # column without a value, in every layer.
     attention_sinks: bool = False
+    # Llama 4: the layers that skip RoPE (NoPE; one bool per layer, True = no RoPE; None: none)
+    no_rope_layers: tuple[bool, ...] | None = None
+    # Llama 4: the q/k norm (qk_layernorm / qk_l2_norm) only on the RoPE layers
+    qk_norm_rope_layers_only: bool = False
+    # Llama 4 chunked local attention: on the RoPE layers a query sees only keys whose position
+    # lies in its own block of this many positions (position // chunk equal); None: off
+    attention_chunk_size: int | None = None
+    # Llama 4 attention temperature tuning on the NoPE layers: queries times
+    # 1 + scale * log(1 + floor((position + 1) / floor_scale))
+    attn_temperature_tuning: bool = False
+    attn_temperature_scale: float = 0.1
+    attn_temperature_floor_scale: float = 8192.0
     # Qwen3-Next gated attention: the attention output times sigmoid(x @ wg), per head channel
     attention_output_gate: bool = False
     # Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5; models/linear_attention.py): the
@@ -139,6 +151,8 @@ class ModelConfig:
     linear_num_value_heads: int = 32
     linear_chunk_size: int = 64
     linear_qk_l2_norm: bool = True
+    # the walk across chunks: "xla" (lax.scan) or "pallas" (kernels/gated_delta/scan.py)
+    linear_attention_impl: str = "xla"
     # Multi-latent attention (DeepSeek-V2/V3, Megatron MLA; see mla.py). q/k heads are
     # qk_head_dim + qk_pos_emb_head_dim wide, values v_head_dim; qk_layernorm puts a norm on the
     # q and kv latents (Megatron's spec; DeepSeek checkpoints have them).
@@ -215,6 +229,9 @@ class ModelConfig:
             layers = tuple(bool(b) for b in self.sliding_window_layers)
             every = len(layers) == self.num_layers and all(layers)
             put("sliding_window_layers", None if every else layers)
+        if self.no_rope_layers is not None:
+            layers = tuple(bool(b) for b in self.no_rope_layers)
+            put("no_rope_layers", layers if any(layers) else None)
         if self.linear_attention_layers is not None:
             layers = tuple(bool(b) for b in self.linear_attention_layers)
             put("linear_attention_layers", layers if any(layers) else None)
@@ -265,6 +282,15 @@ class ModelConfig:
                   f"has {len(self.sliding_window_layers)} entries for {self.num_layers} layers")
             check(self.sliding_window is not None, "sliding_window_layers",
                   "picks the layers that use sliding_window, which is None")
+        if self.no_rope_layers is not None:
+            check(len(self.no_rope_layers) == self.num_layers, "no_rope_layers",
+                  f"has {len(self.no_rope_layers)} entries for {self.num_layers} layers")
+            check(self.position_embedding_type == "rope", "no_rope_layers",
+                  "picks layers that skip RoPE, and the model has no RoPE")
+        check(self.attention_chunk_size is None or self.attention_chunk_size > 0,
+              "attention_chunk_size", "must be a positive number of positions or None")
+        check(self.attn_temperature_floor_scale > 0, "attn_temperature_floor_scale",
+              "must be positive")
         if self.multi_latent_attention:
             self._validate_mla(check)
         if self.linear_attention_layers is not None:
@@ -333,6 +359,13 @@ class ModelConfig:
               "linear_num_value_heads", f"{self.linear_num_value_heads} is not a multiple of "
               f"linear_num_key_heads {self.linear_num_key_heads} (each key head serves whole "
               "value heads)")
+        check(self.linear_attention_impl in ("xla", "pallas"), "linear_attention_impl",
+              f"{self.linear_attention_impl!r} is not one of ('xla', 'pallas')")
+        if self.linear_attention_impl == "pallas":
+            C = self.linear_chunk_size
+            check(C >= 16 and not C & (C - 1), "linear_chunk_size", f"{C}: the Pallas kernel "
+                  "takes powers of two of at least 16 (Triton tiles); use 16, 32, 64 or 128, "
+                  "or linear_attention_impl xla")
         check(not self.multi_latent_attention, "experimental_attention_variant",
               "Gated DeltaNet layers beside multi-latent attention are not a model jaxtrain "
               "builds")
@@ -365,6 +398,10 @@ class ModelConfig:
         f, a = self.yarn_scaling_factor, self.yarn_mscale_all_dim
         m = 1.0 if f <= 1 else 0.1 * a * math.log(f) + 1.0
         return m * m / math.sqrt(self.head_dim)
+
+    def is_nope(self, i: int) -> bool:
+        """Whether 0-based layer ``i`` skips RoPE (a Llama 4 NoPE layer)."""
+        return bool(self.no_rope_layers and self.no_rope_layers[i])
 
     def window_of_layer(self, i: int) -> int | None:
         """The sliding window of 0-based layer ``i`` (None: it attends to the whole prefix)."""

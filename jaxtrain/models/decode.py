@@ -138,9 +138,11 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
         return (*_load(c, cfg, k.dtype), c) if attend_cache else (k, v, c)
 
     ctx = {"segment_ids": segments, "deterministic": True, "rng": None, "rope": rope,
-           "moe_state": None, "kv_cache": kv_cache}
+           "moe_state": None, "kv_cache": kv_cache, "positions": positions}
     if attend_cache:
         ctx["q_offset"] = start
+        kv_at = jnp.arange(cache["k"].shape[2], dtype=jnp.int32)[None]
+        ctx["kv_positions"] = kv_at if pad is None else jnp.maximum(kv_at - pad_B1, 0)
     layers_cache = {n: a for n, a in cache.items() if n != "length"}
     x, layers_cache = cached_layers(params, x, layers_cache, ctx, cfg, quant_state)
     hidden = L.norm(params["final_norm"], x[:, -1:], cfg)

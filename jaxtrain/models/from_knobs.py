@@ -151,7 +151,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         init_method_xavier_uniform=cfg["init_method_xavier_uniform"],
         apply_query_key_layer_scaling=cfg["apply_query_key_layer_scaling"],
         attention_softmax_in_fp32=softmax_fp32,
-        **_sink_fields(cfg), **_mla_fields(cfg), **_linear_fields(cfg),
+        **_sink_fields(cfg), **_mla_fields(cfg), **_linear_fields(cfg), **_nope_fields(cfg),
         attention_output_gate=cfg["attention_output_gate"],
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
         attn_logit_softcapping=cfg["attn_logit_softcapping"] or None,
@@ -205,7 +205,37 @@ def _linear_fields(cfg) -> dict:
                                        "linear_value_head_dim", "linear_num_key_heads",
                                        "linear_num_value_heads")},
                 linear_chunk_size=cfg["gdn_chunk_size"],
-                linear_qk_l2_norm=cfg["use_qk_norm_in_gdn"])
+                linear_qk_l2_norm=cfg["use_qk_norm_in_gdn"],
+                linear_attention_impl=cfg["linear_attention_impl"])
+
+
+def _nope_fields(cfg) -> dict:
+    """Llama 4's layers: NoPE layers as Megatron's no_rope_freq says (N: every N-th layer skips
+    RoPE; a 0/1 list, 1 = skip), q/k norms on the RoPE layers only, chunked attention on the
+    RoPE layers (MaxText's chunk_attn_window_size) and temperature tuning on the NoPE ones."""
+    out = dict(qk_norm_rope_layers_only=bool(cfg["qk_norm_rope_layers_only"]),
+               attention_chunk_size=cfg["chunk_attn_window_size"] or None,
+               attn_temperature_tuning=bool(cfg["temperature_tuning"]),
+               attn_temperature_scale=float(cfg["temperature_tuning_scale"]),
+               attn_temperature_floor_scale=float(cfg["temperature_tuning_floor_scale"]))
+    freq, n = cfg["no_rope_freq"], cfg["num_layers"]
+    if freq is None:
+        return out
+    try:
+        freq = parse_layer_freq(freq)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("moe_layer_freq", "no_rope_freq")) from None
+    if isinstance(freq, int):
+        if freq < 1 or n % freq:
+            raise ConfigError(f"no_rope_freq = {freq}: give a positive N dividing num_layers "
+                              f"{n} (every N-th layer skips RoPE) or a 0/1 list per layer")
+        pattern = tuple((i + 1) % freq == 0 for i in range(n))
+    else:
+        pattern = tuple(bool(v) for v in freq)
+        if len(pattern) != n:
+            raise ConfigError(f"no_rope_freq has {len(pattern)} entries for {n} layers "
+                              "(num_layers)")
+    return {**out, "no_rope_layers": pattern}
 
 
 # ModelConfig fields read from a knob of another name: a config's problem names the knob.
@@ -213,7 +243,11 @@ _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "g
                 "linear_attention_layers": "linear_attention_freq",
                 "sliding_window_layers": "window_attn_skip_freq",
                 "yarn_scaling_factor": "rotary_scaling_factor", "yarn_mscale": "mscale",
-                "yarn_mscale_all_dim": "mscale_all_dim"}
+                "yarn_mscale_all_dim": "mscale_all_dim", "no_rope_layers": "no_rope_freq",
+                "attention_chunk_size": "chunk_attn_window_size",
+                "attn_temperature_tuning": "temperature_tuning",
+                "attn_temperature_scale": "temperature_tuning_scale",
+                "attn_temperature_floor_scale": "temperature_tuning_floor_scale"}
 
 
 def _knob_message(text: str) -> str:
@@ -513,6 +547,7 @@ def _moe(cfg, etp, tp, turbo, dispatcher, factor, activation, glu_limit):
         ffn_hidden_size=cfg["moe_ffn_hidden_size"],
         shared_expert_size=cfg["moe_shared_expert_intermediate_size"],
         shared_expert_gate=cfg["moe_shared_expert_gate"],
+        apply_probs_on_input=cfg["moe_apply_probs_on_input"],
         score_function=cfg["moe_router_score_function"],
         pre_softmax=cfg["moe_router_pre_softmax"], router_dtype=cfg["moe_router_dtype"],
         topk_scaling_factor=cfg["moe_router_topk_scaling_factor"],

@@ -25,7 +25,7 @@ import numpy as np
 from jaxtrain.models import layers as L
 from jaxtrain.models.spec import ParamSpec, _linear_init, _ones
 from jaxtrain.parallel.sharding import constrain
-from kernels.gated_delta import chunked_gated_delta_rule
+from kernels.gated_delta import chunk_scan, chunked_gated_delta_rule
 from kernels.gated_delta.reference import sequence_numbers
 
 
@@ -126,7 +126,8 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
         a + p["dt_bias"].astype(jnp.float32))
     o, state = chunked_gated_delta_rule(
         q, k, v, g, beta, segment_ids=seg, chunk_size=cfg.linear_chunk_size,
-        initial_state=None if cache is None else cache["state"], l2_qk=cfg.linear_qk_l2_norm)
+        initial_state=None if cache is None else cache["state"], l2_qk=cfg.linear_qk_l2_norm,
+        scan=chunk_scan if cfg.linear_attention_impl == "pallas" else None)
     o = constrain(gated_norm(p["norm"], o, z, cfg), "act_batch", "act_seq", "act_heads",
                   "act_kv")
     out = L.dense(o, p["wo"], None, "bthk,hkd->btd", "out_proj", cfg)

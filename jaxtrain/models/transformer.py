@@ -70,26 +70,58 @@ def project_qkv(p: dict, x, ctx: dict, cfg):
     q = constrain(q, "act_batch", "act_seq", "act_heads", "act_kv")
     k = constrain(k, "act_batch", "act_seq", "act_kv_heads", "act_kv")
     v = constrain(v, "act_batch", "act_seq", "act_kv_heads", "act_kv")
-    if cfg.qk_layernorm and cfg.qk_norm_across_heads:   # OLMo 2/3: one norm over all heads
-        q = L.norm(p["q_norm"], q.reshape(*q.shape[:2], -1), cfg).reshape(q.shape)
-        k = L.norm(p["k_norm"], k.reshape(*k.shape[:2], -1), cfg).reshape(k.shape)
-    elif cfg.qk_layernorm:
-        q, k = L.norm(p["q_norm"], q, cfg), L.norm(p["k_norm"], k, cfg)
-    elif cfg.qk_l2_norm:
-        q, k = L.l2_norm(q, cfg.norm_epsilon), L.l2_norm(k, cfg.norm_epsilon)
+    q, k = _qk_norm(p, q, k, ctx, cfg)
     if cfg.position_embedding_type == "rope":
         q, k = L.apply_rope(q, *ctx["rope"], cfg), L.apply_rope(k, *ctx["rope"], cfg)
+    if cfg.attn_temperature_tuning and cfg.no_rope_layers is not None:
+        q = _temperature(q, ctx, cfg)
     return q, k, v, (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+
+
+def _qk_norm(p: dict, q, k, ctx: dict, cfg):
+    """The q/k norms (per head, or across heads as OLMo 2/3); with
+    ``qk_norm_rope_layers_only`` the NoPE layers keep q and k as they are (Llama 4)."""
+    if cfg.qk_layernorm and cfg.qk_norm_across_heads:   # OLMo 2/3: one norm over all heads
+        nq = L.norm(p["q_norm"], q.reshape(*q.shape[:2], -1), cfg).reshape(q.shape)
+        nk = L.norm(p["k_norm"], k.reshape(*k.shape[:2], -1), cfg).reshape(k.shape)
+    elif cfg.qk_layernorm:
+        nq, nk = L.norm(p["q_norm"], q, cfg), L.norm(p["k_norm"], k, cfg)
+    elif cfg.qk_l2_norm:
+        nq, nk = L.l2_norm(q, cfg.norm_epsilon), L.l2_norm(k, cfg.norm_epsilon)
+    else:
+        return q, k
+    if cfg.qk_norm_rope_layers_only and "nope" in ctx:
+        return jnp.where(ctx["nope"], q, nq), jnp.where(ctx["nope"], k, nk)
+    return nq, nk
+
+
+def _temperature(q, ctx: dict, cfg):
+    """Llama 4's attention temperature on NoPE layers: q [B,T,N,H] times
+    1 + scale * log(1 + floor((position + 1) / floor_scale)) of each token's position."""
+    pos_BT = ctx["positions"].astype(jnp.float32)
+    t_BT = 1.0 + cfg.attn_temperature_scale * jnp.log1p(
+        jnp.floor((pos_BT + 1.0) / cfg.attn_temperature_floor_scale))
+    scaled = (q.astype(jnp.float32) * t_BT[:, :, None, None]).astype(q.dtype)
+    return jnp.where(ctx["nope"], scaled, q)
 
 
 def _layer_rope(ctx: dict, layer_number, cfg) -> dict:
     """``ctx`` with the RoPE tables of this layer: with ``local_rotary_base`` the tables are
-    (cos, sin, local cos, local sin) and the sliding-window layers take the local pair."""
+    (cos, sin, local cos, local sin) and the sliding-window layers take the local pair. A NoPE
+    layer (``no_rope_layers``) takes the identity rotation (cos 1, sin 0) and ``ctx['nope']``
+    says which it is (layer_number may be traced)."""
     rope = ctx.get("rope")
-    if rope is None or len(rope) == 2:
+    if rope is None:
         return ctx
-    local = jnp.asarray(cfg.sliding_window_layers or (True,) * cfg.num_layers)[layer_number - 1]
-    return {**ctx, "rope": tuple(jnp.where(local, b, a) for a, b in zip(rope[:2], rope[2:]))}
+    if len(rope) == 4:
+        local = jnp.asarray(cfg.sliding_window_layers or (True,) * cfg.num_layers)[
+            layer_number - 1]
+        rope = tuple(jnp.where(local, b, a) for a, b in zip(rope[:2], rope[2:]))
+    if cfg.no_rope_layers is None:
+        return {**ctx, "rope": rope}
+    nope = jnp.asarray(cfg.no_rope_layers)[layer_number - 1]
+    cos, sin = rope
+    return {**ctx, "nope": nope, "rope": (jnp.where(nope, 1.0, cos), jnp.where(nope, 0.0, sin))}
 
 
 def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scale, gate=None):
@@ -109,13 +141,15 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
     layout = active_layout()
     ring = q_offset is None and cp.model_layout(cfg) is not None
 
+    segments = _layer_segments(ctx, layer_number, cfg)
+
     def attend(q, k, v, sinks):
         def run(window):
             if ring:   # context parallelism: the sequence split over the mesh's context axis
-                return _context_parallel(layout, q, k, v, ctx, layer_number, sinks, window,
-                                         cfg, scale)
+                return _context_parallel(layout, q, k, v, ctx, segments, layer_number, sinks,
+                                         window, cfg, scale)
             return attention(
-                q, k, v, impl=impl, causal=True, segment_ids=ctx["segment_ids"],
+                q, k, v, impl=impl, causal=True, segment_ids=segments,
                 sliding_window=window, softcap=cfg.attn_logit_softcapping, scale=scale,
                 softmax_fp32=cfg.attention_softmax_in_fp32,
                 dropout_rate=cfg.attention_dropout if drop else 0.0,
@@ -133,7 +167,38 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
     return L.dense(out, p["wo"], p.get("bo"), "btnh,nhd->btd", "out_proj", cfg)
 
 
-def _context_parallel(layout, q, k, v, ctx: dict, layer_number, sinks, window, cfg, scale):
+def _layer_segments(ctx: dict, layer_number, cfg):
+    """The segment ids this layer's attention masks with: the packing's, refined on chunked
+    layers (``attention_chunk_size``: every RoPE layer) so that a query sees only the keys of
+    its own chunk of positions: id = segment * chunks + position // chunk, where chunks bounds
+    the chunks of a sequence (the kernels and context parallelism take segment ids as they
+    are). Decoding passes (query, key) ids and ``ctx['kv_positions']``."""
+    segments = ctx["segment_ids"]
+    C = cfg.attention_chunk_size
+    if C is None:
+        return segments
+    span = cfg.max_position_embeddings // C + 2
+
+    def refine(seg, pos):
+        seg = jnp.zeros(pos.shape, jnp.int32) if seg is None else seg.astype(jnp.int32)
+        return seg * span + jnp.minimum(pos // C, span - 1).astype(jnp.int32)
+
+    if "kv_positions" in ctx:
+        q_seg, kv_seg = segments if isinstance(segments, tuple) else (segments, segments)
+        chunked = (refine(q_seg, ctx["positions"]), refine(kv_seg, ctx["kv_positions"]))
+        plain = tuple(jnp.zeros(c.shape, jnp.int32) if s is None else s
+                      for s, c in zip((q_seg, kv_seg), chunked))
+    else:
+        chunked = refine(segments, ctx["positions"])
+        plain = jnp.zeros_like(chunked) if segments is None else segments
+    if cfg.no_rope_layers is None:
+        return chunked
+    nope = jnp.asarray(cfg.no_rope_layers)[layer_number - 1]
+    return jax.tree.map(lambda c, p: jnp.where(nope, p, c), chunked, plain)
+
+
+def _context_parallel(layout, q, k, v, ctx: dict, segments, layer_number, sinks, window, cfg,
+                      scale):
     """Context-parallel attention (jaxtrain.parallel.context) with this layer's exchange: one
     ``cp_comm_type`` for every layer, or a ``lax.switch`` on the layer over a per-layer list.
     ``ctx['token_index']``: the tokens' indices in the sequence (the reordered layout's). With
@@ -149,7 +214,7 @@ def _context_parallel(layout, q, k, v, ctx: dict, layer_number, sinks, window, c
 
     def one(kind):
         return lambda: cp.sharded_attention(
-            layout, kind, q, k, v, index, ctx["segment_ids"], sinks, window,
+            layout, kind, q, k, v, index, segments, sinks, window,
             softcap=cfg.attn_logit_softcapping, scale=scale, balanced=balanced,
             inner=cfg.cp_a2a_size if kind == "a2a+p2p" else None, kernel=kernel)
 
@@ -447,10 +512,11 @@ def layer_inputs(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
         segment_ids = None if segment_ids is None else lay.apply(segment_ids)
         ctx.update(token_index=index, token_layout=lay.reorder, reordered=lay)
     if not with_embedding:
-        ctx.update(segment_ids=segment_ids, rope=_rope_tables(positions, cfg))
+        ctx.update(segment_ids=segment_ids, positions=positions,
+                   rope=_rope_tables(positions, cfg))
         return None, ctx
     x, rope = embed_inputs(params, tokens, positions, cfg)
-    ctx.update(segment_ids=segment_ids, rope=rope)
+    ctx.update(segment_ids=segment_ids, positions=positions, rope=rope)
     if embed_noise and not deterministic:
         signs = jax.random.rademacher(
             jax.random.fold_in(_need(rng, "embedding noise"), cfg.num_layers + 1), x.shape,

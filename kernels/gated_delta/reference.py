@@ -91,11 +91,13 @@ def unit_lower_inverse(A):
 
 
 def chunked_gated_delta_rule(q, k, v, g, beta, *, segment_ids=None, initial_state=None,
-                             l2_qk: bool = True, chunk_size: int = 64):
+                             l2_qk: bool = True, chunk_size: int = 64, scan=None):
     """The gated delta rule a chunk at a time (the WY/UT form): within a chunk the C updates
     become one unit-triangular solve and a few matmuls; a scan carries the state across chunks.
     Same arguments and results as :func:`recurrent_gated_delta_rule`; T need not divide by
-    ``chunk_size`` (the tail is padded with tokens that change nothing)."""
+    ``chunk_size`` (the tail is padded with tokens that change nothing). ``scan``: the walk
+    across chunks, :func:`chunk_recurrence` (``lax.scan``) or the Pallas kernel's
+    ``kernels.gated_delta.chunk_scan`` (same arguments)."""
     B, T, Hv, Dv = v.shape
     dtype = v.dtype
     q, k, v, g, beta = _prepare(q, k, v, g, beta, l2_qk)
@@ -138,6 +140,18 @@ def chunked_gated_delta_rule(q, k, v, g, beta, *, segment_ids=None, initial_stat
     q_read = q * from_start[..., None]
     k_write = k * to_end[..., None]
 
+    S0 = (jnp.zeros((B, Hv, Dk, Dv), jnp.float32) if initial_state is None
+          else initial_state.astype(jnp.float32))
+    o, S = (scan or chunk_recurrence)(u, w, attn, q_read, k_write, carry, S0)
+    o = jnp.moveaxis(o, 0, 1)                                  # [B,N,H,C,Dv]
+    o = jnp.moveaxis(o, 2, 3).reshape(B, N * C, Hv, Dv)[:, :T]
+    return o.astype(dtype), S
+
+
+def chunk_recurrence(u, w, a, q_read, k_write, f, s0):
+    """The walk across chunks with ``lax.scan``: per chunk v_new = u - w S,
+    o = q_read S + a v_new, S <- f S + k_write^T v_new. u [N,B,H,C,Dv]; w, q_read, k_write
+    [N,B,H,C,Dk]; a [N,B,H,C,C]; f [N,B,H]; s0 [B,H,Dk,Dv] -> (o [N,B,H,C,Dv], final state)."""
     def step(S, xs):
         u_n, w_n, a_n, qr_n, kw_n, f_n = xs
         v_new = u_n - jnp.einsum("bhck,bhkv->bhcv", w_n, S)
@@ -145,9 +159,5 @@ def chunked_gated_delta_rule(q, k, v, g, beta, *, segment_ids=None, initial_stat
         S = S * f_n[..., None, None] + jnp.einsum("bhck,bhcv->bhkv", kw_n, v_new)
         return S, o
 
-    S0 = (jnp.zeros((B, Hv, Dk, Dv), jnp.float32) if initial_state is None
-          else initial_state.astype(jnp.float32))
-    S, o = jax.lax.scan(step, S0, (u, w, attn, q_read, k_write, carry))
-    o = jnp.moveaxis(o, 0, 1)                                  # [B,N,H,C,Dv]
-    o = jnp.moveaxis(o, 2, 3).reshape(B, N * C, Hv, Dv)[:, :T]
-    return o.astype(dtype), S
+    S, o = jax.lax.scan(step, s0, (u, w, a, q_read, k_write, f))
+    return o, S

@@ -91,6 +91,7 @@ def test_exact_resume_after_sigkill(tmp_path, reference):
     assert meta["consumed"] == 20 * 4 and meta["config"]["save_interval"] == 5
 
 
+@pytest.mark.slow
 def test_sigkill_during_async_save_resumes_from_previous(tmp_path, reference):
     args = [*RESUME, f"train.output_dir={tmp_path}", "async_checkpointing=true"]
     run = worker("train", "--kill-in-commit", 10, *args)
@@ -117,6 +118,7 @@ def test_save_on_8_devices_fsdp_restore_on_2_dp_and_unscanned(tmp_path):
     assert run.returncode == 0 and run.stdout.count("MAXDIFF") == 2, run.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_scanned_axis_1_checkpoint_restores_into_axis_0(tmp_path):
     saved_cfg, here_cfg = _model(num_layers=3), _model(num_layers=3, param_scan_axis=0)
     saved = _bump(_state(saved_cfg), 1)
@@ -169,6 +171,7 @@ def _bump(state, k):
     (["--train.save_steps", "3", "train.keep_checkpoints=5"], [3, 6, 9, 12]),
     (["save_interval=1", "train.keep_checkpoints=5"], [8, 9, 10, 11, 12]),
 ])
+@pytest.mark.slow
 def test_retention(tmp_path, knobs, kept):
     cfg = config("train_iters=12", f"save={tmp_path}", *knobs)
     mc = _model()
@@ -179,6 +182,7 @@ def test_retention(tmp_path, knobs, kept):
     assert steps_in(tmp_path) == [f"step_{s}" for s in kept]
 
 
+@pytest.mark.slow
 def test_restore_modes_finetune_no_load_optim_no_load_rng(tmp_path):
     mc = _model()
     saved = _bump(_state(mc), 1)
@@ -263,6 +267,7 @@ def test_train_resume_from_a_step_directory(tmp_path):
     c.close()
 
 
+@pytest.mark.slow
 def test_sigterm_and_exit_duration_save_before_exiting(tmp_path, monkeypatch):
     real = loop.global_batches
 
@@ -313,6 +318,7 @@ def test_save_final_loads_in_transformers(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_enable_checkpointing_saves_in_run_dir_and_resumes(tmp_path):
     args = [f"workspace={tmp_path}", "enable_checkpointing=true"]
     loop.train(config(*args, "train_iters=2", "save_interval=1"))

@@ -192,6 +192,7 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["global", "local"])
+@pytest.mark.slow
 def test_non_persistent_checkpoint_resumes_a_crashed_run(tmp_path, monkeypatch, uninterrupted,
                                                          kind):
     args = [*CRASH, f"save={tmp_path}", "non_persistent_save_interval=3",

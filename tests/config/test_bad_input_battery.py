@@ -217,6 +217,7 @@ def _run_failures(cases_, tmp_path_factory):
 
 
 @pytest.mark.usefixtures("persistent_compilation_cache")   # most values compile the same step
+@pytest.mark.slow
 def test_accepted_values_start_a_run_sample(missing, tmp_path_factory):
     failures = _run_failures(_sample(accepted(missing)), tmp_path_factory)
     assert not failures, "\n".join(failures)
@@ -298,6 +299,7 @@ CLI_CASES = {
 
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "run"])
 @pytest.mark.parametrize("case", list(CLI_CASES))
+@pytest.mark.slow
 def test_cli_refuses_with_exit_2_and_the_key(case, dry, tmp_path):
     head, overrides, key = CLI_CASES[case]
     text = head + _flat(a for a in BASE if not head or a != "train_iters=1")

@@ -76,6 +76,8 @@ CASES = {
                                           sliding_window=16, rope_parameters={
         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    "gemma3_vlm": lambda: tr.Gemma3Config(text_config=dict(**_B, head_dim=32,
+                                                           sliding_window=16)),
     "olmo2": lambda: tr.Olmo2Config(**_B),
     "olmo3": lambda: tr.Olmo3Config(**_B, sliding_window=16),
     "qwen3_next": lambda: tr.Qwen3NextConfig(
@@ -92,6 +94,13 @@ CASES = {
     "qwen3_5_moe": lambda: tr.Qwen3_5MoeConfig(text_config=dict(
         **_B, head_dim=16, **_GDN, num_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=16, shared_expert_intermediate_size=16)),
+    "llama4_text": lambda: tr.Llama4TextConfig(
+        **_B, head_dim=16, num_local_experts=4, intermediate_size_mlp=48,
+        interleave_moe_layer_step=2, attention_chunk_size=8),
+    "llama4": lambda: tr.Llama4Config(text_config=dict(
+        **_B, head_dim=16, num_local_experts=4, use_qk_norm=False), vision_config=dict(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        vision_output_dim=16, projector_input_dim=16, projector_output_dim=16)),
     "gpt2_exact_gelu": lambda: tr.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                              vocab_size=300, activation_function="gelu",
                                              tie_word_embeddings=False),
@@ -270,8 +279,8 @@ def test_the_model_directory_is_the_tokenizer(tmp_path, write):
     ({"model_type": "gemma4", "text_config": {}}, ["'gemma4'", "planned for issue #25"]),
     ({"model_type": "qwen3_5", "vision_config": {}}, ["text_config=None", "has none"]),
     ({"model_type": "gemma3n"}, ["'gemma3n'", "planned for issue #25"]),
-    ({"model_type": "gemma3", "vision_config": {}}, ["'gemma3'", "planned for issue #25"]),
-    ({"model_type": "llama4"}, ["'llama4'", "planned for issue #25"]),
+    ({**TINY_HF_LLAMA, "model_type": "llama4_text", "num_experts_per_tok": 2},
+     ["num_experts_per_tok=2", "top-1"]),
     ({"model_type": "llava", "vision_config": {}, "text_config": {}},
      ["'llava'", "multimodal", "rejects"]),
     ({"model_type": "my_own_net"}, ["'my_own_net'", "not a family jaxtrain builds"]),

@@ -200,6 +200,7 @@ def test_tfds_and_c4_mlperf_are_refused():
             load_config(None, [f"dataset_type={kind}"], world_size=1)
 
 
+@pytest.mark.slow
 def test_grain_cli_training_run(tmp_path, write, cli):
     tok = helpers.hf_tokenizer_dir(tmp_path / "tok")
     write_arrayrecord(tmp_path / "train.array_record", examples(helpers.texts(60)))

@@ -133,6 +133,7 @@ def test_packing_loses_no_token_and_resets():
     assert np.all(b["loss_mask"][0][cross] == 0)                     # no cross-document target
 
 
+@pytest.mark.slow
 def test_packed_attention_equals_documents_alone():
     cfg = models.ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4,
                              num_query_groups=2, ffn_hidden_size=64, vocab_size=64,

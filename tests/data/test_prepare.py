@@ -410,6 +410,7 @@ def test_jsonl_output_random_strategy_and_a_training_run(tmp_path, model_dir, cl
     assert any(f"training on {folder / 'scored_data.jsonl'}" in p.read_text() for p in log)
 
 
+@pytest.mark.slow
 def test_clear_errors(tmp_path, model_dir, cli):
     data = write_jsonl(tmp_path / "chat.jsonl", _chat_rows(6))
     config = _pgs_file(tmp_path, model_dir, data)

@@ -91,6 +91,7 @@ def test_per_split_paths_and_args_file(files, tmp_path):
         assert len(tokens_of(training_data(cfg).samples)) > 2      # the random-token file
 
 
+@pytest.mark.slow
 def test_eval_iters_batches_and_loss_by_hand(files, model):
     mcfg, params = model
     cfg = config(f"data_path={files['r']}", "split=80,20,0", "eval_iters=2")

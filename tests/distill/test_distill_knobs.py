@@ -230,6 +230,7 @@ def test_offload_keeps_the_teacher_on_the_host_and_scores_alike(root):
 # ---------------------------------------------------------------- rollouts and scoring
 
 
+@pytest.mark.slow
 def test_batch_group_micro_seqs_and_budget(root):
     d, state = _distiller(root, "--rollout.batch_prompts=3", "--rollout.group_size=4",
                           "--rollout.micro_seqs=4", "--sources.s1.max_new_tokens=5")

@@ -172,6 +172,7 @@ def test_xtok_chunk_advantages(logits, spread):
     np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_over_rows_slices_give_the_whole_loss_and_gradient():
     """full_rkl through the student's output layer, one slice of rows at a time, equals the
     unsliced loss, value and gradient."""

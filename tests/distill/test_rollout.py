@@ -32,6 +32,7 @@ def _prompts(n):
     return out
 
 
+@pytest.mark.slow
 def test_greedy_matches_transformers_generate(student):
     path, cfg, params, tok = student
     sampler = Sampler(cfg, tok, [tok.eos_token_id], micro_seqs=2, chat_template_kwargs={})

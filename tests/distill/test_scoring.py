@@ -93,6 +93,7 @@ def _loss(env, kind, loss=Loss(), temperature=1.0, feats_extra=None, grad=False)
 
 
 @pytest.mark.parametrize("temperature", [pytest.param(1.0, marks=pytest.mark.slow), 0.7])
+@pytest.mark.slow
 def test_full_rkl_matches_transformers(pair, temperature):
     env = _setup(pair, "full_rkl", temperature)
     (value, stats), grads = _loss(env, "full_rkl", temperature=temperature, grad=True)

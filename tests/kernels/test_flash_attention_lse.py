@@ -24,6 +24,7 @@ def _inputs(seed=0):
 
 @pytest.mark.parametrize("causal, segments, softcap", [
     (True, False, None), (False, False, None), (True, True, None), (False, True, 5.0)])
+@pytest.mark.slow
 def test_out_and_lse_and_their_gradients_match_the_xla_block(causal, segments, softcap):
     q, k, v, q_seg, k_seg = _inputs()
     w_out = jnp.asarray(np.random.default_rng(1).normal(size=(B, T, N, H)).astype(np.float32))

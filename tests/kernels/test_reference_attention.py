@@ -28,6 +28,7 @@ def _model(q, k, v, *, causal, segment_ids=None, sliding_window=None, logit_soft
 
 
 @pytest.mark.parametrize("B, T, S, Hq, Hkv, D, kwargs", CASES)
+@pytest.mark.slow
 def test_reference_matches_model_attention(B, T, S, Hq, Hkv, D, kwargs):
     rng = np.random.default_rng(3)
     q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.float32)

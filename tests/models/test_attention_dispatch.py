@@ -36,6 +36,7 @@ def on_cuda(monkeypatch):
     monkeypatch.setattr(model_config, "accelerator", lambda: "cuda")
 
 
+@pytest.mark.slow
 def test_model_on_flash_matches_xla(flash_calls):
     """GQA, RoPE, packed segments, a window, softcap and query-key layer scaling: the flash
     model's logits and parameter gradients equal the xla model's in fp32."""

@@ -84,6 +84,7 @@ RAGGED = {"llama_gqa_window": dict(sliding_window=4, scan_layers=False),
 
 @pytest.mark.parametrize("case", [c if c == "llama_gqa_window" else
                                   pytest.param(c, marks=pytest.mark.slow) for c in RAGGED])
+@pytest.mark.slow
 def test_ragged_prompts_decode_as_each_would_alone(case):
     """Left-padded prompts of lengths 3, 7 and 5 (left_pad / pad=): each row's tokens and
     logits equal a generate of that prompt alone."""
@@ -113,6 +114,7 @@ def test_ragged_greedy_matches_transformers_generate(tmp_path):
         np.testing.assert_array_equal(ours[row], ref[0, len(p):].numpy())
 
 
+@pytest.mark.slow
 def test_sampling_follows_the_temperature_scaled_distribution():
     """10,000 first tokens per prompt (two ragged prompts) sampled at temperature 0.5: a G-test
     accepts softmax(logits / 0.5) and rejects the untempered softmax(logits)."""
@@ -143,6 +145,7 @@ def test_sampling_follows_the_temperature_scaled_distribution():
         assert g_test(counts, plain) < 1e-9
 
 
+@pytest.mark.slow
 def test_eos_sampling_and_errors():
     cfg = tiny()
     params, prompt = random_params(cfg), tokens(2, 4)

@@ -72,6 +72,7 @@ def test_each_gemma_knob_changes_the_logits(field, value):
 
 
 @pytest.mark.parametrize("case", ["gemma2", "gemma3"])
+@pytest.mark.slow
 def test_greedy_decode_matches_transformers_generate(case, tmp_path):
     """The KV-cached decode path (sliding windows, local RoPE, sandwich norms, soft-caps)
     produces transformers' greedy tokens; 12 new tokens run past the window of 5."""
@@ -101,3 +102,39 @@ def test_exported_config_loads_when_the_scalar_came_from_a_float_knob(tmp_path):
         written["query_pre_attn_scalar"], int)
     tr.Gemma3TextConfig(**{k: v for k, v in written.items()
                            if k not in ("architectures", "model_type")})   # strict: would raise
+
+
+def test_vision_language_checkpoint_reads_its_text_model(tmp_path):
+    """A Gemma3ForConditionalGeneration checkpoint (what gemma-3-4b-it and larger are): from_hf
+    reads model.language_model.* (the vision tower and projector left out) and gives the
+    model's text logits; exporting as the vision-language family is refused, and a sparse
+    text_config (as the published config.json files write it) takes transformers' defaults."""
+    import torch
+    from jaxtrain.config.dialects import hf as translation
+
+    text = {**_BASE, "query_pre_attn_scalar": 12, "sliding_window": 5, "layer_types": _TYPES}
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    vlm = tr.Gemma3ForConditionalGeneration(tr.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4,
+        attn_implementation="eager")).eval()
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for _, p in vlm.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    vlm.save_pretrained(tmp_path / "vlm")
+    cfg, params = from_hf(tmp_path / "vlm")
+    with torch.no_grad():
+        ref = vlm(input_ids=torch.tensor(np.asarray(tokens()))).logits.numpy()
+    assert max_diff(forward(params, tokens(), cfg), ref) <= 1e-4
+    with pytest.raises(ValueError, match="vision_tower"):
+        from jaxtrain.models import to_hf
+        to_hf(params, cfg, tmp_path / "out", family="gemma3")
+    sparse = {"model_type": "gemma3", "text_config": {
+        "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+        "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024}}
+    full = tr.Gemma3TextConfig(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34,
+                               rope_scaling={"factor": 8.0, "rope_type": "linear"},
+                               sliding_window=1024).to_dict()
+    assert translation.knobs(sparse) == translation.knobs(full)

@@ -113,6 +113,7 @@ def test_parity_and_round_trip(case, tmp_path):
     check_parity_and_round_trip(_hf_model(case, tmp_path / "hf"), tmp_path)
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_and_scan_axis_0(tmp_path):
     config_cls, model_cls, kw = CASES["qwen3"]
     model = _randomize(model_cls(config_cls(**kw, attn_implementation="eager")).eval())

@@ -190,6 +190,7 @@ def _moe_model(**kw):
     return tiny(num_layers=2, moe=cfg_(**{"shared_expert_size": None, **kw}))
 
 
+@pytest.mark.slow
 def test_pad_to_capacity_computes_what_dropping_computes():
     toks = tokens()
     outs = []
@@ -223,6 +224,7 @@ def _dense_reference(p, x, probs, idx):
 
 
 @pytest.mark.parametrize("add_bias", [False, True])
+@pytest.mark.slow
 def test_sorted_grouped_matmul_dispatch_matches_a_loop(add_bias):
     cfg = tiny(num_layers=1, moe=cfg_(), add_bias_linear=add_bias)
     p = _layer_params(cfg)
@@ -270,6 +272,7 @@ def test_layer_freq_forms():
         tiny(num_layers=3, moe=cfg_(layer_freq=(1, 0)))
 
 
+@pytest.mark.slow
 def test_mixed_layers_are_two_stacks_scanned_in_blocks():
     c = tiny(num_layers=4, moe=cfg_(layer_freq=(0, 1, 0, 1)))
     shapes = jax.tree.map(lambda a: a.shape, abstract(c))
@@ -401,6 +404,7 @@ def _block(cfg):
 
 
 @pytest.mark.parametrize("knob", sorted(FLIPS))
+@pytest.mark.slow
 def test_each_knob_flipped_has_an_effect(knob):
     value, where = FLIPS[knob]
     both = BOTH.get(knob, {})
@@ -503,6 +507,7 @@ def _maxtext_kept(idx, num_experts, factor):
 
 
 @pytest.mark.parametrize("factor", [0.5, 1.0, 1.5])
+@pytest.mark.slow
 def test_maxtext_capacity_is_per_sequence_in_token_order(factor):
     B, S, E, k = 3, 16, 4, 2
     logits = jax.random.normal(jax.random.key(3), (B * S, E))

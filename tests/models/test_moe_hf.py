@@ -164,6 +164,7 @@ def _deepseek_moe_model(path, **change):
 
 
 @pytest.mark.parametrize("case", list(_DSV3_GROUPS))
+@pytest.mark.slow
 def test_deepseek_v3_moe_parity_and_round_trip(case, tmp_path):
     """Group-limited sigmoid routing on score + e_score_correction_bias (a group scored by its
     top-2 sum, as HF scores it), renormalised and scaled top-k weights, shared experts, a dense

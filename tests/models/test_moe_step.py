@@ -64,6 +64,7 @@ def _bias(state):
     return np.asarray(state.params["moe_layers"]["moe"]["router"]["expert_bias"])
 
 
+@pytest.mark.slow
 def test_aux_losses_are_reported_apart_from_the_lm_loss(runs):
     old, _, m1 = runs["aux"][0]
     assert {"moe_aux_loss", "moe_z_loss"} <= set(m1)
@@ -85,6 +86,7 @@ def test_aux_losses_join_the_objective(runs):
     assert float(jnp.max(jnp.abs(router(s1) - router(s0)))) > 1e-4     # aux gradients
 
 
+@pytest.mark.slow
 def test_expert_bias_moves_by_the_sign_rule_outside_the_optimizer(runs):
     for old, new, _ in runs["aux"]:
         delta = _bias(new) - _bias(old)      # AdamW with weight decay 0.5 never touches it

@@ -1,6 +1,7 @@
 """Parameter declarations: abstract shapes, logical axes and the jitted initializer."""
 import jax
 import numpy as np
+import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from model_helpers import tiny
 
@@ -18,6 +19,7 @@ def _check_declared(cfg, params):
         assert spec[cfg.param_scan_axis] == "layers"
 
 
+@pytest.mark.slow
 def test_init_megatron_normal():
     cfg = tiny(hidden_size=128, ffn_hidden_size=256, num_layers=8, vocab_size=512,
                init_method_std=0.05, position_embedding_type="learned_absolute",

@@ -92,6 +92,7 @@ def test_chunk_length_does_not_change_the_model(tmp_path):
 
 @pytest.mark.parametrize("case", [pytest.param("qwen3_next_moe", marks=pytest.mark.slow),
                                   "qwen3_5_text"])
+@pytest.mark.slow
 def test_greedy_decode_matches_transformers(case, tmp_path):
     model = _model(case, tmp_path / "hf")
     cfg, params = from_hf(tmp_path / "hf", linear_chunk_size=4)
@@ -213,6 +214,7 @@ def test_megatron_knobs_build_the_hybrid():
         _knobs(num_experts=4, moe_router_topk=2, moe_shared_expert_gate=True)
 
 
+@pytest.mark.slow
 def test_vision_language_checkpoint_trains_its_text_model(tmp_path):
     """A Qwen3.5 vision-language checkpoint (model_type qwen3_5: text_config, the language
     model under model.language_model, a vision tower) loads as transformers'

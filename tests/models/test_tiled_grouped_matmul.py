@@ -19,6 +19,7 @@ CASES = [  # rows, K, N, group sizes (rows past them give zeros), tile
 @pytest.mark.parametrize("M,K,N,sizes,tile,dtype",
                          [(*c, jnp.float32) for c in CASES]
                          + [(*c, jnp.bfloat16) for c in (CASES[0], CASES[4])])
+@pytest.mark.slow
 def test_equals_ragged_dot_forward_and_backward(M, K, N, sizes, tile, dtype):
     rng = np.random.default_rng(M)
     x = jnp.asarray(rng.standard_normal((M, K)), dtype)
@@ -39,6 +40,7 @@ def test_equals_ragged_dot_forward_and_backward(M, K, N, sizes, tile, dtype):
     assert not np.any(f32(got)[sum(sizes):])   # rows past the groups
 
 
+@pytest.mark.slow
 def test_grouped_matmul_takes_it_on_cpu_and_works_less():
     """Through jaxtrain.ops.grouped_matmul on this CPU, and (M + G·tile)·K·N multiply-adds in
     its one dot instead of ragged_dot's G·M·K·N."""

@@ -97,6 +97,7 @@ def _ids(table):
 
 
 @pytest.mark.parametrize("knob,base,variant,kw", CHANGES, ids=_ids(CHANGES))
+@pytest.mark.slow
 def test_knob_changes_logits(knob, base, variant, kw):
     ref = run(tiny(**base), **kw)
     out = run(tiny(**{**base, **variant}), **kw)
@@ -240,6 +241,7 @@ def remat_reference():
                                                  "custom_offload_loop",
                                                  "minimal_with_context_selective",
                                                  "layer_ids_loop"])
+@pytest.mark.slow
 def test_remat_and_scan_keep_loss_and_grads(changes, remat_reference):
     params, toks, (loss, grads) = remat_reference
     loss2, grads2 = _loss_and_grads(tiny(num_layers=3, **changes), params, toks)

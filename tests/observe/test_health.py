@@ -121,6 +121,7 @@ def hand_gns(g1, g2, g, small, big):
 
 # ---- tier 2 ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_tier2_gradient_metrics_match_hand_computation(run, batches, row_fn):
     params = run.state.params
     first, second = batches
@@ -141,6 +142,7 @@ def test_tier2_gradient_metrics_match_hand_computation(run, batches, row_fn):
                                (row1["health/gns"] + row2["health/gns"]) / 2, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_tier2_with_one_microbatch_splits_sequences(run, batches, row_fn):
     params, (first, _) = run.state.params, batches
     one = {k: jnp.concatenate([v[0], v[1]])[None] for k, v in first.items()}  # [1, 4, T]
@@ -315,6 +317,7 @@ def test_cadence(run):
     assert [s for s in range(1, 7) if h.due(s)] == [2, 4, 6]
 
 
+@pytest.mark.slow
 def test_fields_hold_only_what_is_due(run, batches):
     params, (first, _) = run.state.params, batches
     h = monitor(run, tier2_every=2, tier3_every=3)

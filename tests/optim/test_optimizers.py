@@ -613,6 +613,7 @@ def test_schedule_free_runs_warms_up_and_differs_from_adamw():
 
 # ----------------------------------------------------------------------------- precision-aware
 
+@pytest.mark.slow
 def test_precision_aware_moment_dtypes_in_state():
     params, grads = tree(0), [tree(s, 0.1) for s in range(1, 4)]
     ref = run(build_optimizer(cfg(), 1e-3, AXES), params, grads)[1]

@@ -201,6 +201,7 @@ def spiky_grads(n=7, spike_at=4):
     return grads
 
 
+@pytest.mark.slow
 def test_adagc_matches_pgs_formula_through_warmup_and_clipping():
     grads = spiky_grads()
     lam, beta, warm, max_norm = 1.5, 0.9, 3, 0.5
@@ -221,6 +222,7 @@ def test_adagc_matches_pgs_formula_through_warmup_and_clipping():
         np.testing.assert_allclose(torch_view(outs[4])[k], torch_view(grads[4])[k], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_adagc_without_warmup_starts_each_ema_at_its_own_norm():
     grads = spiky_grads(n=6, spike_at=3)
     outs, _ = run_steps(pgs_extras.adagc(PLAN, 1.2, 0.5, 0, 1.0), tree(0), grads)
@@ -640,6 +642,7 @@ def state_kinds(state) -> set[str]:
     return set()
 
 
+@pytest.mark.slow
 def test_pgs_config_builds_every_extra(write):
     from jaxtrain.models import ModelConfig, logical_axes
     c = load_config(write("pgs.yml", PGS_YAML), ["num_layers=2", "hidden_size=16",

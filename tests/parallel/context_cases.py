@@ -83,9 +83,12 @@ def _cp(variant, q, k, v, seg, sinks, case, cp=4, **options):
 
 
 def _slow_pairs():
-    """The kernel's forward cases beyond segments run with -m slow (each interprets Pallas)."""
-    return [pytest.param(c, v, marks=pytest.mark.slow) if v == "p2p_kernel" and c != "segments"
-            else (c, v) for c in CASES for v in VARIANTS]
+    """By default every variant runs the segments case; plain causal, the window (also in the
+    gradient and eight-device cases) and soft-cap with sinks run with -m slow."""
+    def slow(c, v):
+        return c != "segments"
+    return [pytest.param(c, v, marks=pytest.mark.slow) if slow(c, v) else (c, v)
+            for c in CASES for v in VARIANTS]
 
 
 @pytest.mark.parametrize("case, variant", _slow_pairs())

@@ -1,9 +1,9 @@
 """Parallel layouts on 8 CPU devices: same losses as one device, shardings as the knobs say.
 
-The layouts run in one subprocess (``layout_worker.py``: the device count is fixed when JAX
-starts). Default run: one device, FSDP and DP x TP x FSDP (with SP) are trained; the other
-layouts are built and their shardings checked. ``-m slow`` trains those too, and the MoE
-expert-parallel layouts.
+The layouts run in subprocesses (``layout_worker.py``: the device count is fixed when JAX
+starts). Default run: one device and DP x TP x FSDP (with SP) are trained and five layouts'
+shardings checked. ``-m slow`` trains FSDP, gradient accumulation and every other layout,
+checks the rest's shardings and gather counts, and the MoE expert-parallel layouts.
 """
 import json
 import subprocess
@@ -24,6 +24,12 @@ CP = [n for n in LAYOUTS if n.startswith("cp")]   # trained in a slow test
 GDN = [n for n in LAYOUTS if n.startswith("gdn")]   # trained in their own test
 BUILT = [n for n in LAYOUTS
          if n not in TRAINED + GATHERS + REPLICAS + MOE + CP + GDN + ACCUMULATED + REDUCTIONS]
+# The default run trains one device and DP x TP x FSDP and checks these layouts' shardings;
+# the rest (FSDP trained, gradient accumulation, the gather counts, more sharding checks) run
+# with -m slow in a second worker.
+SPECS = ["dp", "zero1", "pgs_fsdp", "tp_sp", "offload"]
+MORE_SPECS = [n for n in BUILT if n not in SPECS]
+MORE = ["fsdp"] + ACCUMULATED + REDUCTIONS + GATHERS + MORE_SPECS
 # Compile quickly: these programs are tiny and run a few steps (both sides of each comparison).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 WQ = "['layers']['attn']['wq']"  # [D, L, N, H]: embed, layers, q_heads, kv
@@ -40,45 +46,63 @@ def _worker(tmp_path, *args):
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
-    return _worker(tmp_path_factory.mktemp("layouts"),
-                   f"train:{','.join(TRAINED + ACCUMULATED)}",
-                   f"reductions:{','.join(REDUCTIONS)}",
-                   f"specs:{','.join(BUILT)}", f"gathers:{','.join(GATHERS)}",
-                   f"replicas:{','.join(REPLICAS)}")
+    return _worker(tmp_path_factory.mktemp("layouts"), "train:one,tp_fsdp",
+                   f"specs:{','.join(SPECS)}", f"replicas:{','.join(REPLICAS)}")
 
 
-def test_accumulated_gradients_reduced_once_give_the_same_losses(layouts):
-    assert len(layouts["zero1_ga4"]["losses"]) == 5
-    assert layouts["zero1_ga4"]["losses"] == pytest.approx(layouts["one_ga4"]["losses"],
-                                                           rel=2e-6)
+@pytest.fixture(scope="module")
+def more(tmp_path_factory):
+    return _worker(tmp_path_factory.mktemp("more"), f"train:{','.join(['fsdp'] + ACCUMULATED)}",
+                   f"reductions:{','.join(REDUCTIONS)}", f"specs:{','.join(MORE_SPECS)}",
+                   f"gathers:{','.join(GATHERS)}")
 
 
-def test_gradients_are_reduced_once_per_step_not_per_microbatch(layouts):
+@pytest.fixture
+def got(request):
+    """name -> that layout's results, from the default worker or (slow tests) the second."""
+    def get(name):
+        return request.getfixturevalue("more" if name in MORE else "layouts")[name]
+    return get
+
+
+def _names(*names):
+    """Parameters for the names, the second worker's marked slow."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in MORE else n for n in names]
+
+
+@pytest.mark.slow
+def test_accumulated_gradients_reduced_once_give_the_same_losses(more):
+    assert len(more["zero1_ga4"]["losses"]) == 5
+    assert more["zero1_ga4"]["losses"] == pytest.approx(more["one_ga4"]["losses"], rel=2e-6)
+
+
+@pytest.mark.slow
+def test_gradients_are_reduced_once_per_step_not_per_microbatch(more):
     """Data parallel with replicated parameters (ZeRO-1, ZeRO-2): no reduction inside the
     microbatch loop. FSDP reduce-scatters each microbatch's gradients (they live sharded,
     the GSPMD loop): it still reduces inside it."""
     for name in ("zero1_ga4", "zero2_ga4"):
-        got = layouts[name]["reductions"]
-        assert got["loop_found"] and got["in_loop"] == 0 < got["total"], (name, got)
-    got = layouts["fsdp_ga4"]["reductions"]
-    assert got["loop_found"] and got["in_loop"] > 0, got
+        found = more[name]["reductions"]
+        assert found["loop_found"] and found["in_loop"] == 0 < found["total"], (name, found)
+    found = more["fsdp_ga4"]["reductions"]
+    assert found["loop_found"] and found["in_loop"] > 0, found
 
 
 def _param(got, name, path=WQ):
-    return got[name]["params"][path]
+    return got(name)["params"][path]
 
 
 def _opt(got, name, path=WQ):
     """Specs/memory of the optimizer-state leaves that mirror parameter ``path`` (Adam mu, nu)."""
-    found = [v for k, v in got[name]["opt_state"].items() if k.endswith(path)]
-    assert len(found) == 2, got[name]["opt_state"].keys()
+    found = [v for k, v in got(name)["opt_state"].items() if k.endswith(path)]
+    assert len(found) == 2, got(name)["opt_state"].keys()
     return found
 
 
-@pytest.mark.parametrize("name", TRAINED[1:])
-def test_same_losses_as_one_device(layouts, name):
-    assert len(layouts[name]["losses"]) == 5
-    assert layouts[name]["losses"] == pytest.approx(layouts["one"]["losses"], rel=2e-6)
+@pytest.mark.parametrize("name", _names(*TRAINED[1:]))
+def test_same_losses_as_one_device(got, name):
+    assert len(got(name)["losses"]) == 5
+    assert got(name)["losses"] == pytest.approx(got("one")["losses"], rel=2e-6)
 
 
 @pytest.mark.slow
@@ -98,87 +122,93 @@ def test_same_losses_as_one_device_other_layouts(tmp_path):
         assert got[name]["losses"] == pytest.approx(got["one"]["losses"], rel=2e-6), name
 
 
-def test_mesh_axes(layouts):
-    assert layouts["zero1"]["mesh"] == {"pipeline": 1, "replica": 1, "data": 8, "expert": 1,
-                                        "context": 1, "tensor": 1}
-    assert layouts["tp_sp"]["mesh"]["tensor"] == 2 and layouts["tp_sp"]["mesh"]["data"] == 4
-    assert layouts["instances"]["mesh"]["replica"] == 2
+def test_mesh_axes(got):
+    assert got("zero1")["mesh"] == {"pipeline": 1, "replica": 1, "data": 8, "expert": 1,
+                                    "context": 1, "tensor": 1}
+    assert got("tp_sp")["mesh"]["tensor"] == 2 and got("tp_sp")["mesh"]["data"] == 4
     # tensor is the fastest axis: a TP pair is two neighbouring devices
-    assert layouts["tp_sp"]["devices"][:4] == [0, 1, 2, 3]
-    assert list(layouts["tp"]["mesh"])[0] == "pipeline"
-    assert list(layouts["tp_pp_dp"]["mesh"])[:3] == ["replica", "data", "pipeline"]
+    assert got("tp_sp")["devices"][:4] == [0, 1, 2, 3]
+    assert list(got("tp")["mesh"])[0] == "pipeline"
 
 
-def test_plain_data_parallel_replicates_everything(layouts):
-    assert _param(layouts, "dp")["spec"] == [None] * 4
-    assert all(o["spec"] == [None] * 4 for o in _opt(layouts, "dp"))
+@pytest.mark.slow
+def test_mesh_axes_of_instances_and_pipeline(got):
+    assert got("instances")["mesh"]["replica"] == 2
+    assert list(got("tp_pp_dp")["mesh"])[:3] == ["replica", "data", "pipeline"]
 
 
-@pytest.mark.parametrize("name", ["zero1", "zero2", "instances"])
-def test_distributed_optimizer_shards_only_the_optimizer_state(layouts, name):
-    assert _param(layouts, name)["spec"] == [None] * 4
-    assert all(o["spec"] == ["data", None, None, None] for o in _opt(layouts, name))
-    count = [v for k, v in layouts[name]["opt_state"].items() if k.endswith(".count")]
+def test_plain_data_parallel_replicates_everything(got):
+    assert _param(got, "dp")["spec"] == [None] * 4
+    assert all(o["spec"] == [None] * 4 for o in _opt(got, "dp"))
+
+
+@pytest.mark.parametrize("name", _names("zero1", "zero2", "instances"))
+def test_distributed_optimizer_shards_only_the_optimizer_state(got, name):
+    assert _param(got, name)["spec"] == [None] * 4
+    assert all(o["spec"] == ["data", None, None, None] for o in _opt(got, name))
+    count = [v for k, v in got(name)["opt_state"].items() if k.endswith(".count")]
     assert count and all(c["spec"] == [] for c in count)
 
 
-@pytest.mark.parametrize("name", ["fsdp", "torch_fsdp2", "pgs_fsdp"])
-def test_fsdp_shards_parameters_too(layouts, name):
-    assert _param(layouts, name)["spec"] == ["data", None, None, None]
-    assert _param(layouts, name, "['embedding']")["spec"] == [None, "data"]  # [V, D]: embed
-    assert all(o["spec"] == ["data", None, None, None] for o in _opt(layouts, name))
+@pytest.mark.parametrize("name", _names("fsdp", "torch_fsdp2", "pgs_fsdp"))
+def test_fsdp_shards_parameters_too(got, name):
+    assert _param(got, name)["spec"] == ["data", None, None, None]
+    assert _param(got, name, "['embedding']")["spec"] == [None, "data"]  # [V, D]: embed
+    assert all(o["spec"] == ["data", None, None, None] for o in _opt(got, name))
 
 
 @pytest.mark.parametrize("name", ["tp", "tp_sp"])
-def test_tensor_parallel_splits_heads_mlp_and_vocab(layouts, name):
-    assert _param(layouts, name)["spec"] == [None, None, "tensor", None]
-    assert _param(layouts, name, "['layers']['attn']['wk']")["spec"] == [None, None, "tensor",
-                                                                         None]
-    assert _param(layouts, name, "['layers']['mlp']['wi_0']")["spec"] == [None, None, "tensor"]
-    assert _param(layouts, name, "['layers']['mlp']['wo']")["spec"] == ["tensor", None, None]
-    assert _param(layouts, name, "['embedding']")["spec"] == ["tensor", None]
-    assert _param(layouts, name, "['layers']['attn_norm']['scale']")["spec"] == [None, None]
+def test_tensor_parallel_splits_heads_mlp_and_vocab(got, name):
+    assert _param(got, name)["spec"] == [None, None, "tensor", None]
+    assert _param(got, name, "['layers']['attn']['wk']")["spec"] == [None, None, "tensor", None]
+    assert _param(got, name, "['layers']['mlp']['wi_0']")["spec"] == [None, None, "tensor"]
+    assert _param(got, name, "['layers']['mlp']['wo']")["spec"] == ["tensor", None, None]
+    assert _param(got, name, "['embedding']")["spec"] == ["tensor", None]
+    assert _param(got, name, "['layers']['attn_norm']['scale']")["spec"] == [None, None]
 
 
-def test_data_by_tensor_with_fsdp(layouts):
-    assert _param(layouts, "tp_fsdp")["spec"] == ["data", None, "tensor", None]
-    assert _param(layouts, "tp_fsdp", "['embedding']")["spec"] == ["tensor", "data"]
+def test_data_by_tensor_with_fsdp(got):
+    assert _param(got, "tp_fsdp")["spec"] == ["data", None, "tensor", None]
+    assert _param(got, "tp_fsdp", "['embedding']")["spec"] == ["tensor", "data"]
 
 
-def test_host_offload_of_parameters_and_a_share_of_the_optimizer_state(layouts):
-    assert {v["memory"] for v in layouts["offload"]["params"].values()} == {"pinned_host"}
-    kinds = [v["memory"] for v in layouts["offload"]["opt_state"].values()]
+def test_host_offload_of_parameters_and_a_share_of_the_optimizer_state(got):
+    assert {v["memory"] for v in got("offload")["params"].values()} == {"pinned_host"}
+    kinds = [v["memory"] for v in got("offload")["opt_state"].values()]
     assert "pinned_host" in kinds and "device" in kinds  # optimizer_offload_fraction 0.5
-    mu, nu = _opt(layouts, "offload")
+    mu, nu = _opt(got, "offload")
     assert (mu["memory"], nu["memory"]) == ("pinned_host", "device")
-    assert {v["memory"] for v in layouts["dp"]["params"].values()} == {"device"}
+    assert {v["memory"] for v in got("dp")["params"].values()} == {"device"}
 
 
-def test_pin_cpu_params_false_uses_unpinned_host_memory(layouts):
-    kinds = {o["memory"] for o in _opt(layouts, "unpinned")}
+@pytest.mark.slow
+def test_pin_cpu_params_false_uses_unpinned_host_memory(got):
+    kinds = {o["memory"] for o in _opt(got, "unpinned")}
     assert kinds == {"unpinned_host"}
-    assert {o["memory"] for o in _opt(layouts, "offload")} >= {"pinned_host"}
+    assert {o["memory"] for o in _opt(got, "offload")} >= {"pinned_host"}
 
 
-def test_fsdp_keeps_gathered_weights_without_reshard_after_forward(layouts):
+@pytest.mark.slow
+def test_fsdp_keeps_gathered_weights_without_reshard_after_forward(got):
     """reshard_after_forward false: the forward's gathered weights serve the backward, so the
     step gathers fewer times than when it gathers again for the backward."""
-    again, kept = (layouts[n]["all_gathers"] for n in ("torch_fsdp2", "fsdp_keep"))
+    again, kept = (got(n)["all_gathers"] for n in ("torch_fsdp2", "fsdp_keep"))
     assert 0 < kept < again
-    assert _param(layouts, "fsdp_keep")["spec"] == ["data", None, None, None]
+    assert _param(got, "fsdp_keep")["spec"] == ["data", None, None, None]
 
 
-def test_weight_hash_check_finds_a_drifted_replica(layouts):
+def test_weight_hash_check_finds_a_drifted_replica(got):
     """check_weight_hash_across_dp_replicas_interval's check: identical copies pass; one
     device's corrupted copy of a TP-split weight is found."""
-    got = layouts["tp"]["replicas"]
-    assert got["before"] == [] and got["after"] == ["['wq']"]
+    found = got("tp")["replicas"]
+    assert found["before"] == [] and found["after"] == ["['wq']"]
 
 
-def test_distribute_saved_activations_splits_the_saved_layer_inputs(layouts):
+@pytest.mark.slow
+def test_distribute_saved_activations_splits_the_saved_layer_inputs(got):
     """Full recompute saves each layer's input; split over the tensor axis it must be gathered
     again where the layer (and its recomputation) starts."""
-    assert layouts["tp_distribute"]["all_gathers"] > layouts["tp_recompute"]["all_gathers"]
+    assert got("tp_distribute")["all_gathers"] > got("tp_recompute")["all_gathers"]
 
 
 # ---------------------------------------------------------------- MoE: expert parallelism

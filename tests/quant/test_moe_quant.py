@@ -60,6 +60,7 @@ def test_weight_gradient_blocks_restart_at_each_group():
     assert not np.array_equal(np.asarray(plain)[:77], want)
 
 
+@pytest.mark.slow
 def test_tensorwise_forward_and_gradients_are_the_quantized_gemms():
     """y = Σ_g xq_g·wq_g, dx = gq·wq_gᵀ, dw_g = xq_gᵀ·gq_g with per-tensor current scales
     (e4m3 forward, e5m2 gradient), checked group by group."""
@@ -98,12 +99,14 @@ def _group(start):
     raise AssertionError(start)
 
 
+@pytest.mark.slow
 def test_rows_past_the_groups_never_set_the_amax():
     x, w = _operands()
     big = x.at[18].set(1e4)          # a row that belongs to no expert
     np.testing.assert_array_equal(qgrouped(big, w, SIZES, TW), qgrouped(x, w, SIZES, TW))
 
 
+@pytest.mark.slow
 def test_delayed_scaling_uses_the_stored_scales_and_moves_them_on():
     qc = QuantConfig("delayed", "e4m3", "e4m3", "e5m2", history_len=4)
     x, w = _operands()
@@ -128,6 +131,7 @@ def test_delayed_scaling_uses_the_stored_scales_and_moves_them_on():
     (QuantConfig("qwix", "int8", "int8", None), 0.02),
     (QuantConfig("qwix", None, "int4", None), 0.2)],
     ids=["tensorwise", "mxfp8", "blockwise", "nvfp4", "int8", "int4w"])
+@pytest.mark.slow
 def test_error_against_the_unquantized_grouped_gemm_is_bounded(qc, bound):
     """Relative (Frobenius) error of y, dx and dw vs lax.ragged_dot."""
     x, w = _operands(k=128, n=128)
@@ -165,6 +169,7 @@ def test_expert_projections_are_quantized_and_carry_state():
 
 @pytest.mark.parametrize("moe", [{}, dict(capacity_factor=1.0, pad_to_capacity=True)],
                          ids=["dropless", "padded"])
+@pytest.mark.slow
 def test_switches_reach_the_moe_stack(moe):
     """first_last_layers_bf16 over both MoE layers leaves the model unquantized; with none
     kept, the experts' GEMMs (dropless and padded buffers) change the logits."""

@@ -126,6 +126,7 @@ BOUNDS = [
 
 @pytest.mark.parametrize("qc,floor,bound", BOUNDS,
                          ids=[f"{q.recipe}-{q.x}-{q.w}-{q.g}" for q, _, _ in BOUNDS])
+@pytest.mark.slow
 def test_quantized_matmul_error_within_bounds(qc, floor, bound):
     x, w = operands()
     ct = jax.random.normal(jax.random.key(3), (2, 64, 4, 64))

@@ -80,6 +80,7 @@ def test_fp8_hybrid_delayed_trains_saves_and_resumes_exactly(tmp_path, unquantiz
         s: whole[s] for s in range(7, STEPS + 1)}
 
 
+@pytest.mark.slow
 def test_int8_trains_close_to_unquantized(tmp_path, unquantized):
     check_close(train(tmp_path, "quantization=int8"), unquantized, STEPS)
 
@@ -97,6 +98,7 @@ def test_200_steps_close_to_bf16(tmp_path, knobs):
                 train(tmp_path / "plain", steps=steps, base=BF16), steps)
 
 
+@pytest.mark.slow
 def test_first_last_layers_stay_unquantized():
     """first_last_layers_bf16 on a 2-layer model: 1 + 1 layers kept leaves nothing quantized;
     1 + 0 quantizes only the second layer."""

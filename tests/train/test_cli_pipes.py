@@ -50,6 +50,7 @@ def _preprocess_args(tmp_path):
     ["benchmarks/data_throughput.py", "--help"],
 ], ids=["knobs", "knobs-markdown", "train-help", "train-dry-run", "preprocess-help",
         "preprocess", "benchmark-throughput", "benchmark-data"])
+@pytest.mark.slow
 def test_closed_stdout_ends_quietly(argv, tmp_path):
     if argv == "preprocess":
         argv = ["-m", "jaxtrain.data.preprocess", *_preprocess_args(tmp_path)]

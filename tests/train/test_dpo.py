@@ -115,6 +115,7 @@ def encoded(models, tmp_path_factory):
     ("cdpo", 0.3, 1.0, 0.0, 0), ("cdpo", 0.8, 1.0, 0.0, 2),         # MaxText's use_dpo
     ("sigmoid", 0.0, 0.3, 0.0, 4), ("ipo", 0.0, 0.5, 0.0, 0),       # LD-DPO
     ("sigmoid", 0.0, 1.0, 0.7, 0), ("robust", 0.1, 0.5, 0.4, 2)])   # RPO
+@pytest.mark.slow
 def test_loss_matches_pgs_formulas_on_transformers_logprobs(models, encoded, kind, eps,
                                                             ld_alpha, sft_weight, chunks):
     policy, ref = models
@@ -138,6 +139,7 @@ def test_loss_matches_pgs_formulas_on_transformers_logprobs(models, encoded, kin
                                (rewards[0::2] - rewards[1::2]).mean(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_policy_equal_to_reference_gives_log2(models, encoded):
     policy, _ = models
     _, micro = encoded

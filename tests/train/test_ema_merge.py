@@ -150,6 +150,7 @@ MATRICES = ("wq", "wk", "wv", "wo", "wi_0", "wi_1", "embedding", "output")
 
 
 @pytest.mark.parametrize("method", ["lerp", "slerp"])
+@pytest.mark.slow
 def test_merge_is_pgs_per_layer(method):
     """train.base_merge_method, train.base_merge_ratio: each layer's matrix slerps on its own,
     vectors (norms, biases) lerp; the base is rounded to fp16."""
@@ -302,6 +303,7 @@ def plain(tmp_path_factory, model_dir):
     return data, {n: _hf(out / f"step-{n}" / "model") for n in range(1, 5)}, _hf(out / "final")
 
 
+@pytest.mark.slow
 def test_final_holds_the_ema_and_a_resume_continues_it(tmp_path, model_dir, plain, caplog):
     """train.ema: killed after step 2 and resumed, final/ holds pgs's EMA (decay 0.6, every 2
     steps) of the uninterrupted run's weights; a resume that restarted the EMA would not."""
@@ -330,6 +332,7 @@ def test_final_holds_the_ema_and_a_resume_continues_it(tmp_path, model_dir, plai
 
 
 @pytest.mark.parametrize("method, every", [("lerp", 2), ("slerp", 1)])
+@pytest.mark.slow
 def test_merge_pulls_toward_the_pretrained_weights(tmp_path, model_dir, plain, method, every):
     """train.base_merge with train.base_merge_ratio 0.5: the weights saved at a merge step are
     pgs's merge of the unmerged run's with the fp16 base; before it, they are untouched. (The

@@ -41,6 +41,7 @@ def trained():
     return mcfg, step, dataclasses.replace(state, quant_state=spiked), batch(1, 4, seed=7)
 
 
+@pytest.mark.slow
 def test_eval_loss_is_the_training_loss_on_the_training_scales(trained):
     mcfg, step, state, b = trained
     _, metrics = step(state, b)                  # the training forward's loss on b

@@ -30,6 +30,7 @@ def _paths(tree):
             for kp, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+@pytest.mark.slow
 def test_the_optimizer_leaves_frozen_weights_alone():
     """With weight decay and Adam, one step moves every trained leaf and none of the frozen
     ones; the frozen ones hold no optimizer state."""

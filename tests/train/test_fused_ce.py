@@ -30,6 +30,7 @@ def _inputs(cfg):
 @pytest.mark.parametrize("chunks", [1, 3, 4])
 @pytest.mark.parametrize("variant", [{}, {"untie_embeddings_and_output_weights": False},
                                      {"final_logit_softcapping": 3.0}])
+@pytest.mark.slow
 def test_value_and_gradients_equal_the_plain_loss(chunks, variant):
     cfg = _cfg(**variant)
     params, hidden, targets, weights = _inputs(cfg)
@@ -52,6 +53,7 @@ def test_value_and_gradients_equal_the_plain_loss(chunks, variant):
     assert jnp.any(got_grads[1] != 0) and jnp.any(got_grads[2] != 0)
 
 
+@pytest.mark.slow
 def test_fp16_cross_entropy_matches():
     cfg = _cfg()
     params, hidden, targets, weights = _inputs(cfg)
@@ -63,6 +65,7 @@ def test_fp16_cross_entropy_matches():
 
 
 @pytest.mark.parametrize("chunks", [0, 4, 5])
+@pytest.mark.slow
 def test_model_loss_gradient_in_forward_equals_autodiff(chunks):
     """The train step's path (grad_in_forward) against autodiff through the chunked or whole
     loss: a chunk count that does not divide T takes the largest one that does."""
@@ -94,6 +97,7 @@ def _count(jaxpr, name: str) -> int:
     return total
 
 
+@pytest.mark.slow
 def test_no_logits_recompute_and_no_scatter():
     """What it is for: the fused gradient runs three V-sized matmuls per chunk (autodiff of
     the checkpointed chunks runs four: the logits again) and no scatter."""

@@ -36,6 +36,7 @@ def _close(a, b, **tol):
 
 
 @pytest.mark.parametrize("param_scan_axis", [1, pytest.param(0, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_matches_the_plain_step_after_one_and_three_steps(param_scan_axis):
     """AdamW with weight decay, no clipping, fp32: parameters, both moments and the count."""
     mcfg = model_cfg(num_layers=3, param_scan_axis=param_scan_axis)
@@ -56,6 +57,7 @@ def test_matches_the_plain_step_after_one_and_three_steps(param_scan_axis):
     assert min(jax.tree.leaves(moved)) > 0   # every parameter was updated
 
 
+@pytest.mark.slow
 def test_dropout_and_untied_output_layer_match():
     mcfg = model_cfg(hidden_dropout=0.1, untie_embeddings_and_output_weights=True)
     optimizer = optax.adamw(1e-2, weight_decay=0.1)

@@ -27,6 +27,7 @@ def rows(tmp_path):
             .splitlines()]
 
 
+@pytest.mark.slow
 def test_metrics_rows(tmp_path):
     last = loop.train(config(tmp_path, "train_iters=3", "log_params_norm=true"))
     got = rows(tmp_path)
@@ -37,11 +38,13 @@ def test_metrics_rows(tmp_path):
     assert got[0]["tflops_per_device"] > 0 and got[0]["mfu"] is None  # no peak known for CPU
 
 
+@pytest.mark.slow
 def test_log_interval_and_exit_interval(tmp_path):
     loop.train(config(tmp_path, "train_iters=10", "log_interval=2", "exit_interval=4"))
     assert [r["step"] for r in rows(tmp_path)] == [1, 2, 4]  # step 1 is always logged
 
 
+@pytest.mark.slow
 def test_exit_duration(tmp_path, monkeypatch):
     clock = iter(range(0, 10_000, 31))
     monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(clock)))
@@ -49,6 +52,7 @@ def test_exit_duration(tmp_path, monkeypatch):
     assert rows(tmp_path)[-1]["step"] < 50
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_and_stops(tmp_path, monkeypatch):
     real = loop.global_batches
 
@@ -67,6 +71,7 @@ def test_sigterm_finishes_the_step_and_stops(tmp_path, monkeypatch):
     assert rows(tmp_path)[-1]["step"] == 3
 
 
+@pytest.mark.slow
 def test_nan_in_loss_stops_the_run(tmp_path, monkeypatch):
     real_init = loop.models.params.init
     monkeypatch.setattr(loop.models.params, "init", lambda *a, **k: jax.tree.map(
@@ -86,6 +91,7 @@ def test_run_length_from_samples_and_epochs(tmp_path):
     assert loop.total_steps(tcfg, 100) == 50
 
 
+@pytest.mark.slow
 def test_seed_changes_init_and_data(tmp_path):
     a = loop.train(config(tmp_path / "a", "train_iters=1", "seed=1"))
     b = loop.train(config(tmp_path / "b", "train_iters=1", "seed=1"))
@@ -93,6 +99,7 @@ def test_seed_changes_init_and_data(tmp_path):
     assert a["loss"] == b["loss"] != c["loss"]
 
 
+@pytest.mark.slow
 def test_rampup_batch_size_grows_the_batch(tmp_path):
     loop.train(config(tmp_path, "train_samples=40", "rampup_batch_size=[2, 2, 16]",
                       "micro_batch_size=2", "global_batch_size=6"))
@@ -101,6 +108,7 @@ def test_rampup_batch_size_grows_the_batch(tmp_path):
     assert sum(sizes) <= 40
 
 
+@pytest.mark.slow
 def test_manual_gc_and_matmul_precision(tmp_path, monkeypatch):
     import gc
     calls, states = [], []
@@ -119,6 +127,7 @@ def test_manual_gc_and_matmul_precision(tmp_path, monkeypatch):
     assert len(calls) == 2 and gc.isenabled()
 
 
+@pytest.mark.slow
 def test_log_throughput_controls_the_console_line(tmp_path, caplog):
     import logging
     logger = logging.getLogger("loop_test_logger")
@@ -134,6 +143,7 @@ def test_log_throughput_controls_the_console_line(tmp_path, caplog):
 
 @pytest.mark.parametrize("override", ["--train.optimizer=paged_adamw8bit",
                                       "optimizer_memory_host_offload=true"])
+@pytest.mark.slow
 def test_optimizer_state_in_host_memory(tmp_path, override, monkeypatch):
     calls = []  # (shardings, movers) per memory_movers call: the opt state's comes first
     real = loop.memory_movers
@@ -157,6 +167,7 @@ def test_running_throughput_average_skips_warmup_and_resets():
     assert got == [50.0, 45.0, 1.0, 1.5, 2.0, 7.0, 8.0]
 
 
+@pytest.mark.slow
 def test_weight_hash_check_runs_at_its_interval(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(loop, "replica_mismatches",
@@ -169,6 +180,7 @@ def test_weight_hash_check_runs_at_its_interval(tmp_path, monkeypatch):
     assert len(seen) == 2
 
 
+@pytest.mark.slow
 def test_reuse_example_batch_reads_one_batch(tmp_path, monkeypatch):
     real, read = loop.global_batches, []
 

@@ -69,6 +69,7 @@ def plain(tmp_path_factory):
 
 # ---------------------------------------------------------------- 1. validation in the loop
 
+@pytest.mark.slow
 def test_validation_rows_every_eval_interval_and_at_the_end(watched, plain):
     root, last = watched
     assert [r["step"] for r in train_rows(root)] == [1, 2, 3, 4] and last == train_rows(root)[-1]
@@ -89,6 +90,7 @@ def test_validation_rows_every_eval_interval_and_at_the_end(watched, plain):
     assert [r["step"] for r in rows(plain)] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_validation_on_megatron_indexed_splits(tmp_path):
     """data_path + split: the validation and test splits of an indexed dataset."""
     prefix = helpers.write_indexed(tmp_path / "docs", helpers.random_docs(200, vocab=60, seed=4))
@@ -103,6 +105,7 @@ def test_validation_on_megatron_indexed_splits(tmp_path):
 
 # ---------------------------------------------------------------- 2. resume keeps the position
 
+@pytest.mark.slow
 def test_resume_continues_validation_where_the_checkpoint_left_it(watched, tmp_path,
                                                                    monkeypatch):
     root, _ = watched

@@ -87,6 +87,7 @@ def _hidden_and_params(seed=0):
     return mcfg, params, base, {k: v[0] for k, v in b.items()}
 
 
+@pytest.mark.slow
 def test_chunked_equals_whole_and_uses_the_base_model():
     mcfg, params, base, micro = _hidden_and_params()
     whole = model_loss(params, micro, micro["loss_mask"], mcfg, objective=PRE_RL,
@@ -104,6 +105,7 @@ def test_chunked_equals_whole_and_uses_the_base_model():
     assert abs(float(same) - float(whole)) > 1e-4       # the base model matters
 
 
+@pytest.mark.slow
 def test_train_step_takes_the_frozen_base_beside_the_state():
     mcfg, params, base, _ = _hidden_and_params()
     tcfg = dataclasses.replace(train_cfg(), objective=PRE_RL)

@@ -46,6 +46,7 @@ def setup():
 
 
 @pytest.mark.parametrize("chunk", [4, 7, 32])   # 7: a shorter last chunk (pgs allows it)
+@pytest.mark.slow
 def test_seco_equals_plain_loss_and_grads(setup, chunk):
     cfg, params, tok, tgt, w, ref_loss, ref_grads = setup
     loss, grads = jax.jit(lambda p: seco_loss_and_grads(p, tok, tgt, w, cfg, chunk))(params)
@@ -53,6 +54,7 @@ def test_seco_equals_plain_loss_and_grads(setup, chunk):
     assert max_err(grads, ref_grads) < 1e-6
 
 
+@pytest.mark.slow
 def test_sliding_window_learned_positions_and_kv_offload_exact():
     cfg = model_cfg(sliding_window=5, position_embedding_type="learned_absolute")
     params = models.init(cfg, jax.random.key(3))
@@ -145,6 +147,7 @@ def test_spaco_own_loss_terms_average_to_t_over_k(setup):
     assert max_err(mean, jax.tree.map(lambda *g: sum(g) / n, *own)) < 1e-6
 
 
+@pytest.mark.slow
 def test_refuses_batch_above_one(setup):
     cfg, params, tok, tgt, w, _, _ = setup
     with pytest.raises(ValueError, match="one sequence"):

@@ -133,6 +133,7 @@ def test_final_model_logits_match_transformers(learned):
 MAXTEXT_SFT = ROOT / "tests" / "data" / "maxtext" / "sft.yml"
 
 
+@pytest.mark.slow
 def test_maxtext_sft_file_trains_on_local_chat_data(tmp_path):
     """MaxText's post_train/sft.yml, with a local hf_path folder and a local model."""
     model = write_chat_model(tmp_path / "model")

@@ -330,6 +330,7 @@ def test_workers_encode_large_sources_in_order(tmp_path, model_dir, monkeypatch)
         training_data(_config(tmp_path, model_dir, f"dataset: {bad}", "num_workers=2"))
 
 
+@pytest.mark.slow
 def test_pre_rl_runs_against_the_frozen_starting_weights(tmp_path, model_dir):
     data = write_jsonl(tmp_path / "chat.jsonl", pair_task(8))
     cfg = _config(tmp_path, model_dir, f"dataset: {data}", "plugins.pre_rl=true",

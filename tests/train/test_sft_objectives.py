@@ -117,6 +117,7 @@ def loss_rows(objective, logits, targets, mask, chunks=0):
 
 @pytest.mark.parametrize("fractional", [False, True], ids=["mask", "weights"])
 @pytest.mark.parametrize("name", OBJECTIVES)
+@pytest.mark.slow
 def test_weights_and_loss_follow_the_formula(name, fractional):
     objective = OBJECTIVES[name]
     for seed in range(3):
@@ -151,6 +152,7 @@ def test_objectives_spread_as_documented():
     assert np.all(ratio <= 1 + 1e-6) and ratio.min() < 0.9
 
 
+@pytest.mark.slow
 def test_cadft_counts_only_rows_with_loss_tokens():
     """A row without loss tokens has no NLL: it stays out of the z-score (pgs would count it
     as NLL 0). One row alone has no spread: its factor is 1 (plain DFT), not NaN."""
@@ -168,6 +170,7 @@ def test_cadft_counts_only_rows_with_loss_tokens():
 
 
 @pytest.mark.parametrize("name", OBJECTIVES)
+@pytest.mark.slow
 def test_chunked_equals_unchunked(name):
     objective = OBJECTIVES[name]
     logits, targets, mask = sample(5, rows=4, fractional=True, empty_row=True)
@@ -184,6 +187,7 @@ def test_chunked_equals_unchunked(name):
 
 
 @pytest.mark.parametrize("name", OBJECTIVES)
+@pytest.mark.slow
 def test_weights_are_constants_under_differentiation(name):
     """d loss / d logits = weight · (softmax - onehot): the gradient of the plain CE scaled by
     each token's weight, nothing flowing through the weights or the batch statistics."""
@@ -322,6 +326,7 @@ def _scaled_params(mcfg):
                                   pytest.param("deft", marks=pytest.mark.slow),
                                   pytest.param("cadft beta 2.5", marks=pytest.mark.slow),
                                   "info_sft pbar 0.8"])
+@pytest.mark.slow
 def test_train_step_loss_and_update_follow_the_formula(name):
     """Each microbatch's statistics are its own (CADFT's z-scores, InfoSFT's mean); the step's
     loss is Σ effective weight · nll and its SGD update is -lr · Σ weight · ∇nll."""
@@ -360,6 +365,7 @@ def test_train_step_loss_and_update_follow_the_formula(name):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_chunked_train_step_matches_and_never_builds_full_logits(kind):
     mcfg = model_cfg()
     params = _scaled_params(mcfg)

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from jaxtrain import models
 from jaxtrain.loss import row_losses
@@ -75,6 +76,7 @@ def _reference_losses(mcfg, params, b):
     return np.asarray(sums), np.asarray(counts)
 
 
+@pytest.mark.slow
 def test_loss_normalisation_follows_calculate_per_token_loss():
     mcfg = model_cfg()
     params = models.init(mcfg, jax.random.key(0))
@@ -91,6 +93,7 @@ def test_loss_normalisation_follows_calculate_per_token_loss():
     assert abs(per_token - per_micro) > 1e-3
 
 
+@pytest.mark.slow
 def test_per_shard_means_with_data_parallel_shards():
     mcfg = model_cfg()
     params = models.init(mcfg, jax.random.key(0))
@@ -104,6 +107,7 @@ def test_per_shard_means_with_data_parallel_shards():
     np.testing.assert_allclose(m["loss"], shards, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_chunked_loss_matches_and_never_builds_full_logits():
     mcfg = model_cfg()
     b = batch(2, 4)
@@ -122,6 +126,7 @@ def test_chunked_loss_matches_and_never_builds_full_logits():
     assert f"f32[4,{T // 4},{mcfg.vocab_size}]" in jaxpr
 
 
+@pytest.mark.slow
 def test_fp16_overflow_skips_the_update_and_backs_off_the_scale():
     mcfg = model_cfg()
     ls = LossScaleConfig(dynamic=True, initial=2.0**127, min_scale=1.0, window=1000,
@@ -136,6 +141,7 @@ def test_fp16_overflow_skips_the_update_and_backs_off_the_scale():
     assert not bool(m["skipped"]) and int(state.opt_step) == 1
 
 
+@pytest.mark.slow
 def test_loss_scale_does_not_change_the_update():
     mcfg = model_cfg()
     b = batch(2, 4)
@@ -146,6 +152,7 @@ def test_loss_scale_does_not_change_the_update():
                  a.params, c.params)
 
 
+@pytest.mark.slow
 def test_spike_skip_skips_exactly_the_spiking_step():
     mcfg = model_cfg()
     tcfg = train_cfg(spike_detection=True, spike_z_threshold=5.0)
@@ -166,6 +173,7 @@ def test_spike_skip_skips_exactly_the_spiking_step():
     assert skipped.index(True) == 55 and sum(skipped) == 1
 
 
+@pytest.mark.slow
 def test_accumulation_dtype_changes_the_sum():
     mcfg = model_cfg()
     b = batch(4, 2)
@@ -177,6 +185,7 @@ def test_accumulation_dtype_changes_the_sum():
     assert max(diffs) > 0
 
 
+@pytest.mark.slow
 def test_optional_metrics():
     mcfg = model_cfg()
     _, m = run(mcfg, train_cfg(log_params_norm=True, log_num_zeros_in_grad=True), batch(2, 4))

@@ -14,16 +14,16 @@ _FAMILIES = 25
 
 # MaxText's decoder blocks (common_types.DecoderBlockType) and what jaxtrain does with each.
 BUILT_BLOCKS = ("llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
-                "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5")
+                "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4")
 # Blocks of model families issue 25 builds ("default" runs attention and MLP in parallel).
-PLANNED_BLOCKS = ("default", "gemma4", "gemma4_small", "llama4", "qwen3_custom_moe", "deepseek4",
+PLANNED_BLOCKS = ("default", "gemma4", "gemma4_small", "qwen3_custom_moe", "deepseek4",
                   "envy")
 REJECTED_BLOCKS = {
     b: "MaxText's test block of a single weight matrix per layer (or an MLP only) is not a "
        "language model architecture; use a real decoder block such as llama2"
     for b in ("simple", "simple_mlp")}
 DECODER_BLOCKS = BUILT_BLOCKS + PLANNED_BLOCKS + tuple(REJECTED_BLOCKS)
-MOE_BLOCKS = ("mixtral", "qwen3_moe", "deepseek", "gpt_oss", "qwen3_next", "qwen3_5")
+MOE_BLOCKS = ("mixtral", "qwen3_moe", "deepseek", "gpt_oss", "qwen3_next", "qwen3_5", "llama4")
 
 
 def _family(key, type_, default, meaning, family, **kw):
@@ -65,10 +65,12 @@ KNOBS = [
       HONORED, "decoder_block gpt_oss: with scan_layers layer i is windowed when (i mod interval) "
       "is even, as MaxText's scanned block does; other blocks take 1 (MaxText would build only "
       "num_layers / interval of their layers)"),
-    _family("interleave_moe_layer_step", "int", 1, "llama4/envy: every this-many-th layer is an "
-            "MoE layer, the others dense.", "llama4/envy blocks"),
-    _family("nope_layer_interval", "int", -1, "llama4: every this-many-th layer skips RoPE "
-            "(NoPE); -1 gives every layer RoPE.", "llama4 block"),
+    K("interleave_moe_layer_step", "int", 1, "llama4/envy: every this-many-th layer is an MoE "
+      "layer, the others dense.", _MT, HONORED, "decoder_block llama4: moe_layer_freq marks "
+      "layer i MoE when step divides i + 1 (envy is planned; other blocks refuse a value)"),
+    K("nope_layer_interval", "int", -1, "llama4: every this-many-th layer skips RoPE (NoPE); -1 "
+      "gives every layer RoPE.", _MT, HONORED, "decoder_block llama4: no_rope_freq marks layer "
+      "i NoPE when the interval divides i + 1; other blocks refuse a value"),
     _family("hidden_size_per_layer_input", "int", 0, "Gemma 4 small: inner width of the "
             "per-layer-embedding sub-block added to each layer; 0 disables it.",
             "gemma4_small block"),
@@ -91,9 +93,10 @@ KNOBS = [
       "blocks refuse true"),
 
     # --- norms of other blocks ---
-    K("use_qk_norm", "bool", False, "RMS-normalise queries and keys per head before RoPE (read "
-      "by MaxText's qwen2, qwen3 and qwen3_moe blocks here; llama4 and others planned).", _MT,
-      HONORED, "qk_layernorm (qk_l2_norm without a scale); blocks that do not read it refuse true"),
+    K("use_qk_norm", "bool", False, "RMS-normalise queries and keys per head (read by MaxText's "
+      "qwen2, qwen3, qwen3_moe, olmo3 and llama4 blocks).", _MT, HONORED, "qk_layernorm "
+      "(qk_l2_norm without a scale); llama4: qk_l2_norm on its RoPE layers only "
+      "(qk_norm_rope_layers_only); blocks that do not read it refuse true"),
     K("qk_norm_with_scale", "bool", True, "With query/key norms (use_qk_norm), give them a learned "
       "scale; false normalises without one.", _MT, HONORED,
       "true: qk_layernorm (RMSNorm with a scale); false: qk_l2_norm (the same norm without one)"),
@@ -101,13 +104,19 @@ KNOBS = [
             "scale.", "gemma4 block"),
 
     # --- attention variants ---
-    _family("chunk_attn_window_size", "int", 0, "llama4 chunked attention: tokens attend only "
-            "within blocks of this many positions; 0 disables.", "llama4 block"),
+    K("chunk_attn_window_size", "int", 0, "Chunked local attention (Llama 4): on the RoPE "
+      "layers a token attends only to earlier tokens in its own block of this many positions; "
+      "0 disables.", _MT, HONORED, "ModelConfig.attention_chunk_size: segment ids refined by "
+      "position // chunk on the layers that rotate (every layer without no_rope_freq), so the "
+      "flash kernel, cuDNN and context parallelism mask it as they mask packing"),
     K("causal_block_size", "int", 32, "Block diffusion: positions per block that attend to each "
       "other both ways (block-causal mask).", _MT, REJECTED, "block diffusion (diffusion LM "
       "training) is outside jaxtrain, which trains causal next-token models"),
-    _family("temperature_tuning", "bool", False, "llama4: scale queries by a length-dependent "
-            "temperature for long contexts.", "llama4 block and MLA with it"),
+    K("temperature_tuning", "bool", False, "Llama 4: on the NoPE layers scale queries by a "
+      "temperature that grows with the token's position.", _MT, HONORED,
+      "ModelConfig.attn_temperature_tuning: queries of the no_rope_freq layers times "
+      "1 + temperature_tuning_scale * log(1 + floor((position + 1) / "
+      "temperature_tuning_floor_scale)); a model without NoPE layers has no query it scales"),
     K("moba", "bool", False, "Mixture of Block Attention: each query attends to the top-k "
       "key/value chunks a gate picks, plus its own chunk.", _MT, issue=None,
       reason="block-sparse MoBA attention is not built in jaxtrain"),

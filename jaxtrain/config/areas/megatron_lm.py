@@ -80,7 +80,9 @@ KNOBS = [
       "divides l, or as the list says (Megatron's is_layer_window_attention)"),
     K("no_rope_freq", "int|list[int]|str", None, "Layers that skip rotary embeddings: N skips "
       "every Nth layer, or a 0/1 per-layer pattern where 1 skips RoPE (Llama 4 NoPE layers).",
-      _L),
+      _L, HONORED, "ModelConfig.no_rope_layers: 1-based layer l skips RoPE when N divides l (N "
+      "must divide num_layers, as Megatron asserts), or as the list says; those layers rotate "
+      "by the identity"),
     K("mrope_section", "list[int]", None, "Split of the rotary channels among temporal, height "
       "and width positions for multimodal RoPE (position_embedding_type mrope).", _LM, HONORED,
       "read with MaxText's use_mrope in the qwen3_5 block, where text makes the split "
@@ -238,7 +240,9 @@ KNOBS = [
       "sigmoid gate of the token (Qwen2/Qwen3-Next style).", _LP, HONORED,
       "a [D,1] gate beside the shared expert (models/moe/block.py)"),
     K("moe_apply_probs_on_input", "bool", False, "Multiply expert inputs by the routing "
-      "probabilities instead of the expert outputs.", _LP),
+      "probabilities instead of the expert outputs.", _LP, HONORED,
+      "models/moe/block.py: the token times its probability enters the expert, whose output "
+      "is added with weight 1 (Llama 4); top-1 routing only, as Megatron asserts"),
     K("moe_latent_size", "int", None, "Width of a latent bottleneck the routed experts run in "
       "(projected down before dispatch, up after); null keeps model width.", _LP),
     K("moe_router_quantile_balancing_ema", "float", 0.0, "EMA coefficient of the per-expert bias "

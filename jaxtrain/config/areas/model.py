@@ -139,6 +139,17 @@ KNOBS = [
       "jaxtrain", status=HONORED),
     K("qk_layernorm", "bool", False, "Normalise queries and keys per head before the dot product.",
       "megatron", status=HONORED),
+    K("temperature_tuning_scale", "float", 0.1, "Strength of the temperature tuning (Llama 4's "
+      "attn_scale).", "jaxtrain", status=HONORED),
+    K("temperature_tuning_floor_scale", "float", 8192.0, "Positions per step of the temperature "
+      "tuning (Llama 4's floor_scale).", "jaxtrain", status=HONORED),
+    K("linear_attention_impl", "str", "xla", "Gated DeltaNet: how the state walks across "
+      "chunks; xla is a lax.scan, pallas the Pallas kernel (Triton on GPUs) that keeps the state "
+      "on chip (needs gdn_chunk_size a power of two of at least 16).", "jaxtrain",
+      status=HONORED, choices=("xla", "pallas")),
+    K("qk_norm_rope_layers_only", "bool", False, "Apply the query/key norm (qk_layernorm or "
+      "qk_l2_norm) only on the layers that use RoPE, as Llama 4 skips it on its NoPE layers.",
+      "jaxtrain", status=HONORED),
     K("qk_l2_norm", "bool", False, "Scale queries and keys to unit L2 norm per head before the dot "
       "product.", "megatron", status=HONORED),
     K("add_qkv_bias", "bool", False, "Give the query/key/value projections a bias term.",

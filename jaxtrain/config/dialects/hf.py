@@ -14,7 +14,10 @@ Built families (model_type): llama, mistral, qwen2, qwen3 (Llama-style attention
 qwen3_moe (softmax-routed MoE), gpt2, deepseek_v3 (multi-latent attention, sigmoid group-limited
 MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts), gemma, gemma2, gemma3_text
 (embedding scale, sandwich norms, soft-capping, local/global layers), olmo2, olmo3 (output-only
-norms, q/k norms across heads, local/global layers).
+norms, q/k norms across heads, local/global layers), qwen3_next, qwen3_5_text, qwen3_5_moe_text
+(Gated DeltaNet hybrids), llama4_text (NoPE layers, chunked attention, sigmoid top-1 MoE with a
+shared expert) and the text models of the vision-language checkpoints qwen3_5, qwen3_5_moe,
+llama4 and gemma3.
 
 This module imports no JAX (the dry run must not start it): only json, math, os and pathlib.
 """
@@ -35,20 +38,29 @@ GEMMA = ("gemma", "gemma2", "gemma3_text")
 OLMO = ("olmo2", "olmo3")
 # Hybrids of gated attention and Gated DeltaNet layers (Qwen3.5's text-only model types).
 HYBRID = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+LLAMA4 = ("llama4_text",)
 # Vision-language checkpoints whose text model jaxtrain trains (as transformers'
 # AutoModelForCausalLM does: text_config, the language model's weights, no vision tower).
-TEXT_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+TEXT_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text",
+           "llama4": "llama4_text", "gemma3": "gemma3_text"}
+# The text_config defaults of transformers' config classes where published checkpoints leave
+# fields out (Gemma 3's vision-language config.json files name only what differs).
+TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                            "num_hidden_layers": 26, "num_attention_heads": 8,
+                            "num_key_value_heads": 4, "head_dim": 256,
+                            "max_position_embeddings": 131072, "query_pre_attn_scalar": 256,
+                            "hidden_activation": "gelu_pytorch_tanh"}}
 FAMILIES = (LLAMA_LIKE + ("gpt2", "deepseek_v3", "gpt_oss") + MOE + GEMMA + OLMO + HYBRID
-            + tuple(TEXT_OF))
+            + LLAMA4 + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
-PLANNED = ("gemma3", "gemma3n", "gemma3n_text", "gemma4",
-           "gemma4_text", "llama4", "llama4_text",
+PLANNED = ("gemma3n", "gemma3n_text", "gemma4",
+           "gemma4_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
            "phi", "phi3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
            "gpt_neox", "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
            "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "smollm3", "lfm2")
-PLANNED_PREFIXES = ("gemma", "llama4")
+PLANNED_PREFIXES = ("gemma",)
 # config.json entries that mark a model reading more than text.
 MULTIMODAL_FIELDS = ("vision_config", "audio_config", "speech_config", "image_token_id",
                      "image_token_index", "video_token_id")
@@ -645,6 +657,60 @@ def _hybrid(hf: dict) -> dict:
     return out
 
 
+def _llama4(hf: dict) -> dict:
+    """Llama 4 (text): RoPE on interleaved pairs (Llama-3 scaling) except on the NoPE layers
+    (no_rope_layers: 1 = RoPE), L2 q/k norms on the RoPE layers (use_qk_norm), chunked
+    attention on them (attention_chunk_size), temperature tuning on the NoPE ones; MoE layers
+    (moe_layers, or every interleave_moe_layer_step-th): the top-1 logit's sigmoid scales the
+    token before its expert, plus a shared expert; dense layers are intermediate_size_mlp
+    wide."""
+    n = hf["num_hidden_layers"]
+    if hf.get("attention_bias", False):
+        raise bad("attention_bias", True, "biases on the attention projections alone are not "
+                  "built (add_bias_linear gives the MLPs biases too)")
+    rope_on = hf.get("no_rope_layers") or [int((i + 1) % hf.get("no_rope_layer_interval", 4)
+                                               != 0) for i in range(n)]
+    if len(rope_on) < n:
+        raise bad("no_rope_layers", rope_on, f"needs an entry per layer ({n})")
+    rope_on = [bool(v) for v in rope_on[:n]]
+    chunk = hf.get("attention_chunk_size", 8192)
+    derived = ["chunked_attention" if on and chunk is not None else "full_attention"
+               for on in rope_on]
+    if hf.get("layer_types") and list(hf["layer_types"]) != derived:
+        raise bad("layer_types", hf["layer_types"], "jaxtrain chunks the attention of exactly "
+                  f"the RoPE layers (as Llama 4 derives it): {derived}")
+    qk = bool(hf.get("use_qk_norm", True))
+    out = {**_rms_rope(hf, hf.get("max_position_embeddings", 131072), 1e-5), **_heads(hf),
+           **_gated(hf), **_rope(hf), "rotary_interleaved": True,
+           "ffn_hidden_size": hf.get("intermediate_size_mlp", 16384),
+           "qk_l2_norm": qk, "qk_norm_rope_layers_only": qk}
+    if not all(rope_on):
+        out["no_rope_freq"] = [int(not on) for on in rope_on]
+        if hf.get("attn_temperature_tuning", True):
+            out.update(temperature_tuning=True,
+                       temperature_tuning_scale=float(hf.get("attn_scale", 0.1)),
+                       temperature_tuning_floor_scale=float(hf.get("floor_scale", 8192)))
+    if chunk is not None and any(rope_on):
+        out["chunk_attn_window_size"] = int(chunk)
+    step = hf.get("interleave_moe_layer_step", 1)
+    moe = hf.get("moe_layers")
+    moe = set(range(step - 1, n, step) if moe is None else moe)
+    pattern = [int(i in moe) for i in range(n)]
+    if not any(pattern):
+        return out
+    k = hf.get("num_experts_per_tok", 1)
+    if k != 1:
+        raise bad("num_experts_per_tok", k, "jaxtrain scales a token by its routing weight "
+                  "before the expert with top-1 routing only (Megatron's "
+                  "moe_apply_probs_on_input)")
+    width = hf.get("intermediate_size", 8192)
+    out.update(num_experts=hf.get("num_local_experts", 16), moe_router_topk=1,
+               moe_ffn_hidden_size=width, moe_layer_freq=1 if all(pattern) else pattern,
+               moe_router_score_function="sigmoid", moe_router_pre_softmax=False,
+               moe_apply_probs_on_input=True, moe_shared_expert_intermediate_size=width)
+    return out
+
+
 def text_config(hf: dict) -> dict:
     """The text model's config.json of a vision-language checkpoint (:data:`TEXT_OF`): its
     text_config, with the top level's tie_word_embeddings when the text part has none."""
@@ -652,7 +718,8 @@ def text_config(hf: dict) -> dict:
     if not text:
         raise bad("text_config", None, f"a {hf['model_type']} checkpoint describes its language "
                   "model in text_config, and this one has none")
-    text["model_type"] = TEXT_OF[hf["model_type"]]
+    text = {**TEXT_DEFAULTS.get(hf["model_type"], {}), **text,
+            "model_type": TEXT_OF[hf["model_type"]]}
     if "tie_word_embeddings" not in text and "tie_word_embeddings" in hf:
         text["tie_word_embeddings"] = hf["tie_word_embeddings"]
     return text
@@ -661,7 +728,8 @@ def text_config(hf: dict) -> dict:
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     **{f: _llama for f in LLAMA_LIKE + MOE}, "gpt2": _gpt2, "deepseek_v3": _deepseek_v3,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
-    **{f: _hybrid for f in HYBRID}, **{f: lambda hf: _hybrid(text_config(hf)) for f in TEXT_OF}}
+    **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4,
+    **{f: (lambda hf: knobs(text_config(hf))) for f in TEXT_OF}}
 assert set(_TRANSLATIONS) == set(FAMILIES)
 
 

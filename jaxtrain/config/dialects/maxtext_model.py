@@ -34,6 +34,11 @@ What each block is (MaxText's models/*.py, layers/attentions.py, attention_mla.p
   partial_rotary_factor of each head), RMSNorms scaling by 1 + w, every layer MoE with a
   softmax router and one gated shared expert as wide as the routed ones; qwen3_5's
   multimodal RoPE (use_mrope) is plain RoPE on text, where all three positions are equal.
+- llama4: pre-norm RMSNorm, Llama-3.1 RoPE on interleaved pairs except every
+  nope_layer_interval-th layer (NoPE, with temperature_tuning's query scale), chunked attention
+  (chunk_attn_window_size) on the RoPE layers, L2 q/k norms there (use_qk_norm); every
+  interleave_moe_layer_step-th layer MoE: top-1 of the logits, its sigmoid scaling the token
+  before the expert, plus shared_experts always-on experts.
 - gemma, gemma2, gemma3: pre-norm RMSNorm (plain scales: MaxText's converted checkpoints hold
   1 + w), a tanh-GELU gated MLP, tied logits divided by sqrt(emb_dim) (the embedding scale is in
   the weights); gemma2: local/global layer pairs, sandwich norms, soft-caps; gemma3: q/k norms,
@@ -54,6 +59,8 @@ _SCALED = (("hidden_size", 0), ("num_attention_heads", 1), ("num_query_groups", 
 _QWEN = ("qwen2", "qwen3", "qwen3_moe", "olmo3")
 _LLAMA = ("llama2", "mistral", "mixtral")
 _HYBRID = ("qwen3_next", "qwen3_5")
+_LLAMA4_KEYS = ("nope_layer_interval", "interleave_moe_layer_step", "temperature_tuning",
+                "chunk_attn_window_size")
 _RMS = "a pre-norm RMSNorm + RoPE block"
 _ABOUT = {
     **{b: f"{_RMS} without biases" for b in _LLAMA},
@@ -73,6 +80,9 @@ _ABOUT = {
     "olmo3": "a block that normalises only the outputs of attention and MLP (RMSNorm), with q/k "
              "norms as use_qk_norm says (across all heads for model names olmo3*) and three "
              "local layers to one global",
+    "llama4": f"{_RMS} without biases, NoPE layers every nope_layer_interval, chunked "
+              "attention on the RoPE layers, MoE layers every interleave_moe_layer_step with a "
+              "sigmoid top-1 router scaling the expert input and shared experts",
     **{b: "a hybrid of Gated DeltaNet layers and gated full attention (RMSNorms scaling by "
           "1 + w, q/k norms, partial RoPE) with MoE layers and a gated shared expert"
        for b in _HYBRID},
@@ -84,18 +94,19 @@ _GEMMA3_QUERY_SCALE = {"gemma3-4b": "head_dim", "gemma3-12b": "head_dim", "gemma
 # MaxText keys a block does not read -> the blocks that do (a value away from the default in
 # another block is refused: MaxText would ignore it, jaxtrain cannot honour it there).
 _READ_BY = {
-    "use_qk_norm": _QWEN,
+    "use_qk_norm": _QWEN + ("llama4",),
+    **{k: ("llama4",) for k in _LLAMA4_KEYS},
     "mlp_activations_limit": ("gpt_oss",),
     "sliding_window_size": ("gpt_oss", "gemma2", "gemma3", "olmo3"),
     "use_post_attn_norm": ("gemma2", "gemma3"),
     "use_post_ffw_norm": ("gemma2", "gemma3"),
     "local_rope_max_timescale": ("gemma3",),
-    "inhomogeneous_layer_cycle_interval": ("gpt_oss", "olmo3") + _HYBRID,
+    "inhomogeneous_layer_cycle_interval": ("gpt_oss", "olmo3", "llama4") + _HYBRID,
     "partial_rotary_factor": _HYBRID,
     "gdn_chunk_size": _HYBRID,
     "use_qk_norm_in_gdn": _HYBRID,
     "first_num_dense_layers": ("deepseek",),
-    "shared_experts": ("deepseek",) + _HYBRID,
+    "shared_experts": ("deepseek", "llama4") + _HYBRID,
     "routed_scaling_factor": ("deepseek",),
     "n_routing_groups": ("deepseek",),
     "topk_routing_group": ("deepseek",),
@@ -205,7 +216,7 @@ def _expert_width(c) -> None:
     if c.dialect == "maxtext" and fully_moe and block != "qwen3_moe" and dense != width:
         c.error(f"a model of MoE layers only needs base_mlp_dim = base_moe_mlp_dim (MaxText's "
                 f"rule): {c.where('ffn_hidden_size')}, {c.where('base_moe_mlp_dim')}")
-    if block in ("qwen3_moe", "deepseek") + _HYBRID and width > 0:
+    if block in ("qwen3_moe", "deepseek", "llama4") + _HYBRID and width > 0:
         _imply(c, "moe_ffn_hidden_size", width, f"decoder_block {block} sizes its experts by "
                f"base_moe_mlp_dim = {width}")
 
@@ -255,6 +266,8 @@ def _decoder_block(c) -> None:
         _olmo3(c, because)
     if block in _HYBRID:
         _hybrid(c, block, because)
+    if block == "llama4":
+        _llama4(c, because)
     _experts(c, block, because)
 
 
@@ -265,6 +278,11 @@ def _norms_and_biases(c, block) -> dict:
                                      f"qwen2 and gpt_oss read attention_bias); drop it")
     qk_norm = bool(c.get("use_qk_norm", False)) and block in _QWEN
     scaled = bool(c.get("qk_norm_with_scale", True))
+    if block == "llama4":   # Llama 4's L2 norm (no scale), on the RoPE layers only
+        l2 = bool(c.get("use_qk_norm", False))
+        return dict(normalization="RMSNorm", apply_layernorm_1p=False,
+                    position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
+                    qk_layernorm=False, qk_l2_norm=l2, qk_norm_rope_layers_only=l2)
     if block == "gpt3":
         return dict(normalization="LayerNorm", apply_layernorm_1p=True, add_bias_linear=True,
                     add_qkv_bias=True, qk_layernorm=False, qk_l2_norm=False)
@@ -427,6 +445,61 @@ def _hybrid(c, block, because) -> None:
     _imply(c, "moe_shared_expert_gate", True, because)
 
 
+def _llama4(c, because) -> None:
+    """MaxText's llama4 block: layer i is NoPE when nope_layer_interval divides i + 1 and MoE
+    when interleave_moe_layer_step does. Scanned, MaxText repeats one cycle of
+    inhomogeneous_layer_cycle_interval layers and places NoPE/MoE layers by their index in the
+    cycle, the same pattern only when both intervals divide the cycle."""
+    layers = c.get("num_layers")
+    interval = c.get("inhomogeneous_layer_cycle_interval", 1)
+    _cycle_divides(c, layers, interval)
+    nope, step = c.get("nope_layer_interval", -1), c.get("interleave_moe_layer_step", 1)
+    scan = c.get("scan_layers", True)
+    for key, every in (("nope_layer_interval", nope), ("interleave_moe_layer_step", step)):
+        if scan and every > 0 and interval % every:
+            _refuse(c, key, f"with scan_layers MaxText places these layers by their index in "
+                    f"the cycle of inhomogeneous_layer_cycle_interval = {interval} layers, which "
+                    f"{every} does not divide; make the interval a multiple of it")
+            return
+    if not layers:
+        return
+    if nope > 0:
+        _imply(c, "no_rope_freq", [int((i + 1) % nope == 0) for i in range(layers)],
+               because + f" (nope_layer_interval {nope})")
+    elif c.get("temperature_tuning"):
+        c.warnings.append("temperature_tuning scales the queries of NoPE layers, and "
+                          "nope_layer_interval gives none: it changes nothing")
+    if c.values.get("num_experts") and step > 1:
+        _imply(c, "moe_layer_freq", [int((i + 1) % step == 0) for i in range(layers)],
+               because + f" (interleave_moe_layer_step {step})")
+
+
+def _llama4_router(c) -> dict | None:
+    """Llama 4's router: the top-1 logit's sigmoid, multiplied into the token before its
+    expert (Megatron's moe_apply_probs_on_input), plus shared_experts always-on experts."""
+    if c.get("moe_router_topk", 1) != 1:
+        _refuse(c, "num_experts_per_tok", "MaxText's llama4 block scales each token by its one "
+                "routing weight before the expert (it reshapes the weights to one per token); "
+                "use 1")
+        return None
+    for key in ("routed_score_func", "routed_bias"):
+        if _set(c, key):
+            _refuse(c, key, "MaxText's llama4 router is a sigmoid of the top logit; drop it")
+            return None
+    if c.get("load_balance_loss_weight", 0.0) > 0:
+        _refuse(c, "load_balance_loss_weight", "MaxText's llama4 balance loss takes a softmax "
+                "of all logits while its router weighs by a sigmoid; jaxtrain's balance losses "
+                "score with the router's own function (Megatron), so this loss is not built")
+        return None
+    shared = c.get("shared_experts", 0)
+    width = c.get("moe_ffn_hidden_size") or c.get("ffn_hidden_size")
+    return {"moe_router_score_function": "sigmoid", "moe_router_pre_softmax": False,
+            "moe_apply_probs_on_input": True, "moe_router_topk_scaling_factor": None,
+            "moe_router_num_groups": None, "moe_router_group_topk": None,
+            "moe_router_enable_expert_bias": False,
+            "moe_shared_expert_intermediate_size": shared * width if shared > 0 else None}
+
+
 def _experts(c, block, because) -> None:
     experts = c.values.get("num_experts")
     moe_only = ("load_balance_loss_weight", "routed_bias", "routed_bias_update_rate",
@@ -449,7 +522,8 @@ def _experts(c, block, because) -> None:
         _refuse(c, "mlp_activations_limit", f"MaxText's {block} experts do not clamp (deepseek: "
                 "DeepSeek V4's clamped SwiGLU, which jaxtrain does not build)")
     k = c.get("moe_router_topk", 1)
-    router = _deepseek_router(c, k) if block == "deepseek" else _softmax_router(c, block)
+    router = (_deepseek_router(c, k) if block == "deepseek" else
+              _llama4_router(c) if block == "llama4" else _softmax_router(c, block))
     if router is None:
         return
     first = c.get("first_num_dense_layers", 0)

@@ -12,11 +12,14 @@ Families, one adapter module each (see :class:`common.Adapter`):
 - gpt_oss.py: gpt-oss (sinks, alternating sliding windows, biases, YaRN; biased router and
   clamped-GLU experts with biases);
 - gemma.py: Gemma, Gemma 2, Gemma 3 text ((1 + w) norms, embedding scale, sandwich norms,
-  soft-capping, local/global layers with their own RoPE bases);
+  soft-capping, local/global layers with their own RoPE bases), and the text model of the
+  vision-language Gemma 3 checkpoints;
 - olmo.py: OLMo 2 and OLMo 3 (norms on the sublayer outputs only, q/k norms across heads,
   OLMo 3's sliding-window layers);
 - qwen3_next.py: Qwen3-Next, Qwen3.5 and Qwen3.5-MoE text models (Gated DeltaNet layers
-  between gated full-attention layers; MoE with a gated shared expert).
+  between gated full-attention layers; MoE with a gated shared expert);
+- llama4.py: Llama 4 text (NoPE layers, chunked attention, L2 q/k norms, temperature tuning;
+  interleaved MoE layers of a sigmoid top-1 router scaling the expert input, a shared expert).
 
 config.json -> ModelConfig goes through jaxtrain's knobs: ``config_from_hf`` is
 ``ModelConfig.from_config`` of the knob values jaxtrain/config/dialects/hf.py translates the
@@ -40,13 +43,14 @@ from safetensors.numpy import save_file
 from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf import deepseek_v3, gemma, gpt2, gpt_oss, llama, moe, olmo, qwen3_next
+from jaxtrain.models.hf import (deepseek_v3, gemma, gpt2, gpt_oss, llama, llama4, moe, olmo,
+                                qwen3_next)
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
 from jaxtrain.models.params import abstract
 
 # In the order hf_family asks them which family reproduces a config most directly.
-ADAPTERS: tuple[Adapter, ...] = (qwen3_next.ADAPTER, deepseek_v3.ADAPTER, gpt_oss.ADAPTER,
-                                 moe.ADAPTER,
+ADAPTERS: tuple[Adapter, ...] = (qwen3_next.ADAPTER, llama4.ADAPTER, deepseek_v3.ADAPTER,
+                                 gpt_oss.ADAPTER, moe.ADAPTER,
                                  gpt2.ADAPTER, gemma.ADAPTER, olmo.ADAPTER, llama.ADAPTER)
 _BY_FAMILY = {family: a for a in ADAPTERS for family in a.families}
 FAMILIES = tuple(f for f in translation.FAMILIES if f in _BY_FAMILY)

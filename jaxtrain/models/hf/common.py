@@ -271,7 +271,7 @@ def dense_problems(cfg: ModelConfig, *, rope: bool, qk_norm: bool, qkv_only_bias
         "attention_sinks": cfg.attention_sinks,
         "sliding_window_layers": cfg.sliding_window_layers is not None,
         "moe": (cfg.moe is not None) != moe,
-        **gemma_problems(cfg),
+        **gemma_problems(cfg), **llama4_problems(cfg),
         "attention_output_gate": cfg.attention_output_gate,
         "linear_attention_layers": cfg.linear_attention_layers is not None,
         "moe.shared_expert_gate": cfg.moe is not None and cfg.moe.shared_expert_gate,
@@ -286,3 +286,13 @@ def gemma_problems(cfg: ModelConfig) -> dict:
             "post_attention_norm": cfg.post_attention_norm, "post_mlp_norm": cfg.post_mlp_norm,
             "query_pre_attn_scalar": cfg.query_pre_attn_scalar not in (None, cfg.head_dim),
             "local_rotary_base": cfg.local_rotary_base is not None}
+
+
+def llama4_problems(cfg: ModelConfig) -> dict:
+    """The Llama 4 fields, which only llama4.py expresses (it clears them)."""
+    return {"no_rope_layers": cfg.no_rope_layers is not None,
+            "qk_norm_rope_layers_only": cfg.qk_norm_rope_layers_only,
+            "attention_chunk_size": cfg.attention_chunk_size is not None,
+            "attn_temperature_tuning": cfg.attn_temperature_tuning
+            and cfg.no_rope_layers is not None,
+            "moe.apply_probs_on_input": cfg.moe is not None and cfg.moe.apply_probs_on_input}

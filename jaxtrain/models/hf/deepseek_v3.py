@@ -17,8 +17,8 @@ import numpy as np
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK, mscale
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, experts_in, experts_out,
-                                       gemma_problems, hf_linear, norm_scale, output_head,
-                                       rope_config, stacks)
+                                       gemma_problems, hf_linear, llama4_problems, norm_scale,
+                                       output_head, rope_config, stacks)
 from jaxtrain.models.moe import group_score_topk, moe_pattern
 from jaxtrain.models.params import layer_slots, layer_tree
 from jaxtrain.models.spec import MOE_STACK
@@ -162,7 +162,7 @@ def problems(cfg: ModelConfig, family: str = "deepseek_v3") -> dict:
         and (cfg.use_rope_scaling or cfg.rope_type == "yarn"),
         "yarn_mscale_all_dim": not math.isclose(
             hf_softmax, mscale(cfg.yarn_scaling_factor, cfg.yarn_mscale_all_dim)),
-        **gemma_problems(cfg),
+        **gemma_problems(cfg), **llama4_problems(cfg),
     }
     return out if cfg.moe is None else {**out, **_moe_problems(cfg)}
 

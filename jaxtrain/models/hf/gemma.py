@@ -24,7 +24,14 @@ from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, ends_ou
 from jaxtrain.models.params import layer_tree
 
 ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                 "gemma3_text": "Gemma3ForCausalLM"}
+                 "gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration"}
+# The vision-language Gemma 3 checkpoint holds its text model under language_model.model. (the
+# published files; transformers' module tree says model.language_model.); the vision tower and
+# projector are left out and it is written back as the text model.
+_TEXT_PREFIXES = {"language_model.model.": "model.", "model.language_model.": "model.",
+                  "language_model.lm_head.": "lm_head."}
+_LEFT_OUT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+             "model.multi_modal_projector.")
 
 
 def picks(cfg: ModelConfig) -> str | None:
@@ -46,6 +53,9 @@ def _norm_names(family: str) -> dict[str, str]:
 
 def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
     family = (hf or {}).get("model_type") or picks(cfg)
+    if family == "gemma3":
+        t.left = {_text_name(k): v for k, v in t.left.items() if not k.startswith(_LEFT_OUT)}
+        family = "gemma3_text"
 
     def layer(i):
         pre = f"model.layers.{i}."
@@ -59,6 +69,13 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
     return output_head(t, cfg, {"embedding": t("model.embed_tokens.weight"),
                                 **stacks(layer, cfg),
                                 "final_norm": {"scale": t("model.norm.weight")}})
+
+
+def _text_name(name: str) -> str:
+    for theirs, ours in _TEXT_PREFIXES.items():
+        if name.startswith(theirs):
+            return ours + name[len(theirs):]
+    return name
 
 
 def _stored(p: dict, cfg: ModelConfig) -> np.ndarray:
@@ -82,9 +99,10 @@ def tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray
 
 
 def problems(cfg: ModelConfig, family: str) -> dict:
-    gemma3 = family == "gemma3_text"
+    gemma3 = family in ("gemma3_text", "gemma3")
     out = dense_problems(cfg, rope=True, qk_norm=gemma3, qkv_only_bias=False,
                          bias_linear=False, windows=family != "gemma", mha=False, moe=False)
+    out["vision_tower"] = family == "gemma3"   # no vision tower to write: export gemma3_text
     sandwich = family != "gemma"
     out.update(
         embedding_multiplier=cfg.embedding_multiplier is None or not np.isclose(

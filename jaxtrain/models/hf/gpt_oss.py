@@ -8,7 +8,8 @@ import numpy as np
 
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf import llama
-from jaxtrain.models.hf.common import Adapter, Tensors, gemma_problems, rope_config
+from jaxtrain.models.hf.common import (Adapter, Tensors, gemma_problems, llama4_problems,
+                                       rope_config)
 from jaxtrain.models.moe import moe_pattern
 
 ARCHITECTURES = {"gpt_oss": "GptOssForCausalLM"}
@@ -66,7 +67,7 @@ def problems(cfg: ModelConfig, family: str = "gpt_oss") -> dict:
         "attn_logit_softcapping": bool(cfg.attn_logit_softcapping),
         "final_logit_softcapping": bool(cfg.final_logit_softcapping),
         "apply_residual_connection_post_layernorm": cfg.apply_residual_connection_post_layernorm,
-        **gemma_problems(cfg),
+        **gemma_problems(cfg), **llama4_problems(cfg),
     }
     if m is None:
         return out

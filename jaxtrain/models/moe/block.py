@@ -35,8 +35,13 @@ def _routed_local(p, x_btD, xr_btD, rand_btE, prev, steps, cfg, train, comm: Com
         bias=p["router"].get("expert_bias") if m.expert_bias else None,
         rand_logits=None if rand_btE is None else rand_btE.reshape(b * t, -1),
         prev_aux_counts=prev, prev_steps=steps, comm=comm, seqs=b)
-    y_ND = experts_local(p["experts"], x_btD.reshape(b * t, D), probs_Nk, idx_Nk, keep_Nk,
-                         slots, cfg, comm)
+    x_ND = x_btD.reshape(b * t, D)
+    if m.apply_probs_on_input:   # top-1: the token enters its expert scaled, leaves unweighted
+        x_ND = (x_ND * probs_Nk.astype(x_ND.dtype)).astype(x_ND.dtype)
+        probs_Nk = jnp.ones_like(probs_Nk)
+        if slots is not None:   # capacity buffers: routed slots weigh 1, filler slots 0
+            slots = (slots[0], (slots[1] > 0).astype(slots[1].dtype))
+    y_ND = experts_local(p["experts"], x_ND, probs_Nk, idx_Nk, keep_Nk, slots, cfg, comm)
     return y_ND.reshape(b, t, D), stats
 
 

@@ -44,6 +44,8 @@ class MoEConfig:
     tokens. ``router_dtype`` None: compute dtype.
     ``shared_expert_gate``: the shared expert's output times sigmoid(x @ w) of a learned
     [D, 1] gate (Qwen2-MoE, Qwen3-Next).
+    ``apply_probs_on_input``: each token enters its expert already multiplied by its routing
+    probability and the expert's output is added with weight 1 (Llama 4; top-1 only).
     ``router_bias``: a learned router bias (GPT-OSS); ``expert_bias``: Megatron's aux-free bias.
     ``activation`` None: the model's; 'swiglu_oai' is GPT-OSS's clamped GLU (``glu_limit``).
     ``expert_tensor_parallel``: split expert FFNs over the tensor axis (ETP = TP) or not (1).
@@ -58,6 +60,7 @@ class MoEConfig:
     ffn_hidden_size: int | None = None
     shared_expert_size: int | None = None
     shared_expert_gate: bool = False
+    apply_probs_on_input: bool = False
     score_function: str = "softmax"
     pre_softmax: bool = False
     router_dtype: str | None = None
@@ -122,6 +125,9 @@ class MoEConfig:
              "moe_shared_expert_gate gates the shared expert, and "
              "moe_shared_expert_intermediate_size gives none")
         need(1 <= k <= E, f"topk {k} must be in [1, num_experts={E}]")
+        need(not self.apply_probs_on_input or k == 1,
+             f"moe_apply_probs_on_input scales each token's one expert input; topk is {k} "
+             "(Megatron allows it with top-1 routing only)")
         need(self.score_function in SCORE_FUNCTIONS,
              f"score_function {self.score_function!r} is not one of {SCORE_FUNCTIONS}")
         for t in self.load_balancing:
