@@ -136,6 +136,10 @@ def gated_delta_net(c: Context):
     if c.get("moe_use_upcycling"):
         c.error("not implemented yet: moe_use_upcycling with experimental_attention_variant "
                 "gdn: upcycling converts the dense layer stack only")
+    if c.get("memory.seco"):
+        c.error("not implemented yet: memory.seco with Gated DeltaNet layers: SeCO's chunk-wise "
+                "step carries the earlier chunks' keys and values, not the linear layers' "
+                "recurrent state")
     for key, reason in why.items():
         if c.get(key, 1) > 1:
             c.error(f"not implemented yet: {key} {c.get(key)} with experimental_attention_"

@@ -15,6 +15,9 @@ The cache is a dict with the layer axis first (the same for scanned and unrolled
     linear                           hybrid models only: Gated DeltaNet layers' convolution
                                      inputs and recurrent states (linear_attention.init_cache)
 
+L counts the softmax-attention layers only, and ``linear``'s leading axis the Gated DeltaNet
+layers only (each in layer order): a hybrid keeps no keys and values for its linear layers.
+
 S is the longest sequence the cache holds. MLA caches the expanded per-head keys and values
 (K = N heads, H = qk_head_dim + qk_pos_emb_head_dim, Hv = v_head_dim), not the compressed
 latent. Sliding windows keep the whole sequence and mask (no ring buffer). As in MaxText,
@@ -39,6 +42,7 @@ from jaxtrain.models import layers as L
 from jaxtrain.models.linear_attention import init_cache as linear_cache
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.quant_state import attach as attach_quant_state
+from jaxtrain.models.spec import LINEAR_STACKS
 from jaxtrain.models.transformer import (RESIDUAL, _periodic_runs, decoder_layer, embed_inputs,
                                          logits_head)
 from jaxtrain.parallel.sharding import constrain, gather_weights
@@ -52,8 +56,8 @@ def init_cache(cfg, batch: int, max_len: int, *, dtype=None) -> dict:
     dt = jnp.dtype(dtype or cfg.compute_dtype)
     K = cfg.num_kv_heads
     Hv = cfg.v_head_dim if cfg.multi_latent_attention else cfg.kv_channels
-    shapes = {"k": (cfg.num_layers, batch, max_len, K, cfg.head_dim),
-              "v": (cfg.num_layers, batch, max_len, K, Hv)}
+    L = cfg.num_layers - sum(cfg.linear_attention_layers or ())
+    shapes = {"k": (L, batch, max_len, K, cfg.head_dim), "v": (L, batch, max_len, K, Hv)}
     if not cfg.quantize_kvcache:
         cache = {n: jnp.zeros(s, dt) for n, s in shapes.items()}
     else:
@@ -152,14 +156,20 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
 
 def cached_layers(params, x, cache, ctx, cfg, quant_state):
     """Every layer over x with its cache slice: a scan over each periodic run of layer kinds
-    (dense/MoE) when ``cfg.scan_layers``, else a Python loop. Returns (x, cache)."""
+    (dense/MoE, softmax/linear attention) when ``cfg.scan_layers``, else a Python loop. The
+    softmax layers take their slices of the keys and values, the linear layers of ``linear``.
+    Returns (x, cache)."""
     attached = attach_quant_state(params, cfg, quant_state)
     stacks = {k: jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), attached[k])
               for k in STACKS if k in attached}
     axes = {k: layer_axes(cfg, k) for k in stacks}
     kinds = layer_kinds(cfg)
     used = dict.fromkeys(stacks, 0)
-    pieces = []
+    by_group = {"attn": {n: a for n, a in cache.items() if n != "linear"}}
+    if "linear" in cache:
+        by_group["linear"] = cache["linear"]
+    cache_used = dict.fromkeys(by_group, 0)
+    pieces = {g: [] for g in by_group}
     for off, period, reps in _periodic_runs(list(kinds)):
         sig = kinds[off:off + period]
         ps = {}
@@ -169,21 +179,29 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state):
                 lo, used[k] = used[k], used[k] + reps * c
                 ps[k] = jax.tree.map(lambda a: a[lo:lo + reps * c].reshape(reps, c, *a.shape[1:]),
                                      stacks[k])
-        cs = jax.tree.map(lambda a: a[off:off + reps * period].reshape(reps, period, *a.shape[1:]),
-                          cache)
+        groups = [_group(kind) for kind in sig]
+        cs = {}
+        for g in set(groups):
+            c = groups.count(g)
+            lo, cache_used[g] = cache_used[g], cache_used[g] + reps * c
+            cs[g] = jax.tree.map(lambda a: a[lo:lo + reps * c].reshape(reps, c, *a.shape[1:]),
+                                 by_group[g])
         idx = jnp.arange(off, off + reps * period).reshape(reps, period)
 
-        def step(h, xs, sig=sig):
+        def step(h, xs, sig=sig, groups=groups):
             pb, cb, ib = xs
-            cursor = dict.fromkeys(pb, 0)
-            out = []
-            for j, kind in enumerate(sig):
+            cursor = dict.fromkeys(list(pb) + list(cb), 0)
+            out = {g: [] for g in cb}
+            for j, (kind, g) in enumerate(zip(sig, groups)):
                 p = jax.tree.map(lambda a, c=cursor[kind]: a[c], pb[kind])
+                layer_cache = jax.tree.map(lambda a, c=cursor[g]: a[c], cb[g])
                 cursor[kind] += 1
+                cursor[g] += 1
                 h, _, c = decoder_layer(gather_weights(p, axes[kind]), h, ib[j], ctx, cfg,
-                                        cache=jax.tree.map(lambda a: a[j], cb))
-                out.append(c)
-            return h, jax.tree.map(lambda *a: jnp.stack(a), *out)
+                                        cache={"linear": layer_cache} if g == "linear"
+                                        else layer_cache)
+                out[g].append(c["linear"] if g == "linear" else c)
+            return h, {g: jax.tree.map(lambda *a: jnp.stack(a), *cs_) for g, cs_ in out.items()}
 
         if cfg.scan_layers:
             x, ys = jax.lax.scan(step, x, (ps, cs, idx))
@@ -193,8 +211,16 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state):
                 x, y = step(x, jax.tree.map(lambda a: a[r], (ps, cs, idx)))
                 outs.append(y)
             ys = jax.tree.map(lambda *a: jnp.stack(a), *outs)
-        pieces.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), ys))
-    return x, jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
+        for g, y in ys.items():
+            pieces[g].append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), y))
+    out = {g: jax.tree.map(lambda *a: jnp.concatenate(a), *ps) if ps else by_group[g]
+           for g, ps in pieces.items()}
+    return x, {**out["attn"], **({"linear": out["linear"]} if "linear" in cache else {})}
+
+
+def _group(kind: str) -> str:
+    """The cache group of a layer stack: Gated DeltaNet layers keep their own state."""
+    return "linear" if kind in LINEAR_STACKS else "attn"
 
 
 def prefill(params, cfg, tokens, cache, *, quant_state=None, pad=None):

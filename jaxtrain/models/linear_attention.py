@@ -105,7 +105,7 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
     seg = ctx.get("segment_ids")
     if isinstance(seg, tuple):   # decoding: (the new tokens' segments, the cache's)
         seg = seg[0]
-    seq = sequence_numbers(seg, B, T)
+    seq = sequence_numbers(seg, T, B)
     if seq is not None and cache is not None:
         # decoding left-padded rows: padding tokens (segment 0) leave no trace in the state
         x = jnp.where((seg != 0)[..., None], x, jnp.zeros((), x.dtype))
@@ -142,8 +142,8 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
 
 
 def init_cache(cfg, batch: int, dtype) -> dict:
-    """Empty decoding state of every layer ([L, ...]; only the linear layers use theirs)."""
-    Lyr, W = cfg.num_layers, cfg.linear_conv_kernel_dim
+    """Empty decoding state of the Gated DeltaNet layers ([L_linear, ...], in layer order)."""
+    Lyr, W = sum(cfg.linear_attention_layers), cfg.linear_conv_kernel_dim
     Hk, Hv, Dk, Dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                       cfg.linear_key_head_dim, cfg.linear_value_head_dim)
     return {"conv_q": jnp.zeros((Lyr, batch, W - 1, Hk, Dk), dtype),

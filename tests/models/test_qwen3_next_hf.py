@@ -119,7 +119,6 @@ def test_left_padded_prompts_decode_as_alone(tmp_path):
     np.testing.assert_array_equal(both[0], alone[0])
 
 
-@pytest.mark.slow
 def test_packed_sequences_are_independent(tmp_path):
     """With segment ids, each packed document's logits equal its logits alone (the state and
     the convolution restart at every document)."""
@@ -253,6 +252,7 @@ def test_vision_language_checkpoint_trains_its_text_model(tmp_path):
     (["pipeline_model_parallel_size=2"], "pipeline_model_parallel_size 2 with experimental"),
     (["moe_use_upcycling=true", "num_experts=4"], "moe_use_upcycling with experimental"),
     (["experimental_attention_variant=gdn2"], "not implemented yet: experimental_attention_var"),
+    (["memory.seco=true"], "memory.seco with Gated DeltaNet"),
 ])
 def test_what_gated_deltanet_does_not_run_is_refused_by_name(extra, match):
     from jaxtrain.config import ConfigError, load_config
@@ -263,3 +263,14 @@ def test_what_gated_deltanet_does_not_run_is_refused_by_name(extra, match):
             "max_position_embeddings=64"]
     with pytest.raises(ConfigError, match=match):
         load_config(None, [*base, *extra], world_size=8)
+
+
+def test_the_decode_cache_keeps_keys_for_softmax_layers_and_state_for_linear_ones():
+    """A 3-linear + 1-full hybrid caches keys and values of its one softmax layer and the
+    convolution inputs and state of its three linear layers, nothing more."""
+    from jaxtrain.models import init_cache
+
+    cfg = _hybrid()
+    cache = init_cache(cfg, 2, 12)
+    assert cache["k"].shape[0] == cache["v"].shape[0] == 1
+    assert {a.shape[0] for a in jax.tree.leaves(cache["linear"])} == {3}

@@ -1,0 +1,72 @@
+"""jaxtrain's presets of the model families people train (configs/models, Megatron keys): each
+builds the published architecture, the one transformers' config of the real model translates
+to, with the published parameter count (abstract shapes only)."""
+import dataclasses
+import math
+
+import jax
+import pytest
+import transformers as tr
+
+from jaxtrain.config import load_config
+from jaxtrain.models import ModelConfig
+from jaxtrain.models.hf import config_from_hf
+from jaxtrain.models.params import abstract
+from tests.conftest import ROOT
+
+_LLAMA4_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192}
+# preset, transformers' config of the real model, published total parameters (model cards; the
+# Llama 4 cards count the 0.872B vision encoder and projector, not built here)
+PRESETS = [
+    ("llama4_scout_17B_16E",
+     lambda: tr.Llama4TextConfig(rope_parameters=_LLAMA4_ROPE, max_position_embeddings=10485760),
+     109e9 - 0.872e9),
+    ("llama4_maverick_17B_128E",
+     lambda: tr.Llama4TextConfig(num_local_experts=128, interleave_moe_layer_step=2,
+                                 use_qk_norm=False, max_position_embeddings=1048576),
+     400e9 - 0.872e9),
+    ("qwen3_next_80B_A3B", lambda: tr.Qwen3NextConfig(
+        hidden_size=2048, num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=2,
+        head_dim=256, intermediate_size=5120, moe_intermediate_size=512,
+        shared_expert_intermediate_size=512, num_experts=512, num_experts_per_tok=10,
+        vocab_size=151936, max_position_embeddings=262144, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}), 80e9),
+    ("qwen3.5_35B_A3B", lambda: tr.Qwen3_5MoeTextConfig(
+        hidden_size=2048, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
+        head_dim=256, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        num_experts=256, num_experts_per_tok=8, vocab_size=248320,
+        max_position_embeddings=262144, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}), 35e9),
+]
+# Fields the preset's run settles, not the architecture (Megatron pads the vocabulary; HF
+# files never do; MoE run settings such as the balancing loss).
+RUN = ("dtype", "weight_dtype", "attention_impl", "attention_softmax_in_fp32", "vocab_size",
+       "use_iota_embed", "init_method_std")
+# Llama-3 scaling's settings, read only with use_rope_scaling.
+LLAMA3_SCALING = ("rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                  "original_max_position_embeddings")
+MOE_RUN = ("load_balancing", "aux_loss_coeff", "z_loss_coeff", "grouped_gemm", "dispatcher")
+
+
+def _preset(name) -> ModelConfig:
+    return ModelConfig.from_config({**load_config(str(ROOT / "configs" / "models" /
+                                                      f"{name}.yaml"))})
+
+
+@pytest.mark.parametrize("name, hf, published", PRESETS, ids=[p[0] for p in PRESETS])
+def test_preset_is_the_published_model(name, hf, published):
+    ours, ref = _preset(name), config_from_hf(hf().to_dict())
+    assert abs(sum(math.prod(x.shape) for x in jax.tree.leaves(abstract(ours))) / published
+               - 1) < 0.01
+    ref = ref.replace(**{k: getattr(ours, k) for k in RUN})
+    if not ours.use_rope_scaling:
+        ref = ref.replace(**{k: getattr(ours, k) for k in LLAMA3_SCALING})
+    if ours.moe.layer_freq == 1:   # no dense layer reads the dense MLP width
+        ref = ref.replace(ffn_hidden_size=ours.ffn_hidden_size)
+    ref = ref.replace(moe=dataclasses.replace(ref.moe, **{k: getattr(ours.moe, k)
+                                                        for k in MOE_RUN}))
+    diff = {f.name: (getattr(ours, f.name), getattr(ref, f.name))
+            for f in dataclasses.fields(ours) if getattr(ours, f.name) != getattr(ref, f.name)}
+    assert not diff
