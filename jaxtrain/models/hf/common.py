@@ -296,3 +296,15 @@ def llama4_problems(cfg: ModelConfig) -> dict:
             "attn_temperature_tuning": cfg.attn_temperature_tuning
             and cfg.no_rope_layers is not None,
             "moe.apply_probs_on_input": cfg.moe is not None and cfg.moe.apply_probs_on_input}
+
+
+def plain_router_problems(m) -> dict:
+    """Router settings of MoEConfig ``m`` that the plain-router families (Qwen3-Next/3.5,
+    Llama 4) cannot express: groups, scaling, biases, soft-cap, a special expert activation,
+    sinkhorn."""
+    return {"moe.num_groups": bool(m.num_groups),
+            "moe.topk_scaling_factor": bool(m.topk_scaling_factor),
+            "moe.router_bias": m.router_bias, "moe.expert_bias": m.expert_bias,
+            "moe.router_softcap": bool(m.router_softcap),
+            "moe.activation": m.activation is not None,
+            "moe.load_balancing": "sinkhorn" in m.load_balancing}

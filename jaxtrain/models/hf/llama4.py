@@ -16,7 +16,8 @@ import numpy as np
 
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, ends_out, hf_linear,
-                                       output_head, rope_config, size_config, stacks)
+                                       output_head, plain_router_problems, rope_config,
+                                       size_config, stacks)
 from jaxtrain.models.moe import moe_pattern
 from jaxtrain.models.params import layer_tree
 
@@ -106,12 +107,7 @@ def problems(cfg: ModelConfig, family: str) -> dict:
     if m is not None:
         out.update({"moe.topk": m.topk != 1, "moe.score_function": m.score_function != "sigmoid",
                     "moe.shared_expert_size": m.shared_expert_size != m.ffn_hidden_size,
-                    "moe.num_groups": bool(m.num_groups),
-                    "moe.topk_scaling_factor": bool(m.topk_scaling_factor),
-                    "moe.router_bias": m.router_bias, "moe.expert_bias": m.expert_bias,
-                    "moe.router_softcap": bool(m.router_softcap),
-                    "moe.activation": m.activation is not None,
-                    "moe.load_balancing": "sinkhorn" in m.load_balancing})
+                    **plain_router_problems(m)})
     return out
 
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, ends_out, experts_in,
-                                       experts_out, hf_linear, output_head, rope_config,
-                                       size_config, stacks)
+                                       experts_out, hf_linear, output_head,
+                                       plain_router_problems, rope_config, size_config, stacks)
 from jaxtrain.models.moe import moe_pattern
 from jaxtrain.models.params import layer_tree
 
@@ -199,12 +199,7 @@ def problems(cfg: ModelConfig, family: str) -> dict:
             "moe.pre_softmax": family == "qwen3_5_moe_text" and m.pre_softmax and m.topk > 1,
             "moe.shared_expert_size": not m.shared_expert_size,
             "moe.shared_expert_gate": not m.shared_expert_gate,
-            "moe.num_groups": bool(m.num_groups),
-            "moe.topk_scaling_factor": bool(m.topk_scaling_factor),
-            "moe.router_bias": m.router_bias, "moe.expert_bias": m.expert_bias,
-            "moe.router_softcap": bool(m.router_softcap),
-            "moe.activation": m.activation is not None,
-            "moe.load_balancing": "sinkhorn" in m.load_balancing})
+            **plain_router_problems(m)})
     return out
 
 
