@@ -98,6 +98,12 @@ def test_linear_attention_impl_runs_the_kernel_in_the_model():
     xla = cfg.replace(linear_attention_impl="xla")
     assert "pallas_call" not in str(jax.make_jaxpr(lambda p: forward(p, toks, xla))(params))
     assert _rel(fwd(cfg)(params, toks), fwd(xla)(params, toks)) < 1e-5
+    knobs = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+             "experimental_attention_variant": "gdn", "linear_attention_freq": 2,
+             "gdn_chunk_size": 16}
+    assert ModelConfig.from_config({**knobs, "linear_attention_impl": "pallas"}
+                                   ).linear_attention_impl == "pallas"
+    assert ModelConfig.from_config(knobs).linear_attention_impl == "xla"
 
 
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
