@@ -100,7 +100,7 @@ def test_linear_attention_impl_runs_the_kernel_in_the_model():
     assert _rel(fwd(cfg)(params, toks), fwd(xla)(params, toks)) < 1e-5
     knobs = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
              "experimental_attention_variant": "gdn", "linear_attention_freq": 2,
-             "gdn_chunk_size": 16}
+             "gdn_chunk_size": 16, "vocab_size": 97}
     assert ModelConfig.from_config({**knobs, "linear_attention_impl": "pallas"}
                                    ).linear_attention_impl == "pallas"
     assert ModelConfig.from_config(knobs).linear_attention_impl == "xla"
