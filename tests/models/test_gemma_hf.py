@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import transformers as tr
 from model_helpers import VOCAB, max_diff, random_params, tiny, tokens
-from test_hf import _hf_model, check_parity_and_round_trip
+from test_hf import _randomize, _hf_model, check_parity_and_round_trip
 
 from jaxtrain.models import forward, from_hf
 
@@ -118,10 +118,7 @@ def test_vision_language_checkpoint_reads_its_text_model(tmp_path):
     vlm = tr.Gemma3ForConditionalGeneration(tr.Gemma3Config(
         text_config=text, vision_config=vision, mm_tokens_per_image=4,
         attn_implementation="eager")).eval()
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for _, p in vlm.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    _randomize(vlm, 5)
     vlm.save_pretrained(tmp_path / "vlm")
     cfg, params = from_hf(tmp_path / "vlm")
     with torch.no_grad():

@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers as tr
 from model_helpers import VOCAB, max_diff, random_params, tiny, tokens
-from test_hf import TOL, _hf_logits, _hf_model, _load
+from test_hf import _randomize, TOL, _hf_logits, _hf_model, _load
 
 from jaxtrain.models import ModelConfig, forward, from_hf, generate, to_hf
 from jaxtrain.models.moe import MoEConfig
@@ -87,10 +87,7 @@ def test_vision_language_checkpoint_reads_its_text_model(tmp_path):
     vlm = tr.Llama4ForConditionalGeneration(tr.Llama4Config(
         text_config=text.to_dict(), vision_config=vision.to_dict(),
         attn_implementation="eager")).eval()
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for _, p in vlm.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    _randomize(vlm, 3)
     vlm.save_pretrained(tmp_path / "vlm")
     cfg, params = from_hf(tmp_path / "vlm")
     with torch.no_grad():
