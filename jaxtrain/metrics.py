@@ -14,6 +14,9 @@ size); biases, norms and sinks are not matmuls. The second term is the attention
 head_dim = v_head_dim it is Megatron's 12 * L * T * heads * head_dim. TFLOP/s per device =
 FLOPs per token x tokens per second / devices; MFU = that / the device's peak.
 
+Gemma 4's global layers count their own head width H_g in the second term (2 H_g per head).
+On sliding-window and chunked (Llama 4) layers T is bounded by the window or the chunk: a query
+there sees at most that many keys (still no causal discount).
 Hybrid models: L counts only the softmax-attention layers; each Gated DeltaNet layer instead
 adds 6 * Hv * (3 C Dk + 2 C Dv + 3 Dk Dv) per token (C the chunk length, Hv value heads, Dk/Dv
 head widths): within a chunk the key-key and query-key products (C Dk each), the triangular
@@ -39,7 +42,8 @@ PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "MI300X": 1307.0, "M
 
 def flop_terms(model_cfg, params) -> tuple[float, float]:
     """(6 * N_active, 6 * L * heads * (head_dim + v_head_dim)): FLOPs per token is the first
-    plus the second times the sequence length (the module docstring's formula). ``params``:
+    plus the second times the sequence length when every layer attends to the whole sequence
+    (the module docstring's formula; :func:`flops_per_token` bounds windowed layers). ``params``:
     the parameter tree or its shapes; matmul weights are the leaves named ``w*`` and
     ``output`` (``embedding`` when the output layer is tied)."""
     moe = getattr(model_cfg, "moe", None)
@@ -54,11 +58,36 @@ def flop_terms(model_cfg, params) -> tuple[float, float]:
         elif name != "output" and not name.startswith("w"):
             continue
         n_active += math.prod(leaf.shape) * (routed if "experts" in keys else 1.0)
-    v_dim = model_cfg.v_head_dim if model_cfg.multi_latent_attention else model_cfg.head_dim
     linear = sum(getattr(model_cfg, "linear_attention_layers", None) or ())
-    softmax_layers = model_cfg.num_layers - linear
-    attn = 6 * softmax_layers * model_cfg.num_attention_heads * (model_cfg.head_dim + v_dim)
+    attn = sum(c for c, _ in _score_terms(model_cfg))
     return 6.0 * n_active + linear_mixing_flops(model_cfg) * linear, float(attn)
+
+
+def flops_per_token(model_cfg, params, seq_length: int) -> float:
+    """Model FLOPs per token at ``seq_length``: :func:`flop_terms` with each softmax layer's
+    score term counting the keys a query sees, the sequence length or, on sliding-window and
+    chunked (Llama 4) layers, at most the window or chunk."""
+    dense, _ = flop_terms(model_cfg, params)
+    return dense + sum(c * min(seq_length, limit or seq_length)
+                       for c, limit in _score_terms(model_cfg))
+
+
+def _score_terms(cfg) -> list[tuple[float, int | None]]:
+    """Per softmax-attention layer: (6 * heads * (q/k width + v width), the most keys a query
+    sees or None for the whole sequence)."""
+    v_dim = cfg.v_head_dim if cfg.multi_latent_attention else cfg.head_dim
+    linear = getattr(cfg, "linear_attention_layers", None) or (False,) * cfg.num_layers
+    wide = getattr(cfg, "global_layers", None) or (False,) * cfg.num_layers
+    chunk = getattr(cfg, "attention_chunk_size", None)
+    out = []
+    for i in range(cfg.num_layers):
+        if linear[i]:
+            continue
+        width = 2 * cfg.attention_shape(True)[1] if wide[i] else cfg.head_dim + v_dim
+        limits = [w for w in (cfg.window_of_layer(i),
+                              None if chunk is None or cfg.is_nope(i) else chunk) if w]
+        out.append((6.0 * cfg.num_attention_heads * width, min(limits) if limits else None))
+    return out
 
 
 def linear_mixing_flops(cfg) -> float:
@@ -92,8 +121,7 @@ class Meter:
     """Turns step times and token counts into the throughput columns of a metrics row."""
 
     def __init__(self, model_cfg, params, seq_length: int, devices, peak: float | None = None):
-        dense, attn = flop_terms(model_cfg, params)
-        self.flops_per_token = dense + attn * seq_length
+        self.flops_per_token = flops_per_token(model_cfg, params, seq_length)
         self.devices = list(devices)
         self.peak = peak if peak is not None else peak_tflops(self.devices[0])
 

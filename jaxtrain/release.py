@@ -59,9 +59,11 @@ KNOB = "memory.gradient_release"
 def check_supported(model_cfg, tcfg) -> None:
     """Raise ConfigError for the model and step settings the fused step does not cover."""
     problems = []
-    if any(k != DENSE_STACK for k in layer_kinds(model_cfg)):
-        problems.append(f"{KNOB} covers dense decoders; this model has MoE layers "
-                        "(num_experts): keep one")
+    other = sorted(set(layer_kinds(model_cfg)) - {DENSE_STACK})
+    if other:
+        problems.append(f"{KNOB} covers decoders of one dense layer stack; this model also has "
+                        f"{', '.join(other)} (MoE, Gated DeltaNet or Gemma 4 global layers): "
+                        "keep one")
     if not model_cfg.scan_layers:
         problems.append(f"{KNOB} scans the layer stack backwards: it needs scan_layers true")
     if getattr(model_cfg, "quant", None) is not None and model_cfg.quant.stateful:

@@ -69,9 +69,11 @@ SECO_OBJECTIVES = ("ce", "dft", "deft")
 def check_supported(model_cfg, objective=None, quant_state=None) -> list[str]:
     """Why SeCO cannot run this model/objective (empty when it can)."""
     problems = []
-    if any(k != DENSE_STACK for k in layer_kinds(model_cfg)):
-        problems.append(f"{KNOB} covers dense decoders; this model has MoE layers (their "
-                        "router statistics are per-sequence, not per-chunk)")
+    other = sorted(set(layer_kinds(model_cfg)) - {DENSE_STACK})
+    if other:
+        problems.append(f"{KNOB} covers decoders of one dense layer stack; this model also has "
+                        f"{', '.join(other)} (MoE, Gated DeltaNet or Gemma 4 global layers): "
+                        "keep one")
     if getattr(model_cfg, "quant", None) is not None and model_cfg.quant.stateful:
         problems.append(f"{KNOB} does not carry the FP8 delayed-scaling state: keep one")
     if quant_state is not None:

@@ -140,11 +140,38 @@ def gated_delta_net(c: Context):
         c.error("not implemented yet: memory.seco with Gated DeltaNet layers: SeCO's chunk-wise "
                 "step carries the earlier chunks' keys and values, not the linear layers' "
                 "recurrent state")
+    if c.get("memory.gradient_release"):
+        c.error("not implemented yet: memory.gradient_release with Gated DeltaNet layers: the "
+                "fused step covers one dense layer stack")
     for key, reason in why.items():
         if c.get(key, 1) > 1:
             c.error(f"not implemented yet: {key} {c.get(key)} with experimental_attention_"
                     f"variant {c.get('experimental_attention_variant')} (Gated DeltaNet "
                     f"layers): {reason}")
+
+
+_GLOBAL_SHAPE = ("global_kv_channels", "global_num_query_groups", "attention_k_eq_v",
+                 "global_rotary_percent")
+
+
+def gemma4_global_layers(c: Context):
+    """Gemma 4's global layers (a layer stack of their own): their key/value heads split over
+    TP as the others do; the features that cover one dense layer stack only, refused."""
+    on = [k for k in _GLOBAL_SHAPE if c.get(k)]
+    if not on:
+        return
+    tp = c.get("tensor_model_parallel_size", 1)
+    groups = c.get("global_num_query_groups")
+    if groups and groups % tp and tp % groups:
+        c.error(f"global_num_query_groups ({groups}) must be a multiple or a divisor of "
+                f"tensor_model_parallel_size ({tp})")
+    for key, what in (("memory.seco", "SeCO's chunk-wise step"),
+                      ("memory.gradient_release", "the fused gradient-release step"),
+                      ("moe_use_upcycling", "upcycling")):
+        if c.get(key):
+            c.error(f"not implemented yet: {key} with {on[0]} (Gemma 4's global layers): "
+                    f"{what} covers one dense layer stack, and the global layers are a stack "
+                    "of their own")
 
 
 def tensor_parallel(c: Context):
@@ -746,7 +773,8 @@ def pipeline_parallel(c: Context):
 RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions,
          checkpoint_format, precision, tensor_parallel, pgs_context_parallel,
          context_and_experts, model_shape, learning_rate, iterations, batch, moe_router,
-         upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel, gated_delta_net)
+         upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel, gated_delta_net,
+         gemma4_global_layers)
 
 
 def apply(c: Context):

@@ -139,6 +139,20 @@ class ModelConfig:
     attn_temperature_floor_scale: float = 8192.0
     # Qwen3-Next gated attention: the attention output times sigmoid(x @ wg), per head channel
     attention_output_gate: bool = False
+    # Gemma 4's global layers (those sliding_window_layers leaves without a window): their own
+    # head width and key/value-head count (None: kv_channels / num_query_groups), keys and
+    # values from the one key projection (attention_k_eq_v: v is k before its norm and RoPE)
+    # and proportional RoPE (global_rotary_percent: rotary_base, the first percent·H/2 channel
+    # pairs rotated at base^(-2i/H) of the whole head, the rest left as they are). Any of these
+    # puts the global layers in stacks of their own ('global_layers'; see `global_layers`).
+    global_kv_channels: int | None = None
+    global_num_query_groups: int | None = None
+    attention_k_eq_v: bool = False
+    global_rotary_percent: float | None = None
+    # Gemma 4: values RMS-normalised per head, "plain" (no scale) or "scaled"; None: none
+    v_norm: str | None = None
+    # Gemma 4: each layer's output times its own scalar (a checkpoint constant, not trained)
+    layer_scalar: bool = False
     # Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5; models/linear_attention.py): the
     # layers that mix tokens with it instead of softmax attention (one bool per layer; None:
     # none), its head counts and widths, the causal convolution's width, the chunk length of
@@ -293,6 +307,10 @@ class ModelConfig:
               "must be positive")
         if self.multi_latent_attention:
             self._validate_mla(check)
+        if self.has_global_shape:
+            self._validate_global(check)
+        check(self.v_norm in (None, "plain", "scaled"), "v_norm",
+              f"{self.v_norm!r} is not one of (None, 'plain', 'scaled')")
         if self.linear_attention_layers is not None:
             self._validate_linear(check)
         choice("kv_quant_axis", ("",) + KV_QUANT_AXES)
@@ -348,6 +366,34 @@ class ModelConfig:
         check(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank",
               "must be positive or None (queries projected directly)")
 
+    def _validate_global(self, check):
+        """Gemma 4's global layers: a RoPE model of softmax layers, the query heads in whole
+        groups, plain RoPE scaling."""
+        for name in ("global_kv_channels", "global_num_query_groups"):
+            check(getattr(self, name) is None or getattr(self, name) > 0, name,
+                  "must be positive (or None: the ordinary layers' value)")
+        K, H = self.attention_shape(wide=True)
+        check(self.num_attention_heads % K == 0, "global_num_query_groups",
+              f"{K} does not divide num_attention_heads {self.num_attention_heads}")
+        check(H % 2 == 0, "global_kv_channels", f"{H} must be even (RoPE pairs channels)")
+        p = self.global_rotary_percent
+        check(p is None or 0 < p <= 1, "global_rotary_percent", "must be in (0, 1]")
+        for name, bad in (("multi_latent_attention", self.multi_latent_attention),
+                          ("linear_attention_freq", self.linear_attention_layers is not None),
+                          ("no_rope_freq", self.no_rope_layers is not None),
+                          ("use_rope_scaling", self.use_rope_scaling),
+                          ("rotary_interleaved", self.rotary_interleaved),
+                          ("rotary_seq_len_interpolation_factor",
+                           bool(self.rotary_seq_len_interpolation_factor))):
+            check(not bad, name, "is not built together with Gemma 4's global layers "
+                  "(global_kv_channels, global_num_query_groups, attention_k_eq_v, "
+                  "global_rotary_percent)")
+        check(self.rope_type == "rope", "rope_type", "Gemma 4's global layers (global_kv_channels, "
+              "global_num_query_groups, attention_k_eq_v, global_rotary_percent) take plain RoPE")
+        check(self.position_embedding_type == "rope", "position_embedding_type",
+              "Gemma 4's global layers (global_kv_channels, global_num_query_groups, "
+              "attention_k_eq_v, global_rotary_percent) take RoPE")
+
     def _validate_linear(self, check):
         """Gated DeltaNet's shapes: whole value heads per key head, a causal convolution."""
         check(len(self.linear_attention_layers) == self.num_layers, "linear_attention_freq",
@@ -369,6 +415,26 @@ class ModelConfig:
         check(not self.multi_latent_attention, "experimental_attention_variant",
               "Gated DeltaNet layers beside multi-latent attention are not a model jaxtrain "
               "builds")
+
+    @property
+    def has_global_shape(self) -> bool:
+        """Whether the global layers differ from the sliding-window ones (Gemma 4)."""
+        return (self.global_kv_channels is not None or self.global_num_query_groups is not None
+                or self.attention_k_eq_v or self.global_rotary_percent is not None)
+
+    @property
+    def global_layers(self) -> tuple[bool, ...] | None:
+        """Which layers live in the global stacks (Gemma 4; None: no such layers)."""
+        if not self.has_global_shape:
+            return None
+        return tuple(self.window_of_layer(i) is None for i in range(self.num_layers))
+
+    def attention_shape(self, wide: bool = False) -> tuple[int, int]:
+        """(key/value heads, head width) of the ordinary layers, or of the global ones."""
+        if not wide:
+            return self.num_kv_heads, self.head_dim
+        return (self.global_num_query_groups or self.num_kv_heads,
+                self.global_kv_channels or self.head_dim)
 
     def is_linear(self, i: int) -> bool:
         """Whether 0-based layer ``i`` is a Gated DeltaNet (linear-attention) layer."""

@@ -14,9 +14,12 @@ The cache is a dict with the layer axis first (the same for scanned and unrolled
     length []                        int32, positions filled so far
     linear                           hybrid models only: Gated DeltaNet layers' convolution
                                      inputs and recurrent states (linear_attention.init_cache)
+    global                           Gemma 4 only: {k, v (, scales)} of the global layers,
+                                     whose head count and width differ
 
-L counts the softmax-attention layers only, and ``linear``'s leading axis the Gated DeltaNet
-layers only (each in layer order): a hybrid keeps no keys and values for its linear layers.
+L counts the softmax-attention layers only (without Gemma 4's global ones), ``linear``'s
+leading axis the Gated DeltaNet layers only and ``global``'s the global layers (each in layer
+order): a hybrid keeps no keys and values for its linear layers.
 
 S is the longest sequence the cache holds. MLA caches the expanded per-head keys and values
 (K = N heads, H = qk_head_dim + qk_pos_emb_head_dim, Hv = v_head_dim), not the compressed
@@ -42,7 +45,7 @@ from jaxtrain.models import layers as L
 from jaxtrain.models.linear_attention import init_cache as linear_cache
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.quant_state import attach as attach_quant_state
-from jaxtrain.models.spec import LINEAR_STACKS
+from jaxtrain.models.spec import GLOBAL_STACKS, LINEAR_STACKS
 from jaxtrain.models.transformer import (RESIDUAL, _periodic_runs, decoder_layer, embed_inputs,
                                          logits_head)
 from jaxtrain.parallel.sharding import constrain, gather_weights
@@ -54,20 +57,29 @@ def init_cache(cfg, batch: int, max_len: int, *, dtype=None) -> dict:
     ``dtype`` (default: the compute dtype) unless ``cfg.quantize_kvcache`` stores them as
     ``cfg.kv_quant_dtype`` with scales in ``dtype``."""
     dt = jnp.dtype(dtype or cfg.compute_dtype)
-    K = cfg.num_kv_heads
+    groups = [_group(kind) for kind in layer_kinds(cfg)]
     Hv = cfg.v_head_dim if cfg.multi_latent_attention else cfg.kv_channels
-    L = cfg.num_layers - sum(cfg.linear_attention_layers or ())
-    shapes = {"k": (L, batch, max_len, K, cfg.head_dim), "v": (L, batch, max_len, K, Hv)}
-    if not cfg.quantize_kvcache:
-        cache = {n: jnp.zeros(s, dt) for n, s in shapes.items()}
-    else:
-        int_dtype = KV_QUANT_DTYPES[cfg.kv_quant_dtype][0]
-        cache = {n: jnp.zeros(s, int_dtype) for n, s in shapes.items()}
-        cache.update({f"{n}_scale": jnp.zeros(scale_shape(s, cfg.kv_quant_axis), dt)
-                      for n, s in shapes.items()})
+    cache = _kv_arrays(cfg, (groups.count("attn"), batch, max_len), cfg.num_kv_heads,
+                       cfg.head_dim, Hv, dt)
+    if "global" in groups:   # Gemma 4's global layers: their own head count and width
+        K, H = cfg.attention_shape(wide=True)
+        cache["global"] = _kv_arrays(cfg, (groups.count("global"), batch, max_len), K, H, H,
+                                     dt)
     if cfg.linear_attention_layers is not None:
         cache["linear"] = linear_cache(cfg, batch, dt)
     cache["length"] = jnp.zeros((), jnp.int32)
+    return cache
+
+
+def _kv_arrays(cfg, lead: tuple, K: int, H: int, Hv: int, dt) -> dict:
+    """Zero keys [*lead, K, H] and values [*lead, K, Hv] (quantized: with their scales)."""
+    shapes = {"k": (*lead, K, H), "v": (*lead, K, Hv)}
+    if not cfg.quantize_kvcache:
+        return {n: jnp.zeros(s, dt) for n, s in shapes.items()}
+    int_dtype = KV_QUANT_DTYPES[cfg.kv_quant_dtype][0]
+    cache = {n: jnp.zeros(s, int_dtype) for n, s in shapes.items()}
+    cache.update({f"{n}_scale": jnp.zeros(scale_shape(s, cfg.kv_quant_axis), dt)
+                  for n, s in shapes.items()})
     return cache
 
 
@@ -165,9 +177,8 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state):
     axes = {k: layer_axes(cfg, k) for k in stacks}
     kinds = layer_kinds(cfg)
     used = dict.fromkeys(stacks, 0)
-    by_group = {"attn": {n: a for n, a in cache.items() if n != "linear"}}
-    if "linear" in cache:
-        by_group["linear"] = cache["linear"]
+    by_group = {"attn": {n: a for n, a in cache.items() if n not in _GROUPS}}
+    by_group.update({g: cache[g] for g in _GROUPS if g in cache})
     cache_used = dict.fromkeys(by_group, 0)
     pieces = {g: [] for g in by_group}
     for off, period, reps in _periodic_runs(list(kinds)):
@@ -197,7 +208,8 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state):
                 layer_cache = jax.tree.map(lambda a, c=cursor[g]: a[c], cb[g])
                 cursor[kind] += 1
                 cursor[g] += 1
-                h, _, c = decoder_layer(gather_weights(p, axes[kind]), h, ib[j], ctx, cfg,
+                h, _, c = decoder_layer(gather_weights(p, axes[kind]), h, ib[j],
+                                        {**ctx, "stack": kind}, cfg,
                                         cache={"linear": layer_cache} if g == "linear"
                                         else layer_cache)
                 out[g].append(c["linear"] if g == "linear" else c)
@@ -215,12 +227,16 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state):
             pieces[g].append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), y))
     out = {g: jax.tree.map(lambda *a: jnp.concatenate(a), *ps) if ps else by_group[g]
            for g, ps in pieces.items()}
-    return x, {**out["attn"], **({"linear": out["linear"]} if "linear" in cache else {})}
+    return x, {**out["attn"], **{g: out[g] for g in _GROUPS if g in cache}}
+
+
+_GROUPS = ("linear", "global")   # cache entries of their own beside the attention layers'
 
 
 def _group(kind: str) -> str:
-    """The cache group of a layer stack: Gated DeltaNet layers keep their own state."""
-    return "linear" if kind in LINEAR_STACKS else "attn"
+    """The cache group of a layer stack: Gated DeltaNet layers keep their own state, Gemma 4's
+    global layers keys and values of their own shape."""
+    return "linear" if kind in LINEAR_STACKS else "global" if kind in GLOBAL_STACKS else "attn"
 
 
 def prefill(params, cfg, tokens, cache, *, quant_state=None, pad=None):

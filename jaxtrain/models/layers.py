@@ -103,12 +103,25 @@ def local_rope_tables(positions, cfg):
     return jnp.cos(angle), jnp.sin(angle)
 
 
+def global_rope_tables(positions, cfg):
+    """(cos, sin) [B,T,H/2] of Gemma 4's global layers (H their head width): proportional RoPE,
+    channel pair i rotated at rotary_base^(-2i/H) for i < global_rotary_percent·H/2 and not
+    rotated (angle 0) beyond."""
+    H = cfg.attention_shape(wide=True)[1]
+    turned = int((cfg.global_rotary_percent or 1.0) * H // 2)
+    inv = np.zeros(H // 2)
+    inv[:turned] = 1.0 / cfg.rotary_base ** (np.arange(0, 2 * turned, 2, dtype=np.float64) / H)
+    angle = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv, jnp.float32)
+    return jnp.cos(angle), jnp.sin(angle)
+
+
 def apply_rope(x, cos, sin, cfg):
-    """Rotate the first R channels of x [B,T,N,H]; the rest pass through.
+    """Rotate the first R channels of x [B,T,N,H] (R = twice the tables' width); the rest pass
+    through.
 
     Non-interleaved pairs channel i with i + R/2 (HF/NeoX layout); interleaved pairs 2i, 2i+1.
     """
-    R = cfg.rotary_dim
+    R = 2 * cos.shape[-1]
     xr, rest = x[..., :R].astype(jnp.float32), x[..., R:]
     cos, sin = cos[:, :, None], sin[:, :, None]
     if cfg.rotary_interleaved:

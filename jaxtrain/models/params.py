@@ -7,16 +7,21 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
     final_norm {scale [D], bias [D] (LayerNorm)}
     layers: attn_norm, mlp_norm       {scale, bias} (pre_norm); post_attn_norm, post_mlp_norm
             attn {wq [D,N,H], wk/wv [D,K,H], wo [N,H,D], bq [N,H], bk/bv [K,H], bo [D],
-                  q_norm/k_norm {scale [H] ([N*H], [K*H] across heads), bias}, sinks [N] (fp32)}
+                  q_norm/k_norm {scale [H] ([N*H], [K*H] across heads), bias}, sinks [N] (fp32),
+                  v_norm {scale [H]} (v_norm 'scaled')}
                   (multi-latent attention: the attn tree of mla.py)
             mlp  {wi_0/wi_1 [D,F] (gated) or wi [D,F], wo [F,D], bi_0/bi_1/bi [F], bo [D]}
-                  wg [D,N,H] (attention_output_gate)
+                  wg [D,N,H] (attention_output_gate); layer_scalar [1] (Gemma 4, not trained)
     moe_layers: the MoE layers (``cfg.moe``), as ``layers`` but with ``moe`` for ``mlp``:
             moe  {router {w [D,E], bias [E], expert_bias [E] (fp32, not trained)},
                   experts {wi_0/wi_1 or wi [E,D,Fe], wo [E,Fe,D], bi_* [E,Fe], bo [E,D]},
-                  shared {as mlp, with the shared expert's width}, shared_gate [D,1]}
+                  shared {as mlp, with the shared expert's width}, shared_gate [D,1],
+                  experts_norm/experts_post_norm/shared_post_norm (branch_norms);
+                  router scale [D] (router_input_norm), expert_scale [E] (per_expert_scale)}
     linear_layers, linear_moe_layers: as layers / moe_layers with a Gated DeltaNet mixer
             ``linear_attn`` (linear_attention.py) for ``attn``
+    global_layers, global_moe_layers: Gemma 4's global layers, ``attn`` with their own K and H
+            (``cfg.attention_shape(wide=True)``) and no ``wv`` with attention_k_eq_v
 
 Every leaf under ``layers`` carries a stacked layer axis of size L at position
 ``cfg.param_scan_axis`` (MaxText's default 1: ``wq`` is [D,L,N,H], a norm scale [D,L]). With
@@ -39,14 +44,16 @@ from jax.sharding import PartitionSpec
 
 from jaxtrain.models.mla import mla_specs
 from jaxtrain.models.linear_attention import linear_attention_specs
-from jaxtrain.models.spec import (DENSE_STACK, LINEAR_STACKS, MOE_STACKS, STACKS, Init,
+from jaxtrain.models.spec import (DENSE_STACK, GLOBAL_STACKS, LINEAR_STACKS, MOE_STACKS, STACKS,
+                                  Init,
                                   ParamSpec, _is_spec, _leaf_key, _linear_init, _norm, _zeros,
                                   layer_kinds, layer_slots)
 
 
 def _layer_specs(cfg, kind: str = "layers") -> dict:
-    D, N, K, H, F = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim,
-                     cfg.ffn_hidden_size)
+    wide = kind in GLOBAL_STACKS
+    D, N, F = cfg.hidden_size, cfg.num_attention_heads, cfg.ffn_hidden_size
+    K, H = cfg.attention_shape(wide)
     dt = cfg.param_dtype
     attn = {
         "wq": ParamSpec((D, N, H), dt, ("embed", "q_heads", "kv"), _linear_init(cfg, 0, (1, 2))),
@@ -55,6 +62,10 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         "wo": ParamSpec((N, H, D), dt, ("q_heads", "kv", "embed"),
                         _linear_init(cfg, (0, 1), 2, output_layer=True)),
     }
+    if wide and cfg.attention_k_eq_v:   # Gemma 4: the values come from the key projection
+        del attn["wv"]
+    if cfg.v_norm == "scaled":
+        attn["v_norm"] = _norm(cfg, H)
     if cfg.add_qkv_bias or cfg.add_bias_linear:
         attn["bq"] = ParamSpec((N, H), dt, ("q_heads", "kv"), _zeros)
         attn["bk"] = ParamSpec((K, H), dt, ("kv_heads", "kv"), _zeros)
@@ -79,7 +90,9 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
     post = {**({"post_attn_norm": _norm(cfg, D)} if cfg.post_attention_norm else {}),
             **({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {})}
     pre = {"attn_norm": _norm(cfg, D), "mlp_norm": _norm(cfg, D)} if cfg.pre_norm else {}
-    return {**pre, **mixer, **post, **ffn}
+    scalar = ({"layer_scalar": ParamSpec((1,), dt, (None,), jax.nn.initializers.ones)}
+              if cfg.layer_scalar else {})
+    return {**pre, **mixer, **post, **ffn, **scalar}
 
 
 def _mlp_specs(cfg, F: int) -> dict:
@@ -109,6 +122,10 @@ def _moe_specs(cfg) -> dict:
     router = {"w": ParamSpec((D, E), dt, ("embed", None), _linear_init(cfg, 0, 1))}
     if m.router_bias:
         router["bias"] = ParamSpec((E,), dt, (None,), _zeros)
+    if m.router_input_norm:
+        router["scale"] = ParamSpec((D,), dt, ("embed",), jax.nn.initializers.ones)
+    if m.per_expert_scale:
+        router["expert_scale"] = ParamSpec((E,), dt, (None,), jax.nn.initializers.ones)
     if m.expert_bias:
         router["expert_bias"] = ParamSpec((E,), jnp.float32, (None,), _zeros)
     names = ("_0", "_1") if cfg.gated_linear_unit else ("",)
@@ -124,6 +141,9 @@ def _moe_specs(cfg) -> dict:
         tree["shared"] = _mlp_specs(cfg, m.shared_expert_size)
     if m.shared_expert_gate:
         tree["shared_gate"] = ParamSpec((D, 1), dt, ("embed", None), _linear_init(cfg, 0, 1))
+    if m.branch_norms:   # Gemma 4: before the experts, after them, after the shared expert
+        tree.update(experts_norm=_norm(cfg, D), experts_post_norm=_norm(cfg, D),
+                    shared_post_norm=_norm(cfg, D))
     return tree
 
 

@@ -85,9 +85,13 @@ def _norm(cfg, size: int) -> dict:
 DENSE_STACK, MOE_STACK = "layers", "moe_layers"
 # Gated DeltaNet (linear-attention) layers of hybrid models, with a dense or an MoE FFN
 LINEAR_STACK, LINEAR_MOE_STACK = "linear_layers", "linear_moe_layers"
-STACKS = (DENSE_STACK, MOE_STACK, LINEAR_STACK, LINEAR_MOE_STACK)
-MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK)
+# Gemma 4's global (full-attention) layers, whose heads differ from the sliding-window ones'
+GLOBAL_STACK, GLOBAL_MOE_STACK = "global_layers", "global_moe_layers"
+STACKS = (DENSE_STACK, MOE_STACK, LINEAR_STACK, LINEAR_MOE_STACK, GLOBAL_STACK,
+          GLOBAL_MOE_STACK)
+MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK, GLOBAL_MOE_STACK)
 LINEAR_STACKS = (LINEAR_STACK, LINEAR_MOE_STACK)
+GLOBAL_STACKS = (GLOBAL_STACK, GLOBAL_MOE_STACK)
 
 
 def moe_pattern(moe, num_layers: int) -> tuple[bool, ...]:
@@ -122,18 +126,25 @@ def linear_pattern(freq, num_layers: int) -> tuple[bool, ...]:
     return tuple(bool(v) for v in freq)
 
 
-def stack_kinds(moe: tuple[bool, ...], linear: tuple[bool, ...] | None) -> tuple[str, ...]:
-    """The stack of each layer from which layers are MoE and which are linear attention."""
+def stack_kinds(moe: tuple[bool, ...], linear: tuple[bool, ...] | None,
+                wide: tuple[bool, ...] | None = None) -> tuple[str, ...]:
+    """The stack of each layer from which layers are MoE, which are linear attention and which
+    are global layers of their own head shape (``wide``)."""
     linear = linear or (False,) * len(moe)
-    return tuple((LINEAR_MOE_STACK if lin else MOE_STACK) if m
-                 else (LINEAR_STACK if lin else DENSE_STACK) for m, lin in zip(moe, linear))
+    wide = wide or (False,) * len(moe)
+    table = {(False, False, False): DENSE_STACK, (True, False, False): MOE_STACK,
+             (False, True, False): LINEAR_STACK, (True, True, False): LINEAR_MOE_STACK,
+             (False, False, True): GLOBAL_STACK, (True, False, True): GLOBAL_MOE_STACK}
+    return tuple(table[(bool(m), bool(lin), bool(g))] for m, lin, g in zip(moe, linear, wide))
 
 
 def layer_kinds(cfg) -> tuple[str, ...]:
     """The stack each layer's parameters live in: 'layers' (dense), 'moe_layers', and for
-    Gated DeltaNet layers 'linear_layers' / 'linear_moe_layers'."""
+    Gated DeltaNet layers 'linear_layers' / 'linear_moe_layers', for Gemma 4's global layers
+    'global_layers' / 'global_moe_layers'."""
     return stack_kinds(moe_pattern(getattr(cfg, "moe", None), cfg.num_layers),
-                       getattr(cfg, "linear_attention_layers", None))
+                       getattr(cfg, "linear_attention_layers", None),
+                       getattr(cfg, "global_layers", None))
 
 
 def layer_slots(cfg) -> tuple[tuple[str, int], ...]:

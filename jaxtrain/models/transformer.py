@@ -23,6 +23,7 @@ from jaxtrain.models.linear_attention import linear_attention_block
 from jaxtrain.models.mla import mla_qkv
 from jaxtrain.models.moe import moe_block
 from jaxtrain.models.params import MOE_STACKS, STACKS, layer_axes, layer_kinds
+from jaxtrain.models.spec import GLOBAL_STACKS
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.parallel import context as cp
@@ -66,16 +67,20 @@ def project_qkv(p: dict, x, ctx: dict, cfg):
         return q, k, v, cfg.mla_softmax_scale
     q = L.dense(x, p["wq"], p.get("bq"), "btd,dnh->btnh", "query_proj", cfg)
     k = L.dense(x, p["wk"], p.get("bk"), "btd,dkh->btkh", "key_proj", cfg)
-    v = L.dense(x, p["wv"], p.get("bv"), "btd,dkh->btkh", "value_proj", cfg)
+    v = (L.dense(x, p["wv"], p.get("bv"), "btd,dkh->btkh", "value_proj", cfg) if "wv" in p
+         else k)   # attention_k_eq_v (Gemma 4's global layers): the key projection serves both
     q = constrain(q, "act_batch", "act_seq", "act_heads", "act_kv")
     k = constrain(k, "act_batch", "act_seq", "act_kv_heads", "act_kv")
     v = constrain(v, "act_batch", "act_seq", "act_kv_heads", "act_kv")
+    if cfg.v_norm is not None:
+        v = L.norm(p["v_norm"], v, cfg) if cfg.v_norm == "scaled" else L.l2_norm(
+            v, cfg.norm_epsilon)
     q, k = _qk_norm(p, q, k, ctx, cfg)
     if cfg.position_embedding_type == "rope":
         q, k = L.apply_rope(q, *ctx["rope"], cfg), L.apply_rope(k, *ctx["rope"], cfg)
     if cfg.attn_temperature_tuning and cfg.no_rope_layers is not None:
         q = _temperature(q, ctx, cfg)
-    return q, k, v, (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+    return q, k, v, (cfg.query_pre_attn_scalar or q.shape[-1]) ** -0.5
 
 
 def _qk_norm(p: dict, q, k, ctx: dict, cfg):
@@ -107,12 +112,15 @@ def _temperature(q, ctx: dict, cfg):
 
 def _layer_rope(ctx: dict, layer_number, cfg) -> dict:
     """``ctx`` with the RoPE tables of this layer: with ``local_rotary_base`` the tables are
-    (cos, sin, local cos, local sin) and the sliding-window layers take the local pair. A NoPE
+    (cos, sin, local cos, local sin) and the sliding-window layers take the local pair (with
+    Gemma 4's global layers, ``ctx['stack']``: the global stacks take the first pair). A NoPE
     layer (``no_rope_layers``) takes the identity rotation (cos 1, sin 0) and ``ctx['nope']``
     says which it is (layer_number may be traced)."""
     rope = ctx.get("rope")
     if rope is None:
         return ctx
+    if cfg.has_global_shape:   # Gemma 4: the stack says which pair (their widths differ)
+        return {**ctx, "rope": rope[:2] if ctx.get("stack") in GLOBAL_STACKS else rope[2:]}
     if len(rope) == 4:
         local = jnp.asarray(cfg.sliding_window_layers or (True,) * cfg.num_layers)[
             layer_number - 1]
@@ -276,23 +284,27 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     stats = None
     with jax.named_scope("mlp"):
         if "moe" in p:
-            m, stats = _moe(p["moe"], h, i, ctx, sub(4), cfg)
+            m, stats = _moe(p["moe"], h, x, i, ctx, sub(4), cfg)
         else:
             m = mlp(p["mlp"], h)
     if cfg.post_mlp_norm:
         m = norm(p["post_mlp_norm"], m)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     m = constrain(m, *RESIDUAL)
-    out = constrain((resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)
-                     ).astype(cfg.residual_dtype), *RESIDUAL)
+    out = (resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)).astype(cfg.residual_dtype)
+    if "layer_scalar" in p:   # Gemma 4: a checkpoint constant, so no gradient reaches it
+        out = out * jax.lax.stop_gradient(p["layer_scalar"]).astype(out.dtype)
+    out = constrain(out, *RESIDUAL)
     if cache is not None:
         return out, stats, cache
     return out if stats is None else (out, stats)
 
 
-def _moe(p: dict, h, i, ctx: dict, rng, cfg):
-    """Layer i's MoE block (recomputed whole with recompute module 'moe'): (output, stats).
-    ``ctx['moe_state']`` carries global_aux_loss's counts from earlier microbatches."""
+def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
+    """Layer i's MoE block on h, the normed residual stream x (recomputed whole with recompute
+    module 'moe'): (output, stats). ``ctx['moe_state']`` carries global_aux_loss's counts from
+    earlier microbatches. With ``moe.branch_norms`` (Gemma 4) the shared expert takes h and the
+    routed experts their own norm of x; each branch's output is normed before the sum."""
     state = ctx.get("moe_state")
     prev = steps = None
     if state is not None:
@@ -300,11 +312,22 @@ def _moe(p: dict, h, i, ctx: dict, rng, cfg):
         prev, steps = state["aux_counts"][ordinal[i]], state["steps"]
     train = not ctx["deterministic"]
 
-    def block(p, h, rng, prev, steps):
-        return moe_block(p, h, cfg, train=train, rng=rng, prev_aux_counts=prev,
-                         prev_steps=steps)
+    def block(p, h, x, rng, prev, steps):
+        if not cfg.moe.branch_norms:
+            return moe_block(p, h, cfg, train=train, rng=rng, prev_aux_counts=prev,
+                             prev_steps=steps)
+        routed = {"router": p["router"], "experts": p["experts"]}
+        xr = None
+        if cfg.moe.router_input_norm:   # Gemma 4: unscaled RMS norm, learned scale, D^-0.5
+            xr = (L.l2_norm(x, cfg.norm_epsilon).astype(jnp.float32)
+                  * p["router"]["scale"].astype(jnp.float32) * cfg.hidden_size ** -0.5
+                  ).astype(cfg.compute_dtype)
+        y, stats = moe_block(routed, L.norm(p["experts_norm"], x, cfg), cfg, train=train,
+                             rng=rng, prev_aux_counts=prev, prev_steps=steps, router_input=xr)
+        shared = L.norm(p["shared_post_norm"], L.mlp(p["shared"], h, cfg), cfg)
+        return L.norm(p["experts_post_norm"], y, cfg) + shared, stats
 
-    return _maybe_remat(block, "moe" in cfg.recompute_modules)(p, h, rng, prev, steps)
+    return _maybe_remat(block, "moe" in cfg.recompute_modules)(p, h, x, rng, prev, steps)
 
 
 class _Block(NamedTuple):
@@ -375,7 +398,8 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
 
     def layer(kind, p, h, i):
         with jax.named_scope("decoder_layer"):
-            out = decoder_layer(gather_weights(p, axes[kind]), h, i, ctx, cfg)
+            out = decoder_layer(gather_weights(p, axes[kind]), h, i, {**ctx, "stack": kind},
+                                cfg)
         return out if isinstance(out, tuple) else (out, None)
 
     def unit(unit_kinds, ps, h, ids):
@@ -470,6 +494,9 @@ def embed_inputs(params: dict, tokens, positions, cfg):
 
 
 def _rope_tables(positions, cfg):
+    if cfg.has_global_shape:   # Gemma 4: (global pair, sliding-window pair), unlike widths
+        local = (L.local_rope_tables if cfg.local_rotary_base is not None else L.rope_tables)
+        return (*L.global_rope_tables(positions, cfg), *local(positions, cfg))
     rope = (L.rope_tables(positions, cfg) if cfg.position_embedding_type == "rope"
             or cfg.multi_latent_attention else None)   # MLA always rotates (Megatron)
     if rope is not None and cfg.local_rotary_base is not None:

@@ -250,7 +250,7 @@ def _float_or(value, default):
 
 def _layer_stacks(get) -> tuple[str, ...] | None:
     """The stack of each layer when a model mixes stacks (dense and MoE layers, softmax and
-    Gated DeltaNet ones), for layer-wise LR decay; None for one stack."""
+    Gated DeltaNet ones, Gemma 4's global ones), for layer-wise LR decay; None for one stack."""
     layers = get("num_layers")
     if not layers:
         return None
@@ -262,5 +262,27 @@ def _layer_stacks(get) -> tuple[str, ...] | None:
     if get("experimental_attention_variant") in ("gdn", "gated_delta_net") and \
             get("linear_attention_freq") is not None:
         linear = linear_pattern(parse_layer_freq(get("linear_attention_freq")), int(layers))
-    kinds = stack_kinds(moe, linear)
+    kinds = stack_kinds(moe, linear, _global_layers(get, int(layers)))
     return None if len(set(kinds)) == 1 else kinds
+
+
+_GLOBAL_SHAPE = ("global_kv_channels", "global_num_query_groups", "attention_k_eq_v",
+                 "global_rotary_percent")
+
+
+def _global_layers(get, n: int) -> tuple[bool, ...] | None:
+    """Gemma 4's global layers (the ones without a sliding window) when the model gives them
+    a shape of their own; the window knobs as ModelConfig.from_config reads them."""
+    if not any(get(k) for k in _GLOBAL_SHAPE):
+        return None
+    size, freq = get("window_size"), get("window_attn_skip_freq")
+    if isinstance(size, str):
+        size = [int(v) for v in size.strip("()[] ").split(",") if v.strip()]
+    if size is None or size[0] == -1:
+        return (not get("sliding_window_size"),) * n
+    if freq is None:
+        return (False,) * n
+    freq = parse_layer_freq(freq)
+    if isinstance(freq, int):
+        return tuple((i + 1) % freq == 0 for i in range(n))
+    return tuple(not v for v in freq)

@@ -40,6 +40,24 @@ PRESETS = [
         max_position_embeddings=262144, rope_parameters={
             "rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}), 35e9),
 ]
+# Gemma 4's shapes as MaxText's gemma4-31b / gemma4-26b model files give them; the model cards
+# (google/gemma-4-31B, google/gemma-4-26B-A4B) count 30.7B and 25.2B (3.8B active) parameters
+_GEMMA4 = dict(vocab_size=262144, head_dim=256, global_head_dim=512, attention_k_eq_v=True,
+               hidden_size_per_layer_input=0, sliding_window=1024, final_logit_softcapping=30.0,
+               max_position_embeddings=262144, rope_parameters={
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                   "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
+                                      "partial_rotary_factor": 0.25}})
+PRESETS += [
+    ("gemma4_31B", lambda: tr.Gemma4TextConfig(
+        **_GEMMA4, hidden_size=5376, num_hidden_layers=60, num_attention_heads=32,
+        num_key_value_heads=16, num_global_key_value_heads=4, intermediate_size=21504), 30.7e9),
+    ("gemma4_26B_A4B", lambda: tr.Gemma4TextConfig(
+        **_GEMMA4, hidden_size=2816, num_hidden_layers=30, num_attention_heads=16,
+        num_key_value_heads=8, num_global_key_value_heads=2, intermediate_size=2112,
+        enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704),
+     25.2e9),
+]
 # Fields the preset's run settles, not the architecture (Megatron pads the vocabulary; HF
 # files never do; MoE run settings such as the balancing loss).
 RUN = ("dtype", "weight_dtype", "attention_impl", "attention_softmax_in_fp32", "vocab_size",
@@ -63,10 +81,11 @@ def test_preset_is_the_published_model(name, hf, published):
     ref = ref.replace(**{k: getattr(ours, k) for k in RUN})
     if not ours.use_rope_scaling:
         ref = ref.replace(**{k: getattr(ours, k) for k in LLAMA3_SCALING})
-    if ours.moe.layer_freq == 1:   # no dense layer reads the dense MLP width
-        ref = ref.replace(ffn_hidden_size=ours.ffn_hidden_size)
-    ref = ref.replace(moe=dataclasses.replace(ref.moe, **{k: getattr(ours.moe, k)
-                                                        for k in MOE_RUN}))
+    if ours.moe is not None:
+        if ours.moe.layer_freq == 1 and not ours.moe.branch_norms:   # no layer reads it
+            ref = ref.replace(ffn_hidden_size=ours.ffn_hidden_size)
+        ref = ref.replace(moe=dataclasses.replace(ref.moe, **{k: getattr(ours.moe, k)
+                                                            for k in MOE_RUN}))
     diff = {f.name: (getattr(ours, f.name), getattr(ref, f.name))
             for f in dataclasses.fields(ours) if getattr(ours, f.name) != getattr(ref, f.name)}
     assert not diff

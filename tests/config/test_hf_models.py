@@ -101,6 +101,16 @@ CASES = {
         **_B, head_dim=16, num_local_experts=4, use_qk_norm=False), vision_config=dict(
         hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
         vision_output_dim=16, projector_input_dim=16, projector_output_dim=16)),
+    "gemma4_text": lambda: tr.Gemma4TextConfig(
+        **{**_B, "num_hidden_layers": 6}, head_dim=16, global_head_dim=32,
+        hidden_size_per_layer_input=0, sliding_window=16, attention_k_eq_v=True,
+        num_global_key_value_heads=1, enable_moe_block=True, num_experts=4, top_k_experts=2,
+        moe_intermediate_size=16),
+    "gemma4": lambda: tr.Gemma4Config(text_config=dict(
+        **_B, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=0,
+        sliding_window=16), audio_config=None, vision_config=dict(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=8)),
     "gpt2_exact_gelu": lambda: tr.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                              vocab_size=300, activation_function="gelu",
                                              tie_word_embeddings=False),
@@ -276,7 +286,9 @@ def test_the_model_directory_is_the_tokenizer(tmp_path, write):
 
 
 @pytest.mark.parametrize("config,words", [
-    ({"model_type": "gemma4", "text_config": {}}, ["'gemma4'", "planned for issue #25"]),
+    ({"model_type": "gemma4",
+      "text_config": {**TINY_HF_LLAMA, "hidden_size_per_layer_input": 64}},
+     ["hidden_size_per_layer_input=64", "per-layer input embeddings"]),
     ({"model_type": "qwen3_5", "vision_config": {}}, ["text_config=None", "has none"]),
     ({"model_type": "gemma3n"}, ["'gemma3n'", "planned for issue #25"]),
     ({**TINY_HF_LLAMA, "model_type": "llama4_text", "num_experts_per_tok": 2},

@@ -86,6 +86,10 @@ PUBLISHED = [
                               "(the text decoder; the vision encoder not built)"),
     ("qwen3.5-397b-a17b", 397e9, "Qwen/Qwen3.5-397B-A17B model card: 397B in total, 17B "
                                  "activated (the vision encoder not built)"),
+    ("gemma4-31b", 30.7e9, "google/gemma-4-31B model card: 30.7B (the text decoder; the vision "
+                           "encoder not built)"),
+    ("gemma4-26b", 25.2e9, "google/gemma-4-26B-A4B model card: 25.2B in total, 3.8B active "
+                           "(the vision encoder not built)"),
     # Meta's Llama 4 model cards count the vision encoder and projector too: 0.872B by the
     # released vision_config (34 layers of width 1408, a 4096 -> 5120 projector)
     ("llama4-17b-16e", 109e9 - 0.872e9, "meta-llama/Llama-4-Scout-17B-16E model card: 109B in "
@@ -271,6 +275,40 @@ def test_llama4_family():
         load_config("base.yml", [*small, "load_balance_loss_weight=0.01"])
     with pytest.raises(ConfigError, match="llama2 block does not read nope_layer_interval"):
         load_config("base.yml", ["decoder_block=llama2", "nope_layer_interval=4"])
+
+
+def test_gemma4_family():
+    """MaxText's gemma4 block: five local layers to one global with the global_* head shape,
+    keys as values, proportional RoPE on a quarter of the global pairs (gemma4* names), value
+    norms as v_norm_with_scale says, query scale 1, layer scalars; the 26b's MoE layers run the
+    mlp_dim dense MLP beside the experts with their own norms and Gemma 4's router."""
+    _, m = resolve("gemma4-31b")
+    assert m.global_layers == (False,) * 5 + (True,) + (False,) * 5 + (True,) + (
+        False, False, False, False, False, True) * 8
+    assert m.attention_shape(True) == (4, 512) and m.attention_k_eq_v
+    assert (m.global_rotary_percent, m.rotary_base, m.local_rotary_base) == (0.25, 1e6, 1e4)
+    assert (m.v_norm, m.query_pre_attn_scalar, m.layer_scalar, m.sliding_window) == (
+        "plain", 1.0, True, 1024)
+    assert m.qk_layernorm and m.post_attention_norm and m.post_mlp_norm
+    _, m = resolve("gemma4-26b")
+    moe = m.moe
+    assert (moe.num_experts, moe.topk, moe.ffn_hidden_size, moe.shared_expert_size) == (
+        128, 8, 704, 2112)
+    assert moe.branch_norms and moe.router_input_norm and moe.per_expert_scale
+    assert not moe.pre_softmax   # norm_topk_prob: the chosen experts' weights sum to one
+    _, m = resolve("gemma4-26b", "override_model_config=true", "norm_topk_prob=false",
+                   "v_norm_with_scale=true", "share_kv_projections=false",
+                   "global_rope_max_timescale=5000", "global_head_dim=0", "global_num_kv_heads=0")
+    assert m.moe.pre_softmax and m.v_norm == "scaled" and not m.attention_k_eq_v
+    assert m.rotary_base == 5000 and m.attention_shape(True) == (8, 256)
+    with pytest.raises(ConfigError, match="global_rope_proportion.*gemma4\\* model names"):
+        load_config("base.yml", ["decoder_block=gemma4", "sliding_window_size=8"])
+    with pytest.raises(ConfigError, match="local_rope_proportion"):
+        resolve("gemma4-31b", "override_model_config=true", "local_rope_proportion=0.5")
+    with pytest.raises(ConfigError, match="shared_experts.*use 1"):
+        resolve("gemma4-26b", "override_model_config=true", "shared_experts=2")
+    with pytest.raises(ConfigError, match="llama2 block does not read share_kv_projections"):
+        load_config("base.yml", ["decoder_block=llama2", "share_kv_projections=true"])
 
 
 @pytest.mark.slow
@@ -577,7 +615,7 @@ def test_mla_softmax_mscale():
 
 # --------------------------------------------------------------------- refusals by name
 
-@pytest.mark.parametrize("block", ["gemma4", "deepseek4", "envy", "default"])
+@pytest.mark.parametrize("block", ["gemma4_small", "deepseek4", "envy", "default"])
 def test_unbuilt_families_are_planned_by_name(block):
     refused(f"decoder_block = '{block}'.*planned for issue #25 \\(model families\\)",
             f"decoder_block={block}")
@@ -585,9 +623,9 @@ def test_unbuilt_families_are_planned_by_name(block):
 
 def test_model_names_of_unbuilt_families_are_refused_by_family():
     """No copy of their model files ships; families.json names their block."""
-    with pytest.raises(ConfigError, match="'gemma4-26b'.*decoder_block gemma4.*planned for issue "
-                                          "#25 \\(model families\\)"):
-        resolve("gemma4-26b")
+    with pytest.raises(ConfigError, match="'gemma4-e2b'.*decoder_block gemma4_small.*planned "
+                                          "for issue #25 \\(model families\\)"):
+        resolve("gemma4-e2b")
 
 
 def test_multimodal_models_are_rejected_by_name():
@@ -643,7 +681,8 @@ def test_presets_name_their_commit_and_read_back():
         assert "AI-Hypercomputer/maxtext at commit e591f30cbb" in text.splitlines()[1]
         assert yaml.safe_load(text)["decoder_block"] in (
             "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
-            "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4")
+            "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
+            "gemma4")
 
 
 FORWARD = {
@@ -680,6 +719,10 @@ FORWARD = {
                "base_num_decoder_layers=4", "base_num_query_heads=4", "base_num_kv_heads=2",
                "vocab_size=256", "num_experts=4", "base_moe_mlp_dim=32",
                "chunk_attn_window_size=4"],
+    "gemma4": ["model_name=gemma4-26b", "override_model_config=true",
+               "base_num_decoder_layers=6", "base_num_query_heads=4", "base_num_kv_heads=2",
+               "global_head_dim=32", "global_num_kv_heads=1", "vocab_size=256", "num_experts=4",
+               "num_experts_per_tok=2", "base_moe_mlp_dim=32", "sliding_window_size=4"],
     "gemma3": ["model_name=gemma3-4b", "override_model_config=true", "base_num_decoder_layers=7",
                "base_num_query_heads=4", "base_num_kv_heads=2", "vocab_size=256",
                "sliding_window_size=4"],

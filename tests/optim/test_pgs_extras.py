@@ -316,6 +316,11 @@ def test_llrd_numbers_layers_across_dense_and_moe_stacks():
     c = load_config(None, ["train.llrd_decay=0.5", "num_layers=3", "num_experts=4",
                            "moe_layer_freq=[0,1,0]"], enforce_status=False)
     assert OptimConfig.from_config(c).layer_stacks == ("layers", "moe_layers", "layers")
+    # Gemma 4's global layers (every third layer has no window) are a stack of their own
+    c = load_config(None, ["train.llrd_decay=0.5", "num_layers=6", "window_size=[3,0]",
+                           "window_attn_skip_freq=3", "global_kv_channels=16"],
+                    enforce_status=False)
+    assert OptimConfig.from_config(c).layer_stacks == ("layers", "layers", "global_layers") * 2
 
 
 def np_adamw_groups(params, grads_list, lrs, b1, b2, eps, wd, decays, lr_mult):

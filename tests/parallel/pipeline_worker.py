@@ -35,6 +35,11 @@ PP2, PP4 = "pipeline_model_parallel_size=2", "pipeline_model_parallel_size=4"
 MOE = ["num_experts=4", "moe_router_topk=2", "moe_ffn_hidden_size=32", "moe_layer_freq=2",
        "moe_router_score_function=sigmoid", "moe_router_enable_expert_bias=true",
        "moe_aux_loss_coeff=0.01", "moe_z_loss_coeff=0.001"]
+# Gemma 4's layers: every second layer global, with heads of its own shape (a stack of its own)
+GEMMA4 = ["window_size=[3,0]", "window_attn_skip_freq=2", "global_kv_channels=16",
+          "global_num_query_groups=1", "attention_k_eq_v=true", "global_rotary_percent=0.5",
+          "v_norm=plain", "layer_scalar=true", "qk_layernorm=true",
+          "position_embedding_type=rope"]
 
 LAYOUTS = {
     "one": [],
@@ -73,6 +78,10 @@ LAYOUTS = {
                         "moe_token_dispatcher_type=alltoall"],
     "moe_pp2_ep2_zbv": [*MOE, PP2, "expert_model_parallel_size=2",
                         "patch_primus_pipeline=true", "pp_algorithm=zbv-formatted"],
+    "gemma4": GEMMA4,
+    "gemma4_pp2": [*GEMMA4, PP2],
+    "gemma4_pp2_vpp2_tp2": [*GEMMA4, PP2, "virtual_pipeline_model_parallel_size=2",
+                            "tensor_model_parallel_size=2"],
     "tp2_dropout": ["tensor_model_parallel_size=2", "hidden_dropout=0.1",
                     "attention_dropout=0.1"],
     "pp2_dropout": [PP2, "hidden_dropout=0.1", "attention_dropout=0.1"],

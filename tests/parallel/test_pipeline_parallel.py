@@ -205,7 +205,8 @@ SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "p
               "pp2_tp2", "pp2_tp2_sp", "pp2_vpp2_tp2", "pp2_fsdp", "pp2_zero1_recompute",
               "pp4_uneven", "pp2_layout", "pp2_untied_gpipe", "one_untied", "tp2_dropout",
               "pp2_dropout", "moe", "moe_tp2", "moe_pp2", "moe_pp4_zb", "moe_pp2_tp2_vpp2",
-              "moe_ep2", "moe_pp2_ep2", "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv"]
+              "moe_ep2", "moe_pp2_ep2", "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv", "gemma4",
+              "gemma4_pp2", "gemma4_pp2_vpp2_tp2"]
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +253,9 @@ def test_every_schedule_and_layout_gives_the_same_losses(tmp_path):
         got = runs.pop(name)
         assert got["losses"] == pytest.approx(moe["losses"], rel=2e-6), name
         assert got["moe_aux_loss"] == pytest.approx(moe["moe_aux_loss"], rel=2e-6), name
+    gemma4 = runs.pop("gemma4")["losses"]   # global layers in a stack of their own
+    for name in ("gemma4_pp2", "gemma4_pp2_vpp2_tp2"):
+        assert runs.pop(name)["losses"] == pytest.approx(gemma4, rel=2e-6), name
     reference = _worker(tmp_path / "ref", "train:one")[0]["one"]["losses"]
     for name in SLOW_TRAIN:
         if name in runs:

@@ -25,8 +25,8 @@ TINY = ["dataset_type=corpus", "seq_length=32", "max_position_embeddings=32", "n
 STEPS = 12
 # The quantized runs end within this much of the unquantized loss. Measured (unquantized
 # 6.24 -> 5.25 at 12 steps, -> 1.62 at 100): fp8 hybrid delayed +3e-4 / -0.013, int8
-# +6e-4 / -0.003, fp8 tensorwise +4e-3 / -0.010. At 200 steps in bf16 compute (bf16 6.24 ->
-# 1.214): fp8 hybrid delayed -0.030, int8 -0.018.
+# +6e-4 / -0.003, fp8 tensorwise +4e-3 / -0.010. At 200 steps in bf16 compute, the mean of
+# steps 181-200 (bf16 1.0232): fp8 hybrid delayed -0.0005, int8 -0.0023.
 MARGIN = 0.05
 
 
@@ -92,10 +92,18 @@ BF16 = [k for k in TINY if not k.startswith("bf16=")] + ["bf16=true"]
 @pytest.mark.parametrize("knobs", [["fp8=hybrid", "fp8_recipe=delayed"],
                                    ["quantization=int8"]], ids=["fp8-hybrid-delayed", "int8"])
 def test_200_steps_close_to_bf16(tmp_path, knobs):
-    """200 steps in bf16 compute: the quantized run ends within MARGIN of plain bf16."""
+    """200 steps in bf16 compute: the quantized run's mean loss over the last 20 steps is
+    within MARGIN of plain bf16's. (One step's loss after 200 bf16 steps moves by up to 0.08
+    with the CPU's thread count, e.g. under pytest-xdist; the 20-step mean by < 0.005.)"""
     steps = 200
-    check_close(train(tmp_path / "q", *knobs, steps=steps, base=BF16),
-                train(tmp_path / "plain", steps=steps, base=BF16), steps)
+    quantized = train(tmp_path / "q", *knobs, steps=steps, base=BF16)
+    plain = train(tmp_path / "plain", steps=steps, base=BF16)
+    assert quantized[steps] < quantized[1] - 0.5 and quantized != plain
+
+    def tail(losses):
+        return float(np.mean([losses[s] for s in range(steps - 19, steps + 1)]))
+
+    assert abs(tail(quantized) - tail(plain)) < MARGIN
 
 
 @pytest.mark.slow

@@ -57,3 +57,32 @@ def test_gated_deltanet_hybrid():
     n = lin + attn + 2 * mlp + D * V
     rule = 6 * 4 * (3 * 16 * 8 + 2 * 16 * 6 + 3 * 8 * 6)
     assert per_token(cfg) == 6 * n + rule + 12 * 1 * 4 * 8 * T
+
+
+def test_gemma4_global_layers():
+    """A sliding layer (4 heads of 8, 2 kv heads) and a global one (heads of 16, one kv head
+    whose key projection also gives the values): the global layer's projections and its score
+    term count its own head width; the layer scalar is not a matmul."""
+    cfg = ModelConfig(**BASE, num_query_groups=2, sliding_window=4,
+                      sliding_window_layers=(True, False), global_kv_channels=16,
+                      global_num_query_groups=1, attention_k_eq_v=True, layer_scalar=True,
+                      untie_embeddings_and_output_weights=False)
+    local = D * 4 * 8 + 2 * D * 2 * 8 + 4 * 8 * D
+    wide = D * 4 * 16 + D * 1 * 16 + 4 * 16 * D        # q, k (= v), o
+    n = local + wide + 2 * 3 * D * 64 + D * V
+    assert per_token(cfg) == 6 * n + 6 * 4 * (2 * 8 + 2 * 16) * T
+
+
+def test_windowed_and_chunked_layers_count_their_keys():
+    """At T = 16, a layer with a window of 4 (or chunks of 4) counts 4 keys per query; the full
+    layer 16; a NoPE layer of a chunked model attends fully."""
+    from jaxtrain.metrics import flops_per_token
+
+    full = ModelConfig(**BASE)
+    dense, attn = flop_terms(full, abstract(full))
+    per_layer = attn / 2
+    windowed = full.replace(sliding_window=4, sliding_window_layers=(True, False))
+    assert flops_per_token(windowed, abstract(windowed), T) == dense + per_layer * (4 + T)
+    chunked = full.replace(attention_chunk_size=4, no_rope_layers=(False, True))
+    assert flops_per_token(chunked, abstract(chunked), T) == dense + per_layer * (4 + T)
+    assert flops_per_token(full, abstract(full), T) == dense + attn * T

@@ -4,8 +4,8 @@ quantization.
 
 Canonical keys are MaxText's own (configs/base.yml); defaults are its base.yml values. The rules
 that turn a block and its keys into the Megatron knobs are in config/dialects/maxtext_model.py.
-Keys that only MaxText's other decoder blocks read (gemma, llama4, qwen3-next/3.5, olmo3, DeepSeek
-V3.2/V4) are planned for issue 25; kernel tuning for those lives in maxtext_runtime.
+Keys that only MaxText's other decoder blocks read (gemma4_small, DeepSeek V3.2/V4) are planned
+for issue 25; kernel tuning for those lives in maxtext_runtime.
 """
 from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
@@ -14,16 +14,18 @@ _FAMILIES = 25
 
 # MaxText's decoder blocks (common_types.DecoderBlockType) and what jaxtrain does with each.
 BUILT_BLOCKS = ("llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
-                "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4")
+                "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
+                "gemma4")
 # Blocks of model families issue 25 builds ("default" runs attention and MLP in parallel).
-PLANNED_BLOCKS = ("default", "gemma4", "gemma4_small", "qwen3_custom_moe", "deepseek4",
+PLANNED_BLOCKS = ("default", "gemma4_small", "qwen3_custom_moe", "deepseek4",
                   "envy")
 REJECTED_BLOCKS = {
     b: "MaxText's test block of a single weight matrix per layer (or an MLP only) is not a "
        "language model architecture; use a real decoder block such as llama2"
     for b in ("simple", "simple_mlp")}
 DECODER_BLOCKS = BUILT_BLOCKS + PLANNED_BLOCKS + tuple(REJECTED_BLOCKS)
-MOE_BLOCKS = ("mixtral", "qwen3_moe", "deepseek", "gpt_oss", "qwen3_next", "qwen3_5", "llama4")
+MOE_BLOCKS = ("mixtral", "qwen3_moe", "deepseek", "gpt_oss", "qwen3_next", "qwen3_5", "llama4",
+              "gemma4")
 
 
 def _family(key, type_, default, meaning, family, **kw):
@@ -51,10 +53,12 @@ KNOBS = [
     _family("attention_output_dim", "int", -1, "Width of the attention block's output "
             "projection when positive (MaxText's qwen3_custom_moe block); -1 keeps emb_dim.",
             "qwen3_custom_moe block"),
-    _family("global_head_dim", "int", 0, "Query/key head width of the global-attention layers "
-            "of Gemma 4; 0 uses head_dim.", "gemma4 block"),
-    _family("global_num_kv_heads", "int", 0, "Key/value-head count of Gemma 4's global-attention "
-            "layers; 0 uses num_kv_heads.", "gemma4 block"),
+    K("global_head_dim", "int", 0, "Query/key head width of the global-attention layers of "
+      "Gemma 4; 0 uses head_dim.", _MT, HONORED, "decoder_block gemma4: global_kv_channels "
+      "(config/dialects/maxtext_model.py); other blocks refuse a value"),
+    K("global_num_kv_heads", "int", 0, "Key/value-head count of Gemma 4's global-attention "
+      "layers; 0 uses num_kv_heads.", _MT, HONORED, "decoder_block gemma4: "
+      "global_num_query_groups; other blocks refuse a value"),
     K("mlp_activations_limit", "float", -1.0, "Clip the MoE expert activations to at most this "
       "value (gpt-oss style clamp); -1 leaves them unclipped.", _MT, HONORED,
       "decoder_block gpt_oss: the clamp of GPT-OSS's GLU (jaxtrain's clamped expert GLU, "
@@ -81,8 +85,9 @@ KNOBS = [
             "gemma4_small block"),
     _family("use_double_wide_mlp", "bool", False, "Gemma 4 small: KV-sharing layers get an MLP "
             "twice as wide to make up for their missing K/V projections.", "gemma4_small block"),
-    _family("share_kv_projections", "bool", False, "Gemma 4 global attention: keys and values "
-            "come from one shared projection.", "gemma4 block"),
+    K("share_kv_projections", "bool", False, "Gemma 4 global attention: keys and values come "
+      "from one shared projection.", _MT, HONORED, "decoder_block gemma4: attention_k_eq_v on "
+      "the global layers; other blocks refuse true"),
     K("attention_bias", "bool", False, "Give the query/key/value projections a learned bias "
       "(MaxText reads it in its qwen2 block, q/k/v only, and gpt_oss block, also the output).",
       _MT, HONORED, "qwen2: add_qkv_bias; gpt_oss: add_bias_linear (with mlp_bias and "
@@ -100,8 +105,9 @@ KNOBS = [
     K("qk_norm_with_scale", "bool", True, "With query/key norms (use_qk_norm), give them a learned "
       "scale; false normalises without one.", _MT, HONORED,
       "true: qk_layernorm (RMSNorm with a scale); false: qk_l2_norm (the same norm without one)"),
-    _family("v_norm_with_scale", "bool", True, "With a value norm (Gemma 4), give it a learned "
-            "scale.", "gemma4 block"),
+    K("v_norm_with_scale", "bool", True, "With a value norm (Gemma 4), give it a learned "
+      "scale.", _MT, HONORED, "decoder_block gemma4: v_norm scaled (true) or plain (false); "
+      "other blocks have no value norm and refuse false"),
 
     # --- attention variants ---
     K("chunk_attn_window_size", "int", 0, "Chunked local attention (Llama 4): on the RoPE "
@@ -181,7 +187,7 @@ KNOBS = [
     K("shared_experts", "int", 0, "Number of always-on shared experts, each base_moe_mlp_dim "
       "wide.", _MT, HONORED, _DEEPSEEK + ": moe_shared_expert_intermediate_size (the "
       "qwen3_next and qwen3_5 blocks always have one gated shared expert and ignore it, as "
-      "MaxText does)"),
+      "MaxText does; gemma4: its one dense MLP of mlp_dim beside the experts, 1 only)"),
     K("first_num_dense_layers", "int", 0, "Leading layers with a dense MLP (base_mlp_dim) before "
       "the MoE layers.", _MT, HONORED, _DEEPSEEK + ": moe_layer_freq"),
     K("routed_scaling_factor", "float", 1.0, "Multiplier on the chosen experts' routing "
@@ -246,9 +252,11 @@ KNOBS = [
       "grouped matmul.", _MT, INERT, "a fusion of the same matmuls; " + _NO_VALUE_CHANGE),
     K("norm_topk_prob", "bool", False, "Renormalise the chosen experts' routing weights to sum "
       "to one (Qwen3 MoE).", _MT, MAPPED, "MaxText divides the top-k weights by their sum after "
-      "its softmax over the chosen experts' logits, so they already sum to one: in every block "
-      "jaxtrain builds, true and false give the same router (softmax over the chosen logits, "
-      "moe_router_pre_softmax false); the DeepSeek block does not read it"),
+      "its softmax over the chosen experts' logits, so they already sum to one: in the other "
+      "blocks jaxtrain builds true and false give the same router (softmax over the chosen "
+      "logits, moe_router_pre_softmax false); gemma4 takes a softmax over all experts, so false "
+      "keeps those probabilities (moe_router_pre_softmax true); the DeepSeek block does not "
+      "read it"),
     K("use_batch_split_schedule", "bool", False, "DeepSeek: split the batch into micro-batches "
       "so expert all-to-all overlaps compute of the other half.", _MT, INERT,
       "an overlap schedule of MaxText's DeepSeek block; XLA schedules the expert exchange "
@@ -272,14 +280,17 @@ KNOBS = [
       "of their RoPE and jaxtrain's learned table replaces RoPE"),
     K("local_rope_max_timescale", "int", -1, "RoPE base period of the local (sliding-window) "
       "layers when positive; otherwise rope_max_timescale serves both.", _MT, HONORED,
-      "decoder_block gemma3: local_rotary_base (config/dialects/maxtext_model.py); the other "
-      "built blocks do not read it and refuse a set value"),
-    _family("global_rope_max_timescale", "int", -1, "Gemma 4: RoPE base period of the global "
-            "layers when positive.", "gemma4 blocks"),
-    _family("global_rope_proportion", "float", 0.25, "Gemma 4: share of each global head's "
-            "channels that RoPE rotates.", "gemma4 blocks"),
-    _family("local_rope_proportion", "float", 1.0, "Gemma 4: share of each local head's channels "
-            "that RoPE rotates.", "gemma4 blocks"),
+      "decoder_block gemma3/gemma4: local_rotary_base (config/dialects/maxtext_model.py); the "
+      "other built blocks do not read it and refuse a set value"),
+    K("global_rope_max_timescale", "int", -1, "Gemma 4: RoPE base period of the global layers "
+      "when positive.", _MT, HONORED, "decoder_block gemma4: rotary_base (the global layers'; "
+      "the local ones take local_rope_max_timescale); other blocks refuse a value"),
+    K("global_rope_proportion", "float", 0.25, "Gemma 4: share of each global head's channels "
+      "that RoPE rotates.", _MT, HONORED, "decoder_block gemma4 with a gemma4* model_name: "
+      "global_rotary_percent (proportional RoPE); other blocks refuse a value"),
+    K("local_rope_proportion", "float", 1.0, "Gemma 4: share of each local head's channels "
+      "that RoPE rotates.", _MT, HONORED, "decoder_block gemma4: the local layers rotate "
+      "whole heads (1.0); a smaller share is refused, other blocks refuse a value"),
     K("partial_rotary_factor", "float", 1.0, "Share of each head's channels that RoPE rotates "
       "in MaxText's qwen3-next and multimodal-RoPE paths.", _MT, HONORED,
       "decoder_block qwen3_next / qwen3_5: rotary_percent (config/dialects/maxtext_model.py); "

@@ -109,9 +109,8 @@ KNOBS = [
     # MaxText's model size scaling and decoder block
     K("global_parameter_scale", "int", 1, "MaxText size multiplier (a power of two) that grows "
       "width, heads, MLP width and depth from their base_* values.", _MT, HONORED),
-    K("decoder_block", "str", None, "MaxText layer family (llama2, mistral, mixtral, qwen2, qwen3, "
-      "qwen3_moe, deepseek, gpt3, gpt_oss, gemma, gemma2, gemma3, olmo3 are built); null: the "
-      "Megatron knobs decide.",
+    K("decoder_block", "str", None, "MaxText layer family (the choices, less those not built "
+      "yet or refused); null: the Megatron knobs decide.",
       _MT, HONORED, choices=DECODER_BLOCKS, doc_defaults={_MT: "llama2"},
       planned_values={b: 25 for b in PLANNED_BLOCKS}, rejected_values=REJECTED_BLOCKS),
     *[K(name, "int", None, f"MaxText's effective {what}: {base} x the global_parameter_scale "
@@ -137,6 +136,23 @@ KNOBS = [
     K("local_rotary_base", "float", None, "RoPE base of the sliding-window layers, plain RoPE "
       "without scaling (Gemma 3's local layers); null: every layer uses rotary_base.",
       "jaxtrain", status=HONORED),
+    K("global_kv_channels", "int", None, "Head width of the global (full-attention) layers "
+      "when it differs from kv_channels (Gemma 4); null: kv_channels.", "jaxtrain",
+      status=HONORED),
+    K("global_num_query_groups", "int", None, "Key/value-head count of the global "
+      "(full-attention) layers (Gemma 4); null: num_query_groups.", "jaxtrain", status=HONORED),
+    K("attention_k_eq_v", "bool", False, "Gemma 4's global layers: the values are the key "
+      "projection's output (before the key norm and RoPE), so those layers have no value "
+      "projection.", "jaxtrain", status=HONORED),
+    K("global_rotary_percent", "float", None, "Gemma 4's proportional RoPE on the global layers: "
+      "this share of the channel pairs rotates, at the frequencies of the whole head width; "
+      "null: the global layers rotate like the others.", "jaxtrain", status=HONORED),
+    K("v_norm", "str", None, "RMS-normalise each value head: plain (no learned scale, Gemma 4) "
+      "or scaled; null: no value norm.", "jaxtrain", status=HONORED,
+      choices=(None, "plain", "scaled")),
+    K("layer_scalar", "bool", False, "Gemma 4: each layer's output times a per-layer constant "
+      "read from the checkpoint (1 when initialised; not trained).", "jaxtrain",
+      status=HONORED),
     K("qk_layernorm", "bool", False, "Normalise queries and keys per head before the dot product.",
       "megatron", status=HONORED),
     K("temperature_tuning_scale", "float", 0.1, "Strength of the temperature tuning (Llama 4's "
@@ -155,11 +171,11 @@ KNOBS = [
     K("add_qkv_bias", "bool", False, "Give the query/key/value projections a bias term.",
       "megatron", status=HONORED),
     K("use_post_attn_norm", "bool", False, "MaxText: normalise the attention output before the "
-      "residual add (gemma2/gemma3 sandwich norm).", _MT, HONORED, "decoder_block gemma2/gemma3: "
+      "residual add (gemma2/3/4 sandwich norm).", _MT, HONORED, "decoder_block gemma2/3/4: "
       "post_attention_norm (config/dialects/maxtext_model.py); the other blocks do not read it "
       "and refuse a set value"),
     K("use_post_ffw_norm", "bool", False, "MaxText: normalise the MLP output before the residual "
-      "add (gemma2/gemma3 sandwich norm).", _MT, HONORED, "decoder_block gemma2/gemma3: "
+      "add (gemma2/3/4 sandwich norm).", _MT, HONORED, "decoder_block gemma2/3/4: "
       "post_mlp_norm; the other blocks do not read it and refuse a set value"),
     K("float32_qk_product", "bool", None, "MaxText dot_product attention: take the query-key "
       "product in float32; null (non-MaxText files) keeps jaxtrain's float32 scores.", _MT,

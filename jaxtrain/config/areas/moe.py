@@ -103,6 +103,14 @@ KNOBS = [
     K("moe_expert_capacity_factor", "float", None, "Per-expert token capacity as a multiple of the "
       "even share; extra tokens are dropped. Null (or negative) means dropless.", _M,
       status=HONORED),
+    K("moe_branch_norms", "bool", False, "Gemma 4's MoE layer: the routed experts take their "
+      "own RMS norm of the residual stream, and the shared expert's and the experts' outputs "
+      "are each normed before they are summed.", "jaxtrain", HONORED),
+    K("moe_router_input_norm", "bool", False, "Gemma 4's router: it reads the residual stream "
+      "RMS-normalised without a scale, times a learned per-channel scale and "
+      "hidden_size^-0.5 (needs moe_branch_norms).", "jaxtrain", HONORED),
+    K("moe_per_expert_scale", "bool", False, "Gemma 4's router: a learned scale per expert "
+      "multiplies the routing weights of the tokens it takes.", "jaxtrain", HONORED),
     K("moe_capacity_per_sequence", "bool", False, "Count the capacity per sequence as MaxText "
       "does (int(max(ceil(T x k / E) x factor, factor)) tokens per expert and sequence) instead "
       "of over the rank's tokens.", "jaxtrain", HONORED),

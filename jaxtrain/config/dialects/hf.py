@@ -16,8 +16,9 @@ MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts), gemma, gemma2, 
 (embedding scale, sandwich norms, soft-capping, local/global layers), olmo2, olmo3 (output-only
 norms, q/k norms across heads, local/global layers), qwen3_next, qwen3_5_text, qwen3_5_moe_text
 (Gated DeltaNet hybrids), llama4_text (NoPE layers, chunked attention, sigmoid top-1 MoE with a
-shared expert) and the text models of the vision-language checkpoints qwen3_5, qwen3_5_moe,
-llama4 and gemma3.
+shared expert), gemma4_text (global layers of their own head shape, proportional RoPE, layer
+scalars, the parallel dense + expert MoE layer) and the text models of the vision-language
+checkpoints qwen3_5, qwen3_5_moe, llama4, gemma3 and gemma4.
 
 This module imports no JAX (the dry run must not start it): only json, math, os and pathlib.
 """
@@ -39,10 +40,11 @@ OLMO = ("olmo2", "olmo3")
 # Hybrids of gated attention and Gated DeltaNet layers (Qwen3.5's text-only model types).
 HYBRID = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 LLAMA4 = ("llama4_text",)
+GEMMA4 = ("gemma4_text",)
 # Vision-language checkpoints whose text model jaxtrain trains (as transformers'
 # AutoModelForCausalLM does: text_config, the language model's weights, no vision tower).
 TEXT_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text",
-           "llama4": "llama4_text", "gemma3": "gemma3_text"}
+           "llama4": "llama4_text", "gemma3": "gemma3_text", "gemma4": "gemma4_text"}
 # The text_config defaults of transformers' config classes where published checkpoints leave
 # fields out (Gemma 3's vision-language config.json files name only what differs).
 TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
@@ -51,10 +53,9 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "max_position_embeddings": 131072, "query_pre_attn_scalar": 256,
                             "hidden_activation": "gelu_pytorch_tanh"}}
 FAMILIES = (LLAMA_LIKE + ("gpt2", "deepseek_v3", "gpt_oss") + MOE + GEMMA + OLMO + HYBRID
-            + LLAMA4 + tuple(TEXT_OF))
+            + LLAMA4 + GEMMA4 + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
-PLANNED = ("gemma3n", "gemma3n_text", "gemma4",
-           "gemma4_text",
+PLANNED = ("gemma3n", "gemma3n_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
            "phi", "phi3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
@@ -574,6 +575,92 @@ def _gemma(hf: dict) -> dict:
     return {**out, "qk_layernorm": True, **_gemma_rope(hf)}
 
 
+def _gemma4(hf: dict) -> dict:
+    """Gemma 4 text (31B dense, 26B-A4B MoE): plain RMSNorms, embeddings times sqrt(hidden),
+    sandwich norms, q/k norms and an unscaled value norm, attention scale 1, layer scalars,
+    sliding-window layers (layer_types; five to one by default, the last one full) and global
+    layers with their own head width, key/value heads (when attention_k_eq_v) and
+    proportional RoPE; the MoE variant's parallel dense MLP and experts. The small models'
+    per-layer inputs and KV sharing are refused by name."""
+    for field, why in (("hidden_size_per_layer_input", "Gemma 4's per-layer input embeddings "
+                        "(the E2B/E4B models) are not built"),
+                       ("num_kv_shared_layers", "layers reusing earlier layers' keys and "
+                        "values (Gemma 4 E2B/E4B) are not built"),
+                       ("attention_bias", "Gemma 4 with attention biases is not built"),
+                       ("use_bidirectional_attention", "jaxtrain trains causal decoders")):
+        if hf.get(field):
+            raise bad(field, hf[field], why)
+    n = hf["num_hidden_layers"]
+    hf = {"hidden_activation": "gelu_pytorch_tanh", **hf,
+          "tie_word_embeddings": hf.get("tie_word_embeddings", True)}
+    types = list(hf.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else
+                                           "full_attention" for i in range(n)])
+    if set(types) - {"sliding_attention", "full_attention"} or len(types) != n:
+        raise bad("layer_types", types, f"needs {n} entries of sliding_attention and "
+                  "full_attention")
+    types[-1] = "full_attention"   # transformers makes the last layer a full one
+    sliding = tuple(t == "sliding_attention" for t in types)
+    k_eq_v = bool(hf.get("attention_k_eq_v", False))
+    width, groups = hf.get("global_head_dim", 512), hf.get("num_global_key_value_heads")
+    per_layer = hf.get("per_layer_config")
+    if per_layer:   # transformers >= 5.2x writes the global layers' overrides per layer
+        wanted = {i for i, s in enumerate(sliding) if not s}
+        shapes = {json.dumps(v, sort_keys=True) for v in per_layer.values()}
+        if {int(i) for i in per_layer} != wanted or len(shapes) != 1:
+            raise bad("per_layer_config", per_layer, "jaxtrain builds one head shape for every "
+                      "full_attention layer and the plain one for the sliding layers")
+        only = next(iter(per_layer.values()))
+        extra = set(only) - {"head_dim", "num_key_value_heads"}
+        if extra:
+            raise bad("per_layer_config", per_layer, f"per-layer fields {sorted(extra)} are "
+                      "not built (head_dim and num_key_value_heads are)")
+        width, groups = only.get("head_dim", hf.get("head_dim")), only.get("num_key_value_heads")
+    out = {**_rms_rope(hf, hf.get("max_position_embeddings", 131072), 1e-6), **_heads(hf),
+           **_gated(hf, "hidden_activation"), "embedding_multiplier": hf["hidden_size"] ** 0.5,
+           "query_pre_attn_scalar": 1, "qk_layernorm": True, "v_norm": "plain",
+           "layer_scalar": True, "post_attention_norm": True, "post_mlp_norm": True,
+           **windows(hf.get("sliding_window", 512), sliding), **_gemma4_rope(hf)}
+    if not all(sliding):
+        kv = out.get("num_query_groups", hf["num_attention_heads"])
+        out.update(global_kv_channels=int(width), attention_k_eq_v=k_eq_v)
+        if groups and k_eq_v and groups != kv:
+            out["global_num_query_groups"] = int(groups)
+    if hf.get("final_logit_softcapping"):
+        out["final_logit_softcapping"] = float(hf["final_logit_softcapping"])
+    if not hf.get("enable_moe_block"):
+        return out
+    return {**out, "num_experts": hf["num_experts"], "moe_router_topk": hf["top_k_experts"],
+            "moe_ffn_hidden_size": hf["moe_intermediate_size"], "moe_layer_freq": 1,
+            "moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
+            "moe_shared_expert_intermediate_size": hf["intermediate_size"],
+            "moe_branch_norms": True, "moe_router_input_norm": True,
+            "moe_per_expert_scale": True}
+
+
+def _gemma4_rope(hf: dict) -> dict:
+    """Gemma 4's RoPE: plain on the sliding layers (local_rotary_base), proportional on the
+    global ones (rotary_base and the share of pairs that turn, global_rotary_percent)."""
+    rp = hf.get("rope_parameters") or {}
+    full = dict(rp.get("full_attention") or {"rope_type": "proportional",
+                                              "partial_rotary_factor": 0.25,
+                                              "rope_theta": 1e6})
+    local = dict(rp.get("sliding_attention") or {"rope_type": "default", "rope_theta": 1e4})
+    if local.get("rope_type", "default") != "default":
+        raise bad("rope_parameters.sliding_attention", local, "Gemma 4's sliding layers take "
+                  "plain RoPE")
+    kind = full.get("rope_type", "default")
+    if kind not in ("default", "proportional") or full.get("factor", 1.0) != 1.0:
+        raise bad("rope_parameters.full_attention", full, "the global layers take default or "
+                  "proportional RoPE without a scaling factor")
+    out = {"rotary_base": _number(full.get("rope_theta", 1e6)),
+           "local_rotary_base": _number(local.get("rope_theta", 1e4))}
+    if kind == "proportional":
+        out["global_rotary_percent"] = float(full.get("partial_rotary_factor", 1.0))
+    elif full.get("partial_rotary_factor", 1.0) != 1.0:
+        raise bad("rope_parameters.full_attention", full, "default RoPE rotates the full head")
+    return out
+
+
 def _olmo(hf: dict) -> dict:
     """OLMo 2 and OLMo 3: no norm before the sublayers, RMSNorms on their outputs, one q and one
     k RMSNorm over all heads, a SwiGLU MLP; OLMo 3 adds sliding-window layers (three of four by
@@ -728,7 +815,7 @@ def text_config(hf: dict) -> dict:
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     **{f: _llama for f in LLAMA_LIKE + MOE}, "gpt2": _gpt2, "deepseek_v3": _deepseek_v3,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
-    **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4,
+    **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,
     **{f: (lambda hf: knobs(text_config(hf))) for f in TEXT_OF}}
 assert set(_TRANSLATIONS) == set(FAMILIES)
 

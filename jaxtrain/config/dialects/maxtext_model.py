@@ -61,6 +61,9 @@ _LLAMA = ("llama2", "mistral", "mixtral")
 _HYBRID = ("qwen3_next", "qwen3_5")
 _LLAMA4_KEYS = ("nope_layer_interval", "interleave_moe_layer_step", "temperature_tuning",
                 "chunk_attn_window_size")
+_GEMMA4_KEYS = ("global_head_dim", "global_num_kv_heads", "share_kv_projections",
+                "v_norm_with_scale", "global_rope_max_timescale", "global_rope_proportion",
+                "local_rope_proportion")
 _RMS = "a pre-norm RMSNorm + RoPE block"
 _ABOUT = {
     **{b: f"{_RMS} without biases" for b in _LLAMA},
@@ -80,6 +83,10 @@ _ABOUT = {
     "olmo3": "a block that normalises only the outputs of attention and MLP (RMSNorm), with q/k "
              "norms as use_qk_norm says (across all heads for model names olmo3*) and three "
              "local layers to one global",
+    "gemma4": f"{_RMS} without biases, with q/k norms and a value norm, attention scale 1, "
+              "five local layers to one global with the global_* head shape, keys as values "
+              "(share_kv_projections) and proportional RoPE, sandwich norms, layer scalars, "
+              "and MoE layers of a dense MLP beside the experts, each with its own norms",
     "llama4": f"{_RMS} without biases, NoPE layers every nope_layer_interval, chunked "
               "attention on the RoPE layers, MoE layers every interleave_moe_layer_step with a "
               "sigmoid top-1 router scaling the expert input and shared experts",
@@ -97,16 +104,17 @@ _READ_BY = {
     "use_qk_norm": _QWEN + ("llama4",),
     **{k: ("llama4",) for k in _LLAMA4_KEYS},
     "mlp_activations_limit": ("gpt_oss",),
-    "sliding_window_size": ("gpt_oss", "gemma2", "gemma3", "olmo3"),
-    "use_post_attn_norm": ("gemma2", "gemma3"),
-    "use_post_ffw_norm": ("gemma2", "gemma3"),
-    "local_rope_max_timescale": ("gemma3",),
+    "sliding_window_size": ("gpt_oss", "gemma2", "gemma3", "olmo3", "gemma4"),
+    "use_post_attn_norm": ("gemma2", "gemma3", "gemma4"),
+    "use_post_ffw_norm": ("gemma2", "gemma3", "gemma4"),
+    "local_rope_max_timescale": ("gemma3", "gemma4"),
+    **{k: ("gemma4",) for k in _GEMMA4_KEYS},
     "inhomogeneous_layer_cycle_interval": ("gpt_oss", "olmo3", "llama4") + _HYBRID,
     "partial_rotary_factor": _HYBRID,
     "gdn_chunk_size": _HYBRID,
     "use_qk_norm_in_gdn": _HYBRID,
     "first_num_dense_layers": ("deepseek",),
-    "shared_experts": ("deepseek", "llama4") + _HYBRID,
+    "shared_experts": ("deepseek", "llama4", "gemma4") + _HYBRID,
     "routed_scaling_factor": ("deepseek",),
     "n_routing_groups": ("deepseek",),
     "topk_routing_group": ("deepseek",),
@@ -213,10 +221,11 @@ def _expert_width(c) -> None:
         return
     fully_moe = (c.get("first_num_dense_layers", 0) == 0
                  and c.get("inhomogeneous_layer_cycle_interval", 1) == 1)
-    if c.dialect == "maxtext" and fully_moe and block != "qwen3_moe" and dense != width:
+    if c.dialect == "maxtext" and fully_moe and block not in ("qwen3_moe", "gemma4") and \
+            dense != width:   # Gemma 4 keeps its dense MLP beside the experts
         c.error(f"a model of MoE layers only needs base_mlp_dim = base_moe_mlp_dim (MaxText's "
                 f"rule): {c.where('ffn_hidden_size')}, {c.where('base_moe_mlp_dim')}")
-    if block in ("qwen3_moe", "deepseek", "llama4") + _HYBRID and width > 0:
+    if block in ("qwen3_moe", "deepseek", "llama4", "gemma4") + _HYBRID and width > 0:
         _imply(c, "moe_ffn_hidden_size", width, f"decoder_block {block} sizes its experts by "
                f"base_moe_mlp_dim = {width}")
 
@@ -268,6 +277,8 @@ def _decoder_block(c) -> None:
         _hybrid(c, block, because)
     if block == "llama4":
         _llama4(c, because)
+    if block == "gemma4":
+        _gemma4(c, because)
     _experts(c, block, because)
 
 
@@ -290,10 +301,10 @@ def _norms_and_biases(c, block) -> dict:
         return dict(normalization="RMSNorm", apply_layernorm_1p=True,
                     position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
                     qk_layernorm=True, qk_l2_norm=False)
-    if block in _GEMMA:   # gemma3's q/k norms are built in (MaxText ignores use_qk_norm there)
+    if block in _GEMMA + ("gemma4",):   # gemma3/4's q/k norms are built in (use_qk_norm unread)
         return dict(normalization="RMSNorm", apply_layernorm_1p=False,
                     position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
-                    qk_layernorm=block == "gemma3", qk_l2_norm=False)
+                    qk_layernorm=block != "gemma", qk_l2_norm=False)
     settings = dict(normalization="RMSNorm", apply_layernorm_1p=False,
                     position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
                     qk_layernorm=qk_norm and scaled, qk_l2_norm=qk_norm and not scaled)
@@ -397,6 +408,71 @@ def _gemma(c, block, because) -> None:
     elif scale == "width":
         _imply(c, "query_pre_attn_scalar",
                float(c.get("hidden_size") // c.get("num_attention_heads")), because)
+
+
+def _gemma4(c, because) -> None:
+    """MaxText's gemma4 block: layer i is global when 6 divides i + 1, the others slide over
+    sliding_window_size keys; the global layers take global_head_dim / global_num_kv_heads
+    (0: the local values), keys as values with share_kv_projections, RoPE of base
+    global_rope_max_timescale (else rope_max_timescale) on global_rope_proportion of their
+    channel pairs (proportional for gemma4* model names, as MaxText's Gemma4 RoPE); the local
+    layers plain RoPE of base local_rope_max_timescale. Values are RMS-normed (with a scale as
+    v_norm_with_scale says), the query scale is 1 and each layer's output is multiplied by its
+    layer scalar (jaxtrain keeps it fixed, as transformers does; MaxText trains it)."""
+    _imply(c, "post_attention_norm", bool(c.get("use_post_attn_norm")), because)
+    _imply(c, "post_mlp_norm", bool(c.get("use_post_ffw_norm")), because)
+    window = c.get("sliding_window_size") or 0
+    if window <= 0:
+        _refuse(c, "sliding_window_size", "MaxText's gemma4 block slides its five local layers "
+                "over this many keys; give a positive window")
+        return
+    c.set("window_size", [window - 1, 0])
+    c.set("window_attn_skip_freq", 6)
+    c.set("sliding_window_size", None)
+    if c.get("local_rope_proportion", 1.0) != 1.0:
+        _refuse(c, "local_rope_proportion", "jaxtrain's gemma4 local layers rotate whole heads "
+                "(1.0), as every Gemma 4 model does")
+        return
+    share = c.get("global_rope_proportion", 0.25)
+    name = str(c.get("model_name") or "")
+    if share < 1.0 and not name.startswith("gemma4"):
+        _refuse(c, "global_rope_proportion", f"MaxText's gemma4 block rotates {share} of the "
+                f"global channels the Gemma 4 way (proportional) only for gemma4* model names, "
+                f"and model_name is {name!r}; name the gemma4 model or use 1.0")
+        return
+    local = c.get("local_rope_max_timescale", -1)
+    global_ = c.get("global_rope_max_timescale", -1)
+    if global_ and global_ > 0:
+        c.set("rotary_base", float(global_))
+    if local and local > 0:
+        _imply(c, "local_rotary_base", float(local), because)
+    width, groups = c.get("global_head_dim", 0), c.get("global_num_kv_heads", 0)
+    _imply(c, "global_kv_channels", int(width) if width and width > 0 else None, because)
+    _imply(c, "global_num_query_groups", int(groups) if groups and groups > 0 else None,
+           because)
+    for key, wanted in (("attention_k_eq_v", bool(c.get("share_kv_projections", False))),
+                        ("global_rotary_percent", float(share) if share < 1.0 else None),
+                        ("v_norm", "scaled" if c.get("v_norm_with_scale", True) else "plain"),
+                        ("query_pre_attn_scalar", 1.0), ("layer_scalar", True)):
+        _imply(c, key, wanted, because)
+
+
+def _gemma4_router(c) -> dict | None:
+    """Gemma 4's MoE layer: the dense MLP (shared_experts × mlp_dim wide) beside the experts,
+    each with its own norms; the router reads an unscaled RMS norm of the residual stream times
+    a learned scale and emb_dim^-0.5, softmax over all experts, top-k (renormalised with
+    norm_topk_prob), times a learned scale per expert."""
+    if c.get("shared_experts", 0) != 1:
+        _refuse(c, "shared_experts", "MaxText's gemma4 MoE layer runs one dense MLP of mlp_dim "
+                "beside the experts; use 1")
+        return None
+    router = _softmax_router(c, "gemma4")
+    if router is None:
+        return None
+    return {**router, "moe_router_pre_softmax": not c.get("norm_topk_prob", False),
+            "moe_shared_expert_intermediate_size": c.get("ffn_hidden_size"),
+            "moe_branch_norms": True, "moe_router_input_norm": True,
+            "moe_per_expert_scale": True}
 
 
 def _olmo3(c, because) -> None:
@@ -523,7 +599,8 @@ def _experts(c, block, because) -> None:
                 "DeepSeek V4's clamped SwiGLU, which jaxtrain does not build)")
     k = c.get("moe_router_topk", 1)
     router = (_deepseek_router(c, k) if block == "deepseek" else
-              _llama4_router(c) if block == "llama4" else _softmax_router(c, block))
+              _llama4_router(c) if block == "llama4" else
+              _gemma4_router(c) if block == "gemma4" else _softmax_router(c, block))
     if router is None:
         return
     first = c.get("first_num_dense_layers", 0)

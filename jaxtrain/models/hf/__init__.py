@@ -19,7 +19,9 @@ Families, one adapter module each (see :class:`common.Adapter`):
 - qwen3_next.py: Qwen3-Next, Qwen3.5 and Qwen3.5-MoE text models (Gated DeltaNet layers
   between gated full-attention layers; MoE with a gated shared expert);
 - llama4.py: Llama 4 text (NoPE layers, chunked attention, L2 q/k norms, temperature tuning;
-  interleaved MoE layers of a sigmoid top-1 router scaling the expert input, a shared expert).
+  interleaved MoE layers of a sigmoid top-1 router scaling the expert input, a shared expert);
+- gemma4.py: Gemma 4 text (global layers with their own heads, keys as values, proportional
+  RoPE, value norms, layer scalars; the MoE layer's parallel dense MLP and experts).
 
 config.json -> ModelConfig goes through jaxtrain's knobs: ``config_from_hf`` is
 ``ModelConfig.from_config`` of the knob values jaxtrain/config/dialects/hf.py translates the
@@ -43,13 +45,14 @@ from safetensors.numpy import save_file
 from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf import (deepseek_v3, gemma, gpt2, gpt_oss, llama, llama4, moe, olmo,
-                                qwen3_next)
+from jaxtrain.models.hf import (deepseek_v3, gemma, gemma4, gpt2, gpt_oss, llama, llama4, moe,
+                                olmo, qwen3_next)
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
 from jaxtrain.models.params import abstract
 
 # In the order hf_family asks them which family reproduces a config most directly.
-ADAPTERS: tuple[Adapter, ...] = (qwen3_next.ADAPTER, llama4.ADAPTER, deepseek_v3.ADAPTER,
+ADAPTERS: tuple[Adapter, ...] = (qwen3_next.ADAPTER, llama4.ADAPTER, gemma4.ADAPTER,
+                                 deepseek_v3.ADAPTER,
                                  gpt_oss.ADAPTER, moe.ADAPTER,
                                  gpt2.ADAPTER, gemma.ADAPTER, olmo.ADAPTER, llama.ADAPTER)
 _BY_FAMILY = {family: a for a in ADAPTERS for family in a.families}

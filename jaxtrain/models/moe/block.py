@@ -41,25 +41,32 @@ def _routed_local(p, x_btD, xr_btD, rand_btE, prev, steps, cfg, train, comm: Com
         probs_Nk = jnp.ones_like(probs_Nk)
         if slots is not None:   # capacity buffers: routed slots weigh 1, filler slots 0
             slots = (slots[0], (slots[1] > 0).astype(slots[1].dtype))
+    if m.per_expert_scale:   # Gemma 4: each expert's learned scale on its routing weights
+        scale_E = p["router"]["expert_scale"].astype(jnp.float32)
+        probs_Nk = probs_Nk * scale_E[idx_Nk]
+        if slots is not None:
+            slots = (slots[0], slots[1] * scale_E[:, None].astype(slots[1].dtype))
     y_ND = experts_local(p["experts"], x_ND, probs_Nk, idx_Nk, keep_Nk, slots, cfg, comm)
     return y_ND.reshape(b, t, D), stats
 
 
 def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
-              prev_steps=None):
+              prev_steps=None, router_input=None):
     """The MoE FFN on x [B, T, D] -> (y [B, T, D], stats); ``p`` holds router, experts and
     optionally shared (the always-on expert). ``rng`` feeds input jitter and
-    random-logit forced balancing; ``prev_*`` carry global_aux_loss's running counts."""
+    random-logit forced balancing; ``prev_*`` carry global_aux_loss's running counts;
+    ``router_input`` [B, T, D]: what the router reads when it is not x (Gemma 4)."""
     m = cfg.moe
     x_BTD = constrain(x, "act_batch", "act_seq", "act_embed")
     B, T, D = x_BTD.shape
     key = rng if rng is not None else jax.random.key(0)
-    xr_BTD = x_BTD   # the router's input
+    xr_BTD = x_BTD if router_input is None else constrain(router_input, "act_batch", "act_seq",
+                                                           "act_embed")
     if train and m.input_jitter_eps and rng is not None:
         eps = m.input_jitter_eps
         noise_BTD = jax.random.uniform(jax.random.fold_in(key, 0), x_BTD.shape, jnp.float32,
                                        1.0 - eps, 1.0 + eps)
-        xr_BTD = (x_BTD * noise_BTD).astype(x_BTD.dtype)
+        xr_BTD = (xr_BTD * noise_BTD).astype(xr_BTD.dtype)
     rand_BTE = (jax.random.normal(jax.random.fold_in(key, 1), (B, T, m.num_experts),
                                   jnp.float32) if m.force_balancing == "uniform" else None)
     routed = {"router": p["router"], "experts": p["experts"]}

@@ -23,7 +23,8 @@ DISPATCHERS = ("allgather", "alltoall")
 DROP_POLICIES = ("probs", "position")
 FORCE_BALANCING = ("even", "uniform")
 EXPERT_ACTIVATIONS = ("swiglu_oai",)   # beyond the model's own activation (GPT-OSS's clamped GLU)
-NON_TRAINABLE = ("expert_bias",)       # parameter leaves the optimizer never updates
+# parameter leaves the optimizer never updates (Gemma 4's layer scalar is a checkpoint constant)
+NON_TRAINABLE = ("expert_bias", "layer_scalar")
 
 # Metric name of each balancing loss (reported without its coefficient, as Megatron logs it).
 LOSS_METRICS = {"aux_loss": "moe_aux_loss", "seq_aux_loss": "moe_seq_aux_loss",
@@ -47,6 +48,11 @@ class MoEConfig:
     ``apply_probs_on_input``: each token enters its expert already multiplied by its routing
     probability and the expert's output is added with weight 1 (Llama 4; top-1 only).
     ``router_bias``: a learned router bias (GPT-OSS); ``expert_bias``: Megatron's aux-free bias.
+    Gemma 4's layer: ``branch_norms`` gives the routed experts their own RMS norm of the
+    residual stream as input and norms the shared expert's and the experts' outputs before
+    they are summed; ``router_input_norm`` feeds the router the residual stream RMS-normalised
+    without a scale, times a learned [D] scale and D^-0.5; ``per_expert_scale``: a learned
+    scale per expert multiplies its routing weights.
     ``activation`` None: the model's; 'swiglu_oai' is GPT-OSS's clamped GLU (``glu_limit``).
     ``expert_tensor_parallel``: split expert FFNs over the tensor axis (ETP = TP) or not (1).
     ``group_score_topk``: how group-limited routing scores a group: None is Megatron's rule (the
@@ -61,6 +67,9 @@ class MoEConfig:
     shared_expert_size: int | None = None
     shared_expert_gate: bool = False
     apply_probs_on_input: bool = False
+    branch_norms: bool = False
+    router_input_norm: bool = False
+    per_expert_scale: bool = False
     score_function: str = "softmax"
     pre_softmax: bool = False
     router_dtype: str | None = None
@@ -125,6 +134,12 @@ class MoEConfig:
              "moe_shared_expert_gate gates the shared expert, and "
              "moe_shared_expert_intermediate_size gives none")
         need(1 <= k <= E, f"topk {k} must be in [1, num_experts={E}]")
+        need(not self.branch_norms or self.shared_expert_size,
+             "moe_branch_norms norms the shared expert's output beside the experts', and "
+             "moe_shared_expert_intermediate_size gives no shared expert")
+        need(not self.router_input_norm or self.branch_norms,
+             "moe_router_input_norm normalises the residual stream that moe_branch_norms "
+             "hands the MoE block; turn moe_branch_norms on")
         need(not self.apply_probs_on_input or k == 1,
              f"moe_apply_probs_on_input scales each token's one expert input; topk is {k} "
              "(Megatron allows it with top-1 routing only)")

@@ -1,0 +1,193 @@
+"""Gemma 4 (text, and the text model of the vision-language checkpoint) against transformers:
+logits (fp32, tiny random configs with wider-than-init weights and layer scalars), from_hf /
+to_hf round trips that load in transformers, greedy decode, and each Gemma 4 feature flipped."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers as tr
+from model_helpers import VOCAB, max_diff, tokens
+from test_hf import _randomize, TOL, _hf_logits, _load
+
+from jaxtrain.models import forward, from_hf, generate, to_hf
+from jaxtrain.models.hf import config_from_hf
+
+# Six layers, five sliding (window 4 of 16 tokens) to one global; the global layers twice as
+# wide with one key/value head that also gives the values, a quarter of their pairs rotated.
+_BASE = dict(hidden_size=32, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=8, global_head_dim=16, intermediate_size=40, vocab_size=VOCAB,
+             max_position_embeddings=64, sliding_window=4, hidden_size_per_layer_input=0,
+             final_logit_softcapping=30.0, attention_k_eq_v=True, num_global_key_value_heads=1,
+             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                              "full_attention": {"rope_type": "proportional", "rope_theta": 1e4,
+                                                 "partial_rotary_factor": 0.25}})
+CASES = {
+    "dense_31b_like": _BASE,
+    "moe_26b_like": {**_BASE, "num_hidden_layers": 4, "enable_moe_block": True,
+                     "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 12,
+                     "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "separate_values": {**_BASE, "attention_k_eq_v": False, "num_global_key_value_heads": None,
+                        "tie_word_embeddings": False},
+}
+
+
+def _model(case, path, seed=0):
+    """transformers' Gemma 4 of ``case`` with random weights and layer scalars, saved."""
+    cfg = tr.Gemma4TextConfig(**CASES[case], attn_implementation="eager")
+    model = _randomize(tr.Gemma4ForCausalLM(cfg).eval(), seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.layer_scalar.copy_(0.5 + torch.rand(1, generator=gen))
+    model.save_pretrained(path)
+    return model
+
+
+def _logits(params, cfg, toks):
+    return jax.jit(lambda p, x: forward(p, x, cfg))(params, toks)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_parity_and_round_trip(case, tmp_path):
+    model = _model(case, tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    assert cfg.layer_scalar and cfg.v_norm == "plain" and cfg.global_rotary_percent == 0.25
+    assert cfg.global_kv_channels == 16
+    toks = tokens()
+    ref = _hf_logits(model, toks)
+    assert max_diff(_logits(params, cfg, toks), ref) <= TOL
+    to_hf(params, cfg, tmp_path / "out")
+    assert max_diff(_hf_logits(_load(tmp_path / "out"), toks), ref) <= TOL
+    cfg2, params2 = from_hf(tmp_path / "out")
+    assert cfg2 == cfg
+    jax.tree.map(np.testing.assert_array_equal, params2, params)
+
+
+def _flipped(cfg, field, value):
+    if field.startswith("moe."):
+        return cfg.replace(moe=dataclasses.replace(cfg.moe, **{field[4:]: value}))
+    return cfg.replace(**{field: value})
+
+
+@pytest.mark.parametrize("case, field, value", [
+    ("dense_31b_like", "v_norm", None), ("dense_31b_like", "global_rotary_percent", 1.0),
+    ("dense_31b_like", "local_rotary_base", None), ("dense_31b_like", "layer_scalar", False),
+    ("moe_26b_like", "moe.per_expert_scale", False)])
+def test_each_gemma4_feature_changes_the_logits(case, field, value, tmp_path):
+    """Flip one Gemma 4 field of the loaded model: the logits move away from transformers'
+    (a parameter the flipped model no longer has is dropped)."""
+    model = _model(case, tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    flipped = _flipped(cfg, field, value)
+    if field == "layer_scalar":
+        params = {k: ({n: v for n, v in s.items() if n != "layer_scalar"}
+                      if k.endswith("layers") else s) for k, s in params.items()}
+    ref = _hf_logits(model, tokens())
+    assert max_diff(_logits(params, flipped, tokens()), ref) > 1e-3
+
+
+@pytest.mark.parametrize("field", ["branch_norms", "router_input_norm"])
+def test_moe_branch_and_router_norms_change_the_logits(field, tmp_path):
+    """Without its own branch norms or the router's input norm the MoE layer is another one."""
+    model = _model("moe_26b_like", tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    changes = {"router_input_norm": False}
+    if field == "branch_norms":
+        changes["branch_norms"] = False
+        params = {k: ({**s, "moe": {n: v for n, v in s["moe"].items()
+                                    if n not in ("experts_norm", "experts_post_norm",
+                                                 "shared_post_norm")}}
+                      if k.endswith("moe_layers") else s) for k, s in params.items()}
+    flipped = cfg.replace(moe=dataclasses.replace(cfg.moe, **changes))
+    assert max_diff(_logits(params, flipped, tokens()), _hf_logits(model, tokens())) > 1e-3
+
+
+def test_vision_language_checkpoint_reads_its_text_model(tmp_path):
+    """A Gemma4ForConditionalGeneration checkpoint: from_hf reads model.language_model.* (the
+    vision tower and its embedder left out) and gives the language model's logits; exporting
+    it as the vision-language family is refused."""
+    vlm = tr.Gemma4ForConditionalGeneration(tr.Gemma4Config(
+        text_config=CASES["dense_31b_like"], audio_config=None,
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=2, head_dim=8),
+        attn_implementation="eager")).eval()
+    _randomize(vlm, 3)
+    vlm.save_pretrained(tmp_path / "vlm")
+    cfg, params = from_hf(tmp_path / "vlm")
+    with torch.no_grad():
+        hidden = vlm.model.language_model(torch.tensor(np.asarray(tokens()))).last_hidden_state
+        ref = vlm.lm_head(hidden)
+        ref = (torch.tanh(ref / 30.0) * 30.0).numpy()
+    assert max_diff(_logits(params, cfg, tokens()), ref) <= TOL
+    with pytest.raises(ValueError, match="vision_tower"):
+        to_hf(params, cfg, tmp_path / "out", family="gemma4")
+
+
+@pytest.mark.parametrize("case", ["dense_31b_like",
+                                  pytest.param("moe_26b_like", marks=pytest.mark.slow)])
+def test_greedy_decode_matches_transformers(case, tmp_path):
+    model = _model(case, tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    prompt = tokens(2, 6)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor(np.asarray(prompt)), max_new_tokens=8,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    np.testing.assert_array_equal(np.asarray(generate(params, cfg, prompt, 8)),
+                                  ref[:, prompt.shape[1]:].numpy())
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("hidden_size_per_layer_input", 256, "per-layer input embeddings"),
+    ("num_kv_shared_layers", 2, "reusing earlier layers"),
+    ("use_bidirectional_attention", "all", "causal"),
+    ("rope_parameters", {"full_attention": {"rope_type": "proportional", "factor": 8.0},
+                         "sliding_attention": {"rope_type": "default"}}, "scaling factor")])
+def test_unbuilt_gemma4_features_are_refused_by_name(field, value, match):
+    hf = {**CASES["dense_31b_like"], "model_type": "gemma4_text", field: value}
+    with pytest.raises(ValueError, match=match):
+        config_from_hf(hf)
+
+
+def test_per_layer_config_of_newer_transformers():
+    """transformers 5.2x writes the global layers' shape as per_layer_config; both spellings
+    give one model."""
+    old = {**CASES["dense_31b_like"], "model_type": "gemma4_text"}
+    new = {k: v for k, v in old.items() if k not in ("global_head_dim",
+                                                     "num_global_key_value_heads")}
+    new["per_layer_config"] = {"5": {"head_dim": 16, "num_key_value_heads": 1}}
+    assert config_from_hf(new) == config_from_hf(old)
+    new["per_layer_config"] = {"4": {"head_dim": 16}, "5": {"head_dim": 16}}
+    with pytest.raises(ValueError, match="per_layer_config"):
+        config_from_hf(new)
+
+
+_KNOBS = {"global_kv_channels": None, "global_num_query_groups": None,
+          "attention_k_eq_v": False, "global_rotary_percent": None, "v_norm": None,
+          "layer_scalar": False, "moe_per_expert_scale": False,
+          "moe_router_input_norm": False, "moe_branch_norms": False}
+
+
+@pytest.mark.parametrize("knob", sorted(_KNOBS))
+def test_gemma4_knobs_shape_the_model(knob):
+    """Each knob the Gemma 4 translation sets, put back to its default, changes the model:
+    the parameters' shapes or presence (global heads, value projection, layer scalars, the MoE
+    layer's norms and scales) or its config field, whose effect on the logits the tests above
+    show."""
+    from jaxtrain.config.dialects import hf as translation
+    from jaxtrain.models import ModelConfig
+    from jaxtrain.models.hf import RUN_KNOBS
+    from jaxtrain.models.params import abstract
+
+    knobs = translation.knobs({**CASES["moe_26b_like"], "model_type": "gemma4_text"})
+    assert knobs[knob] != _KNOBS[knob]
+    flipped = {knob: _KNOBS[knob]}
+    if knob == "moe_branch_norms":
+        flipped["moe_router_input_norm"] = False
+    base = ModelConfig.from_config({**RUN_KNOBS, **knobs})
+    other = ModelConfig.from_config({**RUN_KNOBS, **knobs, **flipped})
+    assert other != base
+    shapes = [jax.tree.map(lambda a: a.shape, abstract(c)) for c in (base, other)]
+    if knob not in ("global_rotary_percent", "v_norm"):
+        assert shapes[0] != shapes[1]
