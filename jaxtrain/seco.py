@@ -34,12 +34,15 @@ whole sequence (from the prefill), where pgs reports only the selected chunks' s
 estimator is not unbiased as documented: a chunk's own-loss term enters with probability t/k
 and weight 1.
 
-**K/V offload** (``seco_kv_offload``): the prefill's K/V buffer is kept in host memory
-(``pinned_host`` memory kind) between and during the passes; each reverse step copies it to
-the device for that chunk's recompute. On the CPU backend host and device memory are the same
-RAM (the copy is a no-op in effect). The whole buffer travels per chunk: the chunk's attention
-reads all earlier keys at once, so device memory still peaks at one buffer copy per step (pgs's
-block-by-block streamed attention is not implemented).
+**K/V offload** (``seco_kv_offload``): the K/V buffer lives in host memory (the pinned host
+memory space) through both passes and never comes to the device whole. Each layer copies its
+own slice [1,T,K,H] to the device when it attends and drops it after (under differentiation
+the layers are rematerialized, so the copies are not kept as residuals); a chunk's own K/V goes
+straight to the host buffer. The device then holds one layer's keys and values at a time plus,
+as in pgs, the K/V gradient accumulator (fp32) that relays to earlier chunks. pgs streams each
+layer's keys in sequence blocks too (its attention runs block by block); jaxtrain's chunk
+attends over the layer's whole slice at once. On the CPU backend host and device memory are
+the same RAM.
 
 Supported: dense decoders (no MoE: router statistics are per-sequence), no FP8 delayed-scaling
 state, batch 1, no packing (``segment_ids`` are ignored: padding at the end needs no mask),
@@ -108,16 +111,19 @@ def _kv_shapes(cfg, length: int, dtype):
 
 
 def _chunk(params, kv, tokens, positions, targets, weights, start, rng, cfg, *, train,
-           with_loss, objective, half_precision):
+           with_loss, objective, half_precision, offload=False):
     """Chunk [1,C] at absolute offset ``start`` over the K/V buffer ``kv`` (earlier chunks'
     keys and values at their positions): (Σ weights · token loss of the chunk, or 0 without
-    ``with_loss``; the chunk's own K/V {k: [L,1,C,K,H], v: [L,1,C,K,Hv]})."""
+    ``with_loss``; the chunk's own K/V {k: [L,1,C,K,H], v: [L,1,C,K,Hv]}). ``offload``: ``kv``
+    is in host memory; each layer copies its own slice to the device when it attends (and
+    is recomputed under differentiation rather than keeping that copy)."""
     x, rope = embed_inputs(params, tokens, positions, cfg)
     emb_rng = jax.random.fold_in(rng, cfg.num_layers) if rng is not None else None
     x = L.dropout(constrain(x, *RESIDUAL), cfg.hidden_dropout, emb_rng, not train
                   ).astype(cfg.residual_dtype)
 
     def kv_cache(c, k, v):
+        c = _to_memory(c, "device" if offload else None)
         full_k = jax.lax.dynamic_update_slice_in_dim(c["k"], k.astype(c["k"].dtype), start, 1)
         full_v = jax.lax.dynamic_update_slice_in_dim(c["v"], v.astype(c["v"].dtype), start, 1)
         return full_k.astype(k.dtype), full_v.astype(v.dtype), {"k": k, "v": v}
@@ -125,7 +131,7 @@ def _chunk(params, kv, tokens, positions, targets, weights, start, rng, cfg, *, 
     ctx = {"segment_ids": None, "deterministic": not train, "rng": rng, "rope": rope,
            "moe_state": None, "kv_cache": kv_cache, "q_offset": start, "positions": positions,
            "kv_positions": jnp.arange(kv["k"].shape[2], dtype=jnp.int32)[None]}
-    x, own = cached_layers(params, x, kv, ctx, cfg, None)
+    x, own = cached_layers(params, x, kv, ctx, cfg, None, remat=offload)
     own = jax.tree.map(lambda a, b: a.astype(b.dtype), own, kv)
     if not with_loss:
         return jnp.float32(0.0), own
@@ -180,17 +186,19 @@ def seco_loss_and_grads(params, tokens, targets, loss_mask, cfg, chunk: int, *,
     selected_n = spaco_selected(pick_rng, n, spaco_budget)
     relay = jnp.float32(spaco_scale(n, spaco_budget))
     dtype = jnp.dtype(cfg.compute_dtype)
-    opts = dict(cfg=cfg, train=train, objective=objective, half_precision=half_precision)
+    opts = dict(cfg=cfg, train=train, objective=objective, half_precision=half_precision,
+                offload=kv_offload)
     host = "host" if kv_offload else None
 
-    # 1. prefill: every chunk's K/V, no activations kept (SpaCO: also the exact loss)
+    # 1. prefill: every chunk's K/V, no activations kept (SpaCO: also the exact loss); with
+    # the offload the chunk's own K/V goes to the host buffer, which never comes back whole
     def fill(kv, xs):
         c, s, tok, pos, tgt, w = xs
-        lc, own = _chunk(params, _to_memory(kv, "device" if host else None), tok, pos, tgt, w,
-                         s, chunk_rng(c), with_loss=spaco, **opts)
+        lc, own = _chunk(params, kv, tok, pos, tgt, w, s, chunk_rng(c), with_loss=spaco,
+                         **opts)
         kv = jax.tree.map(lambda b, o: jax.lax.dynamic_update_slice_in_dim(b, o, s, 2),
-                          _to_memory(kv, "device" if host else None), own)
-        return _to_memory(kv, host), lc
+                          kv, _to_memory(own, host))
+        return kv, lc
 
     kv0 = _to_memory(_kv_shapes(cfg, Tp, dtype), host)
     kv, prefill_losses = jax.lax.scan(
@@ -204,16 +212,16 @@ def seco_loss_and_grads(params, tokens, targets, loss_mask, cfg, chunk: int, *,
     def back(carry, xs):
         g_kv, grads, loss = carry
         c, s, tok, pos, tgt, w, sel = xs
-        kv_dev = _to_memory(kv, "device" if host else None)
 
         def run(g_kv, grads, loss):
             f = lambda p, b: _chunk(p, b, tok, pos, tgt, w, s, chunk_rng(c),  # noqa: E731
                                     with_loss=True, **opts)
-            (lc, own), vjp = jax.vjp(f, params, kv_dev)
+            (lc, own), vjp = jax.vjp(f, params, kv)
             ct_own = jax.tree.map(
                 lambda g, o: (jax.lax.dynamic_slice_in_dim(g, s, chunk, 2) * relay
                               ).astype(o.dtype), g_kv, own)
             g_p, g_b = vjp((ct_loss.astype(lc.dtype), ct_own))
+            g_b = _to_memory(g_b, "device" if host else None)   # the K/V gradient: on device
             grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g_p)
             g_kv = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_kv, g_b)
             return g_kv, grads, loss + lc

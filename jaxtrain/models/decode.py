@@ -166,11 +166,12 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
     return logits, {**layers_cache, "length": start + T}
 
 
-def cached_layers(params, x, cache, ctx, cfg, quant_state):
+def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = False):
     """Every layer over x with its cache slice: a scan over each periodic run of layer kinds
     (dense/MoE, softmax/linear attention) when ``cfg.scan_layers``, else a Python loop. The
     softmax layers take their slices of the keys and values, the linear layers of ``linear``.
-    Returns (x, cache)."""
+    ``remat``: each layer under ``jax.checkpoint`` saving nothing (differentiated callers keep
+    only the layers' inputs, not what a layer made of its cache slice). Returns (x, cache)."""
     attached = attach_quant_state(params, cfg, quant_state)
     stacks = {k: jax.tree.map(lambda a: jnp.moveaxis(a, cfg.param_scan_axis, 0), attached[k])
               for k in STACKS if k in attached}
@@ -208,10 +209,15 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state):
                 layer_cache = jax.tree.map(lambda a, c=cursor[g]: a[c], cb[g])
                 cursor[kind] += 1
                 cursor[g] += 1
-                h, _, c = decoder_layer(gather_weights(p, axes[kind]), h, ib[j],
-                                        {**ctx, "stack": kind}, cfg,
-                                        cache={"linear": layer_cache} if g == "linear"
-                                        else layer_cache)
+                def call(p, h, layer_cache, i, kind=kind, g=g):
+                    return decoder_layer(gather_weights(p, axes[kind]), h, i,
+                                         {**ctx, "stack": kind}, cfg,
+                                         cache={"linear": layer_cache} if g == "linear"
+                                         else layer_cache)
+
+                if remat:
+                    call = jax.checkpoint(call, policy=jax.checkpoint_policies.nothing_saveable)
+                h, _, c = call(p, h, layer_cache, ib[j])
                 out[g].append(c["linear"] if g == "linear" else c)
             return h, {g: jax.tree.map(lambda *a: jnp.stack(a), *cs_) for g, cs_ in out.items()}
 

@@ -67,6 +67,38 @@ def test_sliding_window_learned_positions_and_kv_offload_exact():
     assert max_err(got[1], ref[1]) < 1e-6
 
 
+def _transfers(jaxpr, depth=0, out=None):
+    """(scan depth, destination memory space, shape) of every device_put in ``jaxpr``."""
+    from jax.extend.core import jaxprs_in_params
+    out = [] if out is None else out
+    for e in jaxpr.eqns:
+        if e.primitive.name == "device_put":
+            out += [(depth, str(d), tuple(v.aval.shape))
+                    for d, v in zip(e.params["devices"], e.invars)]
+        for sub in jaxprs_in_params(e.params):
+            _transfers(sub, depth + (e.primitive.name == "scan"), out)
+    return out
+
+
+def test_kv_offload_streams_layer_slices_and_never_the_whole_buffer(setup):
+    """With seco_kv_offload the K/V buffer [L,1,T,K,H] is made in host memory and never copied
+    to the device whole: each layer copies its own slice [1,T,K,H] inside the layer scan, the
+    chunk's own K/V goes to the host; the only whole-buffer copies to the device are the K/V
+    gradient's (k and v; kept on the device as pgs does)."""
+    cfg, params, tok, tgt, w, *_ = setup
+    moves = _transfers(jax.make_jaxpr(lambda p: seco_loss_and_grads(
+        p, tok, tgt, w, cfg, 4, kv_offload=True))(params).jaxpr)
+    buffer, layer = (2, 1, T, 2, 8), (1, T, 2, 8)
+    to_device = [(d, shape) for d, where, shape in moves if "Device" in where]
+    assert [shape for _, shape in to_device].count(buffer) == 2
+    assert all(d >= 2 for d, shape in to_device if shape == layer) and (2, layer) in to_device
+    assert (0, "MemorySpace.Host", buffer) in moves                 # the buffer made on host
+    assert (1, "MemorySpace.Host", (2, 1, 4, 2, 8)) in moves        # each chunk's own K/V
+    plain = _transfers(jax.make_jaxpr(lambda p: seco_loss_and_grads(
+        p, tok, tgt, w, cfg, 4))(params).jaxpr)
+    assert plain == []
+
+
 def test_spaco_scale_and_selection():
     assert spaco_scale(8, 4) == 2.0 and spaco_scale(8, 6) == pytest.approx(8 / 6)
     assert spaco_scale(8, 2) == 2.0          # capped (pgs compensation_cap)
@@ -215,6 +247,30 @@ def test_good_config_resolves_to_the_train_config():
                       world_size=1)
     tcfg = TrainConfig.from_config(cfg)
     assert (tcfg.seco_chunk, tcfg.spaco_budget, tcfg.num_microbatches) == (8, 3, 2)
+    assert not tcfg.seco_kv_offload
+
+
+def test_kv_offload_knob_moves_the_step_buffer_to_host():
+    """memory.seco_kv_offload reaches the train step: its program keeps the K/V buffer in host
+    memory (transfers to and from the host), and without the knob it has none."""
+    from tests.train.test_step import batch, model_cfg as step_model, train_cfg
+    from jaxtrain.config import load_config
+    from jaxtrain.step import init_state, make_train_step
+    from jaxtrain.train_config import TrainConfig
+    on = TrainConfig.from_config(load_config(
+        None, [*SECO_ON, "memory.seco_kv_offload=true", "micro_batch_size=1",
+               "global_batch_size=1", "packing=false"], world_size=1))
+    assert on.seco_kv_offload
+    mcfg, optimizer = step_model(), optax.sgd(0.1)
+    moves = {}
+    for offload in (False, True):
+        tcfg = train_cfg(micro_batch_size=1, global_batch_size=1, num_microbatches=1,
+                         seco_chunk=5, seco_kv_offload=offload)
+        state = init_state(models.init(mcfg, jax.random.key(0)), optimizer, tcfg,
+                           jax.random.key(1))
+        step = make_train_step(mcfg, tcfg, optimizer, lambda n: jnp.float32(0.1))
+        moves[offload] = _transfers(jax.make_jaxpr(step)(state, batch(1, 1, seed=3)).jaxpr)
+    assert moves[False] == [] and any("Host" in where for _, where, _ in moves[True])
 
 
 def test_cli_exits_2_naming_both_keys(tmp_path):
