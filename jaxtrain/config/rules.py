@@ -742,8 +742,6 @@ _PIPELINE_NOT_YET = {
     "train.ga_ramp_start": (lambda v: v and v > 0, "a gradient-accumulation ramp (the "
                             "schedule is built for one microbatch count)"),
     "first_last_layers_bf16": (bool, "per-layer quantization switches"),
-    "enable_1f1b_v": (bool, "the V-shaped 1F1B schedule (zero_bubble_v_schedule runs the V "
-                      "schedule with a split backward)"),
     "pp_max_mem": (lambda v: v is not None, "a memory cap for zero-bubble-heuristic"),
 }
 

@@ -13,8 +13,9 @@ stages share rank 0.
 Generators: ``gpipe`` (all forwards, then all backwards), ``1f1b`` (Megatron's
 non-interleaved schedule), ``1f1b-interleaved`` (Megatron's virtual stages, microbatches in
 groups of ``group`` per chunk), ``zb-h1`` and ``zb-h2`` (Qi et al. 2023: split backward,
-1F1B's memory or about twice it, W filling the bubbles) and ``zbv`` (the zero-bubble V
-schedule, two chunks per rank). :func:`simulate` times a table from per-stage costs and
+1F1B's memory or about twice it, W filling the bubbles), ``zbv`` (the zero-bubble V
+schedule, two chunks per rank) and ``1f1b-v`` (Primus's 1F1B-V: the V placement with whole
+backwards). :func:`simulate` times a table from per-stage costs and
 reports each rank's idle share of the step (the bubble) and its peak activation memory.
 
 Legend: p ranks (pipeline stages per chunk), m microbatches, v chunks per rank.
@@ -128,11 +129,31 @@ def zbv(p: int, m: int, costs=(1.0, 1.0, 1.0), limit: int | None = None) -> Sche
     return _list_schedule("zbv", p, m, lambda r: n, costs, v_shape=True)
 
 
-def _list_schedule(name, p, m, limit, costs, v_shape) -> Schedule:
+def one_f_one_b_v(p: int, m: int, costs=(1.0, 1.0, 1.0)) -> Schedule:
+    """Primus's 1F1B-V: the V placement (stages r and 2p − 1 − r on rank r) with the backward
+    whole (input and weight gradients together, no W ops), by list scheduling with at most
+    2p − 1 chunk forwards in flight per rank (1F1B's activation memory). A free rank runs the
+    ready op that starts first in 1F1B over 2p stages of one device each (the order each
+    stage would keep with a device to itself)."""
+    f, b, w = costs
+    ideal = one_f_one_b(2 * p, m)
+    start = {(op.kind, op.microbatch, st): t for st, (order, times) in enumerate(
+        zip(ideal.orders, timeline(ideal, {"F": f, "B": b + w, "W": 0.0})))
+        for op, t in zip(order, times)}
+    return _list_schedule("1f1b-v", p, m, lambda r: 2 * p - 1, costs, v_shape=True,
+                          split=False, order_key=lambda kind, mb, stage: start[kind, mb, stage])
+
+
+def _list_schedule(name, p, m, limit, costs, v_shape, split=True, order_key=None) -> Schedule:
+    """List scheduling (see :func:`zero_bubble`); ``split`` False: whole backwards, no W;
+    ``order_key(kind, microbatch, stage)``: ready F/B ops run in its order instead of B first,
+    the later chunk first."""
     v = 2 if v_shape else 1
-    sched = Schedule(name, p, v, m, True, (), v_shape)
+    sched = Schedule(name, p, v, m, split, (), v_shape)
     n_stages = p * v
     cost = dict(zip(KINDS, costs))
+    if not split:   # B is the whole backward
+        cost["B"] += cost["W"]
     done: dict[tuple, float] = {}        # (kind, microbatch, stage) -> finish time
     free = [0.0] * p
     next_f = [[0] * v for _ in range(p)]   # next microbatch to forward per (rank, chunk)
@@ -141,7 +162,7 @@ def _list_schedule(name, p, m, limit, costs, v_shape) -> Schedule:
     orders = [[] for _ in range(p)]
     events = [(0.0, r) for r in range(p)]
     heapq.heapify(events)
-    remaining = 3 * m * n_stages
+    remaining = (3 if split else 2) * m * n_stages
 
     def ready_at(kind, mb, stage):
         """When an op's inputs exist (None: not yet known)."""
@@ -167,15 +188,18 @@ def _list_schedule(name, p, m, limit, costs, v_shape) -> Schedule:
         if len(pending_w[r]) >= 2 * p:   # held weight gradients bound the memory too
             mb, c = pending_w[r][0]
             candidates.append((-1, 0, mb, "W", c))
+        def rank(kind, mb, c, default):
+            return default if order_key is None else order_key(kind, mb, sched.stage(r, c))
+
         for mb, c in pending_b[r]:
             t = ready_at("B", mb, sched.stage(r, c))
             if t is not None and t <= now:
-                candidates.append((0, -c, mb, "B", c))
+                candidates.append((rank("B", mb, c, 0), -c, mb, "B", c))
         for c in range(v):   # the limit holds back new microbatches (first chunk) only
             mb = next_f[r][c]
             t = ready_at("F", mb, sched.stage(r, c)) if mb < m else None
             if t is not None and t <= now and (c > 0 or len(pending_b[r]) < limit(r)):
-                candidates.append((1, -c, mb, "F", c))
+                candidates.append((rank("F", mb, c, 1), -c, mb, "F", c))
         if not candidates and pending_w[r]:
             mb, c = pending_w[r][0]
             candidates.append((2, 0, mb, "W", c))
@@ -198,7 +222,8 @@ def _list_schedule(name, p, m, limit, costs, v_shape) -> Schedule:
             pending_b[r].append((mb, c))
         elif kind == "B":
             pending_b[r].remove((mb, c))
-            pending_w[r].append((mb, c))
+            if split:
+                pending_w[r].append((mb, c))
         else:
             pending_w[r].pop(0)
         free[r] = end
@@ -212,7 +237,7 @@ def _waiting(pending_b, next_f, m, v):
     yield from (("F", next_f[c], c) for c in range(v) if next_f[c] < m)
 
 
-SCHEDULES = ("gpipe", "1f1b", "1f1b-interleaved", "zb-h1", "zb-h2", "zbv")
+SCHEDULES = ("gpipe", "1f1b", "1f1b-interleaved", "zb-h1", "zb-h2", "zbv", "1f1b-v")
 
 
 def build(name: str, p: int, m: int, v: int = 1, costs=(1.0, 2.0, 0.0),
@@ -229,6 +254,8 @@ def build(name: str, p: int, m: int, v: int = 1, costs=(1.0, 2.0, 0.0),
         return zero_bubble(p, m, name, costs)
     if name == "zbv":
         return zbv(p, m, costs)
+    if name == "1f1b-v":
+        return one_f_one_b_v(p, m, costs)
     raise ValueError(f"unknown pipeline schedule {name!r}; one of {SCHEDULES}")
 
 

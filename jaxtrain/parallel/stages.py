@@ -21,7 +21,8 @@ The schedule: ``pipeline_schedule`` when set; else Primus's ``pp_algorithm`` und
 ``pp_cost_f/b/w``, zbv-formatted / v-half / v-min = the V schedule with 2p − 1 / p / ⌈2p/3⌉
 chunk forwards in flight); else ``patch_zero_bubble`` (ZB-H1, ZB-H2 when
 ``zero_bubble_max_pending_backward`` is 2p, the V schedule with ``zero_bubble_v_schedule``);
-else Megatron's 1F1B, interleaved with virtual stages.
+else ``enable_1f1b_v`` (Primus's 1F1B-V: the V placement with whole backwards); else
+Megatron's 1F1B, interleaved with virtual stages.
 """
 from __future__ import annotations
 
@@ -198,6 +199,13 @@ def _schedule(cfg, p: int) -> tuple[str, str | None]:
     if cfg.get("patch_primus_pipeline"):
         algo = cfg.get("pp_algorithm") or "1f1b-interleaved"
         return _PRIMUS[algo], {"v-half": "half", "v-min": "min"}.get(algo, "zb")
+    if cfg.get("enable_1f1b_v"):   # Primus's zero-bubble runtime, whole backwards
+        if cfg.get("zero_bubble_v_schedule") or (cfg.get("patch_zero_bubble")
+                                                 and cfg.get("enable_zero_bubble", True)):
+            raise ConfigError("enable_1f1b_v runs whole backwards and cannot be combined with "
+                              "the zero-bubble split (enable_zero_bubble / zero_bubble_v_"
+                              "schedule), as Primus asserts; set enable_zero_bubble false")
+        return "1f1b-v", None
     if cfg.get("patch_zero_bubble") and cfg.get("enable_zero_bubble", True):
         if cfg.get("zero_bubble_v_schedule"):
             return "zbv", cfg.get("zero_bubble_v_schedule_mem_setup") or "half"
@@ -244,7 +252,7 @@ def plan(cfg, num_layers: int, microbatches: int) -> PipelinePlan | None:
         return None
     name, v_mem = _schedule(cfg, p)
     v = _chunks(cfg, num_layers, p)
-    v_shape = name == "zbv"
+    v_shape = name in ("zbv", "1f1b-v")
     if name is None:
         name = "1f1b-interleaved" if v and v > 1 else "1f1b"
     if v_shape:

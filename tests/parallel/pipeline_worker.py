@@ -53,6 +53,7 @@ LAYOUTS = {
     "pp2_zb2": [PP2, "patch_zero_bubble=true", "zero_bubble_max_pending_backward=4"],
     "pp2_zbv": [PP2, "patch_primus_pipeline=true", "pp_algorithm=zbv-formatted"],
     "pp2_vhalf": [PP2, "patch_zero_bubble=true", "zero_bubble_v_schedule=true"],
+    "pp2_1f1b_v": [PP2, "enable_1f1b_v=true"],
     "pp2_tp2": [PP2, "tensor_model_parallel_size=2"],
     "pp2_tp2_sp": [PP2, "tensor_model_parallel_size=2", "sequence_parallel=true"],
     "pp2_vpp2_tp2": [PP2, "virtual_pipeline_model_parallel_size=2",
@@ -98,6 +99,8 @@ GRADS = {
     "zbh2_p2": ("zb-h2", 2, 1, True, 0.0, 0.0, 1),
     "zbv_p2": ("zbv", 2, 2, False, 0.0, 0.0, 1),
     "zbv_p4": ("zbv", 4, 2, True, 0.0, 0.0, 1),
+    "v1f1b_p2": ("1f1b-v", 2, 2, False, 0.0, 0.0, 1),
+    "v1f1b_p4": ("1f1b-v", 4, 2, True, 0.0, 0.0, 1),
     "1f1b_p2_dropout": ("1f1b", 2, 1, True, 0.1, 0.1, 1),
     "zbh1_p2_tp2_dropout": ("zb-h1", 2, 1, False, 0.1, 0.1, 2),
     # MoE layers alternating with dense ones: the load-balancing objective joins the loss

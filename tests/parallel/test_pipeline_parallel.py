@@ -109,6 +109,9 @@ def _plan(m=8, layers=8, **knobs):
       "virtual_pipeline_model_parallel_size": 2}, "1f1b-interleaved", 2),
     ({"pp_algorithm": "zbv-formatted"}, "1f1b", 1),     # only under patch_primus_pipeline
     ({"pipeline_schedule": "gpipe"}, "gpipe", 1),
+    ({"enable_1f1b_v": True}, "1f1b-v", 2),
+    ({"enable_1f1b_v": True, "patch_zero_bubble": True, "enable_zero_bubble": False},
+     "1f1b-v", 2),
 ])
 def test_schedule_chosen_by_the_dialects_switches(knobs, name, chunks):
     plan = _plan(**knobs)
@@ -135,6 +138,23 @@ def test_v_schedule_memory_setups_and_costs_change_the_table():
         assert planned.build(8).orders != against.build(8).orders, knobs
 
 
+def test_1f1b_v_runs_whole_backwards_on_the_v_placement():
+    """1F1B-V: every F and B once per stage and microbatch, no W; chunk 1 of rank r is stage
+    2p - 1 - r; activation memory 1F1B's (2p chunk halves at most on a rank) with a smaller
+    bubble than 1F1B on the same costs, e.g. p = 4, m = 48: 0.040 against 0.059."""
+    for p, m in ((2, 2), (2, 8), (4, 4), (4, 12), (4, 48)):
+        s = schedules.build("1f1b-v", p, m)
+        assert not s.split_backward and s.v_shape and s.stage(0, 1) == 2 * p - 1
+        for order in s.orders:
+            ops = collections.Counter((op.kind, op.microbatch, op.chunk) for op in order)
+            assert set(ops.values()) == {1} and len(ops) == 2 * 2 * m
+            assert {op.kind for op in order} == {"F", "B"}
+        timed = schedules.simulate(s, 1.0, 2.0, 0.0)
+        assert max(timed.peak_memory) <= 2 * p
+        assert timed.bubble_fraction < schedules.simulate(
+            schedules.build("1f1b", p, m), 1.0, 2.0, 0.0).bubble_fraction
+
+
 def test_microbatch_group_size_changes_the_interleaved_order():
     default = _plan(virtual_pipeline_model_parallel_size=2)
     grouped = _plan(virtual_pipeline_model_parallel_size=2, microbatch_group_size_per_vp_stage=4)
@@ -154,6 +174,8 @@ def test_microbatch_group_size_changes_the_interleaved_order():
     ({"num_layers_per_virtual_pipeline_stage": 3}, 8, "not a multiple"),
     ({"patch_primus_pipeline": True, "pp_algorithm": "zero-bubble-heuristic",
       "pp_cost_f": [1.0, 2.0]}, 8, "per-stage costs"),
+    ({"enable_1f1b_v": True, "patch_zero_bubble": True}, 8, "enable_zero_bubble"),
+    ({"enable_1f1b_v": True, "virtual_pipeline_model_parallel_size": 4}, 8, "two chunks"),
 ])
 def test_plans_that_cannot_run_are_config_errors(knobs, m, match):
     with pytest.raises(ConfigError, match=match):
@@ -196,7 +218,7 @@ def test_program_runs_every_op_once_and_holds_what_the_schedule_keeps(name, p, v
 # ---------------------------------------------------------------- 8 devices
 
 DEFAULT_GRADS = ["zbv_p2"]
-SLOW_GRADS = ["1f1b_p2", "gpipe_p4_untied", "interleaved_p2", "interleaved_p4", "zbh1_p4",
+SLOW_GRADS = ["1f1b_p2", "v1f1b_p2", "v1f1b_p4", "gpipe_p4_untied", "interleaved_p2", "interleaved_p4", "zbh1_p4",
               "zbh2_p2", "zbv_p4", "1f1b_p2_dropout", "zbh1_p2_tp2_dropout", "moe_1f1b_p2",
               "moe_zbh1_p4", "moe_interleaved_p2_tp2", "moe_gpipe_p4", "moe_zbh2_p2_tp2",
               "moe_zbv_p2"]
@@ -206,7 +228,7 @@ SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "p
               "pp4_uneven", "pp2_layout", "pp2_untied_gpipe", "one_untied", "tp2_dropout",
               "pp2_dropout", "moe", "moe_tp2", "moe_pp2", "moe_pp4_zb", "moe_pp2_tp2_vpp2",
               "moe_ep2", "moe_pp2_ep2", "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv", "gemma4",
-              "gemma4_pp2", "gemma4_pp2_vpp2_tp2"]
+              "gemma4_pp2", "gemma4_pp2_vpp2_tp2", "pp2_1f1b_v"]
 
 
 @pytest.fixture(scope="module")

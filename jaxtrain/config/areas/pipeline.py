@@ -25,7 +25,10 @@ KNOBS = [
       "per rank, no extra memory).", "megatron", status=HONORED),
     K("zero_bubble_v_schedule_mem_setup", "str", "half", "Memory target of the V schedule: half, "
       "min or zb (full zero bubble).", "megatron", choices=_V_MEM_SETUPS, status=HONORED),
-    K("enable_1f1b_v", "bool", False, "Use the V-shaped 1F1B schedule.", "megatron"),
+    K("enable_1f1b_v", "bool", False, "Use the V-shaped 1F1B schedule.", "megatron",
+      status=HONORED, reason="schedule 1f1b-v (jaxtrain.parallel.schedules): stages r and "
+      "2p - 1 - r on rank r, whole backwards, at most 2p - 1 chunk forwards in flight; with "
+      "enable_zero_bubble or zero_bubble_v_schedule it is refused, as Primus asserts"),
     K("debug_scheduler_table", "bool", False, "Print the pipeline schedule table of each rank.",
       "megatron", status=HONORED),
 
