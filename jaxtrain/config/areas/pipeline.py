@@ -1,5 +1,5 @@
 """Pipeline schedules: Primus's zero-bubble runtime and Primus pipeline (no issue builds them yet)."""
-from jaxtrain.config.knob import HONORED, INERT, MAPPED, K
+from jaxtrain.config.knob import HONORED, INERT, K
 from jaxtrain.parallel.schedules import SCHEDULES
 
 _V_MEM_SETUPS = ("half", "min", "zb")
