@@ -1,4 +1,4 @@
-"""Pipeline schedules: Primus's zero-bubble runtime and Primus pipeline (no issue builds them yet)."""
+"""Pipeline schedules: Primus's zero-bubble runtime and Primus pipeline (jaxtrain.parallel)."""
 from jaxtrain.config.knob import HONORED, INERT, K
 from jaxtrain.parallel.schedules import SCHEDULES
 
