@@ -166,9 +166,10 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
            if grad_shardings is not None else (lambda t: t))
     programs = {}   # pipeline parallelism: the lowered schedule per microbatch count
 
-    def pipelined(params, batch, weights_MBT, step_rng, scale, moe0):
-        """(gradients in accum_dtype, Σ loss, Σ MoE statistics) of the step's microbatches
-        run through the pipeline schedule (jaxtrain.parallel.pipeline)."""
+    def pipelined(params, qstate, batch, weights_MBT, step_rng, scale, moe0):
+        """(gradients in accum_dtype, Σ loss, Σ MoE statistics, the quantization state moved
+        on) of the step's microbatches run through the pipeline schedule
+        (jaxtrain.parallel.pipeline)."""
         M = weights_MBT.shape[0]
         if M not in programs:
             plan = tcfg.pipeline
@@ -179,14 +180,23 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             return pipeline.split_params(q, model_cfg, prog.schedule, prog.bounds)
 
         stacks, shared = split(params)
-        gst, gsh, loss, moe_sum = pipeline.accumulate(
+        on = model_quant_state.switches(model_cfg)
+
+        def staged(tree):
+            return None if tree is None else pipeline.stage_params(
+                tree, model_cfg, prog.schedule, prog.bounds)
+
+        gst, gsh, loss, moe_sum, qst = pipeline.accumulate(
             prog, layout, model_cfg, stacks=stacks, shared=shared, batch=batch,
             weights_MBT=weights_MBT, step_rng=step_rng, scale=scale,
             num_chunks=tcfg.loss_chunks, half_precision=tcfg.half_precision_loss,
-            accum_dtype=accum_dtype, embed_noise=tcfg.embed_noise, moe0=moe0)
+            accum_dtype=accum_dtype, embed_noise=tcfg.embed_noise, moe0=moe0,
+            qstate=staged(qstate), qon=staged(on))
         like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, accum_dtype), params)
         (grads,) = jax.linear_transpose(split, like)((gst, gsh))
-        return grads, loss, moe_sum
+        if qstate is not None:
+            qstate = pipeline.unstage(qst, qstate, model_cfg, prog.schedule, prog.bounds)
+        return grads, loss, moe_sum, qstate
 
     def micro_loss(params, qstate, micro, weights_BT, rng, moe_state, scale, num_micro,
                    base_params):
@@ -294,9 +304,9 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         axes = () if M == 1 else accumulate_mod.local_axes(
             layout, model_cfg, tcfg, moe0 is not None, state.quant_state is not None)
         if tcfg.pipeline is not None:
-            grads, loss, moe_sum = pipelined(state.params, batch, weights_MBT, step_rng, scale,
-                                             moe0)
-            carry = (pin(grads), loss, state.quant_state, moe_sum, extra0)
+            grads, loss, moe_sum, qstate = pipelined(state.params, state.quant_state, batch,
+                                                     weights_MBT, step_rng, scale, moe0)
+            carry = (pin(grads), loss, qstate, moe_sum, extra0)
         elif axes:   # one reduction per step (jaxtrain.parallel.accumulate)
             grads, loss = accumulate_mod.reduce_once(
                 lambda p, m, r: accumulate_all(p, m, r, lambda t: t)[:2], layout, axes,

@@ -741,7 +741,6 @@ _PIPELINE_NOT_YET = {
                           "count)"),
     "train.ga_ramp_start": (lambda v: v and v > 0, "a gradient-accumulation ramp (the "
                             "schedule is built for one microbatch count)"),
-    "first_last_layers_bf16": (bool, "per-layer quantization switches"),
     "pp_max_mem": (lambda v: v is not None, "a memory cap for zero-bubble-heuristic"),
 }
 
@@ -763,9 +762,6 @@ def pipeline_parallel(c: Context):
                 f"{c.get('pipeline_model_parallel_size')} with tensor_model_parallel_size "
                 f"{c.get('tensor_model_parallel_size')} and {c.where(fsdp[0])} (XLA's partitioner "
                 f"fails on the three together); drop one of them (ZeRO-1/2 work)")
-    if c.get("fp8") and (c.get("fp8_recipe") or "delayed") == "delayed":
-        c.error("not implemented yet: pipeline_model_parallel_size > 1 with fp8_recipe delayed "
-                "(its amax history is per step); use tensorwise, blockwise or mxfp8")
 
 
 RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions,

@@ -87,23 +87,47 @@ def _check_layout():
                           "default reshard_after_forward true")
 
 
+def switches(cfg) -> dict | None:
+    """Per layer stack: bool [L_stack, 1], whether each of its layers' projections are
+    quantized (first_last_layers_bf16), or None when every layer is."""
+    qc = getattr(cfg, "quant", None)
+    if qc is None or not (qc.bf16_start or qc.bf16_end):
+        return None
+    quantized = qc.layer_quantized(cfg.num_layers)
+    return {stack: jnp.asarray([quantized[i] for i in layers]).reshape(-1, 1)
+            for stack, layers in _stack_layers(cfg).items()}
+
+
+def attach_stacks(stacks: dict, cfg, state: dict | None, on: dict | None) -> dict:
+    """Layer stacks with the layer axis first (e.g. a pipeline stage's slices) with each
+    quantized weight wrapped as a :class:`QWeight` holding the matching slices of ``state``
+    and of the ``on`` switches (both layer axis first too; either may be None)."""
+    if state is None and on is None:
+        return stacks
+    _check_layout()
+    out = dict(stacks)
+    for path in quantized_paths(cfg):
+        if path[0] in stacks:
+            meta = None if state is None else _get(state, path)
+            out = _put(out, path, QWeight(_get(stacks, path), meta,
+                                          None if on is None else on.get(path[0])))
+    return out
+
+
 def attach(params: dict, cfg, state: dict | None = None) -> dict:
     """``params`` with each quantized weight wrapped as a :class:`QWeight` holding its slice
     of ``state`` (layer axis moved to ``cfg.param_scan_axis`` like the weights') and its
     layers' switches. Unchanged when nothing needs attaching."""
     qc = getattr(cfg, "quant", None)
-    switches = qc is not None and (qc.bf16_start or qc.bf16_end)
+    switched = qc is not None and (qc.bf16_start or qc.bf16_end)
     stateful = qc is not None and qc.stateful and state is not None
-    if not (switches or stateful):
+    if not (switched or stateful):
         return params
     _check_layout()
     ax = cfg.param_scan_axis
     on = {}
-    if switches:
-        quantized = qc.layer_quantized(cfg.num_layers)
-        on = {stack: jnp.moveaxis(jnp.asarray([quantized[i] for i in layers]).reshape(-1, 1),
-                                  0, ax)
-              for stack, layers in _stack_layers(cfg).items()}
+    if switched:
+        on = {stack: jnp.moveaxis(a, 0, ax) for stack, a in switches(cfg).items()}
     out = dict(params)
     for path in quantized_paths(cfg):
         meta = None

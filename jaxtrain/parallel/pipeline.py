@@ -37,6 +37,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxtrain.fused_ce import head_params, plain_loss
+from jaxtrain.models import quant_state
 from jaxtrain.models.params import STACKS
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.models.spec import MOE_STACKS, layer_kinds
@@ -184,19 +185,39 @@ def events(prog: Program) -> dict:
 def stage_params(stacks: dict, cfg, s: sched.Schedule, bounds):
     """Per-rank copies of the layer stacks: {stack: [p, v, n_max, ...]}, chunk c of rank r
     holding its stage's layers of that stack in order (padded with layer 0)."""
-    kinds = layer_kinds(cfg)
-    ordinal = {k: np.cumsum([x == k for x in kinds]) - 1 for k in stacks}
     out = {}
     for k, tree in stacks.items():
-        per = [[[int(ordinal[k][i]) for i in range(*bounds[s.stage(r, c)]) if kinds[i] == k]
-                for c in range(s.chunks)] for r in range(s.ranks)]
-        n = max(1, max(len(x) for row in per for x in row))
-        idx = np.array([[x + [0] * (n - len(x)) for x in row] for row in per], np.int32)
-        if np.array_equal(idx.reshape(-1), np.arange(int(ordinal[k][-1]) + 1)):
+        idx, _ = _stage_index(cfg, s, bounds, k)
+        if np.array_equal(idx.reshape(-1), np.arange(layer_kinds(cfg).count(k))):
             # the stack in order, evenly split: a reshape (each rank's slice stays in place)
             out[k] = jax.tree.map(lambda a: a.reshape(*idx.shape, *a.shape[1:]), tree)
         else:
             out[k] = jax.tree.map(lambda a: a[idx], tree)
+    return out
+
+
+def _stage_index(cfg, s: sched.Schedule, bounds, k: str) -> tuple[np.ndarray, np.ndarray]:
+    """(index [p, v, n_max] into stack k's layers, validity mask) of :func:`stage_params`."""
+    kinds = layer_kinds(cfg)
+    ordinal = np.cumsum([x == k for x in kinds]) - 1
+    per = [[[int(ordinal[i]) for i in range(*bounds[s.stage(r, c)]) if kinds[i] == k]
+            for c in range(s.chunks)] for r in range(s.ranks)]
+    n = max(1, max(len(x) for row in per for x in row))
+    idx = np.array([[x + [0] * (n - len(x)) for x in row] for row in per], np.int32)
+    valid = np.array([[[j < len(x) for j in range(n)] for x in row] for row in per])
+    return idx, valid
+
+
+def unstage(staged: dict, like: dict, cfg, s: sched.Schedule, bounds) -> dict:
+    """The inverse of :func:`stage_params` for values that are not summed (the quantization
+    state): each layer's entry from the one stage slot holding it (padding slots dropped)."""
+    out = {}
+    for k, tree in staged.items():
+        idx, valid = _stage_index(cfg, s, bounds, k)
+        rows = idx[valid]
+        out[k] = jax.tree.map(
+            lambda a, base: base.at[rows].set(a.reshape(-1, *a.shape[3:])[valid.reshape(-1)]),
+            tree, like[k])
     return out
 
 
@@ -215,9 +236,14 @@ def _layer_counts(cfg, bounds, st: int) -> dict:
 
 def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT, step_rng,
                scale, num_chunks: int, half_precision: bool, accum_dtype,
-               embed_noise: float = 0.0, moe0=None):
+               embed_noise: float = 0.0, moe0=None, qstate=None, qon=None):
     """(stage gradients {stack: [p, v, n_max, ...]}, shared gradients, Σ loss, Σ MoE
-    statistics) of the step's microbatches run by ``prog``. ``stacks``: :func:`stage_params`;
+    statistics, the stages' quantization state) of the step's microbatches run by ``prog``.
+    ``qstate`` / ``qon``: the delayed-scaling state and first_last_layers_bf16 switches
+    (:mod:`jaxtrain.models.quant_state`) split as :func:`stage_params`, or None; a stage's
+    weight-gradient op (W, or the whole backward) moves its layers' state on, so each stage
+    updates its own in the order its schedule runs the microbatches. ``stacks``:
+    :func:`stage_params`;
     ``shared``: the other parameters; ``batch`` leaves and ``weights_MBT`` [M, B, T]; the
     gradients are of the loss times ``scale`` (fp16 loss scaling), in ``accum_dtype``;
     ``embed_noise``: pgs sym_noise's alpha on the embeddings; ``moe0``: zeros shaped like the
@@ -240,52 +266,66 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                             segment_ids=micro.get("segment_ids"), deterministic=False,
                             rng=rng, with_embedding=sh is not None, embed_noise=embed_noise)
 
-    def layers_fn(st: int, shift, sp, x, micro, rng):
+    def layers_fn(st: int, shift, on, sp, q, x, micro, rng):
         """((stage output, its MoE objective / M), router statistics or None)."""
         _, ctx = context(micro, rng)
-        y, stats = _run_layers(sp, x, ctx, cfg, layers=bounds[st], shift=shift)
+        y, stats = _run_layers(quant_state.attach_stacks(sp, cfg, q, on), x, ctx, cfg,
+                               layers=bounds[st], shift=shift)
         aux = jnp.float32(0.0) if stats is None else jnp.sum(stats["objective"]) / M
         return (y, aux), stats
 
     def make_branch(kind: str, st: int):
         n = _layer_counts(cfg, bounds, st)
 
-        def branch(carry, row, x_in, micro, rng, sp_all, scale):
-            xbuf, gbuf, gst, moe = carry
+        def branch(carry, row, x_in, micro, rng, sp_all, on_all, scale):
+            xbuf, gbuf, gst, moe, qst = carry
             c, gs, shift = row[2], row[4], row[5]
-            sp = {k: jax.tree.map(lambda a: a[c, :n[k]], sp_all[k]) for k in n}
-            f = functools.partial(layers_fn, st, shift)
+
+            def mine(tree):   # this chunk's layers of a per-rank [v, n_max, ...] tree
+                return None if tree is None else {
+                    k: jax.tree.map(lambda a: a[c, :n[k]], tree[k]) for k in n if k in tree}
+
+            sp, q = mine(sp_all), mine(qst)
+            f = functools.partial(layers_fn, st, shift, mine(on_all))
             if kind == "F":
-                (y, _), stats = f(sp, x_in, micro, rng)
+                (y, _), stats = f(sp, q, x_in, micro, rng)
                 if stats is not None:
                     moe = jax.tree.map(lambda acc, s: jax.lax.dynamic_update_slice_in_dim(
                         acc, jax.lax.dynamic_slice_in_dim(acc, row[7], s.shape[0]) + s,
                         row[7], 0), moe, stats)
-                return (xbuf, gbuf, gst, moe), y.astype(x_in.dtype)
+                return (xbuf, gbuf, gst, moe, qst), y.astype(x_in.dtype)
             cot = (gbuf[gs], scale)
             if kind == "Bx":
-                _, vjp, _ = jax.vjp(lambda x: f(sp, x, micro, rng), x_in, has_aux=True)
+                _, vjp, _ = jax.vjp(lambda x: f(sp, q, x, micro, rng), x_in, has_aux=True)
                 return carry, vjp(cot)[0].astype(x_in.dtype)
+            # the quantization state's "gradient" is its next value (overwrite-with-gradient)
             if kind == "W":
-                _, vjp, _ = jax.vjp(lambda a: f(a, x_in, micro, rng), sp, has_aux=True)
-                (dsp,), dx = vjp(cot), jnp.zeros_like(x_in)
+                _, vjp, _ = jax.vjp(lambda a, s: f(a, s, x_in, micro, rng), sp, q,
+                                    has_aux=True)
+                (dsp, dq), dx = vjp(cot), jnp.zeros_like(x_in)
             else:
-                _, vjp, _ = jax.vjp(lambda a, x: f(a, x, micro, rng), sp, x_in, has_aux=True)
-                dsp, dx = vjp(cot)
+                _, vjp, _ = jax.vjp(lambda a, s, x: f(a, s, x, micro, rng), sp, q, x_in,
+                                    has_aux=True)
+                dsp, dq, dx = vjp(cot)
             gst = {k: jax.tree.map(lambda acc, g: acc.at[c, :n[k]].add(g.astype(acc.dtype)),
                                    gst[k], dsp[k]) if k in dsp else gst[k] for k in gst}
-            return (xbuf, gbuf, gst, moe), dx.astype(x_in.dtype)
+            if qst is not None:
+                qst = {k: jax.tree.map(lambda acc, new: acc.at[c, :n[k]].set(new), qst[k],
+                                       dq[k]) if k in dq else qst[k] for k in qst}
+            return (xbuf, gbuf, gst, moe, qst), dx.astype(x_in.dtype)
 
         return branch
 
-    def idle(carry, row, x_in, micro, rng, sp_all, scale):
+    def idle(carry, row, x_in, micro, rng, sp_all, on_all, scale):
         return carry, jnp.zeros_like(x_in)
 
     fns = [idle] + [make_branch(k, st) for k, st in prog.branches[1:]]
 
-    def run(sp_all, sh_all, moe, batch, weights_MBT, step_rng, scale, rows, recv, flags):
+    def run(sp_all, sh_all, moe, qst, on_all, batch, weights_MBT, step_rng, scale, rows, recv,
+            flags):
         rank = jax.lax.axis_index(AXIS)
-        sp_all = jax.tree.map(lambda a: a[0], sp_all)    # this rank's [v, n_max, ...]
+        # this rank's [v, n_max, ...]
+        sp_all, qst, on_all = jax.tree.map(lambda a: a[0], (sp_all, qst, on_all))
         B = batch["tokens"].shape[1]
         dt = jnp.dtype(cfg.residual_dtype)
         xbuf = jnp.zeros((prog.x_slots + 1, B, T, cfg.hidden_size), dt)
@@ -307,7 +347,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                 lambda g: (g * scale).astype(accum_dtype), dh)
 
         def tick(carry, xs):
-            xbuf, gbuf, gst, gsh, loss, moe = carry
+            xbuf, gbuf, gst, gsh, loss, moe, qst = carry
             rows_t, recv_t, flags_t = xs
             row, rcv = rows_t[rank], recv_t[rank]
             mb = row[1]
@@ -315,8 +355,9 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             rng = jax.random.fold_in(step_rng, mb)
             x_emb, embed_vjp = jax.vjp(lambda e: context(micro, rng, e)[0].astype(dt), emb)
             x_in = jnp.where(row[6] == 1, x_emb, xbuf[row[3]])
-            (xbuf, gbuf, gst, moe), out = jax.lax.switch(
-                row[0], fns, (xbuf, gbuf, gst, moe), row, x_in, micro, rng, sp_all, scale)
+            (xbuf, gbuf, gst, moe, qst), out = jax.lax.switch(
+                row[0], fns, (xbuf, gbuf, gst, moe, qst), row, x_in, micro, rng, sp_all,
+                on_all, scale)
             # the output layer and loss after the last stage's forward (its gradient kept in
             # the stage's gradient slot), the embedding's backward after the first stage's
             zero_head = (jnp.float32(0.0), jnp.zeros_like(out),
@@ -342,19 +383,22 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                     out, AXIS, [(i, (i + shift) % p) for i in range(p)])
                 xbuf = xbuf.at[rcv[ch, 0]].set(got)
                 gbuf = gbuf.at[rcv[ch, 1]].set(got)
-            return (xbuf, gbuf, gst, gsh, loss, moe), None
+            return (xbuf, gbuf, gst, gsh, loss, moe, qst), None
 
-        carry = (xbuf, gbuf, gst, gsh, jnp.float32(0.0), moe)
-        (_, _, gst, gsh, loss, moe), _ = jax.lax.scan(tick, carry, (rows, recv, flags))
+        carry = (xbuf, gbuf, gst, gsh, jnp.float32(0.0), moe, qst)
+        (_, _, gst, gsh, loss, moe, qst), _ = jax.lax.scan(tick, carry, (rows, recv, flags))
         gsh, loss, moe = jax.lax.psum((gsh, loss, moe), AXIS)
-        return jax.tree.map(lambda a: a[None], gst), gsh, loss, moe
+        return jax.tree.map(lambda a: a[None], (gst, qst)) + (gsh, loss, moe)
 
     spec = P(AXIS)
-    return jax.shard_map(
+    staged = lambda tree: jax.tree.map(lambda _: spec, tree)  # noqa: E731
+    gst, qst, gsh, loss, moe = jax.shard_map(
         run, mesh=layout.mesh,
-        in_specs=(jax.tree.map(lambda _: spec, stacks), P(), P(), P(), P(), P(), P(), P(),
-                  P(), P()),
-        out_specs=(jax.tree.map(lambda _: spec, stacks), P(), P(), P()),
+        in_specs=(staged(stacks), P(), P(), staged(qstate), staged(qon), P(), P(), P(), P(),
+                  P(), P(), P()),
+        out_specs=(staged(stacks), staged(qstate), P(), P(), P()),
         axis_names={AXIS}, check_vma=False)(
-            stacks, shared, moe0, batch, weights_MBT, step_rng, jnp.asarray(scale, jnp.float32),
-            jnp.asarray(prog.rows), jnp.asarray(prog.recv), jnp.asarray(prog.flags))
+            stacks, shared, moe0, qstate, qon, batch, weights_MBT, step_rng,
+            jnp.asarray(scale, jnp.float32), jnp.asarray(prog.rows), jnp.asarray(prog.recv),
+            jnp.asarray(prog.flags))
+    return gst, gsh, loss, moe, qst

@@ -40,6 +40,11 @@ GEMMA4 = ["window_size=[3,0]", "window_attn_skip_freq=2", "global_kv_channels=16
           "global_num_query_groups=1", "attention_k_eq_v=true", "global_rotary_percent=0.5",
           "v_norm=plain", "layer_scalar=true", "qk_layernorm=true",
           "position_embedding_type=rope"]
+# FP8 with delayed scaling (emulated on CPU): a per-layer amax history each stage moves on
+FP8 = ["fp8=hybrid", "fp8_recipe=delayed", "fp8_amax_history_len=4"]
+# tensorwise FP8 with the first and last layers kept in bf16 (per-layer switches)
+FP8_KEEP = ["fp8=hybrid", "fp8_recipe=tensorwise", "first_last_layers_bf16=true",
+            "num_layers_at_start_in_bf16=1", "num_layers_at_end_in_bf16=1"]
 
 LAYOUTS = {
     "one": [],
@@ -83,6 +88,14 @@ LAYOUTS = {
     "gemma4_pp2": [*GEMMA4, PP2],
     "gemma4_pp2_vpp2_tp2": [*GEMMA4, PP2, "virtual_pipeline_model_parallel_size=2",
                             "tensor_model_parallel_size=2"],
+    "fp8": FP8,
+    "fp8_pp2": [*FP8, PP2, "micro_batch_size=2"],          # two microbatches, as at PP 1
+    "fp8_keep": FP8_KEEP,
+    "fp8_keep_pp2": [*FP8_KEEP, PP2, "micro_batch_size=2"],
+    "fp8_keep_pp4_zb": [*FP8_KEEP, PP4, "patch_zero_bubble=true", "micro_batch_size=4"],
+    # every layer kept out of FP8: the pipelined run of the plain model
+    "fp8_keep_all_pp2": [*FP8_KEEP[:3], "num_layers_at_start_in_bf16=2",
+                         "num_layers_at_end_in_bf16=2", PP2],
     "tp2_dropout": ["tensor_model_parallel_size=2", "hidden_dropout=0.1",
                     "attention_dropout=0.1"],
     "pp2_dropout": [PP2, "hidden_dropout=0.1", "attention_dropout=0.1"],
@@ -178,7 +191,7 @@ def grads(name: str) -> dict:
 
         sp, shared = split(params)
         with layout.activations():
-            gst, gsh, loss, _ = pipeline.accumulate(
+            gst, gsh, loss, _, _ = pipeline.accumulate(
                 prog, layout, cfg, stacks=sp, shared=shared, batch=batch, weights_MBT=w,
                 step_rng=rng, scale=1.0, num_chunks=1, half_precision=False,
                 accum_dtype=jnp.float32, moe0=moe.zero_stats(cfg))
@@ -210,14 +223,25 @@ def _rows(workdir: pathlib.Path) -> list[dict]:
 def train(workdir: pathlib.Path, name: str) -> dict:
     """Losses and gradient norms, and the sharding of the stacked query weights (layer axis
     split over the pipeline ranks when there are several)."""
-    cfg = load_config(None, [*TINY, f"workspace={workdir / name}", *LAYOUTS[name]],
+    delayed = "fp8_recipe=delayed" in LAYOUTS[name]
+    ckpt = workdir / name / "ckpt"
+    saving = [f"save={ckpt}", "save_interval=3"] if delayed else []
+    cfg = load_config(None, [*TINY, f"workspace={workdir / name}", *LAYOUTS[name], *saving],
                       world_size=8)
     run = loop.build(cfg, jax.devices(), materialize=False)
     spec = run.shardings.params["layers"]["attn"]["wq"].spec
     loop.train(cfg, devices=jax.devices())
-    rows = _rows(workdir / name)
+    rows = (_rows(workdir / name) if not delayed else   # saving: the run directory is ckpt
+            [json.loads(r) for r in (ckpt / "metrics.jsonl").read_text().splitlines()])
     dump = workdir / name / "run" / "pp_schedule.json"
+    history = None
+    if delayed:   # the FP8 amax histories the run saved: per layer, the entries filled
+        import orbax.checkpoint as ocp
+        state = ocp.PyTreeCheckpointer().restore(ckpt / "step_3" / "fp8")
+        amax = np.asarray(state["layers"]["attn"]["wq"]["x"]["amax_history"])
+        history = (amax > 0).sum(axis=1).tolist()
     return {"pp_schedule": json.loads(dump.read_text()) if dump.exists() else None,
+            "fp8_history": history,
             "losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],
             "moe_aux_loss": [r.get("moe_aux_loss") for r in rows],
             "wq_spec": [list(a) if isinstance(a, tuple) else a for a in spec],

@@ -228,7 +228,8 @@ SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "p
               "pp4_uneven", "pp2_layout", "pp2_untied_gpipe", "one_untied", "tp2_dropout",
               "pp2_dropout", "moe", "moe_tp2", "moe_pp2", "moe_pp4_zb", "moe_pp2_tp2_vpp2",
               "moe_ep2", "moe_pp2_ep2", "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv", "gemma4",
-              "gemma4_pp2", "gemma4_pp2_vpp2_tp2", "pp2_1f1b_v"]
+              "gemma4_pp2", "gemma4_pp2_vpp2_tp2", "pp2_1f1b_v", "fp8", "fp8_pp2",
+              "fp8_keep", "fp8_keep_pp2", "fp8_keep_pp4_zb", "fp8_keep_all_pp2"]
 
 
 @pytest.fixture(scope="module")
@@ -275,6 +276,17 @@ def test_every_schedule_and_layout_gives_the_same_losses(tmp_path):
         got = runs.pop(name)
         assert got["losses"] == pytest.approx(moe["losses"], rel=2e-6), name
         assert got["moe_aux_loss"] == pytest.approx(moe["moe_aux_loss"], rel=2e-6), name
+    # FP8: each stage moves its layers' delayed-scaling state on (every amax history filled,
+    # as at PP 1); first_last_layers_bf16's switches reach the stages (all layers kept: the
+    # plain model). FP8 rounding turns reduction-order noise into ~1e-5 differences.
+    fp8 = runs.pop("fp8")
+    for name in ("fp8_pp2",):
+        got = runs.pop(name)
+        assert got["losses"] == pytest.approx(fp8["losses"], rel=1e-4), name
+        assert got["fp8_history"] == fp8["fp8_history"] == [4, 4, 4, 4]
+    keep = runs.pop("fp8_keep")["losses"]
+    for name in ("fp8_keep_pp2", "fp8_keep_pp4_zb"):
+        assert runs.pop(name)["losses"] == pytest.approx(keep, rel=1e-4), name
     gemma4 = runs.pop("gemma4")["losses"]   # global layers in a stack of their own
     for name in ("gemma4_pp2", "gemma4_pp2_vpp2_tp2"):
         assert runs.pop(name)["losses"] == pytest.approx(gemma4, rel=2e-6), name
