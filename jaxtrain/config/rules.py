@@ -76,6 +76,28 @@ def _yield_default(c: Context, chosen: str, other: str, cleared, message: str):
 
 
 
+# Megatron's --enable-gpt-oss (its ModelOpt model builder): YaRN RoPE with gpt-oss's values,
+# written over whatever the command line set.
+_GPT_OSS_YARN = {"position_embedding_type": "rope", "rope_type": "yarn",
+                 "rotary_scaling_factor": 32.0, "original_max_position_embeddings": 131072,
+                 "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "mscale": 1.0,
+                 "mscale_all_dim": 0.0, "yarn_correction_range_round_to_int": False}
+
+
+def enable_gpt_oss(c: Context):
+    """enable_gpt_oss: the YaRN values of :data:`_GPT_OSS_YARN`, as Megatron sets them on the
+    model config after the other arguments (an explicit different value is overridden, with a
+    warning)."""
+    if not c.get("enable_gpt_oss"):
+        return
+    replaced = [c.where(k) for k, v in _GPT_OSS_YARN.items()
+                if c.explicit(k) and c.values.get(k) != v]
+    for key, value in _GPT_OSS_YARN.items():
+        c.set(key, value)
+    if replaced:
+        c.warnings.append("enable_gpt_oss sets gpt-oss's YaRN RoPE over " + ", ".join(replaced))
+
+
 def precision(c: Context):
     if c.get("fp16") and c.get("bf16"):
         _yield_default(c, "fp16", "bf16", False, "fp16 and bf16 are exclusive")
@@ -764,7 +786,7 @@ def pipeline_parallel(c: Context):
                 f"fails on the three together); drop one of them (ZeRO-1/2 work)")
 
 
-RULES = (megatron_lm_required, *MAXTEXT_RULES, conventions, softmax_type, positions,
+RULES = (megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULES, conventions, softmax_type, positions,
          checkpoint_format, precision, tensor_parallel, pgs_context_parallel,
          context_and_experts, model_shape, learning_rate, iterations, batch, moe_router,
          upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel, gated_delta_net,

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.conftest import ROOT
-from jaxtrain.config import registry
+from jaxtrain.config import load_config, registry
 from jaxtrain.config.knob import HONORED, INERT, MAPPED, PLANNED, REJECTED, Knob, coerce
 
 ARGS = json.loads((ROOT / "jaxtrain" / "config" / "dialects" / "megatron_lm_args.json")
@@ -114,3 +114,21 @@ def test_upstream_defaults_coerce():
             Knob(**fields)
             if knob.default is not None:
                 assert coerce(knob, knob.default) == knob.default, knob.key
+
+
+def test_enable_gpt_oss_sets_gpt_oss_yarn_over_the_command_line():
+    """Megatron's --enable-gpt-oss (examples/gptoss/02_train.sh passes it with --rope-type
+    rope): its model builder writes gpt-oss's YaRN values over the arguments; jaxtrain does
+    the same and names what it replaced."""
+    from jaxtrain.models import ModelConfig
+    base = ["num_layers=2", "hidden_size=64", "num_attention_heads=4", "vocab_size=128",
+            "max_position_embeddings=256", "seq_length=64", "position_embedding_type=rope",
+            "rope_type=rope", "normalization=RMSNorm"]
+    cfg = load_config(None, [*base, "enable_gpt_oss=true"])
+    m = ModelConfig.from_config({**cfg})
+    assert (m.rope_type, m.yarn_scaling_factor, m.original_max_position_embeddings) == (
+        "yarn", 32.0, 131072)
+    assert (m.yarn_beta_fast, m.yarn_beta_slow, m.yarn_mscale, m.yarn_mscale_all_dim,
+            m.yarn_truncate) == (32.0, 1.0, 1.0, 0.0, False)
+    assert any("enable_gpt_oss" in w and "rope_type = 'rope'" in w for w in cfg.warnings)
+    assert ModelConfig.from_config({**load_config(None, base)}).rope_type == "rope"

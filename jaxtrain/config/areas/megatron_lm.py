@@ -432,5 +432,8 @@ KNOBS = [
     K("freeze_base_for_mtp", "bool", False, "ModelOpt: train only the multi-token-prediction "
       "layers.", _L),
     K("enable_gpt_oss", "bool", False, "ModelOpt: configure YaRN RoPE with gpt-oss's values.",
-      _L, issue=25),
+      _L, status=HONORED, reason="config/rules.py enable_gpt_oss: rope_type yarn, factor 32, "
+      "original 131072 positions, beta fast 32 / slow 1, mscale 1, mscale_all_dim 0, no "
+      "rounding of the correction range, written over the command line's values (with a "
+      "warning naming them), as Megatron's model builder does"),
 ]
