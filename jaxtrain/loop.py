@@ -166,7 +166,7 @@ def build(cfg, devices=None, tcfg: TrainConfig | None = None, materialize: bool 
     mcfg = MeshConfig.from_config(cfg, len(devices))
     layout = Layout(make_mesh(mcfg, devices), mcfg)
     tcfg = dataclasses.replace(tcfg, pipeline=stages.plan(
-        cfg, model_cfg.num_layers, tcfg.num_microbatches))
+        cfg, model_cfg.num_layers, tcfg.microbatch_counts()))
     if tcfg.pipeline is not None and jax.process_index() == 0:
         _report_pipeline(tcfg.pipeline, tcfg.num_microbatches, model_cfg, run_dir(cfg))
     sched_cfg = ScheduleConfig.from_config(cfg, total_steps=steps)

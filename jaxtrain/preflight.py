@@ -156,7 +156,7 @@ def preflight(cfg, world_size: int | None = None) -> None:
     attempt("mesh", lambda: MeshConfig.from_config(cfg, world_size or smallest_job(cfg)))
     if model_cfg is not None and tcfg is not None:
         attempt("pipeline", lambda: pipeline_plan(cfg, model_cfg.num_layers,
-                                                  tcfg.num_microbatches))
+                                                  tcfg.microbatch_counts()))
     steps = tcfg.train_iters if tcfg is not None and tcfg.train_iters else None
     schedule = attempt("LR schedule", lambda: make_lr_schedule(
         ScheduleConfig.from_config(cfg, total_steps=steps))) if steps or not (

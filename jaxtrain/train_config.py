@@ -174,6 +174,20 @@ class TrainConfig:
     # None without). Set by the loop, which knows the model's layer count
     pipeline: Any = None
 
+    def microbatch_counts(self) -> tuple[int, ...]:
+        """Every microbatch count a step of this run can have (a batch-size or accumulation
+        ramp gives several; the last is the full one), in the order the run meets them."""
+        if self.ga_ramp_start:
+            return tuple(range(self.ga_ramp_start, self.num_microbatches + 1))
+        if self.rampup is None:
+            return (self.num_microbatches,)
+        from jaxtrain.optim.schedules import _rampup_stages
+        per = self.micro_batch_size * self.data_parallel_size
+        stages = _rampup_stages(self.global_batch_size, self.rampup,
+                                per if self.decrease_batch_size_if_needed else None)
+        counts = [b // per for _, _, b in stages] + [self.num_microbatches]
+        return tuple(dict.fromkeys(c for c in counts if c > 0))
+
     @classmethod
     def from_config(cls, cfg) -> "TrainConfig":
         """From a config resolved with a world size (so the batch arithmetic is done)."""

@@ -759,10 +759,6 @@ _PIPELINE_NOT_YET = {
     "plugins.cadft": (bool, "token-weighting objectives"),
     "plugins.info_sft": (bool, "token-weighting objectives"),
     "plugins.pre_rl": (bool, "pre_rl's frozen base model"),
-    "rampup_batch_size": (bool, "a batch-size ramp (the schedule is built for one microbatch "
-                          "count)"),
-    "train.ga_ramp_start": (lambda v: v and v > 0, "a gradient-accumulation ramp (the "
-                            "schedule is built for one microbatch count)"),
     "pp_max_mem": (lambda v: v is not None, "a memory cap for zero-bubble-heuristic"),
 }
 

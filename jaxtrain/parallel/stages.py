@@ -244,9 +244,11 @@ def _chunks(cfg, num_layers: int, p: int) -> int | None:
     return v
 
 
-def plan(cfg, num_layers: int, microbatches: int) -> PipelinePlan | None:
+def plan(cfg, num_layers: int, microbatches: int | tuple[int, ...]) -> PipelinePlan | None:
     """The pipeline plan of a resolved config (None without pipeline parallelism); a plan that
-    cannot run (split, schedule, microbatches) is a ConfigError naming the keys."""
+    cannot run (split, schedule, microbatches) is a ConfigError naming the keys.
+    ``microbatches``: the step's microbatch count, or every count a ramp gives
+    (``TrainConfig.microbatch_counts``), each of which the schedule must run."""
     p = cfg.get("pipeline_model_parallel_size") or 1
     if p == 1:
         return None
@@ -273,17 +275,22 @@ def plan(cfg, num_layers: int, microbatches: int) -> PipelinePlan | None:
         if v_shape else None
     out = PipelinePlan(p, v, counts, name, group, costs, v_limit,
                        bool(cfg.get("debug_scheduler_table")), bool(cfg.get("dump_pp_data")))
-    if name == "1f1b-interleaved" and microbatches % (group or p):
-        raise ConfigError(
-            f"the interleaved pipeline schedule runs microbatches in groups of "
-            f"{group or p} (microbatch_group_size_per_vp_stage, default "
-            f"pipeline_model_parallel_size); {microbatches} microbatches per step "
-            f"(global_batch_size / (micro_batch_size x data-parallel size)) is not a multiple")
-    try:
-        out.build(microbatches)
-    except ValueError as e:
-        raise ConfigError(f"pipeline schedule {name} with {p} stages and {microbatches} "
-                          f"microbatches: {e}") from None
+    counts_m = (microbatches,) if isinstance(microbatches, int) else tuple(microbatches)
+    ramp = (" (a step of the batch ramp: rampup_batch_size / train.ga_ramp_start)"
+            if len(counts_m) > 1 else "")
+    for m in counts_m:
+        if name == "1f1b-interleaved" and m % (group or p):
+            raise ConfigError(
+                f"the interleaved pipeline schedule runs microbatches in groups of "
+                f"{group or p} (microbatch_group_size_per_vp_stage, default "
+                f"pipeline_model_parallel_size); {m} microbatches per step{ramp} "
+                f"(global_batch_size / (micro_batch_size x data-parallel size)) is not a "
+                f"multiple")
+        try:
+            out.build(m)
+        except ValueError as e:
+            raise ConfigError(f"pipeline schedule {name} with {p} stages and {m} "
+                              f"microbatches{ramp}: {e}") from None
     return out
 
 

@@ -45,6 +45,8 @@ FP8 = ["fp8=hybrid", "fp8_recipe=delayed", "fp8_amax_history_len=4"]
 # tensorwise FP8 with the first and last layers kept in bf16 (per-layer switches)
 FP8_KEEP = ["fp8=hybrid", "fp8_recipe=tensorwise", "first_last_layers_bf16=true",
             "num_layers_at_start_in_bf16=1", "num_layers_at_end_in_bf16=1"]
+# Megatron's batch-size ramp: 8 rows for the first 16 samples, then 16 (4 steps)
+RAMP = ["train_iters=null", "train_samples=48", "rampup_batch_size=[8,8,16]"]
 
 LAYOUTS = {
     "one": [],
@@ -96,6 +98,9 @@ LAYOUTS = {
     # every layer kept out of FP8: the pipelined run of the plain model
     "fp8_keep_all_pp2": [*FP8_KEEP[:3], "num_layers_at_start_in_bf16=2",
                          "num_layers_at_end_in_bf16=2", PP2],
+    "ramp": RAMP,
+    "pp2_ramp": [*RAMP, PP2],
+    "pp2_vpp2_ramp": [*RAMP, PP2, "virtual_pipeline_model_parallel_size=2"],
     "tp2_dropout": ["tensor_model_parallel_size=2", "hidden_dropout=0.1",
                     "attention_dropout=0.1"],
     "pp2_dropout": [PP2, "hidden_dropout=0.1", "attention_dropout=0.1"],

@@ -182,6 +182,22 @@ def test_plans_that_cannot_run_are_config_errors(knobs, m, match):
         _plan(m=m, **knobs)
 
 
+def test_every_microbatch_count_of_a_ramp_is_checked():
+    """A batch-size or accumulation ramp runs several microbatch counts; the schedule must
+    run each (the interleaved one needs whole groups of p)."""
+    from jaxtrain.train_config import TrainConfig
+    cfg = load_config(None, ["num_layers=8", "hidden_size=32", "num_attention_heads=4",
+                             "vocab_size=64", "seq_length=16", "max_position_embeddings=16",
+                             "micro_batch_size=1", "global_batch_size=16",
+                             "rampup_batch_size=[4,4,32]", "train_samples=256",
+                             "pipeline_model_parallel_size=2"], world_size=8)
+    counts = TrainConfig.from_config(cfg).microbatch_counts()
+    assert counts == (1, 2, 3, 4)   # 4, 8, 12, 16 rows over 4 data-parallel ranks
+    assert stages.plan(cfg, 8, counts).schedule == "1f1b"
+    with pytest.raises(ConfigError, match="1 microbatches per step .a step of the batch ramp"):
+        stages.plan({**cfg, "virtual_pipeline_model_parallel_size": 2}, 8, counts)
+
+
 # ---------------------------------------------------------------- the lowered program
 
 
@@ -229,7 +245,8 @@ SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "p
               "pp2_dropout", "moe", "moe_tp2", "moe_pp2", "moe_pp4_zb", "moe_pp2_tp2_vpp2",
               "moe_ep2", "moe_pp2_ep2", "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv", "gemma4",
               "gemma4_pp2", "gemma4_pp2_vpp2_tp2", "pp2_1f1b_v", "fp8", "fp8_pp2",
-              "fp8_keep", "fp8_keep_pp2", "fp8_keep_pp4_zb", "fp8_keep_all_pp2"]
+              "fp8_keep", "fp8_keep_pp2", "fp8_keep_pp4_zb", "fp8_keep_all_pp2", "ramp",
+              "pp2_ramp", "pp2_vpp2_ramp"]
 
 
 @pytest.fixture(scope="module")
@@ -287,6 +304,10 @@ def test_every_schedule_and_layout_gives_the_same_losses(tmp_path):
     keep = runs.pop("fp8_keep")["losses"]
     for name in ("fp8_keep_pp2", "fp8_keep_pp4_zb"):
         assert runs.pop(name)["losses"] == pytest.approx(keep, rel=1e-4), name
+    ramp = runs.pop("ramp")["losses"]   # the batch ramp: 1 then 2 microbatches a step at PP 1
+    assert len(ramp) == 4
+    for name in ("pp2_ramp", "pp2_vpp2_ramp"):
+        assert runs.pop(name)["losses"] == pytest.approx(ramp, rel=2e-6), name
     gemma4 = runs.pop("gemma4")["losses"]   # global layers in a stack of their own
     for name in ("gemma4_pp2", "gemma4_pp2_vpp2_tp2"):
         assert runs.pop(name)["losses"] == pytest.approx(gemma4, rel=2e-6), name
