@@ -759,7 +759,6 @@ _PIPELINE_NOT_YET = {
     "plugins.cadft": (bool, "token-weighting objectives"),
     "plugins.info_sft": (bool, "token-weighting objectives"),
     "plugins.pre_rl": (bool, "pre_rl's frozen base model"),
-    "pp_max_mem": (lambda v: v is not None, "a memory cap for zero-bubble-heuristic"),
 }
 
 

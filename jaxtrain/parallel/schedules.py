@@ -111,14 +111,16 @@ def interleaved(p: int, m: int, v: int, group: int | None = None) -> Schedule:
     return Schedule("1f1b-interleaved", p, v, m, False, tuple(orders))
 
 
-def zero_bubble(p: int, m: int, kind: str = "zb-h1", costs=(1.0, 1.0, 1.0)) -> Schedule:
+def zero_bubble(p: int, m: int, kind: str = "zb-h1", costs=(1.0, 1.0, 1.0),
+                max_mem=None) -> Schedule:
     """ZB-H1 / ZB-H2 built by list scheduling with split backward: each rank, when free, runs
     its oldest pending W if 2p are pending, else a ready B, else a forward if fewer than its
     limit are in flight (F done, B not), else a pending W, else waits. The limit is p − r for
     H1 (1F1B's memory) and 2(p − r) − 1 for H2. ``costs`` = (F, B, W) time
-    units (one for every stage)."""
+    units (one for every stage). ``max_mem`` (per rank, Primus's pp_max_mem): at most that
+    many microbatches' activations held (F done, W not), a forward waiting for a W."""
     limit = {"zb-h1": lambda r: p - r, "zb-h2": lambda r: 2 * (p - r) - 1}[kind]
-    return _list_schedule(kind, p, m, limit, costs, v_shape=False)
+    return _list_schedule(kind, p, m, limit, costs, v_shape=False, max_mem=max_mem)
 
 
 def zbv(p: int, m: int, costs=(1.0, 1.0, 1.0), limit: int | None = None) -> Schedule:
@@ -144,10 +146,12 @@ def one_f_one_b_v(p: int, m: int, costs=(1.0, 1.0, 1.0)) -> Schedule:
                           split=False, order_key=lambda kind, mb, stage: start[kind, mb, stage])
 
 
-def _list_schedule(name, p, m, limit, costs, v_shape, split=True, order_key=None) -> Schedule:
+def _list_schedule(name, p, m, limit, costs, v_shape, split=True, order_key=None,
+                   max_mem=None) -> Schedule:
     """List scheduling (see :func:`zero_bubble`); ``split`` False: whole backwards, no W;
     ``order_key(kind, microbatch, stage)``: ready F/B ops run in its order instead of B first,
-    the later chunk first."""
+    the later chunk first; ``max_mem[r]``: the most microbatches rank r holds (F done, W
+    not)."""
     v = 2 if v_shape else 1
     sched = Schedule(name, p, v, m, split, (), v_shape)
     n_stages = p * v
@@ -198,7 +202,9 @@ def _list_schedule(name, p, m, limit, costs, v_shape, split=True, order_key=None
         for c in range(v):   # the limit holds back new microbatches (first chunk) only
             mb = next_f[r][c]
             t = ready_at("F", mb, sched.stage(r, c)) if mb < m else None
-            if t is not None and t <= now and (c > 0 or len(pending_b[r]) < limit(r)):
+            held = len(pending_b[r]) + len(pending_w[r])
+            if t is not None and t <= now and (c > 0 or len(pending_b[r]) < limit(r)) and (
+                    max_mem is None or held < max_mem[r]):
                 candidates.append((rank("F", mb, c, 1), -c, mb, "F", c))
         if not candidates and pending_w[r]:
             mb, c = pending_w[r][0]

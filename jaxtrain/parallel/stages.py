@@ -166,7 +166,8 @@ class PipelinePlan:
     (stage order), driven by schedule ``schedule`` (jaxtrain.parallel.schedules.SCHEDULES);
     ``group``: the interleaved schedule's microbatch group; ``costs``: the (F, B, W) costs
     the zero-bubble list scheduler plans with; ``v_limit``: forwards a V schedule's rank keeps
-    in flight (None: 2p − 1)."""
+    in flight (None: 2p − 1); ``max_mem``: per rank, the most microbatches' activations the
+    zero-bubble-heuristic schedule holds (Primus's pp_max_mem; None: no cap)."""
 
     ranks: int
     chunks: int
@@ -177,9 +178,13 @@ class PipelinePlan:
     v_limit: int | None = None
     print_table: bool = False
     dump: bool = False
+    max_mem: tuple[float, ...] | None = None
 
     def build(self, microbatches: int) -> sched.Schedule:
         """The schedule table for ``microbatches`` (ValueError when it cannot be built)."""
+        if self.max_mem is not None:
+            return sched.zero_bubble(self.ranks, microbatches, self.schedule, self.costs,
+                                     max_mem=self.max_mem)
         if self.schedule == "zbv" and self.v_limit is not None:
             return sched.zbv(self.ranks, microbatches, self.costs, limit=self.v_limit)
         return sched.build(self.schedule, self.ranks, microbatches, self.chunks, self.costs,
@@ -274,7 +279,8 @@ def plan(cfg, num_layers: int, microbatches: int | tuple[int, ...]) -> PipelineP
     v_limit = {"zb": None, "half": p, "min": max(1, (2 * p + 2) // 3)}.get(v_mem) \
         if v_shape else None
     out = PipelinePlan(p, v, counts, name, group, costs, v_limit,
-                       bool(cfg.get("debug_scheduler_table")), bool(cfg.get("dump_pp_data")))
+                       bool(cfg.get("debug_scheduler_table")), bool(cfg.get("dump_pp_data")),
+                       _max_mem(cfg, p, name))
     counts_m = (microbatches,) if isinstance(microbatches, int) else tuple(microbatches)
     ramp = (" (a step of the batch ramp: rampup_batch_size / train.ga_ramp_start)"
             if len(counts_m) > 1 else "")
@@ -292,6 +298,25 @@ def plan(cfg, num_layers: int, microbatches: int | tuple[int, ...]) -> PipelineP
             raise ConfigError(f"pipeline schedule {name} with {p} stages and {m} "
                               f"microbatches{ramp}: {e}") from None
     return out
+
+
+def _max_mem(cfg, p: int, name: str) -> tuple[float, ...] | None:
+    """Primus's pp_max_mem (zero-bubble-heuristic only): per rank, the most microbatches whose
+    activations it holds; one value for every rank or one per rank, each at least 1."""
+    value = cfg.get("pp_max_mem")
+    if value is None:
+        return None
+    heuristic = cfg.get("patch_primus_pipeline") and cfg.get("pp_algorithm") == \
+        "zero-bubble-heuristic"
+    if not heuristic:
+        raise ConfigError(f"pp_max_mem {value} caps the memory of Primus's zero-bubble-"
+                          f"heuristic schedule (patch_primus_pipeline, pp_algorithm "
+                          f"zero-bubble-heuristic); the {name} schedule does not read it")
+    caps = list(value) if isinstance(value, (list, tuple)) else [value] * p
+    if len(caps) != p or min(float(c) for c in caps) < 1:
+        raise ConfigError(f"pp_max_mem {value}: give one cap, or one per pipeline rank ({p}), "
+                          f"each at least 1 (a microbatch's activations)")
+    return tuple(float(c) for c in caps)
 
 
 def _cost(cfg, key: str) -> float:

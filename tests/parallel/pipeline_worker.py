@@ -61,6 +61,8 @@ LAYOUTS = {
     "pp2_zbv": [PP2, "patch_primus_pipeline=true", "pp_algorithm=zbv-formatted"],
     "pp2_vhalf": [PP2, "patch_zero_bubble=true", "zero_bubble_v_schedule=true"],
     "pp2_1f1b_v": [PP2, "enable_1f1b_v=true"],
+    "pp4_zbh_mem": [PP4, "patch_primus_pipeline=true", "pp_algorithm=zero-bubble-heuristic",
+                    "pp_max_mem=2"],
     "pp2_tp2": [PP2, "tensor_model_parallel_size=2"],
     "pp2_tp2_sp": [PP2, "tensor_model_parallel_size=2", "sequence_parallel=true"],
     "pp2_vpp2_tp2": [PP2, "virtual_pipeline_model_parallel_size=2",

@@ -155,6 +155,20 @@ def test_1f1b_v_runs_whole_backwards_on_the_v_placement():
             schedules.build("1f1b", p, m), 1.0, 2.0, 0.0).bubble_fraction
 
 
+def test_pp_max_mem_caps_the_heuristic_schedules_memory():
+    """Primus's pp_max_mem: per rank, the most microbatches held between F and W (the
+    simulator's peak); a cap below what the schedule would hold costs bubble."""
+    zbh = {"patch_primus_pipeline": True, "pp_algorithm": "zero-bubble-heuristic",
+           "pipeline_model_parallel_size": 4}
+    free, capped, per = (_plan(**zbh), _plan(**zbh, pp_max_mem=3),
+                         _plan(**zbh, pp_max_mem=[4, 3, 2, 1]))
+    assert (free.max_mem, capped.max_mem) == (None, (3.0,) * 4)
+    timed = [schedules.simulate(x.build(8), 1, 1, 1) for x in (free, capped, per)]
+    assert max(timed[0].peak_memory) > 3 >= max(timed[1].peak_memory)
+    assert all(m <= c for m, c in zip(timed[2].peak_memory, (4, 3, 2, 1)))
+    assert timed[0].bubble_fraction < timed[1].bubble_fraction
+
+
 def test_microbatch_group_size_changes_the_interleaved_order():
     default = _plan(virtual_pipeline_model_parallel_size=2)
     grouped = _plan(virtual_pipeline_model_parallel_size=2, microbatch_group_size_per_vp_stage=4)
@@ -175,6 +189,11 @@ def test_microbatch_group_size_changes_the_interleaved_order():
     ({"patch_primus_pipeline": True, "pp_algorithm": "zero-bubble-heuristic",
       "pp_cost_f": [1.0, 2.0]}, 8, "per-stage costs"),
     ({"enable_1f1b_v": True, "patch_zero_bubble": True}, 8, "enable_zero_bubble"),
+    ({"pp_max_mem": 4}, 8, "the 1f1b schedule does not read it"),
+    ({"patch_primus_pipeline": True, "pp_algorithm": "zero-bubble-heuristic",
+      "pp_max_mem": 0.5}, 8, "at least 1"),
+    ({"patch_primus_pipeline": True, "pp_algorithm": "zero-bubble-heuristic",
+      "pp_max_mem": [2, 2, 2]}, 8, "one per pipeline rank"),
     ({"enable_1f1b_v": True, "virtual_pipeline_model_parallel_size": 4}, 8, "two chunks"),
 ])
 def test_plans_that_cannot_run_are_config_errors(knobs, m, match):
@@ -246,7 +265,7 @@ SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "p
               "moe_ep2", "moe_pp2_ep2", "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv", "gemma4",
               "gemma4_pp2", "gemma4_pp2_vpp2_tp2", "pp2_1f1b_v", "fp8", "fp8_pp2",
               "fp8_keep", "fp8_keep_pp2", "fp8_keep_pp4_zb", "fp8_keep_all_pp2", "ramp",
-              "pp2_ramp", "pp2_vpp2_ramp"]
+              "pp2_ramp", "pp2_vpp2_ramp", "pp4_zbh_mem"]
 
 
 @pytest.fixture(scope="module")

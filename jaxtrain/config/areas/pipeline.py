@@ -92,7 +92,10 @@ KNOBS = [
     K("offload_ops", "str|list[str]", "", "Comma-separated ops whose activations are offloaded "
       "(attn today).", "megatron"),
     K("pp_max_mem", "float|list[float]", None, "Per-stage cap on activation memory for the "
-      "zero-bubble-heuristic schedule; scalar or list, null for no cap.", "megatron"),
+      "zero-bubble-heuristic schedule; scalar or list, null for no cap.", "megatron",
+      status=HONORED, reason="jaxtrain.parallel.schedules' ZB-H2 list scheduler holds at most "
+      "that many microbatches' activations per rank (F done, W not: Primus's memory model, "
+      "F +1, W -1), a forward waiting for a weight gradient; other schedules refuse it"),
     K("pp_cost_f", "float|list[float]", None, "Assumed forward-pass cost of each stage under "
       "zero-bubble-heuristic; scalar or list, 1000 when null.", "megatron", status=HONORED),
     K("pp_cost_b", "float|list[float]", None, "zero-bubble-heuristic: input-gradient cost per "
