@@ -441,14 +441,19 @@ def moe_router(c: Context):
     """Megatron's rule that MoEConfig leaves to the config: a top-1 softmax router needs
     pre-softmax scores (else its one weight is always 1), unless sinkhorn routes. A top-1 router
     with weight 1 is what HF Mixtral checkpoints with one expert per token do, so a hand-built
-    MoEConfig may. The other router rules (expert bias, expert groups) are MoEConfig's checks;
+    MoEConfig may, and what MaxText's blocks build (a decoder_block warns). The other router rules (expert bias, expert groups) are MoEConfig's checks;
     the dry run reaches them when it builds the model (jaxtrain/preflight.py)."""
     score = c.get("moe_router_score_function", "softmax")
     balancing = c.get("moe_router_load_balancing_type")
     balancing = set(balancing) if isinstance(balancing, list) else {balancing}
     if (c.get("num_experts") and c.get("moe_router_topk") == 1 and score == "softmax"
             and not c.get("moe_router_pre_softmax") and "sinkhorn" not in balancing):
-        c.error("moe_router_topk 1 with softmax scores needs moe_router_pre_softmax: true")
+        if c.get("decoder_block"):   # MaxText's block: its top-1 router is built that way
+            c.warnings.append(f"decoder_block {c.get('decoder_block')} with one expert per "
+                              "token weighs it 1 (a softmax over the chosen logit, as MaxText "
+                              "does): its router learns from the balancing loss only")
+        else:
+            c.error("moe_router_topk 1 with softmax scores needs moe_router_pre_softmax: true")
 
 
 def _family(c: Context, key: str, choosers: dict[str, str], what: str):

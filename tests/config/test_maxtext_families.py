@@ -277,6 +277,25 @@ def test_llama4_family():
         load_config("base.yml", ["decoder_block=llama2", "nope_layer_interval=4"])
 
 
+def test_envy_family():
+    """MaxText's envy block: an MoE layer every interleave_moe_layer_step layers (top-1 of a
+    softmax router: weight 1, as MaxText builds it, said in a warning), q/k norms as
+    use_qk_norm says, a norm after the MLP as use_post_ffw_norm says; the balance loss
+    averaged over the MoE layers."""
+    cfg, m = resolve("envy-switch-base")
+    assert m.moe.layer_freq == (0, 1) * 6 and (m.moe.topk, m.moe.num_experts) == (1, 128)
+    assert m.qk_layernorm and m.post_mlp_norm and not m.moe.pre_softmax
+    assert m.moe.aux_loss_coeff == pytest.approx((0.01 / 6,))   # 6 MoE layers of 12
+    assert any("weighs it 1" in w for w in cfg.warnings)
+    _, m = resolve("envy-switch-base", "override_model_config=true", "use_post_ffw_norm=false",
+                   "use_qk_norm=false", "interleave_moe_layer_step=1",
+                   "inhomogeneous_layer_cycle_interval=1")
+    assert not (m.post_mlp_norm or m.qk_layernorm) and m.moe.layer_freq == 1
+    with pytest.raises(ConfigError, match="interleave_moe_layer_step.*index in the cycle"):
+        resolve("envy-switch-base", "override_model_config=true",
+                "inhomogeneous_layer_cycle_interval=3")
+
+
 def test_gemma4_family():
     """MaxText's gemma4 block: five local layers to one global with the global_* head shape,
     keys as values, proportional RoPE on a quarter of the global pairs (gemma4* names), value
@@ -615,7 +634,7 @@ def test_mla_softmax_mscale():
 
 # --------------------------------------------------------------------- refusals by name
 
-@pytest.mark.parametrize("block", ["gemma4_small", "deepseek4", "envy", "default"])
+@pytest.mark.parametrize("block", ["gemma4_small", "deepseek4", "qwen3_custom_moe", "default"])
 def test_unbuilt_families_are_planned_by_name(block):
     refused(f"decoder_block = '{block}'.*planned for issue #25 \\(model families\\)",
             f"decoder_block={block}")
@@ -682,7 +701,7 @@ def test_presets_name_their_commit_and_read_back():
         assert yaml.safe_load(text)["decoder_block"] in (
             "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
             "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
-            "gemma4")
+            "gemma4", "envy")
 
 
 FORWARD = {
@@ -723,6 +742,9 @@ FORWARD = {
                "base_num_decoder_layers=6", "base_num_query_heads=4", "base_num_kv_heads=2",
                "global_head_dim=32", "global_num_kv_heads=1", "vocab_size=256", "num_experts=4",
                "num_experts_per_tok=2", "base_moe_mlp_dim=32", "sliding_window_size=4"],
+    "envy": ["model_name=envy-switch-base", "override_model_config=true",
+             "base_num_decoder_layers=4", "base_num_query_heads=4", "base_num_kv_heads=4",
+             "vocab_size=256", "num_experts=4", "base_moe_mlp_dim=32"],
     "gemma3": ["model_name=gemma3-4b", "override_model_config=true", "base_num_decoder_layers=7",
                "base_num_query_heads=4", "base_num_kv_heads=2", "vocab_size=256",
                "sliding_window_size=4"],

@@ -15,17 +15,16 @@ _FAMILIES = 25
 # MaxText's decoder blocks (common_types.DecoderBlockType) and what jaxtrain does with each.
 BUILT_BLOCKS = ("llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
                 "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
-                "gemma4")
+                "gemma4", "envy")
 # Blocks of model families issue 25 builds ("default" runs attention and MLP in parallel).
-PLANNED_BLOCKS = ("default", "gemma4_small", "qwen3_custom_moe", "deepseek4",
-                  "envy")
+PLANNED_BLOCKS = ("default", "gemma4_small", "qwen3_custom_moe", "deepseek4")
 REJECTED_BLOCKS = {
     b: "MaxText's test block of a single weight matrix per layer (or an MLP only) is not a "
        "language model architecture; use a real decoder block such as llama2"
     for b in ("simple", "simple_mlp")}
 DECODER_BLOCKS = BUILT_BLOCKS + PLANNED_BLOCKS + tuple(REJECTED_BLOCKS)
 MOE_BLOCKS = ("mixtral", "qwen3_moe", "deepseek", "gpt_oss", "qwen3_next", "qwen3_5", "llama4",
-              "gemma4")
+              "gemma4", "envy")
 
 
 def _family(key, type_, default, meaning, family, **kw):
@@ -70,8 +69,8 @@ KNOBS = [
       "is even, as MaxText's scanned block does; other blocks take 1 (MaxText would build only "
       "num_layers / interval of their layers)"),
     K("interleave_moe_layer_step", "int", 1, "llama4/envy: every this-many-th layer is an MoE "
-      "layer, the others dense.", _MT, HONORED, "decoder_block llama4: moe_layer_freq marks "
-      "layer i MoE when step divides i + 1 (envy is planned; other blocks refuse a value)"),
+      "layer, the others dense.", _MT, HONORED, "decoder_block llama4 / envy: moe_layer_freq "
+      "marks layer i MoE when step divides i + 1; other blocks refuse a value"),
     K("nope_layer_interval", "int", -1, "llama4: every this-many-th layer skips RoPE (NoPE); -1 "
       "gives every layer RoPE.", _MT, HONORED, "decoder_block llama4: no_rope_freq marks layer "
       "i NoPE when the interval divides i + 1; other blocks refuse a value"),
@@ -99,7 +98,7 @@ KNOBS = [
 
     # --- norms of other blocks ---
     K("use_qk_norm", "bool", False, "RMS-normalise queries and keys per head (read by MaxText's "
-      "qwen2, qwen3, qwen3_moe, olmo3 and llama4 blocks).", _MT, HONORED, "qk_layernorm "
+      "qwen2, qwen3, qwen3_moe, olmo3, llama4 and envy blocks).", _MT, HONORED, "qk_layernorm "
       "(qk_l2_norm without a scale); llama4: qk_l2_norm on its RoPE layers only "
       "(qk_norm_rope_layers_only); blocks that do not read it refuse true"),
     K("qk_norm_with_scale", "bool", True, "With query/key norms (use_qk_norm), give them a learned "

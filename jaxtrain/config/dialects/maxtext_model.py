@@ -83,6 +83,9 @@ _ABOUT = {
     "olmo3": "a block that normalises only the outputs of attention and MLP (RMSNorm), with q/k "
              "norms as use_qk_norm says (across all heads for model names olmo3*) and three "
              "local layers to one global",
+    "envy": f"{_RMS} without biases, with q/k norms as use_qk_norm says, an MoE layer every "
+            "interleave_moe_layer_step layers (softmax router) and a norm after the MLP as "
+            "use_post_ffw_norm says",
     "gemma4": f"{_RMS} without biases, with q/k norms and a value norm, attention scale 1, "
               "five local layers to one global with the global_* head shape, keys as values "
               "(share_kv_projections) and proportional RoPE, sandwich norms, layer scalars, "
@@ -101,15 +104,16 @@ _GEMMA3_QUERY_SCALE = {"gemma3-4b": "head_dim", "gemma3-12b": "head_dim", "gemma
 # MaxText keys a block does not read -> the blocks that do (a value away from the default in
 # another block is refused: MaxText would ignore it, jaxtrain cannot honour it there).
 _READ_BY = {
-    "use_qk_norm": _QWEN + ("llama4",),
+    "use_qk_norm": _QWEN + ("llama4", "envy"),
     **{k: ("llama4",) for k in _LLAMA4_KEYS},
+    "interleave_moe_layer_step": ("llama4", "envy"),
     "mlp_activations_limit": ("gpt_oss",),
     "sliding_window_size": ("gpt_oss", "gemma2", "gemma3", "olmo3", "gemma4"),
     "use_post_attn_norm": ("gemma2", "gemma3", "gemma4"),
-    "use_post_ffw_norm": ("gemma2", "gemma3", "gemma4"),
+    "use_post_ffw_norm": ("gemma2", "gemma3", "gemma4", "envy"),
     "local_rope_max_timescale": ("gemma3", "gemma4"),
     **{k: ("gemma4",) for k in _GEMMA4_KEYS},
-    "inhomogeneous_layer_cycle_interval": ("gpt_oss", "olmo3", "llama4") + _HYBRID,
+    "inhomogeneous_layer_cycle_interval": ("gpt_oss", "olmo3", "llama4", "envy") + _HYBRID,
     "partial_rotary_factor": _HYBRID,
     "gdn_chunk_size": _HYBRID,
     "use_qk_norm_in_gdn": _HYBRID,
@@ -225,7 +229,7 @@ def _expert_width(c) -> None:
             dense != width:   # Gemma 4 keeps its dense MLP beside the experts
         c.error(f"a model of MoE layers only needs base_mlp_dim = base_moe_mlp_dim (MaxText's "
                 f"rule): {c.where('ffn_hidden_size')}, {c.where('base_moe_mlp_dim')}")
-    if block in ("qwen3_moe", "deepseek", "llama4", "gemma4") + _HYBRID and width > 0:
+    if block in ("qwen3_moe", "deepseek", "llama4", "gemma4", "envy") + _HYBRID and width > 0:
         _imply(c, "moe_ffn_hidden_size", width, f"decoder_block {block} sizes its experts by "
                f"base_moe_mlp_dim = {width}")
 
@@ -275,8 +279,8 @@ def _decoder_block(c) -> None:
         _olmo3(c, because)
     if block in _HYBRID:
         _hybrid(c, block, because)
-    if block == "llama4":
-        _llama4(c, because)
+    if block in ("llama4", "envy"):
+        _llama4(c, because) if block == "llama4" else _envy(c, because)
     if block == "gemma4":
         _gemma4(c, because)
     _experts(c, block, because)
@@ -287,7 +291,7 @@ def _norms_and_biases(c, block) -> dict:
     if attention_bias and block not in ("qwen2", "gpt_oss", "gpt3"):
         _refuse(c, "attention_bias", f"MaxText's {block} block has no attention biases (only "
                                      f"qwen2 and gpt_oss read attention_bias); drop it")
-    qk_norm = bool(c.get("use_qk_norm", False)) and block in _QWEN
+    qk_norm = bool(c.get("use_qk_norm", False)) and block in _QWEN + ("envy",)
     scaled = bool(c.get("qk_norm_with_scale", True))
     if block == "llama4":   # Llama 4's L2 norm (no scale), on the RoPE layers only
         l2 = bool(c.get("use_qk_norm", False))
@@ -550,6 +554,27 @@ def _llama4(c, because) -> None:
                because + f" (interleave_moe_layer_step {step})")
 
 
+def _envy(c, because) -> None:
+    """MaxText's envy block: layer i is MoE when interleave_moe_layer_step divides i + 1 (with
+    scan_layers, by its index in the cycle of inhomogeneous_layer_cycle_interval layers, the
+    same pattern only when the step divides the cycle); use_post_ffw_norm norms the MLP's
+    output."""
+    _imply(c, "post_mlp_norm", bool(c.get("use_post_ffw_norm")), because)
+    layers = c.get("num_layers")
+    interval = c.get("inhomogeneous_layer_cycle_interval", 1)
+    _cycle_divides(c, layers, interval)
+    step = c.get("interleave_moe_layer_step", 1)
+    if c.get("scan_layers", True) and step > 0 and interval % step:
+        _refuse(c, "interleave_moe_layer_step", f"with scan_layers MaxText places the MoE "
+                f"layers by their index in the cycle of inhomogeneous_layer_cycle_interval = "
+                f"{interval} layers, which {step} does not divide; make the interval a multiple "
+                "of it")
+        return
+    if layers and c.values.get("num_experts") and step > 1:
+        _imply(c, "moe_layer_freq", [int((i + 1) % step == 0) for i in range(layers)],
+               because + f" (interleave_moe_layer_step {step})")
+
+
 def _llama4_router(c) -> dict | None:
     """Llama 4's router: the top-1 logit's sigmoid, multiplied into the token before its
     expert (Megatron's moe_apply_probs_on_input), plus shared_experts always-on experts."""
@@ -620,9 +645,12 @@ def _experts(c, block, because) -> None:
         if block == "deepseek":
             _refuse(c, "load_balance_loss_weight", "the DeepSeek block's balance loss takes a "
                     "softmax of its routing scores, which jaxtrain's balancing losses do not")
-        elif layers:
+        elif layers:   # MaxText averages the loss over its MoE layers
+            pattern = c.values.get("moe_layer_freq")
+            moe_layers = (sum(pattern) if isinstance(pattern, (list, tuple))
+                          else layers - first)
             router["moe_router_load_balancing_type"] = "seq_aux_loss"
-            router["moe_aux_loss_coeff"] = weight * k / (layers - first)
+            router["moe_aux_loss_coeff"] = weight * k / moe_layers
     factor = c.get("capacity_factor", -1.0)
     if factor > 0 and c.get("sparse_matmul", True):
         c.warnings.append(f"capacity_factor {factor} drops nothing with sparse_matmul true (as in "
