@@ -441,7 +441,8 @@ def moe_router(c: Context):
     """Megatron's rule that MoEConfig leaves to the config: a top-1 softmax router needs
     pre-softmax scores (else its one weight is always 1), unless sinkhorn routes. A top-1 router
     with weight 1 is what HF Mixtral checkpoints with one expert per token do, so a hand-built
-    MoEConfig may, and what MaxText's blocks build (a decoder_block warns). The other router rules (expert bias, expert groups) are MoEConfig's checks;
+    MoEConfig may, and what MaxText's blocks build (a decoder_block warns). The other router
+    rules (expert bias, expert groups) are MoEConfig's checks;
     the dry run reaches them when it builds the model (jaxtrain/preflight.py)."""
     score = c.get("moe_router_score_function", "softmax")
     balancing = c.get("moe_router_load_balancing_type")
