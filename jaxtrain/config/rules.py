@@ -754,9 +754,6 @@ _PIPELINE_NOT_YET = {
     "context_parallel_size": (lambda v: v > 1, "context parallelism: its ring and token "
                               "reordering exchange inside a rank's own op, which the CPU "
                               "collectives this is tested on cannot run"),
-    "moe_router_load_balancing_type": (
-        lambda v: "global_aux_loss" in (v if isinstance(v, (list, tuple)) else [v]),
-        "global_aux_loss counts tokens over the step's microbatches in order"),
     "mtp_num_layers": (lambda v: v and v > 0, "multi-token prediction"),
     "dpo.enabled": (bool, "DPO"),
     "memory.seco": (bool, "SeCO"),

@@ -260,15 +260,16 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
     emb_keys = [k for k in ("embedding", "position_embedding") if k in shared]
     head_keys = list(dict.fromkeys(["final_norm", *head_params(shared, cfg)]))
 
-    def context(micro, rng, sh=None):
+    def context(micro, rng, sh=None, moe_state=None):
         """(embeddings or None, the layers' context) of a microbatch."""
         return layer_inputs(sh or {}, micro["tokens"], cfg, positions=micro.get("positions"),
                             segment_ids=micro.get("segment_ids"), deterministic=False,
-                            rng=rng, with_embedding=sh is not None, embed_noise=embed_noise)
+                            rng=rng, with_embedding=sh is not None, embed_noise=embed_noise,
+                            moe_state=moe_state)
 
-    def layers_fn(st: int, shift, on, sp, q, x, micro, rng):
+    def layers_fn(st: int, shift, on, moe_state, sp, q, x, micro, rng):
         """((stage output, its MoE objective / M), router statistics or None)."""
-        _, ctx = context(micro, rng)
+        _, ctx = context(micro, rng, moe_state=moe_state)
         y, stats = _run_layers(quant_state.attach_stacks(sp, cfg, q, on), x, ctx, cfg,
                                layers=bounds[st], shift=shift)
         aux = jnp.float32(0.0) if stats is None else jnp.sum(stats["objective"]) / M
@@ -278,22 +279,30 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
         n = _layer_counts(cfg, bounds, st)
 
         def branch(carry, row, x_in, micro, rng, sp_all, on_all, scale):
-            xbuf, gbuf, gst, moe, qst = carry
+            xbuf, gbuf, gst, moe, qst, hist = carry
             c, gs, shift = row[2], row[4], row[5]
+            moe_state = None
+            if hist is not None:   # global_aux_loss: counts of the earlier microbatches
+                earlier = (jnp.arange(M) < row[1])[:, None, None]
+                moe_state = {"aux_counts": jnp.sum(jnp.where(earlier, hist, 0.0), 0),
+                             "steps": row[1].astype(jnp.float32)}
 
             def mine(tree):   # this chunk's layers of a per-rank [v, n_max, ...] tree
                 return None if tree is None else {
                     k: jax.tree.map(lambda a: a[c, :n[k]], tree[k]) for k in n if k in tree}
 
             sp, q = mine(sp_all), mine(qst)
-            f = functools.partial(layers_fn, st, shift, mine(on_all))
+            f = functools.partial(layers_fn, st, shift, mine(on_all), moe_state)
             if kind == "F":
                 (y, _), stats = f(sp, q, x_in, micro, rng)
                 if stats is not None:
                     moe = jax.tree.map(lambda acc, s: jax.lax.dynamic_update_slice_in_dim(
                         acc, jax.lax.dynamic_slice_in_dim(acc, row[7], s.shape[0]) + s,
                         row[7], 0), moe, stats)
-                return (xbuf, gbuf, gst, moe, qst), y.astype(x_in.dtype)
+                if hist is not None and stats is not None:
+                    hist = hist.at[row[1]].set(jax.lax.dynamic_update_slice_in_dim(
+                        hist[row[1]], stats["aux_counts"], row[7], 0))
+                return (xbuf, gbuf, gst, moe, qst, hist), y.astype(x_in.dtype)
             cot = (gbuf[gs], scale)
             if kind == "Bx":
                 _, vjp, _ = jax.vjp(lambda x: f(sp, q, x, micro, rng), x_in, has_aux=True)
@@ -312,7 +321,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             if qst is not None:
                 qst = {k: jax.tree.map(lambda acc, new: acc.at[c, :n[k]].set(new), qst[k],
                                        dq[k]) if k in dq else qst[k] for k in qst}
-            return (xbuf, gbuf, gst, moe, qst), dx.astype(x_in.dtype)
+            return (xbuf, gbuf, gst, moe, qst, hist), dx.astype(x_in.dtype)
 
         return branch
 
@@ -347,7 +356,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                 lambda g: (g * scale).astype(accum_dtype), dh)
 
         def tick(carry, xs):
-            xbuf, gbuf, gst, gsh, loss, moe, qst = carry
+            xbuf, gbuf, gst, gsh, loss, moe, qst, hist = carry
             rows_t, recv_t, flags_t = xs
             row, rcv = rows_t[rank], recv_t[rank]
             mb = row[1]
@@ -355,8 +364,8 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             rng = jax.random.fold_in(step_rng, mb)
             x_emb, embed_vjp = jax.vjp(lambda e: context(micro, rng, e)[0].astype(dt), emb)
             x_in = jnp.where(row[6] == 1, x_emb, xbuf[row[3]])
-            (xbuf, gbuf, gst, moe, qst), out = jax.lax.switch(
-                row[0], fns, (xbuf, gbuf, gst, moe, qst), row, x_in, micro, rng, sp_all,
+            (xbuf, gbuf, gst, moe, qst, hist), out = jax.lax.switch(
+                row[0], fns, (xbuf, gbuf, gst, moe, qst, hist), row, x_in, micro, rng, sp_all,
                 on_all, scale)
             # the output layer and loss after the last stage's forward (its gradient kept in
             # the stage's gradient slot), the embedding's backward after the first stage's
@@ -383,10 +392,13 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                     out, AXIS, [(i, (i + shift) % p) for i in range(p)])
                 xbuf = xbuf.at[rcv[ch, 0]].set(got)
                 gbuf = gbuf.at[rcv[ch, 1]].set(got)
-            return (xbuf, gbuf, gst, gsh, loss, moe, qst), None
+            return (xbuf, gbuf, gst, gsh, loss, moe, qst, hist), None
 
-        carry = (xbuf, gbuf, gst, gsh, jnp.float32(0.0), moe, qst)
-        (_, _, gst, gsh, loss, moe, qst), _ = jax.lax.scan(tick, carry, (rows, recv, flags))
+        # global_aux_loss: each microbatch's counts per MoE layer, written by the stages' F
+        hist = (jnp.zeros((M, *moe["aux_counts"].shape), jnp.float32)
+                if moe is not None and "aux_counts" in moe else None)
+        carry = (xbuf, gbuf, gst, gsh, jnp.float32(0.0), moe, qst, hist)
+        (_, _, gst, gsh, loss, moe, qst, _), _ = jax.lax.scan(tick, carry, (rows, recv, flags))
         gsh, loss, moe = jax.lax.psum((gsh, loss, moe), AXIS)
         return jax.tree.map(lambda a: a[None], (gst, qst)) + (gsh, loss, moe)
 

@@ -47,6 +47,10 @@ FP8_KEEP = ["fp8=hybrid", "fp8_recipe=tensorwise", "first_last_layers_bf16=true"
             "num_layers_at_start_in_bf16=1", "num_layers_at_end_in_bf16=1"]
 # Megatron's batch-size ramp: 8 rows for the first 16 samples, then 16 (4 steps)
 RAMP = ["train_iters=null", "train_samples=48", "rampup_batch_size=[8,8,16]"]
+# Megatron's global_aux_loss: token counts running over the step's microbatches
+MOE_GLOBAL = [*MOE[:-3], "moe_router_score_function=softmax",
+              "moe_router_load_balancing_type=global_aux_loss", "moe_aux_loss_coeff=0.01",
+              "micro_batch_size=1"]
 
 LAYOUTS = {
     "one": [],
@@ -86,6 +90,9 @@ LAYOUTS = {
     "moe_pp2_ep2": [*MOE, PP2, "expert_model_parallel_size=2"],
     "moe_pp2_ep2_a2a": [*MOE, PP2, "expert_model_parallel_size=2",
                         "moe_token_dispatcher_type=alltoall"],
+    "moe_global": MOE_GLOBAL,
+    "moe_global_pp2": [*MOE_GLOBAL, PP2, "micro_batch_size=2"],   # two microbatches, as PP 1
+    "moe_global_pp4_zb": [*MOE_GLOBAL, PP4, "patch_zero_bubble=true", "micro_batch_size=4"],
     "moe_pp2_ep2_zbv": [*MOE, PP2, "expert_model_parallel_size=2",
                         "patch_primus_pipeline=true", "pp_algorithm=zbv-formatted"],
     "gemma4": GEMMA4,
@@ -251,6 +258,7 @@ def train(workdir: pathlib.Path, name: str) -> dict:
             "fp8_history": history,
             "losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],
             "moe_aux_loss": [r.get("moe_aux_loss") for r in rows],
+            "moe_global_aux_loss": [r.get("moe_global_aux_loss") for r in rows],
             "wq_spec": [list(a) if isinstance(a, tuple) else a for a in spec],
             "mesh": dict(run.layout.mesh.shape)}
 
