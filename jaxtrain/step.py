@@ -191,7 +191,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             weights_MBT=weights_MBT, step_rng=step_rng, scale=scale,
             num_chunks=tcfg.loss_chunks, half_precision=tcfg.half_precision_loss,
             accum_dtype=accum_dtype, embed_noise=tcfg.embed_noise, moe0=moe0,
-            qstate=staged(qstate), qon=staged(on))
+            qstate=staged(qstate), qon=staged(on), objective=tcfg.objective)
         like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, accum_dtype), params)
         (grads,) = jax.linear_transpose(split, like)((gst, gsh))
         if qstate is not None:

@@ -757,10 +757,6 @@ _PIPELINE_NOT_YET = {
     "mtp_num_layers": (lambda v: v and v > 0, "multi-token prediction"),
     "dpo.enabled": (bool, "DPO"),
     "memory.seco": (bool, "SeCO"),
-    "plugins.dft": (bool, "token-weighting objectives"),
-    "plugins.deft": (bool, "token-weighting objectives"),
-    "plugins.cadft": (bool, "token-weighting objectives"),
-    "plugins.info_sft": (bool, "token-weighting objectives"),
     "plugins.pre_rl": (bool, "pre_rl's frozen base model"),
 }
 

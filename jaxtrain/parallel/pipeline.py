@@ -37,6 +37,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxtrain.fused_ce import head_params, plain_loss
+from jaxtrain.loss import row_losses
 from jaxtrain.models import quant_state
 from jaxtrain.models.params import STACKS
 from jaxtrain.models.remat import NO_REMAT, layer_plan
@@ -236,13 +237,15 @@ def _layer_counts(cfg, bounds, st: int) -> dict:
 
 def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT, step_rng,
                scale, num_chunks: int, half_precision: bool, accum_dtype,
-               embed_noise: float = 0.0, moe0=None, qstate=None, qon=None):
+               embed_noise: float = 0.0, moe0=None, qstate=None, qon=None, objective=None):
     """(stage gradients {stack: [p, v, n_max, ...]}, shared gradients, Σ loss, Σ MoE
     statistics, the stages' quantization state) of the step's microbatches run by ``prog``.
     ``qstate`` / ``qon``: the delayed-scaling state and first_last_layers_bf16 switches
     (:mod:`jaxtrain.models.quant_state`) split as :func:`stage_params`, or None; a stage's
     weight-gradient op (W, or the whole backward) moves its layers' state on, so each stage
-    updates its own in the order its schedule runs the microbatches. ``stacks``:
+    updates its own in the order its schedule runs the microbatches. ``objective``: a
+    token-weighting objective (``TrainConfig.objective``; its factors come from each
+    microbatch's own logits at the last stage). ``stacks``:
     :func:`stage_params`;
     ``shared``: the other parameters; ``batch`` leaves and ``weights_MBT`` [M, B, T]; the
     gradients are of the loss times ``scale`` (fp16 loss scaling), in ``accum_dtype``;
@@ -256,6 +259,9 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
     parallelism are entered by every device."""
     bounds = prog.bounds
     p = prog.schedule.ranks
+    weighted = objective is not None and objective.weighted
+    if objective is not None and objective.needs_base:
+        raise ValueError("the pipeline does not run an objective with a base model (pre_rl)")
     M, T = batch["tokens"].shape[0], batch["tokens"].shape[-1]
     emb_keys = [k for k in ("embedding", "position_embedding") if k in shared]
     head_keys = list(dict.fromkeys(["final_norm", *head_params(shared, cfg)]))
@@ -349,8 +355,14 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             """(loss, its gradient for x and the head's parameters, x scale) of the last
             stage's output x."""
             def loss_fn(x, h):
-                return plain_loss(h, final_hidden(h, x, {}, cfg), micro["targets"], w, cfg,
-                                  num_chunks, half_precision)
+                hidden = final_hidden(h, x, {}, cfg)
+                if weighted:
+                    return jnp.sum(row_losses(h, hidden, micro["targets"], w, cfg,
+                                              num_chunks=num_chunks,
+                                              half_precision=half_precision,
+                                              objective=objective)[0])
+                return plain_loss(h, hidden, micro["targets"], w, cfg, num_chunks,
+                                  half_precision)
             loss, (dx, dh) = jax.value_and_grad(loss_fn, argnums=(0, 1))(x, head)
             return loss, (dx * scale).astype(dt), jax.tree.map(
                 lambda g: (g * scale).astype(accum_dtype), dh)

@@ -107,6 +107,11 @@ LAYOUTS = {
     # every layer kept out of FP8: the pipelined run of the plain model
     "fp8_keep_all_pp2": [*FP8_KEEP[:3], "num_layers_at_start_in_bf16=2",
                          "num_layers_at_end_in_bf16=2", PP2],
+    "dft": ["plugins.dft=true"],
+    "dft_pp2": ["plugins.dft=true", PP2, "micro_batch_size=2"],
+    "cadft_pp2_vpp2": ["plugins.cadft=true", PP2, "virtual_pipeline_model_parallel_size=2",
+                       "micro_batch_size=2"],
+    "cadft": ["plugins.cadft=true"],
     "ramp": RAMP,
     "pp2_ramp": [*RAMP, PP2],
     "pp2_vpp2_ramp": [*RAMP, PP2, "virtual_pipeline_model_parallel_size=2"],

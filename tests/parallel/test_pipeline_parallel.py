@@ -266,7 +266,7 @@ SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "p
               "gemma4_pp2", "gemma4_pp2_vpp2_tp2", "pp2_1f1b_v", "fp8", "fp8_pp2",
               "fp8_keep", "fp8_keep_pp2", "fp8_keep_pp4_zb", "fp8_keep_all_pp2", "ramp",
               "pp2_ramp", "pp2_vpp2_ramp", "pp4_zbh_mem", "moe_global", "moe_global_pp2",
-              "moe_global_pp4_zb"]
+              "moe_global_pp4_zb", "dft", "dft_pp2", "cadft", "cadft_pp2_vpp2"]
 
 
 @pytest.fixture(scope="module")
@@ -331,6 +331,11 @@ def test_every_schedule_and_layout_gives_the_same_losses(tmp_path):
         got = runs.pop(name)
         for key in ("losses", "grad_norms", "moe_global_aux_loss"):
             assert got[key] == pytest.approx(glob[key], rel=2e-6), (name, key)
+    # token-weighting objectives at the last stage, from each microbatch's own logits
+    for plain, piped in (("dft", "dft_pp2"), ("cadft", "cadft_pp2_vpp2")):
+        want, got = runs.pop(plain), runs.pop(piped)
+        for key in ("losses", "grad_norms"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5), (piped, key)
     ramp = runs.pop("ramp")["losses"]   # the batch ramp: 1 then 2 microbatches a step at PP 1
     assert len(ramp) == 4
     for name in ("pp2_ramp", "pp2_vpp2_ramp"):
