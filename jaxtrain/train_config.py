@@ -8,7 +8,7 @@ from jaxtrain.config.errors import ConfigError
 from jaxtrain.dpo import DPOConfig
 from jaxtrain.loss import CE, TokenObjective
 from jaxtrain.loss_scale import LossScaleConfig
-from jaxtrain.optim.schedules import parse_rampup
+from jaxtrain.optim.schedules import parse_rampup, rampup_batches
 
 
 def _divisor_at_most(n: int, k: int) -> int:
@@ -181,11 +181,10 @@ class TrainConfig:
             return tuple(range(self.ga_ramp_start, self.num_microbatches + 1))
         if self.rampup is None:
             return (self.num_microbatches,)
-        from jaxtrain.optim.schedules import _rampup_stages
         per = self.micro_batch_size * self.data_parallel_size
-        stages = _rampup_stages(self.global_batch_size, self.rampup,
-                                per if self.decrease_batch_size_if_needed else None)
-        counts = [b // per for _, _, b in stages] + [self.num_microbatches]
+        batches = rampup_batches(self.global_batch_size, self.rampup,
+                                 per if self.decrease_batch_size_if_needed else None)
+        counts = [b // per for b in batches] + [self.num_microbatches]
         return tuple(dict.fromkeys(c for c in counts if c > 0))
 
     @classmethod

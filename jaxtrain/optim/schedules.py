@@ -679,6 +679,17 @@ def _rampup_stages(gbs: int, rampup: Rampup, multiple: int | None) -> tuple:
         step, consumed = step + lo, consumed + lo * b
 
 
+def rampup_batches(global_batch_size: int, rampup, multiple: int | None = None
+                   ) -> tuple[int, ...]:
+    """The global batches a batch-size ramp steps through, the full one last (``multiple``:
+    rounded down to multiples of it, as ``decrease_batch_size_if_needed`` does)."""
+    rampup = parse_rampup(rampup)
+    if rampup is None:
+        return (global_batch_size,)
+    return tuple(dict.fromkeys(
+        b for _, _, b in _rampup_stages(global_batch_size, rampup, multiple)))
+
+
 def rampup_train_iters(train_samples: int, global_batch_size: int, rampup) -> int:
     """Steps of a sample-based run as Megatron's update_train_iters counts them: ramped steps
     while the samples consumed are at most both the ramp's and train_samples, then as many
