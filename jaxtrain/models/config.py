@@ -111,6 +111,9 @@ class ModelConfig:
     post_mlp_norm: bool = False
     # False: no norm before the sublayers (OLMo 2/3 normalise only their outputs)
     pre_norm: bool = True
+    # GPT-NeoX's parallel residual: the MLP reads the layer's input (through its own norm) as
+    # the attention does, and both outputs add to it: x + attn(n1(x)) + mlp(n2(x))
+    parallel_residual: bool = False
     # With qk_layernorm: one norm over all heads' queries (keys) together, its scale [N*H]
     # ([K*H]), as OLMo 2/3; False normalises each head on its own
     qk_norm_across_heads: bool = False
@@ -309,6 +312,10 @@ class ModelConfig:
             self._validate_mla(check)
         if self.has_global_shape:
             self._validate_global(check)
+        check(not self.parallel_residual or (
+            self.pre_norm and not self.apply_residual_connection_post_layernorm),
+            "parallel_residual", "the parallel layer adds both sublayers to its normed-from "
+            "input: it needs pre_norm and no apply_residual_connection_post_layernorm")
         check(self.v_norm in (None, "plain", "scaled"), "v_norm",
               f"{self.v_norm!r} is not one of (None, 'plain', 'scaled')")
         if self.linear_attention_layers is not None:

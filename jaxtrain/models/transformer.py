@@ -253,6 +253,7 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     ``cache`` (decoding; see `attention_block`) it returns (x, statistics or None, new cache)."""
     x = checkpoint_name(constrain(x, "act_batch", "act_layer_seq", "act_embed"),
                         "decoder_layer_input")
+    x_in = x   # what a parallel-residual MLP reads (GPT-NeoX)
     rng = jax.random.fold_in(ctx["rng"], i) if ctx["rng"] is not None else None
     sub = (lambda n: jax.random.fold_in(rng, n)) if rng is not None else (lambda n: None)
     det = ctx["deterministic"]
@@ -280,7 +281,8 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
          ).astype(cfg.residual_dtype)
 
-    h = norm(p["mlp_norm"], x) if cfg.pre_norm else x
+    mlp_in = x_in if cfg.parallel_residual else x
+    h = norm(p["mlp_norm"], mlp_in) if cfg.pre_norm else mlp_in
     stats = None
     with jax.named_scope("mlp"):
         if "moe" in p:

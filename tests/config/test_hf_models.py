@@ -111,6 +111,9 @@ CASES = {
         sliding_window=16), audio_config=None, vision_config=dict(
         hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, head_dim=8)),
+    "gpt_neox": lambda: tr.GPTNeoXConfig(hidden_size=64, num_hidden_layers=4,
+                                         num_attention_heads=4, intermediate_size=96,
+                                         vocab_size=300, max_position_embeddings=256),
     "gpt2_exact_gelu": lambda: tr.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                              vocab_size=300, activation_function="gelu",
                                              tie_word_embeddings=False),

@@ -128,6 +128,9 @@ KNOBS = [
     K("pre_norm", "bool", True, "Normalise each sublayer's input (pre-norm); false feeds the "
       "residual stream in as it is (OLMo 2/3, which normalise the outputs instead).",
       "jaxtrain", status=HONORED),
+    K("parallel_residual", "bool", False, "GPT-NeoX's parallel layer: the MLP reads the layer's "
+      "input through its own norm, as the attention does, and both outputs add to it.",
+      "jaxtrain", status=HONORED),
     K("qk_norm_across_heads", "bool", False, "With qk_layernorm: one norm over all heads' "
       "queries (and one over the keys), as OLMo 2/3, instead of one per head.", "jaxtrain",
       status=HONORED),

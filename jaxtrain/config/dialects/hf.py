@@ -11,14 +11,15 @@ in this one place. A field these knobs cannot express raises ValueError naming i
 jaxtrain does not build raises naming its model_type and why.
 
 Built families (model_type): llama, mistral, qwen2, qwen3 (Llama-style attention), mixtral,
-qwen3_moe (softmax-routed MoE), gpt2, deepseek_v3 (multi-latent attention, sigmoid group-limited
-MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts), gemma, gemma2, gemma3_text
-(embedding scale, sandwich norms, soft-capping, local/global layers), olmo2, olmo3 (output-only
-norms, q/k norms across heads, local/global layers), qwen3_next, qwen3_5_text, qwen3_5_moe_text
-(Gated DeltaNet hybrids), llama4_text (NoPE layers, chunked attention, sigmoid top-1 MoE with a
-shared expert), gemma4_text (global layers of their own head shape, proportional RoPE, layer
-scalars, the parallel dense + expert MoE layer) and the text models of the vision-language
-checkpoints qwen3_5, qwen3_5_moe, llama4, gemma3 and gemma4.
+qwen3_moe (softmax-routed MoE), gpt2, gpt_neox (parallel layers, partial RoPE), deepseek_v3
+(multi-latent attention, sigmoid group-limited MoE), gpt_oss (sinks, alternating windows,
+clamped-GLU experts), gemma, gemma2, gemma3_text (embedding scale, sandwich norms, soft-capping,
+local/global layers), olmo2, olmo3 (output-only norms, q/k norms across heads, local/global
+layers), qwen3_next, qwen3_5_text, qwen3_5_moe_text (Gated DeltaNet hybrids), llama4_text (NoPE
+layers, chunked attention, sigmoid top-1 MoE with a shared expert), gemma4_text (global layers
+of their own head shape, proportional RoPE, layer scalars, the parallel dense + expert MoE
+layer) and the text models of the vision-language checkpoints qwen3_5, qwen3_5_moe, llama4,
+gemma3 and gemma4.
 
 This module imports no JAX (the dry run must not start it): only json, math, os and pathlib.
 """
@@ -52,14 +53,14 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "num_key_value_heads": 4, "head_dim": 256,
                             "max_position_embeddings": 131072, "query_pre_attn_scalar": 256,
                             "hidden_activation": "gelu_pytorch_tanh"}}
-FAMILIES = (LLAMA_LIKE + ("gpt2", "deepseek_v3", "gpt_oss") + MOE + GEMMA + OLMO + HYBRID
-            + LLAMA4 + GEMMA4 + tuple(TEXT_OF))
+FAMILIES = (LLAMA_LIKE + ("gpt2", "gpt_neox", "deepseek_v3", "gpt_oss") + MOE + GEMMA + OLMO
+            + HYBRID + LLAMA4 + GEMMA4 + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("gemma3n", "gemma3n_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
            "phi", "phi3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
-           "gpt_neox", "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
+           "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
            "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "smollm3", "lfm2")
 PLANNED_PREFIXES = ("gemma",)
 # config.json entries that mark a model reading more than text.
@@ -388,6 +389,37 @@ def _gpt2(hf: dict) -> dict:
             "add_bias_linear": True, "add_qkv_bias": True, "hidden_dropout": float(resid),
             "attention_dropout": float(hf.get("attn_pdrop", 0.1)),
             "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", True),
+            "init_method_std": float(hf.get("initializer_range", 0.02))}
+
+
+def _gpt_neox(hf: dict) -> dict:
+    """GPT-NeoX (Pythia): LayerNorm with biases, RoPE on partial_rotary_factor (rotary_pct) of
+    each head, biases on every linear (attention_bias; the MLP always has them), a plain MLP,
+    the parallel layer as use_parallel_residual says, an untied output layer by default."""
+    act = hf.get("hidden_act", "gelu")
+    if act not in _PLAIN_ACT:
+        raise bad("hidden_act", act, f"supported values are {sorted(_PLAIN_ACT)}")
+    if not hf.get("attention_bias", True):
+        raise bad("attention_bias", False, "GPT-NeoX's MLP keeps its biases; biases on the MLP "
+                  "alone are not built")
+    rp = dict(hf.get("rope_parameters") or {})
+    if rp.get("rope_type", "default") != "default" or hf.get("rope_scaling"):
+        raise bad("rope_parameters", rp or hf.get("rope_scaling"), "GPT-NeoX with RoPE scaling "
+                  "is not built")
+    d, heads = hf["hidden_size"], hf["num_attention_heads"]
+    return {"num_layers": hf["num_hidden_layers"], "hidden_size": d, "num_attention_heads": heads,
+            "ffn_hidden_size": hf.get("intermediate_size") or 4 * d,
+            "vocab_size": hf["vocab_size"], "make_vocab_size_divisible_by": 1,
+            "max_position_embeddings": hf.get("max_position_embeddings", 2048),
+            "position_embedding_type": "rope",
+            "rotary_base": _number(rp.get("rope_theta", hf.get("rotary_emb_base", 10000))),
+            "rotary_percent": float(rp.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))),
+            "normalization": "LayerNorm", "norm_epsilon": float(hf.get("layer_norm_eps", 1e-5)),
+            **_PLAIN_ACT[act], "add_bias_linear": True, "add_qkv_bias": True,
+            "parallel_residual": bool(hf.get("use_parallel_residual", True)),
+            "hidden_dropout": float(hf.get("hidden_dropout", 0.0)),
+            "attention_dropout": float(hf.get("attention_dropout", 0.0)),
+            "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", False),
             "init_method_std": float(hf.get("initializer_range", 0.02))}
 
 
@@ -813,7 +845,8 @@ def text_config(hf: dict) -> dict:
 
 
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
-    **{f: _llama for f in LLAMA_LIKE + MOE}, "gpt2": _gpt2, "deepseek_v3": _deepseek_v3,
+    **{f: _llama for f in LLAMA_LIKE + MOE}, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
+    "deepseek_v3": _deepseek_v3,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
     **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,
     **{f: (lambda hf: knobs(text_config(hf))) for f in TEXT_OF}}

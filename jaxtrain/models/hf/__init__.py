@@ -7,6 +7,7 @@ Families, one adapter module each (see :class:`common.Adapter`):
 - moe.py: Mixtral and Qwen3-MoE (router + experts [E, ...], dense layers where Qwen3-MoE's
   mlp_only_layers/decoder_sparse_step say);
 - gpt2.py: GPT-2 (learned positions, LayerNorm, biases, Conv1D weights stored [in, out]);
+- gpt_neox.py: GPT-NeoX / Pythia (parallel layers, partial RoPE, per-head fused q/k/v);
 - deepseek_v3.py: DeepSeek-V3 (multi-latent attention with YaRN; dense layers first, then MoE
   layers with group-limited sigmoid routing, e_score_correction_bias and a shared expert);
 - gpt_oss.py: gpt-oss (sinks, alternating sliding windows, biases, YaRN; biased router and
@@ -45,8 +46,8 @@ from safetensors.numpy import save_file
 from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf import (deepseek_v3, gemma, gemma4, gpt2, gpt_oss, llama, llama4, moe,
-                                olmo, qwen3_next)
+from jaxtrain.models.hf import (deepseek_v3, gemma, gemma4, gpt2, gpt_neox, gpt_oss, llama,
+                                llama4, moe, olmo, qwen3_next)
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
 from jaxtrain.models.params import abstract
 
@@ -54,7 +55,8 @@ from jaxtrain.models.params import abstract
 ADAPTERS: tuple[Adapter, ...] = (qwen3_next.ADAPTER, llama4.ADAPTER, gemma4.ADAPTER,
                                  deepseek_v3.ADAPTER,
                                  gpt_oss.ADAPTER, moe.ADAPTER,
-                                 gpt2.ADAPTER, gemma.ADAPTER, olmo.ADAPTER, llama.ADAPTER)
+                                 gpt2.ADAPTER, gpt_neox.ADAPTER, gemma.ADAPTER, olmo.ADAPTER,
+                                 llama.ADAPTER)
 _BY_FAMILY = {family: a for a in ADAPTERS for family in a.families}
 FAMILIES = tuple(f for f in translation.FAMILIES if f in _BY_FAMILY)
 assert set(FAMILIES) == set(_BY_FAMILY), "every adapter family needs its config translation"
