@@ -9,9 +9,10 @@ import pytest
 import torch
 import transformers as tr
 from model_helpers import VOCAB, max_diff, tokens
-from test_hf import _randomize, TOL, _hf_logits, _load
+from test_hf import (TOL, _hf_logits, _randomize, check_greedy_decode,
+                     check_parity_and_round_trip)
 
-from jaxtrain.models import forward, from_hf, generate, to_hf
+from jaxtrain.models import forward, from_hf, to_hf
 from jaxtrain.models.hf import config_from_hf
 
 # Six layers, five sliding (window 4 of 16 tokens) to one global; the global layers twice as
@@ -51,18 +52,9 @@ def _logits(params, cfg, toks):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_parity_and_round_trip(case, tmp_path):
-    model = _model(case, tmp_path / "hf")
-    cfg, params = from_hf(tmp_path / "hf")
+    cfg = check_parity_and_round_trip(_model(case, tmp_path / "hf"), tmp_path)
     assert cfg.layer_scalar and cfg.v_norm == "plain" and cfg.global_rotary_percent == 0.25
     assert cfg.global_kv_channels == 16
-    toks = tokens()
-    ref = _hf_logits(model, toks)
-    assert max_diff(_logits(params, cfg, toks), ref) <= TOL
-    to_hf(params, cfg, tmp_path / "out")
-    assert max_diff(_hf_logits(_load(tmp_path / "out"), toks), ref) <= TOL
-    cfg2, params2 = from_hf(tmp_path / "out")
-    assert cfg2 == cfg
-    jax.tree.map(np.testing.assert_array_equal, params2, params)
 
 
 def _flipped(cfg, field, value):
@@ -128,14 +120,7 @@ def test_vision_language_checkpoint_reads_its_text_model(tmp_path):
 @pytest.mark.parametrize("case", ["dense_31b_like",
                                   pytest.param("moe_26b_like", marks=pytest.mark.slow)])
 def test_greedy_decode_matches_transformers(case, tmp_path):
-    model = _model(case, tmp_path / "hf")
-    cfg, params = from_hf(tmp_path / "hf")
-    prompt = tokens(2, 6)
-    with torch.no_grad():
-        ref = model.generate(torch.tensor(np.asarray(prompt)), max_new_tokens=8,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    np.testing.assert_array_equal(np.asarray(generate(params, cfg, prompt, 8)),
-                                  ref[:, prompt.shape[1]:].numpy())
+    check_greedy_decode(_model(case, tmp_path / "hf"), tmp_path / "hf")
 
 
 @pytest.mark.parametrize("field, value, match", [

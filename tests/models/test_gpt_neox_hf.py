@@ -2,15 +2,13 @@
 weights) with the parallel layer and without, partial RoPE, from_hf / to_hf round trips that
 load in transformers, greedy decode, and the parallel_residual knob flipped."""
 import jax
-import numpy as np
 import pytest
-import torch
 import transformers as tr
 from model_helpers import VOCAB, max_diff, tokens
-from test_hf import TOL, _hf_logits, _hf_model, _load
+from test_hf import _hf_logits, _hf_model, check_greedy_decode, check_parity_and_round_trip
 
 from jaxtrain.config.dialects import hf as translation
-from jaxtrain.models import ModelConfig, forward, from_hf, generate, to_hf
+from jaxtrain.models import ModelConfig, forward, from_hf
 from jaxtrain.models.hf import RUN_KNOBS
 
 _BASE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -32,17 +30,9 @@ def _logits(params, cfg, toks):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_parity_and_round_trip(case, tmp_path):
     model = _hf_model(case, tmp_path / "hf", cases=CASES)
-    cfg, params = from_hf(tmp_path / "hf")
+    cfg = check_parity_and_round_trip(model, tmp_path)
     assert cfg.parallel_residual == CASES[case][2].get("use_parallel_residual", True)
     assert cfg.rotary_dim == 2 and cfg.normalization == "LayerNorm"
-    toks = tokens()
-    ref = _hf_logits(model, toks)
-    assert max_diff(_logits(params, cfg, toks), ref) <= TOL
-    to_hf(params, cfg, tmp_path / "out")
-    assert max_diff(_hf_logits(_load(tmp_path / "out"), toks), ref) <= TOL
-    cfg2, params2 = from_hf(tmp_path / "out")
-    assert cfg2 == cfg
-    jax.tree.map(np.testing.assert_array_equal, params2, params)
 
 
 def test_parallel_residual_knob_changes_the_layer(tmp_path):
@@ -59,11 +49,5 @@ def test_parallel_residual_knob_changes_the_layer(tmp_path):
 
 
 def test_greedy_decode_matches_transformers(tmp_path):
-    model = _hf_model("pythia_parallel", tmp_path / "hf", cases=CASES)
-    cfg, params = from_hf(tmp_path / "hf")
-    prompt = tokens(2, 6)
-    with torch.no_grad():
-        ref = model.generate(torch.tensor(np.asarray(prompt)), max_new_tokens=8,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    np.testing.assert_array_equal(np.asarray(generate(params, cfg, prompt, 8)),
-                                  ref[:, prompt.shape[1]:].numpy())
+    check_greedy_decode(_hf_model("pythia_parallel", tmp_path / "hf", cases=CASES),
+                        tmp_path / "hf")

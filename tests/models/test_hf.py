@@ -10,7 +10,7 @@ import transformers as tr
 from model_helpers import SEQ, VOCAB, max_diff, random_params, tiny, tokens
 from safetensors.numpy import load_file, save_file
 
-from jaxtrain.models import forward, from_hf, to_hf
+from jaxtrain.models import forward, from_hf, generate, to_hf
 from jaxtrain.models.hf import config_from_hf, hf_config
 
 TOL = 1e-4
@@ -106,6 +106,17 @@ def check_parity_and_round_trip(model, path):
     assert cfg2 == cfg
     jax.tree.map(np.testing.assert_array_equal, params2, params)
     return cfg
+
+
+def check_greedy_decode(model, path, new_tokens: int = 8):
+    """``generate`` of the checkpoint in ``path`` picks transformers' greedy tokens."""
+    cfg, params = from_hf(path)
+    prompt = tokens(2, 6)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor(np.asarray(prompt)), max_new_tokens=new_tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    np.testing.assert_array_equal(np.asarray(generate(params, cfg, prompt, new_tokens)),
+                                  ref[:, prompt.shape[1]:].numpy())
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
