@@ -570,10 +570,14 @@ def attention_problems(cfg: ModelConfig) -> list[str]:
     if cfg.attention_dropout > 0:
         no(f"dropout on the attention probabilities (attention_dropout = "
            f"{cfg.attention_dropout})", "set attention_dropout to 0")
+    widths = {cfg.head_dim: "kv_channels"}
+    if cfg.has_global_shape:   # Gemma 4's global layers
+        widths.setdefault(cfg.attention_shape(wide=True)[1], "global_kv_channels")
     if impl == "flash":
-        if cfg.flash_block_sizes is None and cfg.head_dim > _FLASH_MAX_HEAD_DIM:
-            no(f"tuned tiles for head dim {cfg.head_dim} (kv_channels; at most "
-               f"{_FLASH_MAX_HEAD_DIM})", "pass flash_block_sizes")
+        for width, knob in widths.items():
+            if cfg.flash_block_sizes is None and width > _FLASH_MAX_HEAD_DIM:
+                no(f"tuned tiles for head dim {width} ({knob}; at most "
+                   f"{_FLASH_MAX_HEAD_DIM})", "pass flash_block_sizes")
         return problems
     platform = accelerator()
     if platform != "cuda":
@@ -588,7 +592,8 @@ def attention_problems(cfg: ModelConfig) -> list[str]:
            "use the flash kernel (attention: flash)")
     if cfg.dtype not in ("bfloat16", "float16"):
         no(f"{cfg.dtype} inputs (dtype; it takes bfloat16 or float16)", "change dtype")
-    if cfg.head_dim % 8 or cfg.head_dim > 256:
-        no(f"support for head dim {cfg.head_dim} (kv_channels; a multiple of 8, at most 256)",
-           "change kv_channels")
+    for width, knob in widths.items():
+        if width % 8 or width > 256:
+            no(f"support for head dim {width} ({knob}; a multiple of 8, at most 256)",
+               f"change {knob}")
     return problems

@@ -176,3 +176,16 @@ def test_gemma4_knobs_shape_the_model(knob):
     shapes = [jax.tree.map(lambda a: a.shape, abstract(c)) for c in (base, other)]
     if knob not in ("global_rotary_percent", "v_norm"):
         assert shapes[0] != shapes[1]
+
+
+def test_kernels_check_the_global_head_width():
+    """The flash kernel's tuned tiles and cuDNN stop at head dim 256: Gemma 4's 512-wide global
+    heads are refused naming global_kv_channels (xla runs them)."""
+    from jaxtrain.config.errors import ConfigError
+    from jaxtrain.models import ModelConfig
+    base = dict(num_layers=2, hidden_size=32, num_attention_heads=4, kv_channels=8,
+                vocab_size=64, sliding_window=4, sliding_window_layers=(True, False),
+                normalization="RMSNorm", global_kv_channels=512)
+    assert ModelConfig(**base).attention_shape(True) == (4, 512)
+    with pytest.raises(ConfigError, match="head dim 512 .global_kv_channels"):
+        ModelConfig(**base, attention_impl="flash")
