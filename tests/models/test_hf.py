@@ -155,9 +155,9 @@ def test_export_native_config(changes, tmp_path):
 
 
 @pytest.mark.parametrize("field", ["qk_l2_norm", "final_logit_softcapping",
-                                   "apply_residual_connection_post_layernorm", "rotary_percent"])
+                                   "apply_residual_connection_post_layernorm"])
 def test_export_rejects_unrepresentable(field):
-    value = {"final_logit_softcapping": 30.0, "rotary_percent": 0.5}.get(field, True)
+    value = {"final_logit_softcapping": 30.0}.get(field, True)
     with pytest.raises(ValueError, match=field):
         hf_config(tiny(**{field: value}))
 

@@ -10,16 +10,16 @@ them in a preset layer) as in ``jaxtrain.models.hf.config_from_hf``, so both rea
 in this one place. A field these knobs cannot express raises ValueError naming it; a family
 jaxtrain does not build raises naming its model_type and why.
 
-Built families (model_type): llama, mistral, qwen2, qwen3 (Llama-style attention), mixtral,
-qwen3_moe (softmax-routed MoE), gpt2, gpt_neox (parallel layers, partial RoPE), deepseek_v3
-(multi-latent attention, sigmoid group-limited MoE), gpt_oss (sinks, alternating windows,
-clamped-GLU experts), gemma, gemma2, gemma3_text (embedding scale, sandwich norms, soft-capping,
-local/global layers), olmo2, olmo3 (output-only norms, q/k norms across heads, local/global
-layers), qwen3_next, qwen3_5_text, qwen3_5_moe_text (Gated DeltaNet hybrids), llama4_text (NoPE
-layers, chunked attention, sigmoid top-1 MoE with a shared expert), gemma4_text (global layers
-of their own head shape, proportional RoPE, layer scalars, the parallel dense + expert MoE
-layer) and the text models of the vision-language checkpoints qwen3_5, qwen3_5_moe, llama4,
-gemma3 and gemma4.
+Built families (model_type): llama, mistral, qwen2, qwen3 (Llama-style attention), phi3 (fused
+q/k/v and gate/up, partial RoPE), mixtral, qwen3_moe (softmax-routed MoE), gpt2, gpt_neox
+(parallel layers, partial RoPE), deepseek_v3 (multi-latent attention, sigmoid group-limited
+MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts), gemma, gemma2, gemma3_text
+(embedding scale, sandwich norms, soft-capping, local/global layers), olmo2, olmo3 (output-only
+norms, q/k norms across heads, local/global layers), qwen3_next, qwen3_5_text, qwen3_5_moe_text
+(Gated DeltaNet hybrids), llama4_text (NoPE layers, chunked attention, sigmoid top-1 MoE with a
+shared expert), gemma4_text (global layers of their own head shape, proportional RoPE, layer
+scalars, the parallel dense + expert MoE layer) and the text models of the vision-language
+checkpoints qwen3_5, qwen3_5_moe, llama4, gemma3 and gemma4.
 
 This module imports no JAX (the dry run must not start it): only json, math, os and pathlib.
 """
@@ -53,12 +53,13 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "num_key_value_heads": 4, "head_dim": 256,
                             "max_position_embeddings": 131072, "query_pre_attn_scalar": 256,
                             "hidden_activation": "gelu_pytorch_tanh"}}
-FAMILIES = (LLAMA_LIKE + ("gpt2", "gpt_neox", "deepseek_v3", "gpt_oss") + MOE + GEMMA + OLMO
+FAMILIES = (LLAMA_LIKE + ("phi3", "gpt2", "gpt_neox", "deepseek_v3", "gpt_oss") + MOE + GEMMA
+            + OLMO
             + HYBRID + LLAMA4 + GEMMA4 + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("gemma3n", "gemma3n_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
-           "phi", "phi3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
+           "phi", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
            "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
            "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "smollm3", "lfm2")
@@ -390,6 +391,23 @@ def _gpt2(hf: dict) -> dict:
             "attention_dropout": float(hf.get("attn_pdrop", 0.1)),
             "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", True),
             "init_method_std": float(hf.get("initializer_range", 0.02))}
+
+
+def _phi3(hf: dict) -> dict:
+    """Phi-3 / Phi-4: Llama-style attention and gated MLP (fused in the checkpoint), RoPE on
+    partial_rotary_factor of each head, a sliding window on every layer when set; resid_pdrop
+    is the hidden dropout (embd_pdrop must match it). LongRoPE (the 128k variants) is refused by
+    its rope_type."""
+    rp = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    partial = float(rp.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+    resid, emb = hf.get("resid_pdrop", 0.0), hf.get("embd_pdrop", 0.0)
+    if resid != emb:
+        raise bad("embd_pdrop", emb, f"differs from resid_pdrop={resid}; jaxtrain has one "
+                  "hidden_dropout")
+    plain = {**hf, "rope_parameters": rp, "rope_scaling": None, "partial_rotary_factor": 1.0}
+    return {**_rms_rope(hf, hf.get("max_position_embeddings", 4096), 1e-5), **_heads(hf),
+            **_gated(hf), **windows(hf.get("sliding_window")), **_rope(plain),
+            "rotary_percent": partial, "hidden_dropout": float(resid)}
 
 
 def _gpt_neox(hf: dict) -> dict:
@@ -845,7 +863,8 @@ def text_config(hf: dict) -> dict:
 
 
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
-    **{f: _llama for f in LLAMA_LIKE + MOE}, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
+    **{f: _llama for f in LLAMA_LIKE + MOE}, "phi3": _phi3, "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
     "deepseek_v3": _deepseek_v3,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
     **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,
