@@ -114,6 +114,7 @@ CASES = {
     "phi3": lambda: tr.Phi3Config(**_B, pad_token_id=0, eos_token_id=1, sliding_window=32,
                                   rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                    "partial_rotary_factor": 0.5}),
+    "smollm3": lambda: tr.SmolLM3Config(**_B, pad_token_id=0, bos_token_id=1, eos_token_id=1),
     "gpt_neox": lambda: tr.GPTNeoXConfig(hidden_size=64, num_hidden_layers=4,
                                          num_attention_heads=4, intermediate_size=96,
                                          vocab_size=300, max_position_embeddings=256),

@@ -11,15 +11,15 @@ in this one place. A field these knobs cannot express raises ValueError naming i
 jaxtrain does not build raises naming its model_type and why.
 
 Built families (model_type): llama, mistral, qwen2, qwen3 (Llama-style attention), phi3 (fused
-q/k/v and gate/up, partial RoPE), mixtral, qwen3_moe (softmax-routed MoE), gpt2, gpt_neox
-(parallel layers, partial RoPE), deepseek_v3 (multi-latent attention, sigmoid group-limited
-MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts), gemma, gemma2, gemma3_text
-(embedding scale, sandwich norms, soft-capping, local/global layers), olmo2, olmo3 (output-only
-norms, q/k norms across heads, local/global layers), qwen3_next, qwen3_5_text, qwen3_5_moe_text
-(Gated DeltaNet hybrids), llama4_text (NoPE layers, chunked attention, sigmoid top-1 MoE with a
-shared expert), gemma4_text (global layers of their own head shape, proportional RoPE, layer
-scalars, the parallel dense + expert MoE layer) and the text models of the vision-language
-checkpoints qwen3_5, qwen3_5_moe, llama4, gemma3 and gemma4.
+q/k/v and gate/up, partial RoPE), smollm3 (NoPE layers), mixtral, qwen3_moe (softmax-routed
+MoE), gpt2, gpt_neox (parallel layers, partial RoPE), deepseek_v3 (multi-latent attention,
+sigmoid group-limited MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts), gemma,
+gemma2, gemma3_text (embedding scale, sandwich norms, soft-capping, local/global layers), olmo2,
+olmo3 (output-only norms, q/k norms across heads, local/global layers), qwen3_next,
+qwen3_5_text, qwen3_5_moe_text (Gated DeltaNet hybrids), llama4_text (NoPE layers, chunked
+attention, sigmoid top-1 MoE with a shared expert), gemma4_text (global layers of their own head
+shape, proportional RoPE, layer scalars, the parallel dense + expert MoE layer) and the text
+models of the vision-language checkpoints qwen3_5, qwen3_5_moe, llama4, gemma3 and gemma4.
 
 This module imports no JAX (the dry run must not start it): only json, math, os and pathlib.
 """
@@ -53,16 +53,15 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "num_key_value_heads": 4, "head_dim": 256,
                             "max_position_embeddings": 131072, "query_pre_attn_scalar": 256,
                             "hidden_activation": "gelu_pytorch_tanh"}}
-FAMILIES = (LLAMA_LIKE + ("phi3", "gpt2", "gpt_neox", "deepseek_v3", "gpt_oss") + MOE + GEMMA
-            + OLMO
-            + HYBRID + LLAMA4 + GEMMA4 + tuple(TEXT_OF))
+FAMILIES = (LLAMA_LIKE + ("phi3", "smollm3", "gpt2", "gpt_neox", "deepseek_v3", "gpt_oss") + MOE
+            + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4 + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("gemma3n", "gemma3n_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
            "phi", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
            "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
-           "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "smollm3", "lfm2")
+           "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "lfm2")
 PLANNED_PREFIXES = ("gemma",)
 # config.json entries that mark a model reading more than text.
 MULTIMODAL_FIELDS = ("vision_config", "audio_config", "speech_config", "image_token_id",
@@ -391,6 +390,27 @@ def _gpt2(hf: dict) -> dict:
             "attention_dropout": float(hf.get("attn_pdrop", 0.1)),
             "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", True),
             "init_method_std": float(hf.get("initializer_range", 0.02))}
+
+
+def _smollm3(hf: dict) -> dict:
+    """SmolLM3: Llama with NoPE layers (no_rope_layers, 1 = RoPE; else every
+    no_rope_layer_interval-th layer without) and, with use_sliding_window, a sliding window on
+    the layers layer_types marks sliding (the NoPE ones by default)."""
+    n = hf["num_hidden_layers"]
+    rope_on = hf.get("no_rope_layers") or [
+        int((i + 1) % hf.get("no_rope_layer_interval", 4) != 0) for i in range(n)]
+    if len(rope_on) != n:
+        raise bad("no_rope_layers", rope_on, f"needs an entry per layer ({n})")
+    out = _llama({**hf, "model_type": "llama", "tie_word_embeddings":
+                  hf.get("tie_word_embeddings", True)})
+    if not all(rope_on):
+        out["no_rope_freq"] = [int(not on) for on in rope_on]
+    if hf.get("use_sliding_window") and hf.get("sliding_window"):
+        types = hf.get("layer_types") or ["sliding_attention" if not on else "full_attention"
+                                          for on in rope_on]
+        out.update(windows(hf["sliding_window"],
+                           tuple(t == "sliding_attention" for t in types)))
+    return out
 
 
 def _phi3(hf: dict) -> dict:
@@ -863,7 +883,7 @@ def text_config(hf: dict) -> dict:
 
 
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
-    **{f: _llama for f in LLAMA_LIKE + MOE}, "phi3": _phi3, "gpt2": _gpt2,
+    **{f: _llama for f in LLAMA_LIKE + MOE}, "phi3": _phi3, "smollm3": _smollm3, "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "deepseek_v3": _deepseek_v3,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},

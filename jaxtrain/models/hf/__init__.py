@@ -9,6 +9,7 @@ Families, one adapter module each (see :class:`common.Adapter`):
 - gpt2.py: GPT-2 (learned positions, LayerNorm, biases, Conv1D weights stored [in, out]);
 - gpt_neox.py: GPT-NeoX / Pythia (parallel layers, partial RoPE, per-head fused q/k/v);
 - phi3.py: Phi-3 / Phi-4 (the Llama layout with fused q/k/v and gate/up, partial RoPE);
+- smollm3.py: SmolLM3 (the Llama layout with NoPE layers, windows on them optionally);
 - deepseek_v3.py: DeepSeek-V3 (multi-latent attention with YaRN; dense layers first, then MoE
   layers with group-limited sigmoid routing, e_score_correction_bias and a shared expert);
 - gpt_oss.py: gpt-oss (sinks, alternating sliding windows, biases, YaRN; biased router and
@@ -48,14 +49,14 @@ from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf import (deepseek_v3, gemma, gemma4, gpt2, gpt_neox, gpt_oss, llama,
-                                llama4, moe, olmo, phi3, qwen3_next)
+                                llama4, moe, olmo, phi3, qwen3_next, smollm3)
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
 from jaxtrain.models.params import abstract
 
 # In the order hf_family asks them which family reproduces a config most directly.
-ADAPTERS: tuple[Adapter, ...] = (qwen3_next.ADAPTER, llama4.ADAPTER, gemma4.ADAPTER,
-                                 deepseek_v3.ADAPTER,
-                                 gpt_oss.ADAPTER, moe.ADAPTER,
+ADAPTERS: tuple[Adapter, ...] = (qwen3_next.ADAPTER, smollm3.ADAPTER, llama4.ADAPTER,
+                                 gemma4.ADAPTER, deepseek_v3.ADAPTER, gpt_oss.ADAPTER,
+                                 moe.ADAPTER,
                                  gpt2.ADAPTER, gpt_neox.ADAPTER, gemma.ADAPTER, olmo.ADAPTER,
                                  phi3.ADAPTER, llama.ADAPTER)
 _BY_FAMILY = {family: a for a in ADAPTERS for family in a.families}
