@@ -111,6 +111,10 @@ class ModelConfig:
     post_mlp_norm: bool = False
     # False: no norm before the sublayers (OLMo 2/3 normalise only their outputs)
     pre_norm: bool = True
+    # Granite: each sublayer's output times residual_multiplier before its residual add, and
+    # the logits divided by logits_scaling
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     # GPT-NeoX's parallel residual: the MLP reads the layer's input (through its own norm) as
     # the attention does, and both outputs add to it: x + attn(n1(x)) + mlp(n2(x))
     parallel_residual: bool = False
@@ -312,6 +316,8 @@ class ModelConfig:
             self._validate_mla(check)
         if self.has_global_shape:
             self._validate_global(check)
+        check(self.logits_scaling > 0, "logits_scaling", "must be positive (logits are "
+              "divided by it)")
         check(not self.parallel_residual or (
             self.pre_norm and not self.apply_residual_connection_post_layernorm),
             "parallel_residual", "the parallel layer adds both sublayers to its normed-from "

@@ -277,6 +277,8 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
             cache = {**cache, **kv}
     if cfg.post_attention_norm:
         a = norm(p["post_attn_norm"], a)
+    if cfg.residual_multiplier != 1.0:   # Granite
+        a = a * jnp.asarray(cfg.residual_multiplier, a.dtype)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
          ).astype(cfg.residual_dtype)
@@ -291,6 +293,8 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
             m = mlp(p["mlp"], h)
     if cfg.post_mlp_norm:
         m = norm(p["post_mlp_norm"], m)
+    if cfg.residual_multiplier != 1.0:
+        m = m * jnp.asarray(cfg.residual_multiplier, m.dtype)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     m = constrain(m, *RESIDUAL)
     out = (resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)).astype(cfg.residual_dtype)
@@ -476,6 +480,8 @@ def logits_head(params: dict, x, cfg):
         if cfg.normalize_embedding_logits:
             logits = logits / jnp.float32(cfg.hidden_size ** 0.5)
     logits = constrain(logits, "act_batch", "act_seq", "act_vocab")
+    if cfg.logits_scaling != 1.0:   # Granite
+        logits = logits / jnp.float32(cfg.logits_scaling)
     if cfg.final_logit_softcapping:
         c = cfg.final_logit_softcapping
         logits = jnp.tanh(logits / c) * c

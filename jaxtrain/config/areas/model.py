@@ -128,6 +128,10 @@ KNOBS = [
     K("pre_norm", "bool", True, "Normalise each sublayer's input (pre-norm); false feeds the "
       "residual stream in as it is (OLMo 2/3, which normalise the outputs instead).",
       "jaxtrain", status=HONORED),
+    K("residual_multiplier", "float", 1.0, "Granite: multiply each attention and MLP output by "
+      "this before adding it to the residual stream.", "jaxtrain", status=HONORED),
+    K("logits_scaling", "float", 1.0, "Granite: divide the output logits by this.", "jaxtrain",
+      status=HONORED),
     K("parallel_residual", "bool", False, "GPT-NeoX's parallel layer: the MLP reads the layer's "
       "input through its own norm, as the attention does, and both outputs add to it.",
       "jaxtrain", status=HONORED),

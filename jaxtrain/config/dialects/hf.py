@@ -11,15 +11,16 @@ in this one place. A field these knobs cannot express raises ValueError naming i
 jaxtrain does not build raises naming its model_type and why.
 
 Built families (model_type): llama, mistral, qwen2, qwen3 (Llama-style attention), phi3 (fused
-q/k/v and gate/up, partial RoPE), smollm3 (NoPE layers), mixtral, qwen3_moe (softmax-routed
-MoE), gpt2, gpt_neox (parallel layers, partial RoPE), deepseek_v3 (multi-latent attention,
-sigmoid group-limited MoE), gpt_oss (sinks, alternating windows, clamped-GLU experts), gemma,
-gemma2, gemma3_text (embedding scale, sandwich norms, soft-capping, local/global layers), olmo2,
-olmo3 (output-only norms, q/k norms across heads, local/global layers), qwen3_next,
-qwen3_5_text, qwen3_5_moe_text (Gated DeltaNet hybrids), llama4_text (NoPE layers, chunked
-attention, sigmoid top-1 MoE with a shared expert), gemma4_text (global layers of their own head
-shape, proportional RoPE, layer scalars, the parallel dense + expert MoE layer) and the text
-models of the vision-language checkpoints qwen3_5, qwen3_5_moe, llama4, gemma3 and gemma4.
+q/k/v and gate/up, partial RoPE), smollm3 (NoPE layers), granite (embedding, attention, residual
+and logit multipliers), mixtral, qwen3_moe (softmax-routed MoE), gpt2, gpt_neox (parallel
+layers, partial RoPE), deepseek_v3 (multi-latent attention, sigmoid group-limited MoE), gpt_oss
+(sinks, alternating windows, clamped-GLU experts), gemma, gemma2, gemma3_text (embedding scale,
+sandwich norms, soft-capping, local/global layers), olmo2, olmo3 (output-only norms, q/k norms
+across heads, local/global layers), qwen3_next, qwen3_5_text, qwen3_5_moe_text (Gated DeltaNet
+hybrids), llama4_text (NoPE layers, chunked attention, sigmoid top-1 MoE with a shared expert),
+gemma4_text (global layers of their own head shape, proportional RoPE, layer scalars, the
+parallel dense + expert MoE layer) and the text models of the vision-language checkpoints
+qwen3_5, qwen3_5_moe, llama4, gemma3 and gemma4.
 
 This module imports no JAX (the dry run must not start it): only json, math, os and pathlib.
 """
@@ -53,12 +54,13 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "num_key_value_heads": 4, "head_dim": 256,
                             "max_position_embeddings": 131072, "query_pre_attn_scalar": 256,
                             "hidden_activation": "gelu_pytorch_tanh"}}
-FAMILIES = (LLAMA_LIKE + ("phi3", "smollm3", "gpt2", "gpt_neox", "deepseek_v3", "gpt_oss") + MOE
-            + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4 + tuple(TEXT_OF))
+FAMILIES = (LLAMA_LIKE + ("phi3", "smollm3", "granite", "gpt2", "gpt_neox", "deepseek_v3",
+                          "gpt_oss") + MOE + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4
+            + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("gemma3n", "gemma3n_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
-           "phi", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
+           "phi", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
            "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
            "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "lfm2")
@@ -390,6 +392,21 @@ def _gpt2(hf: dict) -> dict:
             "attention_dropout": float(hf.get("attn_pdrop", 0.1)),
             "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", True),
             "init_method_std": float(hf.get("initializer_range", 0.02))}
+
+
+def _granite(hf: dict) -> dict:
+    """IBM Granite 3.x: Llama with an embedding multiplier, an attention multiplier (the score
+    scale), a residual multiplier on each sublayer's output and a logits divisor."""
+    out = _llama({**hf, "model_type": "llama"})
+    attention = float(hf.get("attention_multiplier", 1.0))
+    if attention <= 0:
+        raise bad("attention_multiplier", attention, "must be positive")
+    out.update(query_pre_attn_scalar=attention ** -2,
+               residual_multiplier=float(hf.get("residual_multiplier", 1.0)),
+               logits_scaling=float(hf.get("logits_scaling", 1.0)))
+    if hf.get("embedding_multiplier", 1.0) != 1.0:
+        out["embedding_multiplier"] = float(hf["embedding_multiplier"])
+    return out
 
 
 def _smollm3(hf: dict) -> dict:
@@ -883,8 +900,8 @@ def text_config(hf: dict) -> dict:
 
 
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
-    **{f: _llama for f in LLAMA_LIKE + MOE}, "phi3": _phi3, "smollm3": _smollm3, "gpt2": _gpt2,
-    "gpt_neox": _gpt_neox,
+    **{f: _llama for f in LLAMA_LIKE + MOE}, "phi3": _phi3, "smollm3": _smollm3,
+    "granite": _granite, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
     "deepseek_v3": _deepseek_v3,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
     **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,

@@ -10,6 +10,7 @@ Families, one adapter module each (see :class:`common.Adapter`):
 - gpt_neox.py: GPT-NeoX / Pythia (parallel layers, partial RoPE, per-head fused q/k/v);
 - phi3.py: Phi-3 / Phi-4 (the Llama layout with fused q/k/v and gate/up, partial RoPE);
 - smollm3.py: SmolLM3 (the Llama layout with NoPE layers, windows on them optionally);
+- granite.py: IBM Granite 3.x (the Llama layout with embedding/attention/residual/logit scalars);
 - deepseek_v3.py: DeepSeek-V3 (multi-latent attention with YaRN; dense layers first, then MoE
   layers with group-limited sigmoid routing, e_score_correction_bias and a shared expert);
 - gpt_oss.py: gpt-oss (sinks, alternating sliding windows, biases, YaRN; biased router and
@@ -48,8 +49,8 @@ from safetensors.numpy import save_file
 from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf import (deepseek_v3, gemma, gemma4, gpt2, gpt_neox, gpt_oss, llama,
-                                llama4, moe, olmo, phi3, qwen3_next, smollm3)
+from jaxtrain.models.hf import (deepseek_v3, gemma, gemma4, gpt2, gpt_neox, gpt_oss, granite,
+                                llama, llama4, moe, olmo, phi3, qwen3_next, smollm3)
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
 from jaxtrain.models.params import abstract
 
@@ -58,7 +59,7 @@ ADAPTERS: tuple[Adapter, ...] = (qwen3_next.ADAPTER, smollm3.ADAPTER, llama4.ADA
                                  gemma4.ADAPTER, deepseek_v3.ADAPTER, gpt_oss.ADAPTER,
                                  moe.ADAPTER,
                                  gpt2.ADAPTER, gpt_neox.ADAPTER, gemma.ADAPTER, olmo.ADAPTER,
-                                 phi3.ADAPTER, llama.ADAPTER)
+                                 phi3.ADAPTER, granite.ADAPTER, llama.ADAPTER)
 _BY_FAMILY = {family: a for a in ADAPTERS for family in a.families}
 FAMILIES = tuple(f for f in translation.FAMILIES if f in _BY_FAMILY)
 assert set(FAMILIES) == set(_BY_FAMILY), "every adapter family needs its config translation"
