@@ -121,17 +121,28 @@ def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe
     hidden_BTD, stats = model_hidden(params, micro, model_cfg, quant_state=quant_state,
                                      moe_state=moe_state, train=train, rng=rng,
                                      embed_noise=embed_noise)
-    if grad_in_forward and (objective is None or not objective.weighted):
-        return plain_loss(params, hidden_BTD, micro["targets"], weights, model_cfg, num_chunks,
-                          half_precision), stats
     base = None
     if objective is not None and objective.needs_base:
         base_hidden_BTD, _ = model_hidden(base_params, micro, model_cfg)
         base = (base_params, jax.lax.stop_gradient(base_hidden_BTD))
-    sums_B, _ = row_losses(params, hidden_BTD, micro["targets"], weights, model_cfg,
+    return hidden_loss(params, hidden_BTD, micro["targets"], weights, model_cfg,
+                       num_chunks=num_chunks, half_precision=half_precision,
+                       objective=objective, base=base, grad_in_forward=grad_in_forward), stats
+
+
+def hidden_loss(params, hidden_BTD, targets_BT, weights, model_cfg, *, num_chunks: int = 0,
+                half_precision: bool = False, objective: TokenObjective | None = None,
+                base=None, grad_in_forward: bool = False):
+    """Σ weights · token loss of final hidden states [B,T,D] (:func:`model_loss` after the
+    layers; the pipeline's last stage calls it too). Arguments as :func:`model_loss` and
+    :func:`row_losses`."""
+    if grad_in_forward and (objective is None or not objective.weighted):
+        return plain_loss(params, hidden_BTD, targets_BT, weights, model_cfg, num_chunks,
+                          half_precision)
+    sums_B, _ = row_losses(params, hidden_BTD, targets_BT, weights, model_cfg,
                            num_chunks=num_chunks, half_precision=half_precision,
                            objective=objective, base=base)
-    return jnp.sum(sums_B), stats
+    return jnp.sum(sums_B)
 
 
 def token_nll(logits, targets, half_precision: bool = False):

@@ -31,7 +31,7 @@ from jaxtrain.config import complete
 from jaxtrain.config.activations import megatron_activation, mlp_from_activations
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.models.moe.config import MoEConfig, moe_pattern, parse_layer_freq
-from jaxtrain.models.spec import linear_pattern
+from jaxtrain.models.spec import linear_pattern, window_pattern
 from jaxtrain.quant.config import from_config as quant_config
 
 
@@ -458,18 +458,9 @@ def _megatron_window(cfg: Mapping[str, Any]) -> dict:
         return {"sliding_window": size[0] + 1}
     try:
         freq = parse_layer_freq(freq)   # the same int / 0-1 list forms as moe_layer_freq
+        pattern = window_pattern(freq, layers)
     except ValueError as e:
         raise ConfigError(str(e).replace("moe_layer_freq", "window_attn_skip_freq")) from None
-    if isinstance(freq, int):
-        if freq < 1:
-            raise ConfigError(f"window_attn_skip_freq = {freq}: give a positive N (every Nth "
-                              "layer attends fully) or a 0/1 list per layer")
-        pattern = tuple((i + 1) % freq != 0 for i in range(layers))
-    else:
-        pattern = tuple(bool(v) for v in freq)
-        if len(pattern) != layers:
-            raise ConfigError(f"window_attn_skip_freq has {len(pattern)} entries for "
-                              f"{layers} layers (num_layers)")
     return {"sliding_window": size[0] + 1, "sliding_window_layers": pattern} if any(
         pattern) else {}
 

@@ -99,9 +99,9 @@ def switches(cfg) -> dict | None:
 
 
 def attach_stacks(stacks: dict, cfg, state: dict | None, on: dict | None) -> dict:
-    """Layer stacks with the layer axis first (e.g. a pipeline stage's slices) with each
-    quantized weight wrapped as a :class:`QWeight` holding the matching slices of ``state``
-    and of the ``on`` switches (both layer axis first too; either may be None)."""
+    """Layer stacks (the model's, or a pipeline stage's slices) with each quantized weight
+    wrapped as a :class:`QWeight` holding the matching slices of ``state`` and of the ``on``
+    switches, whose layer axis sits where the weights' does (either may be None)."""
     if state is None and on is None:
         return stacks
     _check_layout()
@@ -119,19 +119,12 @@ def attach(params: dict, cfg, state: dict | None = None) -> dict:
     of ``state`` (layer axis moved to ``cfg.param_scan_axis`` like the weights') and its
     layers' switches. Unchanged when nothing needs attaching."""
     qc = getattr(cfg, "quant", None)
-    switched = qc is not None and (qc.bf16_start or qc.bf16_end)
     stateful = qc is not None and qc.stateful and state is not None
-    if not (switched or stateful):
-        return params
-    _check_layout()
-    ax = cfg.param_scan_axis
-    on = {}
-    if switched:
-        on = {stack: jnp.moveaxis(a, 0, ax) for stack, a in switches(cfg).items()}
-    out = dict(params)
-    for path in quantized_paths(cfg):
-        meta = None
-        if stateful:
-            meta = jax.tree.map(lambda a: jnp.moveaxis(a, 0, ax), _get(state, path))
-        out = _put(out, path, QWeight(_get(params, path), meta, on.get(path[0])))
-    return out
+
+    def at_scan_axis(tree):
+        return None if tree is None else jax.tree.map(
+            lambda a: jnp.moveaxis(a, 0, cfg.param_scan_axis), tree)
+
+    stacks = {k: params[k] for k in STACKS if k in params}
+    return {**params, **attach_stacks(stacks, cfg, at_scan_axis(state if stateful else None),
+                                      at_scan_axis(switches(cfg)))}

@@ -113,6 +113,21 @@ def freq_pattern(freq, num_layers: int) -> tuple[bool, ...]:
     return tuple(bool(v) for v in freq)
 
 
+def window_pattern(freq, num_layers: int) -> tuple[bool, ...]:
+    """Which layers keep the sliding window for a parsed window_attn_skip_freq (Megatron: int N
+    makes every N-th layer attend fully, the rest windowed; a 0/1 tuple marks each layer, 1 =
+    windowed)."""
+    if isinstance(freq, int):
+        if freq < 1:
+            raise ValueError(f"window_attn_skip_freq = {freq}: give a positive N (every Nth "
+                             "layer attends fully) or a 0/1 list per layer")
+        return tuple((i + 1) % freq != 0 for i in range(num_layers))
+    if len(freq) != num_layers:
+        raise ValueError(f"window_attn_skip_freq has {len(freq)} entries for {num_layers} "
+                         "layers (num_layers)")
+    return tuple(bool(v) for v in freq)
+
+
 def linear_pattern(freq, num_layers: int) -> tuple[bool, ...]:
     """Which layers are Gated DeltaNet (linear attention) for a parsed linear_attention_freq
     (Megatron: int N makes every N-th layer softmax attention, the rest linear; a 0/1 tuple

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxtrain.config import complete
 from jaxtrain.config.areas import optim as _knob_areas
 from jaxtrain.models.moe.config import parse_layer_freq
-from jaxtrain.models.spec import freq_pattern, linear_pattern, stack_kinds
+from jaxtrain.models.spec import freq_pattern, linear_pattern, stack_kinds, window_pattern
 
 MEGATRON = "megatron"
 PGS = "pgs"
@@ -282,7 +282,4 @@ def _global_layers(get, n: int) -> tuple[bool, ...] | None:
         return (not get("sliding_window_size"),) * n
     if freq is None:
         return (False,) * n
-    freq = parse_layer_freq(freq)
-    if isinstance(freq, int):
-        return tuple((i + 1) % freq == 0 for i in range(n))
-    return tuple(not v for v in freq)
+    return tuple(not w for w in window_pattern(parse_layer_freq(freq), n))

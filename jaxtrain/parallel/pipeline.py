@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain.fused_ce import head_params, plain_loss
-from jaxtrain.loss import row_losses
+from jaxtrain.fused_ce import head_params
+from jaxtrain.loss import hidden_loss
 from jaxtrain.models import quant_state
 from jaxtrain.models.params import STACKS
 from jaxtrain.models.remat import NO_REMAT, layer_plan
@@ -259,7 +259,6 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
     parallelism are entered by every device."""
     bounds = prog.bounds
     p = prog.schedule.ranks
-    weighted = objective is not None and objective.weighted
     if objective is not None and objective.needs_base:
         raise ValueError("the pipeline does not run an objective with a base model (pre_rl)")
     M, T = batch["tokens"].shape[0], batch["tokens"].shape[-1]
@@ -355,14 +354,9 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             """(loss, its gradient for x and the head's parameters, x scale) of the last
             stage's output x."""
             def loss_fn(x, h):
-                hidden = final_hidden(h, x, {}, cfg)
-                if weighted:
-                    return jnp.sum(row_losses(h, hidden, micro["targets"], w, cfg,
-                                              num_chunks=num_chunks,
-                                              half_precision=half_precision,
-                                              objective=objective)[0])
-                return plain_loss(h, hidden, micro["targets"], w, cfg, num_chunks,
-                                  half_precision)
+                return hidden_loss(h, final_hidden(h, x, {}, cfg), micro["targets"], w, cfg,
+                                   num_chunks=num_chunks, half_precision=half_precision,
+                                   objective=objective, grad_in_forward=True)
             loss, (dx, dh) = jax.value_and_grad(loss_fn, argnums=(0, 1))(x, head)
             return loss, (dx * scale).astype(dt), jax.tree.map(
                 lambda g: (g * scale).astype(accum_dtype), dh)

@@ -279,8 +279,10 @@ def _decoder_block(c) -> None:
         _olmo3(c, because)
     if block in _HYBRID:
         _hybrid(c, block, because)
-    if block in ("llama4", "envy"):
-        _llama4(c, because) if block == "llama4" else _envy(c, because)
+    if block == "llama4":
+        _llama4(c, because)
+    if block == "envy":
+        _envy(c, because)
     if block == "gemma4":
         _gemma4(c, because)
     _experts(c, block, because)

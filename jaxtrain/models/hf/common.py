@@ -65,8 +65,10 @@ def check(problems: Mapping[str, bool], family: str):
 
 
 def common_config(cfg: ModelConfig, family: str, architecture: str) -> dict:
-    """The config.json entries every family writes."""
-    return {"model_type": family, "vocab_size": cfg.vocab_size,
+    """The config.json entries every family writes. No padding token: that is the tokenizer's,
+    and some config classes' defaults (Phi-3's 32000, SmolLM3's 128004) lie past a smaller
+    vocabulary, which transformers then refuses to load."""
+    return {"model_type": family, "vocab_size": cfg.vocab_size, "pad_token_id": None,
             "initializer_range": cfg.init_method_std,
             "tie_word_embeddings": not cfg.untie_embeddings_and_output_weights,
             "architectures": [architecture]}

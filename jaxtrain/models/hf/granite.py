@@ -5,8 +5,6 @@ output times ``residual_multiplier`` before its residual add, logits divided by
 ``logits_scaling``."""
 from __future__ import annotations
 
-import numpy as np
-
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf import llama
 from jaxtrain.models.hf.common import Adapter
@@ -19,14 +17,6 @@ def picks(cfg: ModelConfig) -> str | None:
     return "granite" if scaled and not cfg.apply_layernorm_1p else None
 
 
-def params(t, cfg: ModelConfig, hf: dict | None = None) -> dict:
-    return llama.params(t, cfg, hf)
-
-
-def tensors(params: dict, cfg: ModelConfig, family: str = "granite") -> dict[str, np.ndarray]:
-    return llama.tensors(params, cfg, "llama")
-
-
 def problems(cfg: ModelConfig, family: str = "granite") -> dict:
     out = llama.problems(cfg, family, style="llama")
     out.update(embedding_multiplier=False, query_pre_attn_scalar=False)
@@ -37,10 +27,10 @@ def config(cfg: ModelConfig, family: str = "granite") -> dict:
     out = llama.config(cfg, family, style="llama")
     out.update(embedding_multiplier=cfg.embedding_multiplier or 1.0,
                attention_multiplier=(cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5,
-               residual_multiplier=cfg.residual_multiplier, logits_scaling=cfg.logits_scaling,
-               pad_token_id=None)
+               residual_multiplier=cfg.residual_multiplier, logits_scaling=cfg.logits_scaling)
     return out
 
 
-ADAPTER = Adapter(architectures=ARCHITECTURES, picks=picks, params=params, problems=problems,
-                  config=config, tensors=tensors)
+# tensors as llama.py reads and writes them (its names and layout)
+ADAPTER = Adapter(architectures=ARCHITECTURES, picks=picks, params=llama.params,
+                  problems=problems, config=config, tensors=llama.tensors)

@@ -59,8 +59,7 @@ def config(cfg: ModelConfig, family: str = "phi3") -> dict:
     out.pop("rope_scaling", None)
     out.update(rope_parameters={"rope_type": "default", "rope_theta": out.pop("rope_theta"),
                                 "partial_rotary_factor": cfg.rotary_percent},
-               resid_pdrop=cfg.hidden_dropout, embd_pdrop=cfg.hidden_dropout,
-               pad_token_id=None)   # transformers' default 32000 is a padding row past a vocab
+               resid_pdrop=cfg.hidden_dropout, embd_pdrop=cfg.hidden_dropout)
     return out
 
 

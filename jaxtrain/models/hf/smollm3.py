@@ -3,8 +3,6 @@ RoPE, by default every fourth layer without) and, with ``use_sliding_window``, a
 on the NoPE layers."""
 from __future__ import annotations
 
-import numpy as np
-
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf import llama
 from jaxtrain.models.hf.common import Adapter
@@ -26,14 +24,6 @@ def _windows_on_nope(cfg: ModelConfig) -> bool:
     return tuple(layers) == tuple(cfg.is_nope(i) for i in range(cfg.num_layers))
 
 
-def params(t, cfg: ModelConfig, hf: dict | None = None) -> dict:
-    return llama.params(t, cfg, hf)
-
-
-def tensors(params: dict, cfg: ModelConfig, family: str = "smollm3") -> dict[str, np.ndarray]:
-    return llama.tensors(params, cfg, "llama")
-
-
 def problems(cfg: ModelConfig, family: str = "smollm3") -> dict:
     out = llama.problems(cfg, family, style="llama")
     out.update(no_rope_layers=False, sliding_window=not _windows_on_nope(cfg),
@@ -49,10 +39,10 @@ def config(cfg: ModelConfig, family: str = "smollm3") -> dict:
     out.update(no_rope_layers=[int(not n) for n in nope], use_sliding_window=window,
                sliding_window=cfg.sliding_window,
                layer_types=["sliding_attention" if window and n else "full_attention"
-                            for n in nope],
-               pad_token_id=None)   # transformers' default 128004 lies past a small vocabulary
+                            for n in nope])
     return out
 
 
-ADAPTER = Adapter(architectures=ARCHITECTURES, picks=picks, params=params, problems=problems,
-                  config=config, tensors=tensors)
+# tensors as llama.py reads and writes them (its names and layout)
+ADAPTER = Adapter(architectures=ARCHITECTURES, picks=picks, params=llama.params,
+                  problems=problems, config=config, tensors=llama.tensors)
