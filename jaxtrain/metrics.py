@@ -22,6 +22,9 @@ adds 6 * Hv * (3 C Dk + 2 C Dv + 3 Dk Dv) per token (C the chunk length, Hv valu
 head widths): within a chunk the key-key and query-key products (C Dk each), the triangular
 inverse applied to values and keys (C (Dk + Dv)) and the scores times the values (C Dv); across
 chunks the state read by queries and keys and its update (Dk Dv each); no causal discount.
+Each Mamba-2 layer adds 6 * (C (G N + H P) + 2 H P N): within a chunk the C.B^T scores (G
+groups of state width N) and their product with the H heads' inputs of width P, across chunks
+the state's write and read (H P N each).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import time
 import jax
 import numpy as np
 
+from jaxtrain.models.spec import FFN_ONLY_STACKS, LINEAR_STACKS, MAMBA_STACK, layer_kinds
 from jaxtrain.observe.progress import Rate, format_duration
 
 # Dense bf16 peak TFLOP/s per device, by jax device_kind substring.
@@ -58,9 +62,11 @@ def flop_terms(model_cfg, params) -> tuple[float, float]:
         elif name != "output" and not name.startswith("w"):
             continue
         n_active += math.prod(leaf.shape) * (routed if "experts" in keys else 1.0)
-    linear = sum(getattr(model_cfg, "linear_attention_layers", None) or ())
+    kinds = layer_kinds(model_cfg)
+    linear = sum(k in LINEAR_STACKS for k in kinds)
     attn = sum(c for c, _ in _score_terms(model_cfg))
-    return 6.0 * n_active + linear_mixing_flops(model_cfg) * linear, float(attn)
+    return (6.0 * n_active + linear_mixing_flops(model_cfg) * linear
+            + mamba_mixing_flops(model_cfg) * kinds.count(MAMBA_STACK), float(attn))
 
 
 def flops_per_token(model_cfg, params, seq_length: int) -> float:
@@ -76,12 +82,12 @@ def _score_terms(cfg) -> list[tuple[float, int | None]]:
     """Per softmax-attention layer: (6 * heads * (q/k width + v width), the most keys a query
     sees or None for the whole sequence)."""
     v_dim = cfg.v_head_dim if cfg.multi_latent_attention else cfg.head_dim
-    linear = getattr(cfg, "linear_attention_layers", None) or (False,) * cfg.num_layers
+    kinds = layer_kinds(cfg)
     wide = getattr(cfg, "global_layers", None) or (False,) * cfg.num_layers
     chunk = getattr(cfg, "attention_chunk_size", None)
     out = []
     for i in range(cfg.num_layers):
-        if linear[i]:
+        if kinds[i] in LINEAR_STACKS + (MAMBA_STACK,) + FFN_ONLY_STACKS:
             continue
         width = 2 * cfg.attention_shape(True)[1] if wide[i] else cfg.head_dim + v_dim
         limits = [w for w in (cfg.window_of_layer(i),
@@ -93,10 +99,21 @@ def _score_terms(cfg) -> list[tuple[float, int | None]]:
 def linear_mixing_flops(cfg) -> float:
     """Per token and Gated DeltaNet layer, forward and backward: the chunked rule's matmuls
     6 * Hv * (3 C Dk + 2 C Dv + 3 Dk Dv) (module docstring); 0 without such layers."""
-    if not getattr(cfg, "linear_attention_layers", None):
+    if not any(k in LINEAR_STACKS for k in layer_kinds(cfg)):
         return 0.0
     C, Dk, Dv = cfg.linear_chunk_size, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     return 6.0 * cfg.linear_num_value_heads * (3 * C * Dk + 2 * C * Dv + 3 * Dk * Dv)
+
+
+def mamba_mixing_flops(cfg) -> float:
+    """Per token and Mamba-2 layer, forward and backward: the chunked scan's C.B^T scores and
+    their use over a chunk of C tokens, the state's write and read:
+    6 * (C * (G N + H P) + 2 H P N); 0 without such layers."""
+    if MAMBA_STACK not in layer_kinds(cfg):
+        return 0.0
+    C, G, N = cfg.mamba_chunk_size, cfg.mamba_num_groups, cfg.mamba_state_dim
+    H, P = cfg.mamba_heads, cfg.mamba_head_dim
+    return 6.0 * (C * (G * N + H * P) + 2 * H * P * N)
 
 
 def peak_tflops(device) -> float | None:

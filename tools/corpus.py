@@ -83,13 +83,17 @@ def _words(text: str) -> list[str]:
         return []
 
 
+_TRAINERS = ("pretrain_gpt.py", "pretrain_hybrid.py", "pretrain_mamba.py")
+
+
 def megatron_lm_entries(root: pathlib.Path):
-    """Flag lists of Megatron-LM's example scripts that train a GPT model."""
+    """Flag lists of Megatron-LM's example scripts that train a GPT or hybrid model."""
     from jaxtrain.config.dialects.megatron_lm import by_flag
 
     for path in sorted((root / "examples").rglob("*.sh")):
         text = path.read_text(errors="replace")
-        if "pretrain_gpt.py" not in text:
+        script = next((n for n in _TRAINERS if n in text), None)
+        if script is None:
             continue
         env = _shell_vars(text)
         words = []
@@ -98,7 +102,7 @@ def megatron_lm_entries(root: pathlib.Path):
                 words += _words(block)
         code = "\n".join(line for line in text.splitlines()
                          if not line.lstrip().startswith("#"))
-        for m in re.finditer(r"pretrain_gpt\.py((?:[^\n]*\\\n)*[^\n]*)", code):
+        for m in re.finditer(re.escape(script) + r"((?:[^\n]*\\\n)*[^\n]*)", code):
             words += [w for w in _words(m.group(1)) if not w.startswith("${")]
         args, i = [], 0
         while i < len(words):
@@ -117,7 +121,7 @@ def megatron_lm_entries(root: pathlib.Path):
                 expanded = [v for v in expanded if v is not None]   # unset optional variable
             args += [word] + [v if v is not None else _dummy(word, k)
                               for k, v in enumerate(expanded)]
-        if args and "--num-layers" in args:
+        if args and ("--num-layers" in args or "--hybrid-layer-pattern" in args):
             yield {"id": f"megatron-lm:{path.relative_to(root.parent)}", "dialect": "megatron-lm",
                    "file": None, "args": args}
 
@@ -130,7 +134,8 @@ def megatron_lm_test_entries(root: pathlib.Path):
 
     cases = root / "tests" / "functional_tests" / "test_cases"
     for path in sorted(cases.glob("*/*/model_config.yaml")):
-        if path.parts[-3] not in ("gpt", "moe", "mixtral") or "inference" in path.parent.name:
+        if path.parts[-3] not in ("gpt", "moe", "mixtral", "hybrid") or (
+                "inference" in path.parent.name):
             continue
         try:
             case = yaml.safe_load(path.read_text()) or {}

@@ -172,6 +172,34 @@ def gated_delta_net(c: Context):
                     f"layers): {reason}")
 
 
+def hybrid_models(c: Context):
+    """Megatron's hybrid stack (model_type mamba/hybrid): Mamba heads and groups split whole
+    over TP (Megatron's asserts); what does not run its layers yet, refused."""
+    by = next((c.where(k) for k in ("hybrid_layer_pattern", "is_hybrid_model") if c.get(k)),
+              c.where("model_type") if c.get("model_type") in ("mamba", "hybrid") else None)
+    if by is None:
+        return
+    tp = c.get("tensor_model_parallel_size", 1)
+    heads = c.get("mamba_num_heads") or 2 * (c.get("hidden_size") or 0) // max(
+        c.get("mamba_head_dim") or 1, 1)
+    for key, n in (("mamba_num_heads", heads), ("mamba_num_groups", c.get("mamba_num_groups"))):
+        if n and n % tp:
+            c.error(f"{key} ({n}) must be divisible by tensor_model_parallel_size ({tp}): the "
+                    "Mamba heads and their groups split over the tensor axis")
+    why = {"context_parallel_size": "the Mamba recurrence runs along the whole sequence, which "
+                                    "context parallelism splits"}
+    for key, reason in why.items():
+        if c.get(key, 1) > 1:
+            c.error(f"not implemented yet: {key} {c.get(key)} with a hybrid model ({by}): "
+                    f"{reason}")
+    for key, what in (("memory.seco", "SeCO's chunk-wise step carries keys and values, not "
+                                      "recurrent states"),
+                      ("memory.gradient_release", "the fused step covers one dense layer stack"),
+                      ("moe_use_upcycling", "upcycling converts the dense layer stack only")):
+        if c.get(key):
+            c.error(f"not implemented yet: {key} with a hybrid model ({by}): {what}")
+
+
 _GLOBAL_SHAPE = ("global_kv_channels", "global_num_query_groups", "attention_k_eq_v",
                  "global_rotary_percent")
 
@@ -521,12 +549,22 @@ _MEGATRON_LM_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads",
                          "max_position_embeddings")
 
 
+def hybrid_layer_count(c: Context):
+    """Megatron derives num_layers from hybrid_layer_pattern (its main part, without the '|'
+    stage cuts); a num_layers given beside it must agree (checked where the model is built)."""
+    pattern = c.get("hybrid_layer_pattern")
+    if pattern and not c.explicit("num_layers"):
+        c.set("num_layers", len(str(pattern).split("/")[0].replace("|", "")))
+
+
 def megatron_lm_required(c: Context):
     if c.dialect != "megatron-lm":
         return
-    missing = [k for k in _MEGATRON_LM_REQUIRED if not c.explicit(k)]
+    missing = [k for k in _MEGATRON_LM_REQUIRED if not c.explicit(k)
+               and not (k == "num_layers" and c.get("hybrid_layer_pattern"))]
     if missing:
-        c.error(f"a Megatron-LM command line must give {', '.join('--' + k.replace('_', '-') for k in missing)} "
+        flags = ", ".join("--" + k.replace("_", "-") for k in missing)
+        c.error(f"a Megatron-LM command line must give {flags} "
                 f"(Megatron-LM has no default for {'it' if len(missing) == 1 else 'them'})")
 
 
@@ -577,7 +615,9 @@ def pgs(c: Context):
     if scaled and any(k != "plugins.deft" for k in weighting):
         c.error(f"data.turn_scaling {c.get('data.turn_scaling')} weights the cross-entropy "
                 f"(and DEFT); {weighting[0]} replaces it: keep one (pgs)")
-    if c.get("train.freeze_non_attention") and not _gated_delta_net(c):
+    recurrent = _gated_delta_net(c) or "M" in str(c.get("hybrid_layer_pattern") or "") or (
+        c.get("model_type") == "mamba" and not c.get("hybrid_layer_pattern"))
+    if c.get("train.freeze_non_attention") and not recurrent:
         c.warnings.append("train.freeze_non_attention freezes linear-attention and recurrent "
                           "layers, and this model has none: nothing is frozen (as in pgs)")
     if c.get("data.pretokenize") and c.get("data.seq_len_curriculum"):
@@ -780,10 +820,11 @@ def pipeline_parallel(c: Context):
                 f"fails on the three together); drop one of them (ZeRO-1/2 work)")
 
 
-RULES = (megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULES, conventions, softmax_type, positions,
-         checkpoint_format, precision, tensor_parallel, pgs_context_parallel,
+RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULES, conventions,
+         softmax_type, positions, checkpoint_format, precision, tensor_parallel, pgs_context_parallel,
          context_and_experts, model_shape, learning_rate, iterations, batch, moe_router,
          upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel, gated_delta_net,
+         hybrid_models,
          gemma4_global_layers)
 
 

@@ -174,6 +174,23 @@ class ModelConfig:
     linear_qk_l2_norm: bool = True
     # the walk across chunks: "xla" (lax.scan) or "pallas" (kernels/gated_delta/scan.py)
     linear_attention_impl: str = "xla"
+    # Hybrid models (Megatron's hybrid_layer_pattern, NemotronH, Mamba-2): one symbol per layer
+    # and each layer one sublayer with its own pre-norm and residual add: 'M' Mamba-2 (mamba.py),
+    # '*' attention, 'G' Gated DeltaNet, '-' MLP, 'E' MoE. None: attention + FFN layers.
+    hybrid_layers: str | None = None
+    # Mamba-2 mixers: state width, head width, groups sharing B/C, heads (None: 2·hidden_size /
+    # head width, Megatron's expand 2), convolution width and bias, the chunk length of the
+    # chunked scan, the gated norm's epsilon (Megatron fixes 1e-5) and a floor on the step size
+    # (Hugging Face's time_step_min; Megatron has none)
+    mamba_state_dim: int = 128
+    mamba_head_dim: int = 64
+    mamba_num_groups: int = 8
+    mamba_num_heads: int | None = None
+    mamba_conv_kernel_dim: int = 4
+    mamba_conv_bias: bool = True
+    mamba_chunk_size: int = 128
+    mamba_norm_epsilon: float = 1e-5
+    mamba_dt_floor: float = 0.0
     # Multi-latent attention (DeepSeek-V2/V3, Megatron MLA; see mla.py). q/k heads are
     # qk_head_dim + qk_pos_emb_head_dim wide, values v_head_dim; qk_layernorm puts a norm on the
     # q and kv latents (Megatron's spec; DeepSeek checkpoints have them).
@@ -256,6 +273,8 @@ class ModelConfig:
         if self.linear_attention_layers is not None:
             layers = tuple(bool(b) for b in self.linear_attention_layers)
             put("linear_attention_layers", layers if any(layers) else None)
+        if self.mamba_num_heads is None and self.mamba_head_dim > 0:   # Megatron's expand 2
+            put("mamba_num_heads", 2 * self.hidden_size // self.mamba_head_dim)
         if self.recompute_layer_ids is not None:
             put("recompute_layer_ids", tuple(int(i) for i in self.recompute_layer_ids))
         if self.attention_impl == "auto":
@@ -324,8 +343,10 @@ class ModelConfig:
             "input: it needs pre_norm and no apply_residual_connection_post_layernorm")
         check(self.v_norm in (None, "plain", "scaled"), "v_norm",
               f"{self.v_norm!r} is not one of (None, 'plain', 'scaled')")
-        if self.linear_attention_layers is not None:
+        if self.linear_attention_layers is not None or "G" in (self.hybrid_layers or ""):
             self._validate_linear(check)
+        if self.hybrid_layers is not None:
+            self._validate_hybrid(check)
         choice("kv_quant_axis", ("",) + KV_QUANT_AXES)
         choice("kv_quant_dtype", tuple(KV_QUANT_DTYPES))
         check(not (self.quantize_kvcache and not self.kv_quant_axis), "kv_quant_axis",
@@ -409,8 +430,9 @@ class ModelConfig:
 
     def _validate_linear(self, check):
         """Gated DeltaNet's shapes: whole value heads per key head, a causal convolution."""
-        check(len(self.linear_attention_layers) == self.num_layers, "linear_attention_freq",
-              f"names {len(self.linear_attention_layers)} layers of {self.num_layers}")
+        layers = self.linear_attention_layers
+        check(layers is None or len(layers) == self.num_layers, "linear_attention_freq",
+              f"names {len(layers or ())} layers of {self.num_layers}")
         for name in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
                      "linear_num_key_heads", "linear_num_value_heads", "linear_chunk_size"):
             check(getattr(self, name) > 0, name, "must be positive")
@@ -428,6 +450,38 @@ class ModelConfig:
         check(not self.multi_latent_attention, "experimental_attention_variant",
               "Gated DeltaNet layers beside multi-latent attention are not a model jaxtrain "
               "builds")
+
+    def _validate_hybrid(self, check):
+        """A hybrid pattern: one known symbol per layer, whole Mamba heads per group, and none
+        of the layer variations that pair a mixer with an FFN."""
+        pattern = self.hybrid_layers
+        bad = sorted(set(pattern) - set("M*G-E"))
+        check(not bad, "hybrid_layers", f"{''.join(bad)!r}: the symbols are M (Mamba), * "
+              "(attention), G (Gated DeltaNet), - (MLP) and E (MoE)")
+        check(len(pattern) == self.num_layers, "hybrid_layers",
+              f"names {len(pattern)} layers of {self.num_layers}")
+        check("E" not in pattern or self.moe is not None, "hybrid_layers",
+              "has MoE layers (E) and the model has no MoE settings")
+        check("E" in pattern or self.moe is None, "hybrid_layers",
+              "has no MoE layers (E) but the model has MoE settings")
+        for name in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
+                     "mamba_conv_kernel_dim", "mamba_chunk_size"):
+            check(getattr(self, name) > 0, name, "must be positive")
+        check(self.mamba_heads % self.mamba_num_groups == 0, "mamba_num_groups",
+              f"{self.mamba_num_groups} does not divide the {self.mamba_heads} Mamba heads")
+        for name, on in (("linear_attention_freq", self.linear_attention_layers is not None),
+                         ("parallel_residual", self.parallel_residual),
+                         ("apply_residual_connection_post_layernorm",
+                          self.apply_residual_connection_post_layernorm),
+                         ("global_kv_channels", self.has_global_shape),
+                         ("layer_scalar", self.layer_scalar)):
+            check(not on, name, "is not built for hybrid models (hybrid_layers)")
+        check(self.pre_norm, "pre_norm", "hybrid models' layers are pre-norm")
+
+    @property
+    def mamba_heads(self) -> int:
+        """Mamba heads per layer (Megatron: mamba_num_heads, else 2·hidden / head width)."""
+        return self.mamba_num_heads
 
     @property
     def has_global_shape(self) -> bool:

@@ -14,6 +14,7 @@ The cache is a dict with the layer axis first (the same for scanned and unrolled
     length []                        int32, positions filled so far
     linear                           hybrid models only: Gated DeltaNet layers' convolution
                                      inputs and recurrent states (linear_attention.init_cache)
+    mamba                            the same for Mamba-2 layers (mamba.init_cache)
     global                           Gemma 4 only: {k, v (, scales)} of the global layers,
                                      whose head count and width differ
 
@@ -45,7 +46,8 @@ from jaxtrain.models import layers as L
 from jaxtrain.models.linear_attention import init_cache as linear_cache
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.quant_state import attach as attach_quant_state
-from jaxtrain.models.spec import GLOBAL_STACKS, LINEAR_STACKS
+from jaxtrain.models.mamba import init_cache as mamba_cache
+from jaxtrain.models.spec import FFN_ONLY_STACKS, GLOBAL_STACKS, LINEAR_STACKS, MAMBA_STACK
 from jaxtrain.models.transformer import (RESIDUAL, _periodic_runs, decoder_layer, embed_inputs,
                                          logits_head)
 from jaxtrain.parallel.sharding import constrain, gather_weights
@@ -65,8 +67,10 @@ def init_cache(cfg, batch: int, max_len: int, *, dtype=None) -> dict:
         K, H = cfg.attention_shape(wide=True)
         cache["global"] = _kv_arrays(cfg, (groups.count("global"), batch, max_len), K, H, H,
                                      dt)
-    if cfg.linear_attention_layers is not None:
+    if "linear" in groups:
         cache["linear"] = linear_cache(cfg, batch, dt)
+    if "mamba" in groups:
+        cache["mamba"] = mamba_cache(cfg, batch, dt)
     cache["length"] = jnp.zeros((), jnp.int32)
     return cache
 
@@ -193,7 +197,7 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
                                      stacks[k])
         groups = [_group(kind) for kind in sig]
         cs = {}
-        for g in set(groups):
+        for g in set(groups) - {None}:
             c = groups.count(g)
             lo, cache_used[g] = cache_used[g], cache_used[g] + reps * c
             cs[g] = jax.tree.map(lambda a: a[lo:lo + reps * c].reshape(reps, c, *a.shape[1:]),
@@ -206,19 +210,23 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
             out = {g: [] for g in cb}
             for j, (kind, g) in enumerate(zip(sig, groups)):
                 p = jax.tree.map(lambda a, c=cursor[kind]: a[c], pb[kind])
-                layer_cache = jax.tree.map(lambda a, c=cursor[g]: a[c], cb[g])
+                layer_cache = (None if g is None else
+                               jax.tree.map(lambda a, c=cursor[g]: a[c], cb[g]))
                 cursor[kind] += 1
-                cursor[g] += 1
+                if g is not None:
+                    cursor[g] += 1
+
                 def call(p, h, layer_cache, i, kind=kind, g=g):
+                    layer_cache = ({} if g is None else {g: layer_cache} if g in _STATES
+                                   else layer_cache)
                     return decoder_layer(gather_weights(p, axes[kind]), h, i,
-                                         {**ctx, "stack": kind}, cfg,
-                                         cache={"linear": layer_cache} if g == "linear"
-                                         else layer_cache)
+                                         {**ctx, "stack": kind}, cfg, cache=layer_cache)
 
                 if remat:
                     call = jax.checkpoint(call, policy=jax.checkpoint_policies.nothing_saveable)
                 h, _, c = call(p, h, layer_cache, ib[j])
-                out[g].append(c["linear"] if g == "linear" else c)
+                if g is not None:
+                    out[g].append(c[g] if g in _STATES else c)
             return h, {g: jax.tree.map(lambda *a: jnp.stack(a), *cs_) for g, cs_ in out.items()}
 
         if cfg.scan_layers:
@@ -236,12 +244,18 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
     return x, {**out["attn"], **{g: out[g] for g in _GROUPS if g in cache}}
 
 
-_GROUPS = ("linear", "global")   # cache entries of their own beside the attention layers'
+_GROUPS = ("linear", "global", "mamba")   # cache entries of their own beside attention's
+_STATES = ("linear", "mamba")             # recurrent layers: a state per layer, not k and v
 
 
-def _group(kind: str) -> str:
-    """The cache group of a layer stack: Gated DeltaNet layers keep their own state, Gemma 4's
-    global layers keys and values of their own shape."""
+def _group(kind: str) -> str | None:
+    """The cache group of a layer stack: Gated DeltaNet and Mamba layers keep their own
+    states, Gemma 4's global layers keys and values of their own shape; a hybrid model's FFN
+    layers keep nothing (None)."""
+    if kind in FFN_ONLY_STACKS:
+        return None
+    if kind == MAMBA_STACK:
+        return "mamba"
     return "linear" if kind in LINEAR_STACKS else "global" if kind in GLOBAL_STACKS else "attn"
 
 

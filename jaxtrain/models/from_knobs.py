@@ -43,6 +43,8 @@ def _cp_comm_type(cfg) -> str | tuple[str, ...] | None:
     if not isinstance(kind, list | tuple):
         return kind   # the registry spells all_gather as allgather
     kinds = tuple("allgather" if k == "all_gather" else k for k in kind)
+    if len(kinds) == 1:   # Megatron: one kind listed serves every layer
+        return kinds[0]
     if len(kinds) != cfg["num_layers"]:
         raise ConfigError(f"cp_comm_type lists {len(kinds)} kinds for {cfg['num_layers']} "
                           f"layers (num_layers); give one per layer or a single kind")
@@ -127,6 +129,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
     if cfg["enable_dropout"] is False:    # MaxText: no dropout anywhere
         hidden_dropout = attention_dropout = 0.0
 
+    hybrid = _hybrid_fields(cfg)
     fields = dict(
         num_layers=cfg["num_layers"], hidden_size=h, num_attention_heads=heads,
         num_query_groups=groups, kv_channels=cfg["kv_channels"],
@@ -139,7 +142,8 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         **_yarn_range(cfg),
         normalization=norm, norm_epsilon=float(cfg["norm_epsilon"]),
         apply_layernorm_1p=cfg["apply_layernorm_1p"],
-        qk_layernorm=cfg["qk_layernorm"], qk_l2_norm=cfg["qk_l2_norm"],
+        qk_layernorm=cfg["qk_layernorm"] or hybrid.pop("qk_layernorm", False),
+        qk_l2_norm=cfg["qk_l2_norm"],
         activation=activation, gated_linear_unit=gated,
         add_bias_linear=cfg["add_bias_linear"],
         add_qkv_bias=cfg["add_qkv_bias"] or (cfg["add_bias_linear"] and not mla),
@@ -152,6 +156,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         apply_query_key_layer_scaling=cfg["apply_query_key_layer_scaling"],
         attention_softmax_in_fp32=softmax_fp32,
         **_sink_fields(cfg), **_mla_fields(cfg), **_linear_fields(cfg), **_nope_fields(cfg),
+        **hybrid,
         attention_output_gate=cfg["attention_output_gate"],
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
         attn_logit_softcapping=cfg["attn_logit_softcapping"] or None,
@@ -217,6 +222,106 @@ def _linear_fields(cfg) -> dict:
                 linear_attention_impl=cfg["linear_attention_impl"])
 
 
+# Primus's stack specs for model_type mamba: what their 'M' layers are (None: not built yet).
+_PRIMUS_SPECS = {"mamba_stack_spec": "M", "hybrid_stack_spec": "M",
+                 "mamba_hybrid_stack_spec_no_te": "M", "gdn_hybrid_stack_spec": None,
+                 "gdn_hybrid_stack_spec_no_te": None, "kda_hybrid_stack_spec": None,
+                 "kda_hybrid_stack_spec_no_te": None}
+
+
+def pattern_from_ratios(n: int, attention: float, mlp: float) -> str:
+    """Megatron's hybrid layer allocation from ratios: round(n·attention) attention layers
+    spread evenly between Mamba runs (the pattern starts and ends with Mamba), then
+    round(n·mlp) of the Mamba layers turned into MLP layers, spread evenly."""
+    if not (0 <= attention <= 1 and 0 <= mlp <= 1 and attention + mlp <= 1):
+        raise ConfigError(f"hybrid_attention_ratio {attention} and hybrid_mlp_ratio {mlp} must "
+                          "be in [0, 1] with a sum of at most 1")
+    kinds = ["M"] * n
+    n_attn = round(n * attention)
+    mamba = n - n_attn
+    section = mamba / (n_attn + 1)
+    x = section
+    for i in range(n):
+        if x < 0.5:
+            kinds[i] = "*"
+            x += section
+        else:
+            x -= 1
+    n_mlp = round(n * mlp)
+    if n_mlp:
+        ratio = (mamba - n_mlp) / n_mlp
+        x = ratio
+        for i in range(n):
+            if kinds[i] == "M":
+                if x < 0.5:
+                    kinds[i] = "-"
+                    x += ratio
+                else:
+                    x -= 1
+    return "".join(kinds)
+
+
+def _hybrid_fields(cfg) -> dict:
+    """Megatron's hybrid models (model_type mamba or hybrid, is_hybrid_model, or a
+    hybrid_layer_pattern): one layer per symbol of hybrid_layer_pattern, else of the pattern
+    the ratios allocate; Primus's ``spec`` says what its M layers are."""
+    pattern, spec = cfg["hybrid_layer_pattern"], cfg["spec"]
+    hybrid = cfg["model_type"] in ("mamba", "hybrid") or cfg["is_hybrid_model"] or pattern
+    name = spec[-1] if isinstance(spec, list | tuple) and spec else spec
+    if not hybrid:
+        if spec is not None:
+            raise ConfigError(f"spec = {spec!r} names a PyTorch module spec; jaxtrain models are "
+                              "JAX functions chosen by the model knobs (only the hybrid stacks "
+                              "of model_type mamba are read): remove it")
+        return {}
+    if spec is not None and name not in _PRIMUS_SPECS:
+        raise ConfigError(f"spec = {spec!r}: jaxtrain reads the hybrid stack specs "
+                          f"{sorted(_PRIMUS_SPECS)} (what the M layers are); remove it for "
+                          "Megatron's Mamba-2 layers")
+    if spec is not None and _PRIMUS_SPECS[name] is None:
+        raise ConfigError(f"not implemented yet: spec = {name!r} (Primus's "
+                          f"{name.split('_')[0].upper()} layers in the M slots of a hybrid "
+                          "model); planned for issue #25 (model families)")
+    n = cfg["num_layers"]
+    if pattern is None:
+        pattern = pattern_from_ratios(n, float(cfg["hybrid_attention_ratio"]),
+                                      float(cfg["hybrid_mlp_ratio"]))
+    main, *mtp = str(pattern).split("/")
+    if any(mtp):
+        raise ConfigError(f"not implemented yet: hybrid_layer_pattern {pattern!r} has "
+                          "multi-token-prediction layers after '/'; MTP is planned")
+    if "|" in main and (cfg["pipeline_model_parallel_size"] or 1) > 1:
+        raise ConfigError(f"hybrid_layer_pattern {pattern!r}: its '|' pipeline cuts are not "
+                          "followed (jaxtrain cuts stages by layer counts); remove them")
+    main = main.replace("|", "")
+    if "D" in main:
+        raise ConfigError(f"not implemented yet: hybrid_layer_pattern {pattern!r} has DSA "
+                          "layers (D); planned for issue #25 (model families)")
+    if "+" in main:   # Megatron's MLA symbol; jaxtrain builds one attention kind per model
+        if "*" in main or not cfg["multi_latent_attention"]:
+            raise ConfigError(f"hybrid_layer_pattern {pattern!r}: '+' (MLA) layers need "
+                              "multi_latent_attention and no '*' layers beside them")
+        main = main.replace("+", "*")
+    if len(main) != n:
+        raise ConfigError(f"hybrid_layer_pattern {pattern!r} names {len(main)} layers and "
+                          f"num_layers is {n}; they must agree")
+    out = dict(hybrid_layers=main,
+               **{k: cfg[k] for k in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
+                                      "mamba_num_heads", "mamba_chunk_size",
+                                      "mamba_conv_kernel_dim", "mamba_norm_epsilon")},
+               mamba_dt_floor=float(cfg["mamba_time_step_floor"]))
+    if "G" in main:
+        out.update({k: cfg[k] for k in ("linear_conv_kernel_dim", "linear_key_head_dim",
+                                        "linear_value_head_dim", "linear_num_key_heads",
+                                        "linear_num_value_heads")},
+                   linear_chunk_size=cfg["gdn_chunk_size"],
+                   linear_qk_l2_norm=cfg["use_qk_norm_in_gdn"],
+                   linear_attention_impl=cfg["linear_attention_impl"])
+    if spec is not None and cfg["multi_latent_attention"]:
+        out["qk_layernorm"] = True   # Primus's hybrid MLA spec norms both latents always
+    return out
+
+
 def _nope_fields(cfg) -> dict:
     """Llama 4's layers: NoPE layers as Megatron's no_rope_freq says (N: every N-th layer skips
     RoPE; a 0/1 list, 1 = skip), q/k norms on the RoPE layers only, chunked attention on the
@@ -248,6 +353,7 @@ def _nope_fields(cfg) -> dict:
 
 # ModelConfig fields read from a knob of another name: a config's problem names the knob.
 _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "gdn_chunk_size",
+                "hybrid_layers": "hybrid_layer_pattern", "mamba_dt_floor": "mamba_time_step_floor",
                 "linear_attention_layers": "linear_attention_freq",
                 "sliding_window_layers": "window_attn_skip_freq",
                 "yarn_scaling_factor": "rotary_scaling_factor", "yarn_mscale": "mscale",

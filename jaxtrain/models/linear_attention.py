@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain.models import layers as L
-from jaxtrain.models.spec import ParamSpec, _linear_init, _ones
+from jaxtrain.models.spec import LINEAR_STACKS, ParamSpec, _linear_init, _ones, layer_kinds
 from jaxtrain.parallel.sharding import constrain
 from kernels.gated_delta import chunk_scan, chunked_gated_delta_rule
 from kernels.gated_delta.reference import sequence_numbers
@@ -67,8 +67,9 @@ def linear_attention_specs(cfg) -> dict:
     }
 
 
-def causal_conv(x, w, seq=None, state=None):
-    """Depthwise causal convolution of x [B,T,H,Dh] with w [W,H,Dh], then silu.
+def causal_conv(x, w, seq=None, state=None, bias=None):
+    """Depthwise causal convolution of x [B,T,H,Dh] with w [W,H,Dh] (plus ``bias`` [H,Dh]),
+    then silu.
 
     ``seq`` [B,T] (sequence numbers, see :func:`sequence_numbers`): a tap reaching into an
     earlier sequence reads zero. ``state`` [B,W-1,H,Dh]: the inputs before x (decoding).
@@ -86,6 +87,8 @@ def causal_conv(x, w, seq=None, state=None):
             same = jax.lax.dynamic_slice_in_dim(seq_full, W - 1 - s, T, 1) == seq
             xs = jnp.where(same[..., None, None], xs, 0.0)
         y = y + xs * w[W - 1 - s].astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
     return jax.nn.silu(y).astype(x.dtype), full[:, T:]
 
 
@@ -133,17 +136,28 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
     out = L.dense(o, p["wo"], None, "bthk,hkd->btd", "out_proj", cfg)
     if cache is None:
         return out
-    if seq is not None:   # the convolution state keeps only the last sequence's inputs
-        W = cfg.linear_conv_kernel_dim
-        old = jnp.broadcast_to(seq[:, :1] == seq[:, -1:], (B, max(W - 1 - T, 0)))
-        keep = jnp.concatenate([old, (seq == seq[:, -1:])[:, -(W - 1):]], 1)[..., None, None]
-        sq, sk, sv = (jnp.where(keep, s_, jnp.zeros((), s_.dtype)) for s_ in (sq, sk, sv))
+    sq, sk, sv = last_sequence_inputs((sq, sk, sv), seq)
     return out, {"conv_q": sq, "conv_k": sk, "conv_v": sv, "state": state}
+
+
+def last_sequence_inputs(states, seq):
+    """The convolution states [B,W-1,...] (the last W-1 inputs) with the inputs of sequences
+    before the last one zeroed: a decoding row continues only its last sequence. ``seq``
+    [B,T]: the new tokens' sequence numbers (None: one sequence)."""
+    if seq is None:
+        return states
+    B, T = seq.shape
+    W1 = states[0].shape[1]
+    old = jnp.broadcast_to(seq[:, :1] == seq[:, -1:], (B, max(W1 - T, 0)))
+    keep = jnp.concatenate([old, (seq == seq[:, -1:])[:, -W1:]], 1)
+    keep = keep.reshape(*keep.shape, *(1,) * (states[0].ndim - 2))
+    return tuple(jnp.where(keep, s_, jnp.zeros((), s_.dtype)) for s_ in states)
 
 
 def init_cache(cfg, batch: int, dtype) -> dict:
     """Empty decoding state of the Gated DeltaNet layers ([L_linear, ...], in layer order)."""
-    Lyr, W = sum(cfg.linear_attention_layers), cfg.linear_conv_kernel_dim
+    Lyr = sum(k in LINEAR_STACKS for k in layer_kinds(cfg))
+    W = cfg.linear_conv_kernel_dim
     Hk, Hv, Dk, Dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                       cfg.linear_key_head_dim, cfg.linear_value_head_dim)
     return {"conv_q": jnp.zeros((Lyr, batch, W - 1, Hk, Dk), dtype),

@@ -22,6 +22,10 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
             ``linear_attn`` (linear_attention.py) for ``attn``
     global_layers, global_moe_layers: Gemma 4's global layers, ``attn`` with their own K and H
             (``cfg.attention_shape(wide=True)``) and no ``wv`` with attention_k_eq_v
+    hybrid models (``cfg.hybrid_layers``): one half of a layer each, with its norms:
+            mamba_layers {attn_norm, mamba (mamba.py)}, attention_layers {attn_norm, attn},
+            gdn_layers {attn_norm, linear_attn}, mlp_layers {mlp_norm, mlp},
+            moe_mlp_layers {mlp_norm, moe}
 
 Every leaf under ``layers`` carries a stacked layer axis of size L at position
 ``cfg.param_scan_axis`` (MaxText's default 1: ``wq`` is [D,L,N,H], a norm scale [D,L]). With
@@ -44,8 +48,9 @@ from jax.sharding import PartitionSpec
 
 from jaxtrain.models.mla import mla_specs
 from jaxtrain.models.linear_attention import linear_attention_specs
-from jaxtrain.models.spec import (DENSE_STACK, GLOBAL_STACKS, LINEAR_STACKS, MOE_STACKS, STACKS,
-                                  Init,
+from jaxtrain.models.mamba import mamba_specs
+from jaxtrain.models.spec import (DENSE_STACK, FFN_ONLY_STACKS, GLOBAL_STACKS, LINEAR_STACKS,
+                                  MAMBA_STACK, MIXER_ONLY_STACKS, MOE_STACKS, STACKS, Init,
                                   ParamSpec, _is_spec, _leaf_key, _linear_init, _norm, _zeros,
                                   layer_kinds, layer_slots)
 
@@ -84,15 +89,18 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         attn["wg"] = ParamSpec((D, N, H), dt, ("embed", "q_heads", "kv"),
                                _linear_init(cfg, 0, (1, 2)))
     mixer = ({"linear_attn": linear_attention_specs(cfg)} if kind in LINEAR_STACKS
-             else {"attn": attn})
-
+             else {"mamba": mamba_specs(cfg)} if kind == MAMBA_STACK else {"attn": attn})
     ffn = {"moe": _moe_specs(cfg)} if kind in MOE_STACKS else {"mlp": _mlp_specs(cfg, F)}
-    post = {**({"post_attn_norm": _norm(cfg, D)} if cfg.post_attention_norm else {}),
-            **({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {})}
-    pre = {"attn_norm": _norm(cfg, D), "mlp_norm": _norm(cfg, D)} if cfg.pre_norm else {}
+    halves = []
+    if kind not in FFN_ONLY_STACKS:
+        halves.append(({"attn_norm": _norm(cfg, D)} if cfg.pre_norm else {}) | mixer
+                      | ({"post_attn_norm": _norm(cfg, D)} if cfg.post_attention_norm else {}))
+    if kind not in MIXER_ONLY_STACKS:
+        halves.append(({"mlp_norm": _norm(cfg, D)} if cfg.pre_norm else {}) | ffn
+                      | ({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {}))
     scalar = ({"layer_scalar": ParamSpec((1,), dt, (None,), jax.nn.initializers.ones)}
               if cfg.layer_scalar else {})
-    return {**pre, **mixer, **post, **ffn, **scalar}
+    return functools.reduce(lambda a, b: a | b, halves, {}) | scalar
 
 
 def _mlp_specs(cfg, F: int) -> dict:

@@ -4,7 +4,8 @@
 initializers here are Megatron's. The layer stacks say where each layer's parameters live:
 ``layers`` holds the dense layers and ``moe_layers`` the MoE ones (``linear_layers`` and
 ``linear_moe_layers`` the same with Gated DeltaNet mixers), each in layer order, and
-:func:`moe_pattern` (Megatron's ``moe_layer_freq``) decides which layers are MoE.
+:func:`moe_pattern` (Megatron's ``moe_layer_freq``) decides which layers are MoE. A hybrid
+model's layers are single sublayers, in stacks by kind (``HYBRID_STACKS``).
 
 :mod:`jaxtrain.models.params` builds the model's parameter tree from these; the MoE package,
 multi-latent attention and the quantization state read the stacks from here, so none of them
@@ -87,11 +88,19 @@ DENSE_STACK, MOE_STACK = "layers", "moe_layers"
 LINEAR_STACK, LINEAR_MOE_STACK = "linear_layers", "linear_moe_layers"
 # Gemma 4's global (full-attention) layers, whose heads differ from the sliding-window ones'
 GLOBAL_STACK, GLOBAL_MOE_STACK = "global_layers", "global_moe_layers"
+# Hybrid models (ModelConfig.hybrid_layers, Megatron's hybrid_layer_pattern): a layer is one
+# sublayer, a token mixer or an FFN, each with its own pre-norm and residual add
+MAMBA_STACK, ATTENTION_STACK, GDN_STACK = "mamba_layers", "attention_layers", "gdn_layers"
+MLP_STACK, MOE_MLP_STACK = "mlp_layers", "moe_mlp_layers"
+HYBRID_STACKS = {"M": MAMBA_STACK, "*": ATTENTION_STACK, "G": GDN_STACK, "-": MLP_STACK,
+                 "E": MOE_MLP_STACK}
 STACKS = (DENSE_STACK, MOE_STACK, LINEAR_STACK, LINEAR_MOE_STACK, GLOBAL_STACK,
-          GLOBAL_MOE_STACK)
-MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK, GLOBAL_MOE_STACK)
-LINEAR_STACKS = (LINEAR_STACK, LINEAR_MOE_STACK)
+          GLOBAL_MOE_STACK, *HYBRID_STACKS.values())
+MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK, GLOBAL_MOE_STACK, MOE_MLP_STACK)
+LINEAR_STACKS = (LINEAR_STACK, LINEAR_MOE_STACK, GDN_STACK)
 GLOBAL_STACKS = (GLOBAL_STACK, GLOBAL_MOE_STACK)
+MIXER_ONLY_STACKS = (MAMBA_STACK, ATTENTION_STACK, GDN_STACK)   # no FFN half
+FFN_ONLY_STACKS = (MLP_STACK, MOE_MLP_STACK)                     # no token mixer
 
 
 def moe_pattern(moe, num_layers: int) -> tuple[bool, ...]:
@@ -156,7 +165,10 @@ def stack_kinds(moe: tuple[bool, ...], linear: tuple[bool, ...] | None,
 def layer_kinds(cfg) -> tuple[str, ...]:
     """The stack each layer's parameters live in: 'layers' (dense), 'moe_layers', and for
     Gated DeltaNet layers 'linear_layers' / 'linear_moe_layers', for Gemma 4's global layers
-    'global_layers' / 'global_moe_layers'."""
+    'global_layers' / 'global_moe_layers'; a hybrid model's by its symbols (HYBRID_STACKS)."""
+    pattern = getattr(cfg, "hybrid_layers", None)
+    if pattern is not None:
+        return tuple(HYBRID_STACKS[c] for c in pattern)
     return stack_kinds(moe_pattern(getattr(cfg, "moe", None), cfg.num_layers),
                        getattr(cfg, "linear_attention_layers", None),
                        getattr(cfg, "global_layers", None))

@@ -20,6 +20,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxtrain.models import layers as L
 from jaxtrain.models.attention import attention
 from jaxtrain.models.linear_attention import linear_attention_block
+from jaxtrain.models.mamba import mamba_block
 from jaxtrain.models.mla import mla_qkv
 from jaxtrain.models.moe import moe_block
 from jaxtrain.models.params import MOE_STACKS, STACKS, layer_axes, layer_kinds
@@ -260,17 +261,50 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     norm = _maybe_remat(lambda q, y: L.norm(q, y, cfg), "layernorm" in cfg.recompute_modules)
     mlp = _maybe_remat(lambda q, y: L.mlp(q, y, cfg), "mlp" in cfg.recompute_modules)
 
+    if any(m in p for m in ("attn", "linear_attn", "mamba")):
+        x, cache = _mixer_half(p, x, i, ctx, cfg, cache, norm, sub, det)
+    stats = None
+    if "mlp" in p or "moe" in p:
+        mlp_in = x_in if cfg.parallel_residual else x
+        h = norm(p["mlp_norm"], mlp_in) if cfg.pre_norm else mlp_in
+        with jax.named_scope("mlp"):
+            if "moe" in p:
+                m, stats = _moe(p["moe"], h, x, i, ctx, sub(4), cfg)
+            else:
+                m = mlp(p["mlp"], h)
+        if cfg.post_mlp_norm:
+            m = norm(p["post_mlp_norm"], m)
+        if cfg.residual_multiplier != 1.0:
+            m = m * jnp.asarray(cfg.residual_multiplier, m.dtype)
+        resid = h if cfg.apply_residual_connection_post_layernorm else x
+        m = constrain(m, *RESIDUAL)
+        x = (resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)).astype(cfg.residual_dtype)
+    out = x
+    if "layer_scalar" in p:   # Gemma 4: a checkpoint constant, so no gradient reaches it
+        out = out * jax.lax.stop_gradient(p["layer_scalar"]).astype(out.dtype)
+    out = constrain(out, *RESIDUAL)
+    if cache is not None:
+        return out, stats, cache
+    return out if stats is None else (out, stats)
+
+
+def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
+    """The token-mixing half of layer i (softmax attention, Gated DeltaNet or Mamba) with its
+    norms and residual add: (x, cache)."""
     h = norm(p["attn_norm"], x) if cfg.pre_norm else x
-    if "linear_attn" in p:
-        with jax.named_scope("linear_attention"):
-            a = linear_attention_block(p["linear_attn"], h, ctx, cfg,
-                                       None if cache is None else cache["linear"])
+    if "linear_attn" in p or "mamba" in p:
+        name, block = (("linear", linear_attention_block) if "linear_attn" in p
+                       else ("mamba", mamba_block))
+        with jax.named_scope("linear_attention" if name == "linear" else "mamba"):
+            a = block(p["linear_attn" if name == "linear" else "mamba"], h, ctx, cfg,
+                      None if cache is None else cache[name])
         if cache is not None:
-            a, lin = a
-            cache = {**cache, "linear": lin}
+            a, state = a
+            cache = {**cache, name: state}
     else:
         with jax.named_scope("attention"):
-            kv = None if cache is None else {n: c for n, c in cache.items() if n != "linear"}
+            kv = (None if cache is None else
+                  {n: c for n, c in cache.items() if n not in ("linear", "mamba")})
             a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, kv)
         if cache is not None:
             a, kv = a
@@ -282,28 +316,7 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
          ).astype(cfg.residual_dtype)
-
-    mlp_in = x_in if cfg.parallel_residual else x
-    h = norm(p["mlp_norm"], mlp_in) if cfg.pre_norm else mlp_in
-    stats = None
-    with jax.named_scope("mlp"):
-        if "moe" in p:
-            m, stats = _moe(p["moe"], h, x, i, ctx, sub(4), cfg)
-        else:
-            m = mlp(p["mlp"], h)
-    if cfg.post_mlp_norm:
-        m = norm(p["post_mlp_norm"], m)
-    if cfg.residual_multiplier != 1.0:
-        m = m * jnp.asarray(cfg.residual_multiplier, m.dtype)
-    resid = h if cfg.apply_residual_connection_post_layernorm else x
-    m = constrain(m, *RESIDUAL)
-    out = (resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)).astype(cfg.residual_dtype)
-    if "layer_scalar" in p:   # Gemma 4: a checkpoint constant, so no gradient reaches it
-        out = out * jax.lax.stop_gradient(p["layer_scalar"]).astype(out.dtype)
-    out = constrain(out, *RESIDUAL)
-    if cache is not None:
-        return out, stats, cache
-    return out if stats is None else (out, stats)
+    return x, cache
 
 
 def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):

@@ -1,6 +1,7 @@
-"""pgs ``train.freeze_non_attention``: the Gated DeltaNet (linear-attention) layers of a hybrid
-model stop training, all their parameters but the norms (the layer norms and the mixer's gated
-output norm); full-attention layers, embeddings, the final norm and the head train.
+"""pgs ``train.freeze_non_attention``: the Gated DeltaNet (linear-attention) and Mamba-2
+(recurrent) layers of a hybrid model stop training, all their parameters but the norms (the
+layer norms and the mixer's gated output norm); full-attention layers, MLP sublayers of
+Megatron's hybrid stack, embeddings, the final norm and the head train.
 
 Frozen leaves are cut from the autodiff graph (:func:`stop_frozen`, so XLA drops their
 weight-gradient matmuls and the activations only those need: what pgs's
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import jax
 
-from jaxtrain.models.spec import LINEAR_STACKS
+from jaxtrain.models.spec import LINEAR_STACKS, MAMBA_STACK
+
+FROZEN_STACKS = (*LINEAR_STACKS, MAMBA_STACK)
 
 
 def is_frozen(path: tuple[str, ...]) -> bool:
     """A parameter (by tree path) that freeze_non_attention holds fixed."""
-    return path[0] in LINEAR_STACKS and not any("norm" in p for p in path)
+    return path[0] in FROZEN_STACKS and not any("norm" in p for p in path)
 
 
 def stop_frozen(params: dict) -> dict:

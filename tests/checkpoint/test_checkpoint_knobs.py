@@ -171,6 +171,23 @@ def test_use_checkpoint_args_overrides(tmp_path):
     assert cfg["hidden_size"] == 16 and cfg["tokenizer_model"] == "/models/tok"
 
 
+def test_use_checkpoint_args_takes_the_architecture_knobs(tmp_path):
+    """The checkpoint's layer pattern, Mamba shapes and Gemma/Granite-style layer knobs are
+    forced onto a run that resumes with use_checkpoint_args."""
+    saved = ["hybrid_layer_pattern=M*", "mamba_state_dim=8", "mamba_head_dim=8",
+             "residual_multiplier=0.5", "post_mlp_norm=true"]
+    cfg = load_config(None, [*TINY, "train_iters=20", f"save={tmp_path}", *saved])
+    ckpt = Checkpointer.from_config(cfg, tmp_path)
+    ckpt.maybe_save(2, _state(_model()), consumed=8, force=True)
+    ckpt.close()
+    here = [*TINY, "train_iters=20", f"load={tmp_path}", "use_checkpoint_args=true"]
+    got = dict(a.split("=", 1) for a in checkpoint_overrides(load_config(None, here),
+                                                            tmp_path / "run"))
+    assert got == {"hybrid_layer_pattern": '"M*"', "mamba_state_dim": "8",
+                   "mamba_head_dim": "8", "residual_multiplier": "0.5",
+                   "post_mlp_norm": "true"}
+
+
 @pytest.mark.slow
 def test_use_checkpoint_args_on_the_command_line(tmp_path, cli, write):
     save = tmp_path / "ckpt"

@@ -58,10 +58,38 @@ PRESETS += [
         enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704),
      25.2e9),
 ]
+# Megatron's hybrid stack (patterns from Megatron-LM's confs for these models) and Mamba-2;
+# published sizes: Nemotron-H 8B counts 8.10B (its card rounds to 8B), Nemotron 3 Nano 31.6B,
+# mamba2-370m 368M
+_NH = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+_NH8 = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+_NANO = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+PRESETS += [
+    ("nemotron_h_8B", lambda: tr.NemotronHConfig(
+        hidden_size=4096, layers_block_type=[_NH[c] for c in _NH8], intermediate_size=21504,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, mamba_num_heads=128,
+        mamba_head_dim=64, n_groups=8, ssm_state_size=128, vocab_size=131072,
+        max_position_embeddings=8192), 8.10e9),
+    ("nemotron3_nano_30B_A3B", lambda: tr.NemotronHConfig(
+        hidden_size=2688, layers_block_type=[_NH[c] for c in _NANO], intermediate_size=1856,
+        num_attention_heads=32, num_key_value_heads=2, head_dim=128, mamba_num_heads=64,
+        mamba_head_dim=64, n_groups=8, ssm_state_size=128, vocab_size=131072,
+        n_routed_experts=128, num_experts_per_tok=6, moe_intermediate_size=1856,
+        moe_shared_expert_intermediate_size=3712, n_group=1, topk_group=1,
+        routed_scaling_factor=2.5, max_position_embeddings=8192), 31.6e9),
+    ("mamba2_370M", lambda: tr.Mamba2Config(
+        hidden_size=1024, num_hidden_layers=48, num_heads=32, head_dim=64, n_groups=1,
+        state_size=128, vocab_size=50288, tie_word_embeddings=True), 0.368e9),
+]
 # Fields the preset's run settles, not the architecture (Megatron pads the vocabulary; HF
 # files never do; MoE run settings such as the balancing loss).
 RUN = ("dtype", "weight_dtype", "attention_impl", "attention_softmax_in_fp32", "vocab_size",
-       "use_iota_embed", "init_method_std")
+       "use_iota_embed", "init_method_std",
+       # transformers' Mamba-2 mixers clamp dt at time_step_min, Megatron's do not (the presets
+       # follow Megatron); Mamba2's residual_in_fp32 is a precision choice of the run
+       "mamba_dt_floor", "fp32_residual_connection", "mamba_chunk_size")
+# Attention fields, which no layer of an attention-free hybrid model reads
+ATTENTION = ("num_attention_heads", "num_query_groups", "kv_channels", "attention_dropout")
 # Llama-3 scaling's settings, read only with use_rope_scaling.
 LLAMA3_SCALING = ("rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                   "original_max_position_embeddings")
@@ -81,6 +109,8 @@ def test_preset_is_the_published_model(name, hf, published):
     ref = ref.replace(**{k: getattr(ours, k) for k in RUN})
     if not ours.use_rope_scaling:
         ref = ref.replace(**{k: getattr(ours, k) for k in LLAMA3_SCALING})
+    if ours.hybrid_layers is not None and "*" not in ours.hybrid_layers:
+        ref = ref.replace(**{k: getattr(ours, k) for k in ATTENTION})
     if ours.moe is not None:
         if ours.moe.layer_freq == 1 and not ours.moe.branch_norms:   # no layer reads it
             ref = ref.replace(ffn_hidden_size=ours.ffn_hidden_size)

@@ -33,6 +33,9 @@ GDN = ["experimental_attention_variant=gdn", "linear_attention_freq=2", "linear_
        "linear_num_value_heads=4", "linear_key_head_dim=8", "linear_value_head_dim=8",
        "linear_conv_kernel_dim=3", "attention_output_gate=true", "rotary_percent=0.5",
        "gdn_chunk_size=4"]
+HYBRID = ["model_type=mamba", "num_layers=4", "hybrid_layer_pattern=M*-M", "mamba_num_heads=4",
+          "mamba_head_dim=8", "mamba_num_groups=2", "mamba_state_dim=8", "mamba_chunk_size=4",
+          "position_embedding_type=none"]
 MOE_CAPACITY = ["moe_expert_capacity_factor=1.0", "moe_pad_expert_input_to_capacity=true"]
 
 LAYOUTS = {
@@ -77,6 +80,10 @@ LAYOUTS = {
     "gdn": (1, GDN),
     "gdn_tp_sp_fsdp": (8, GDN + ["tensor_model_parallel_size=2", "sequence_parallel=true",
                                  "use_torch_fsdp2=true"]),
+    # Megatron's hybrid stack (Mamba, attention, MLP, Mamba): heads and groups split by TP
+    "hybrid": (1, HYBRID),
+    "hybrid_tp_sp_fsdp": (8, HYBRID + ["tensor_model_parallel_size=2", "sequence_parallel=true",
+                                       "use_torch_fsdp2=true"]),
     # MoE: expert parallelism must not change the losses
     "moe": (8, MOE),
     "moe_ep2": (8, MOE + ["expert_model_parallel_size=2"]),

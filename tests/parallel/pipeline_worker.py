@@ -40,6 +40,10 @@ GEMMA4 = ["window_size=[3,0]", "window_attn_skip_freq=2", "global_kv_channels=16
           "global_num_query_groups=1", "attention_k_eq_v=true", "global_rotary_percent=0.5",
           "v_norm=plain", "layer_scalar=true", "qk_layernorm=true",
           "position_embedding_type=rope"]
+# Megatron's hybrid stack: Mamba, attention, MLP, MoE sublayers (each a stack of its own)
+HYBRID = ["model_type=hybrid", "hybrid_layer_pattern=M*EM", "mamba_num_heads=4",
+          "mamba_head_dim=8", "mamba_num_groups=2", "mamba_state_dim=8", "mamba_chunk_size=4",
+          *MOE[:3], "moe_router_score_function=sigmoid", "moe_aux_loss_coeff=0.01"]
 # FP8 with delayed scaling (emulated on CPU): a per-layer amax history each stage moves on
 FP8 = ["fp8=hybrid", "fp8_recipe=delayed", "fp8_amax_history_len=4"]
 # tensorwise FP8 with the first and last layers kept in bf16 (per-layer switches)
@@ -98,6 +102,10 @@ LAYOUTS = {
     "gemma4": GEMMA4,
     "gemma4_pp2": [*GEMMA4, PP2],
     "gemma4_pp2_vpp2_tp2": [*GEMMA4, PP2, "virtual_pipeline_model_parallel_size=2",
+                            "tensor_model_parallel_size=2"],
+    "hybrid": HYBRID,
+    "hybrid_pp2": [*HYBRID, PP2],
+    "hybrid_pp2_vpp2_tp2": [*HYBRID, PP2, "virtual_pipeline_model_parallel_size=2",
                             "tensor_model_parallel_size=2"],
     "fp8": FP8,
     "fp8_pp2": [*FP8, PP2, "micro_batch_size=2"],          # two microbatches, as at PP 1
@@ -248,7 +256,8 @@ def train(workdir: pathlib.Path, name: str) -> dict:
     cfg = load_config(None, [*TINY, f"workspace={workdir / name}", *LAYOUTS[name], *saving],
                       world_size=8)
     run = loop.build(cfg, jax.devices(), materialize=False)
-    spec = run.shardings.params["layers"]["attn"]["wq"].spec
+    stack = next(k for k in ("layers", "attention_layers") if k in run.shardings.params)
+    spec = run.shardings.params[stack]["attn"]["wq"].spec
     loop.train(cfg, devices=jax.devices())
     rows = (_rows(workdir / name) if not delayed else   # saving: the run directory is ckpt
             [json.loads(r) for r in (ckpt / "metrics.jsonl").read_text().splitlines()])

@@ -21,7 +21,7 @@ GATHERS = ["torch_fsdp2", "fsdp_keep", "tp_recompute", "tp_distribute"]
 REPLICAS = ["tp"]
 MOE = [n for n in LAYOUTS if n.startswith("moe")]   # compared among themselves
 CP = [n for n in LAYOUTS if n.startswith("cp")]   # trained in a slow test
-GDN = [n for n in LAYOUTS if n.startswith("gdn")]   # trained in their own test
+GDN = [n for n in LAYOUTS if n.startswith(("gdn", "hybrid"))]   # trained in their own tests
 BUILT = [n for n in LAYOUTS
          if n not in TRAINED + GATHERS + REPLICAS + MOE + CP + GDN + ACCUMULATED + REDUCTIONS]
 # The default run trains one device and DP x TP x FSDP and checks these layouts' shardings;
@@ -269,3 +269,16 @@ def test_gated_deltanet_hybrid_splits_its_heads_without_changing_the_losses(tmp_
     specs = got["gdn_tp_sp_fsdp"]["params"]
     wq = next(v for k, v in specs.items() if "linear_attn" in k and k.endswith("['wq']"))
     assert "tensor" in json.dumps(wq)
+
+
+@pytest.mark.slow
+def test_mamba_hybrid_splits_its_heads_without_changing_the_losses(tmp_path):
+    """Megatron's hybrid stack (Mamba, attention, MLP, Mamba) under TP 2 with SP and FSDP trains
+    with the one-device losses; the Mamba heads and groups are split over the tensor axis."""
+    got = _worker(tmp_path, "train:hybrid,hybrid_tp_sp_fsdp")
+    assert got["hybrid_tp_sp_fsdp"]["losses"] == pytest.approx(got["hybrid"]["losses"],
+                                                                rel=2e-6)
+    specs = got["hybrid_tp_sp_fsdp"]["params"]
+    for leaf in ("wx", "wB", "wo"):
+        spec = next(v for k, v in specs.items() if "mamba" in k and k.endswith(f"['{leaf}']"))
+        assert "tensor" in json.dumps(spec), leaf

@@ -497,3 +497,17 @@ def test_maxtext_pipeline_file_dry_runs_without_a_device_count(write, cli):
     code, _, err = cli(write("mt.yml", MAXTEXT + "num_layers_per_pipeline_stage: 2\n"),
                        "--dry-run")
     assert code == 0, err
+
+
+@pytest.mark.slow
+def test_hybrid_stack_pipelines_like_one_stage(tmp_path):
+    """Megatron's hybrid stack (Mamba, attention, MoE, Mamba sublayers, each kind a stack of
+    its own) under PP 2, and PP 2 x VPP 2 x TP 2, trains with PP 1's losses and grad norms."""
+    runs = _worker(tmp_path, "train:hybrid,hybrid_pp2,hybrid_pp2_vpp2_tp2")[0]
+    want = runs.pop("hybrid")
+    assert want["mesh"]["pipeline"] == 1
+    for name, got in runs.items():
+        assert got["mesh"]["pipeline"] == 2, name
+        for key in ("losses", "grad_norms", "moe_aux_loss"):
+            assert got[key] == pytest.approx(want[key], rel=2e-6), (name, key)
+    assert want["moe_aux_loss"][0] > 0

@@ -118,3 +118,23 @@ def test_pgs_quickstart_freezes_the_gated_deltanet_layers(tmp_path):
     cfg, params = from_hf(final)
     ours = np.asarray(forward(params, np.asarray(ids, np.int32), cfg))
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_mamba_layers_are_frozen_too():
+    """Megatron's hybrid stack: the Mamba-2 sublayers (but their norms) get no gradient; the
+    attention and MLP sublayers do."""
+    from jaxtrain.models import forward, init
+
+    cfg = ModelConfig(num_layers=3, hidden_size=32, num_attention_heads=4, vocab_size=64,
+                      hybrid_layers="M*-", position_embedding_type="none", mamba_head_dim=8,
+                      mamba_num_groups=2, mamba_state_dim=8, mamba_chunk_size=4)
+    params = init(cfg, jax.random.key(1))
+    toks = jnp.arange(16, dtype=jnp.int32).reshape(1, 16) % 64
+    loss = lambda p: jnp.mean(forward(stop_frozen(p), toks, cfg) ** 2)  # noqa: E731
+    grads = _paths(jax.jit(jax.grad(loss))(params))
+    frozen = {p for p in grads if is_frozen(p)}
+    assert ("mamba_layers", "mamba", "wx") in frozen
+    assert ("mamba_layers", "mamba", "norm", "scale") not in frozen
+    assert not any(p[0] != "mamba_layers" for p in frozen)
+    for path, g in grads.items():
+        assert (np.abs(np.asarray(g)).max() == 0) == is_frozen(path), path

@@ -34,8 +34,11 @@ KNOBS = [
       "preset sets; false makes such a clash an error.", "maxtext", HONORED),
     K("yaml_cfg", "str", None, "Megatron's YAML-config argument.", "megatron", REJECTED,
       "the config file is the positional argument of python -m jaxtrain.train; pass it there"),
-    K("spec", "str|list[str]", None, "Megatron's PyTorch module-spec hook.", "megatron", REJECTED,
-      "names a PyTorch module spec; jaxtrain models are JAX functions chosen by the model knobs"),
+    K("spec", "str|list[str]", None, "Megatron's PyTorch module-spec hook.", "megatron", HONORED,
+      "jaxtrain models are JAX functions chosen by the model knobs; of the specs only the "
+      "hybrid stacks Primus names for model_type mamba are read (what their M layers are: "
+      "Mamba-2 for mamba_stack_spec, hybrid_stack_spec and mamba_hybrid_stack_spec_no_te; the "
+      "GDN and KDA stacks are planned), any other value is refused"),
     K("framework", "str", "megatron", "Primus backend whose key names and defaults the file uses.",
       "primus", HONORED, choices=("megatron", "maxtext")),
     K("workspace", "str", "./output", "Primus output root; the run directory is "

@@ -9,6 +9,9 @@ from jaxtrain.config.knob import HONORED, INERT, REJECTED, Alias, K
 
 _L = "megatron-lm"
 _LP = ("megatron-lm", "primus")   # Megatron-LM arguments that Primus presets or experiments set
+_HYBRID = ("with model_type mamba/hybrid or is_hybrid_model: the hybrid layer stack "
+           "(models/spec.py HYBRID_STACKS, from_knobs._hybrid_fields)")
+_MAMBA = "the Mamba-2 mixers of hybrid models (models/mamba.py, kernels/ssd)"
 _GDN = ("with experimental_attention_variant gdn: the Gated DeltaNet layers "
         "(models/linear_attention.py)")
 _GDN_ALIAS = "MaxText's name for it in its qwen3_next and qwen3_5 blocks"
@@ -179,19 +182,21 @@ KNOBS = [
     K("linear_num_value_heads", "int", 32, "Value/gate heads of Gated DeltaNet layers.", _LP,
       HONORED, _GDN, aliases=(Alias("gdn_num_value_heads", "maxtext", note=_GDN_ALIAS),)),
     K("is_hybrid_model", "bool", False, "The model mixes Mamba/linear-attention layers with "
-      "attention and MLP layers (Megatron's hybrid model).", _LP, issue=25),
+      "attention and MLP layers (Megatron's hybrid model).", _LP, HONORED, _HYBRID),
     K("hybrid_layer_pattern", "str", None, "Per-layer type string of a hybrid model: M Mamba, G "
       "Gated DeltaNet, * attention, D DSA, - MLP, E MoE; '|' marks pipeline cuts, '/' MTP "
-      "layers.", _LP, issue=25,
+      "layers.", _LP, HONORED, _HYBRID + "; one layer per symbol, each a single sublayer with "
+      "its own pre-norm (M, *, G, - and E are built; D and MTP layers after '/' are refused "
+      "as not implemented; '|' cuts are accepted only without pipeline parallelism)",
       aliases=(Alias("hybrid_override_pattern", ("megatron-lm", "primus"),
                      note="the former name; Megatron-LM forwards it to hybrid_layer_pattern"),)),
     K("mamba_state_dim", "int", 128, "Size of the recurrent state of each Mamba head.", _LP,
-      issue=25),
-    K("mamba_head_dim", "int", 64, "Channel width of each Mamba head.", _LP, issue=25),
+      HONORED, _MAMBA),
+    K("mamba_head_dim", "int", 64, "Channel width of each Mamba head.", _LP, HONORED, _MAMBA),
     K("mamba_num_groups", "int", 8, "Groups sharing the B/C projections in Mamba layers.", _LP,
-      issue=25),
+      HONORED, _MAMBA),
     K("mamba_num_heads", "int", None, "Mamba heads per layer; null means hidden_size x expand / "
-      "mamba_head_dim.", _LP, issue=25),
+      "mamba_head_dim.", _LP, HONORED, _MAMBA),
     K("use_mamba_mem_eff_path", "bool", True, "Run Mamba layers through the fused "
       "memory-efficient kernel path.", _L, INERT,
       "chooses between PyTorch/Triton implementations of the same Mamba math; jaxtrain would "

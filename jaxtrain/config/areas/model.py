@@ -58,10 +58,11 @@ KNOBS = [
       "Megatron-Core models are the default and this flag no longer selects anything; jaxtrain "
       "has a single model implementation"),
     K("model_type", "str", "gpt", "Model family to build; gpt is the decoder-only transformer "
-      "(dense, MoE or MLA).", "megatron", HONORED,
+      "(dense, MoE or MLA), mamba and hybrid Megatron's hybrid stack (hybrid_layer_pattern).",
+      "megatron", HONORED,
       choices=("gpt", "mamba", "hybrid", "deepseek_v4", "kimi_k3", "flux_schnell",
                "diffusion_model"),
-      planned_values={"mamba": 25, "hybrid": 25, "deepseek_v4": 25, "kimi_k3": 25},
+      planned_values={"deepseek_v4": 25, "kimi_k3": 25},
       rejected_values={v: "diffusion models (Flux) are image generators, not language models; "
                           "jaxtrain trains decoder-only language models"
                        for v in ("flux_schnell", "diffusion_model")}),
@@ -131,6 +132,17 @@ KNOBS = [
     K("residual_multiplier", "float", 1.0, "Granite: multiply each attention and MLP output by "
       "this before adding it to the residual stream.", "jaxtrain", status=HONORED),
     K("logits_scaling", "float", 1.0, "Granite: divide the output logits by this.", "jaxtrain",
+      status=HONORED),
+    K("mamba_chunk_size", "int", 128, "Mamba-2 layers: tokens per chunk of the chunked scan "
+      "(Megatron's mixer uses 128); changes speed and memory, not the result.", "jaxtrain",
+      status=HONORED),
+    K("mamba_conv_kernel_dim", "int", 4, "Mamba-2 layers: width of the short causal "
+      "convolution (Megatron fixes 4; Hugging Face's conv_kernel).", "jaxtrain", status=HONORED),
+    K("mamba_norm_epsilon", "float", 1e-5, "Mamba-2 layers: epsilon of the gated group RMSNorm "
+      "before the output projection (Megatron fixes 1e-5; Hugging Face uses the model's).",
+      "jaxtrain", status=HONORED),
+    K("mamba_time_step_floor", "float", 0.0, "Mamba-2 layers: clamp each step size dt from below "
+      "after its softplus (Hugging Face's time_step_min; Megatron does not clamp).", "jaxtrain",
       status=HONORED),
     K("parallel_residual", "bool", False, "GPT-NeoX's parallel layer: the MLP reads the layer's "
       "input through its own norm, as the attention does, and both outputs add to it.",

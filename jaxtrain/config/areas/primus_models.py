@@ -3,9 +3,12 @@ Attention, attention residuals, latent MoE, quantile balancing), hybrid Mamba/Ga
 models and their FLA kernels, LFM2, and the Flux diffusion trainer. Defaults are Primus's own
 fallbacks (its config dataclasses), so an unset key means the feature is off.
 """
-from jaxtrain.config.knob import INERT, K, REJECTED
+from jaxtrain.config.knob import HONORED, INERT, K, REJECTED
 
 _P = "primus"
+_RATIO = ("without hybrid_layer_pattern, the hybrid model's pattern is Megatron's evenly spaced "
+          "allocation of attention, then MLP layers among the Mamba ones "
+          "(from_knobs.pattern_from_ratios)")
 _PM = ("primus", "maxtext")   # also MaxText base.yml keys; MaxText files default to its value
 
 _FLA = ("picks flash-linear-attention (Triton) or other PyTorch kernels of the same math for "
@@ -113,9 +116,9 @@ KNOBS = [
 
     # --- hybrid Mamba / Gated DeltaNet models ---
     K("hybrid_attention_ratio", "float", 0.0, "Share of attention layers when a hybrid model's "
-      "layer pattern is generated.", _P, issue=25),
+      "layer pattern is generated.", _P, HONORED, _RATIO),
     K("hybrid_mlp_ratio", "float", 0.0, "Share of MLP layers when a hybrid model's layer pattern "
-      "is generated.", _P, issue=25),
+      "is generated.", _P, HONORED, _RATIO),
     K("mamba_expand", "int", 2, "Mamba inner-width expansion factor.", _P, INERT,
       "Primus passes nothing by this name to Megatron's Mamba layers, which use their fixed "
       "expansion of 2"),

@@ -68,9 +68,8 @@ KNOBS = [
       "embeddings lr*d^(L+1); 1.0 is off.", _PGS, HONORED, _LLRD),
     K("train.freeze_non_attention", "bool", False, "Hybrid models: freeze linear-attention / "
       "recurrent layers except their norms; a warned no-op elsewhere.", _PGS, HONORED,
-      "no family jaxtrain builds has linear-attention or recurrent layers yet (the hybrid "
-      "families are issue #25's), so on every model it is pgs's warned no-op: a warning, "
-      "nothing frozen"),
+      "optim/freeze.py: the Gated DeltaNet and Mamba-2 layers get no gradient, optimizer "
+      "state or update (norms excepted); on a model without them pgs's warned no-op"),
     K("train.hyperball", "bool", False, "Keep attention/MLP matrices at their initial Frobenius "
       "norm, moving them by an angular step.", _PGS, HONORED, _HYPERBALL),
     K("train.hyperball_lr", "float", 0.0, "Hyperball angular step per update (fraction of the "

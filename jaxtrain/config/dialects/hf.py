@@ -56,12 +56,12 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "hidden_activation": "gelu_pytorch_tanh"}}
 FAMILIES = (LLAMA_LIKE + ("phi3", "smollm3", "granite", "gpt2", "gpt_neox", "deepseek_v3",
                           "gpt_oss") + MOE + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4
-            + tuple(TEXT_OF))
+            + ("nemotron_h", "mamba2") + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("gemma3n", "gemma3n_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
            "phi", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
-           "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "mamba2", "jamba", "starcoder2",
+           "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "jamba", "starcoder2",
            "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
            "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "lfm2")
 PLANNED_PREFIXES = ("gemma",)
@@ -831,6 +831,124 @@ def _hybrid(hf: dict) -> dict:
     return out
 
 
+# Hugging Face layer types of hybrid models (and their legacy names) -> pattern symbols.
+_BLOCK_SYMBOLS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
+                  "mlp": "-", "moe": "E"}
+
+
+def _json_float(value) -> float:
+    """A float of config.json, where transformers writes infinities as {"__float__": "Infinity"}."""
+    return float(value["__float__"] if isinstance(value, dict) else value)
+
+
+def _mamba_fields(hf: dict, heads: int, head_dim: int, floor: float) -> dict:
+    """The Mamba-2 mixer fields NemotronH and Mamba2 share: heads, groups, state, convolution,
+    chunk, the gated norm's epsilon (the model's) and the step-size floor."""
+    for field, ok in (("use_conv_bias", True), ("use_bias", False), ("mamba_proj_bias", False),
+                      ("mamba_hidden_act", "silu"), ("hidden_act", "silu"),
+                      ("norm_before_gate", False), ("rms_norm", True)):
+        if field in hf and hf[field] != ok:
+            raise bad(field, hf[field], f"jaxtrain's Mamba-2 layers are built with {field}={ok}")
+    return {"mamba_num_heads": heads, "mamba_head_dim": head_dim,
+            "mamba_num_groups": hf.get("n_groups", 8), "mamba_state_dim": hf.get(
+                "ssm_state_size", hf.get("state_size", 128)),
+            "mamba_conv_kernel_dim": hf.get("conv_kernel", 4),
+            "mamba_chunk_size": hf.get("chunk_size", 128),
+            "mamba_norm_epsilon": float(hf.get("layer_norm_epsilon", 1e-5)),
+            "mamba_time_step_floor": float(floor)}
+
+
+def _hybrid_base(hf: dict, pattern: str) -> dict:
+    """Sizes, RMSNorm, tying, init, dropout and the float32 residual stream (residual_in_fp32)
+    of the Mamba-2 families, as a hybrid model of ``pattern``."""
+    return {"is_hybrid_model": True, "hybrid_layer_pattern": pattern,
+            "fp32_residual_connection": bool(hf.get("residual_in_fp32", False)),
+            "num_layers": len(pattern), "hidden_size": hf["hidden_size"],
+            "vocab_size": hf["vocab_size"], "make_vocab_size_divisible_by": 1,
+            "normalization": "RMSNorm", "norm_epsilon": float(hf.get("layer_norm_epsilon", 1e-5)),
+            "position_embedding_type": "none", "hidden_dropout": 0.0,
+            "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", False),
+            "init_method_std": float(hf.get("initializer_range", 0.02))}
+
+
+def _nemotron_h(hf: dict) -> dict:
+    """NemotronH (Nemotron-H, Nemotron 3 Nano): Megatron's hybrid stack, one sublayer per layer
+    as layers_block_type (or the older hybrid_override_pattern) says: Mamba-2, attention
+    without positional encoding, squared-ReLU MLPs, and MoE layers of squared-ReLU experts with
+    DeepSeek-V3's sigmoid group-limited routing plus a shared expert."""
+    types = hf.get("layers_block_type") or hf.get("layer_types")
+    if types:
+        unknown = sorted(set(types) - set(_BLOCK_SYMBOLS))
+        if unknown:
+            raise bad("layers_block_type", unknown, f"known kinds are {sorted(_BLOCK_SYMBOLS)}")
+        pattern = "".join(_BLOCK_SYMBOLS[t] for t in types)
+    else:
+        pattern = hf.get("hybrid_override_pattern") or "ME*-"
+    if hf.get("num_nextn_predict_layers", 0):
+        raise bad("num_nextn_predict_layers", hf["num_nextn_predict_layers"],
+                  "multi-token-prediction layers are not built yet (planned)")
+    for field, value in (("attention_bias", False), ("mlp_bias", False),
+                         ("moe_latent_size", None), ("sliding_window", None)):
+        if hf.get(field, value) != value:
+            raise bad(field, hf[field], f"NemotronH with {field} is not built")
+    act = hf.get("mlp_hidden_act", "relu2")
+    if act != "relu2":
+        raise bad("mlp_hidden_act", act, "NemotronH's MLPs are built with relu2 (squared ReLU)")
+    heads = hf.get("num_attention_heads", 32)
+    kv = hf.get("num_key_value_heads") or heads
+    d = hf["hidden_size"]
+    # transformers' NemotronH never ties its output layer to the embedding, whatever
+    # tie_word_embeddings says; the checkpoint carries lm_head.weight
+    out = {**_hybrid_base({**hf, "tie_word_embeddings": False}, pattern),
+           **_mamba_fields(hf, hf.get("mamba_num_heads", 128), hf.get("mamba_head_dim", 64),
+                           hf.get("time_step_min", 0.001)),
+           "num_attention_heads": heads, "kv_channels": hf.get("head_dim") or d // heads,
+           "ffn_hidden_size": hf.get("intermediate_size", 4 * d), "squared_relu": True,
+           "swiglu": False, "attention_dropout": float(hf.get("attention_dropout", 0.0)),
+           "max_position_embeddings": hf.get("max_position_embeddings", 4096)}
+    if kv != heads:
+        out.update(group_query_attention=True, num_query_groups=kv)
+    if "E" in pattern:
+        k, experts = hf.get("num_experts_per_tok", 2), hf.get("n_routed_experts", 8)
+        groups, group_topk = hf.get("n_group", 1) or 1, hf.get("topk_group", 1) or 1
+        if groups > 1 and group_topk < groups and experts // groups < HF_GROUP_SCORE_TOPK:
+            raise bad("n_group", groups, f"HF scores a group by its top-{HF_GROUP_SCORE_TOPK} "
+                      f"experts; a group of {experts // groups} has fewer")
+        out.update(num_experts=experts, moe_router_topk=k,
+                   moe_ffn_hidden_size=hf.get("moe_intermediate_size", 7688),
+                   moe_router_score_function="sigmoid", moe_router_dtype="fp32",
+                   moe_router_enable_expert_bias=True)
+        if hf.get("norm_topk_prob", True) != (k > 1):
+            raise bad("norm_topk_prob", hf.get("norm_topk_prob", True), "sigmoid routing "
+                      "renormalises the top-k weights exactly when top-k > 1 (Megatron's rule)")
+        shared = hf.get("moe_shared_expert_intermediate_size", 7688)
+        if shared and hf.get("n_shared_experts", 1):
+            out["moe_shared_expert_intermediate_size"] = shared
+        scale = float(hf.get("routed_scaling_factor", 1.0))
+        if scale != 1.0:
+            out["moe_router_topk_scaling_factor"] = scale
+        if groups > 1 and group_topk < groups:
+            out.update(moe_router_num_groups=groups, moe_router_group_topk=group_topk,
+                       moe_router_group_score_topk=HF_GROUP_SCORE_TOPK)
+    return out
+
+
+def _mamba2(hf: dict) -> dict:
+    """Mamba2 (pure Mamba-2 language models): every layer a Mamba-2 mixer behind an RMSNorm;
+    num_heads x head_dim must be expand x hidden_size as the mixer's projections assume."""
+    n, d = hf["num_hidden_layers"], hf["hidden_size"]
+    heads, head_dim = hf.get("num_heads", 128), hf.get("head_dim", 64)
+    if heads * head_dim != hf.get("expand", 2) * d:
+        raise bad("num_heads", heads, f"num_heads x head_dim = {heads * head_dim} is not "
+                  f"expand x hidden_size = {hf.get('expand', 2) * d}")
+    limit = [_json_float(v) for v in hf.get("time_step_limit") or (0.0, float("inf"))]
+    if limit[1] != float("inf"):
+        raise bad("time_step_limit", limit, "an upper limit on the step size is not built")
+    return {**_hybrid_base({"tie_word_embeddings": True, **hf}, "M" * n),
+            **_mamba_fields(hf, heads, head_dim, limit[0]),
+            "num_attention_heads": 1, "max_position_embeddings": 2048}
+
+
 def _llama4(hf: dict) -> dict:
     """Llama 4 (text): RoPE on interleaved pairs (Llama-3 scaling) except on the NoPE layers
     (no_rope_layers: 1 = RoPE), L2 q/k norms on the RoPE layers (use_qk_norm), chunked
@@ -905,6 +1023,7 @@ _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     "deepseek_v3": _deepseek_v3,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
     **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,
+    "nemotron_h": _nemotron_h, "mamba2": _mamba2,
     **{f: (lambda hf: knobs(text_config(hf))) for f in TEXT_OF}}
 assert set(_TRANSLATIONS) == set(FAMILIES)
 

@@ -20,7 +20,7 @@ from jaxtrain.models.params import layer_slots
 # jaxtrain activation -> HF hidden_act (the other direction is the config translation's,
 # jaxtrain/config/dialects/hf.py).
 ACT_HF = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu",
-          "quick_gelu": "quick_gelu"}
+          "quick_gelu": "quick_gelu", "squared_relu": "relu2"}
 # Buffers some checkpoints carry that no model reads.
 IGNORED_TENSORS = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 # jaxtrain's gated-MLP leaves and their checkpoint names.
@@ -276,6 +276,7 @@ def dense_problems(cfg: ModelConfig, *, rope: bool, qk_norm: bool, qkv_only_bias
         **gemma_problems(cfg), **llama4_problems(cfg),
         "attention_output_gate": cfg.attention_output_gate,
         "linear_attention_layers": cfg.linear_attention_layers is not None,
+        "hybrid_layers": cfg.hybrid_layers is not None,
         "moe.shared_expert_gate": cfg.moe is not None and cfg.moe.shared_expert_gate,
     }
 

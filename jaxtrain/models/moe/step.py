@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxtrain.models.moe.config import LOSS_METRICS, NON_TRAINABLE, moe_pattern
+from jaxtrain.models.moe.config import LOSS_METRICS, NON_TRAINABLE
 from jaxtrain.models.spec import MOE_STACKS, layer_kinds
 
 
@@ -81,7 +81,7 @@ def metrics(stats: dict, cfg, moe_layer_ids) -> dict:
 
 def moe_layer_ids(cfg) -> tuple[int, ...]:
     """Global indices of the MoE layers, in the order their statistics are stacked."""
-    return tuple(i for i, on in enumerate(moe_pattern(cfg.moe, cfg.num_layers)) if on)
+    return tuple(i for i, kind in enumerate(layer_kinds(cfg)) if kind in MOE_STACKS)
 
 
 def zero_stats(cfg):
