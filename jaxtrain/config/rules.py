@@ -821,11 +821,10 @@ def pipeline_parallel(c: Context):
 
 
 RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULES, conventions,
-         softmax_type, positions, checkpoint_format, precision, tensor_parallel, pgs_context_parallel,
-         context_and_experts, model_shape, learning_rate, iterations, batch, moe_router,
-         upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel, gated_delta_net,
-         hybrid_models,
-         gemma4_global_layers)
+         softmax_type, positions, checkpoint_format, precision, tensor_parallel,
+         pgs_context_parallel, context_and_experts, model_shape, learning_rate, iterations,
+         batch, moe_router, upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel,
+         gated_delta_net, hybrid_models, gemma4_global_layers)
 
 
 def apply(c: Context):
