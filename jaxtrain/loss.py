@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxtrain.fused_ce import plain_loss, split_chunks
-from jaxtrain.models.transformer import hidden_states, logits_head
+from jaxtrain.models.mtp import mtp_hidden_states, sequences, shift_left
+from jaxtrain.models.transformer import decoder, hidden_states, logits_head
 
 
 OBJECTIVES = ("ce", "dft", "deft", "cadft", "info_sft", "pre_rl")
@@ -102,7 +103,8 @@ def model_hidden(params, micro: dict, model_cfg, *, quant_state=None, moe_state=
 def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe_state=None,
                train: bool = False, rng=None, num_chunks: int = 0,
                half_precision: bool = False, objective: TokenObjective | None = None,
-               embed_noise: float = 0.0, base_params=None, grad_in_forward: bool = False):
+               embed_noise: float = 0.0, base_params=None, grad_in_forward: bool = False,
+               mtp_weights=None):
     """(Σ weights · token loss over the microbatch, MoE stats or None): the loss training,
     evaluation and the health monitor share (pre_rl: its loss, a mean over the microbatch's
     loss tokens, against ``base_params``, the frozen base model).
@@ -116,8 +118,31 @@ def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe
     ``objective``: as :func:`row_losses`. ``embed_noise``: pgs sym_noise's alpha (training
     only; see :func:`jaxtrain.models.transformer.hidden_states`). ``grad_in_forward``: the
     caller differentiates the loss; plain cross-entropy then computes the output layer's
-    gradient during the forward (:mod:`jaxtrain.fused_ce`).
+    gradient during the forward (:mod:`jaxtrain.fused_ce`). ``mtp_weights`` [D][B,T]: the
+    token weights of each multi-token-prediction depth (training a model with
+    ``mtp_num_layers``); the stats then carry ``mtp`` [D], each depth's Σ weights · token loss
+    (jaxtrain.models.mtp), and the MTP layers' router statistics after the decoder's.
     """
+    if mtp_weights is not None:   # training a model with multi-token prediction
+        hidden_BTD, stats, ctx = decoder(
+            params, micro["tokens"], model_cfg, positions=micro.get("positions"),
+            segment_ids=micro.get("segment_ids"), deterministic=not train, rng=rng,
+            quant_state=quant_state, moe_state=moe_state,
+            embed_noise=embed_noise if train else 0.0)
+        mtp_hidden, mtp_stats = mtp_hidden_states(params, hidden_BTD, micro["tokens"], ctx,
+                                                  model_cfg)
+        seq = sequences(micro.get("segment_ids"), micro["tokens"])
+        mtp_losses = jnp.stack([
+            hidden_loss(params, h, shift_left(micro["targets"], k, seq), w, model_cfg,
+                        num_chunks=num_chunks, half_precision=half_precision,
+                        grad_in_forward=grad_in_forward)
+            for k, (h, w) in enumerate(zip(mtp_hidden, mtp_weights), 1)])
+        if mtp_stats is not None:   # the MTP layers' router statistics follow the decoder's
+            stats = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), stats, mtp_stats)
+        lm = hidden_loss(params, hidden_BTD, micro["targets"], weights, model_cfg,
+                         num_chunks=num_chunks, half_precision=half_precision,
+                         objective=objective, grad_in_forward=grad_in_forward)
+        return lm, {**(stats or {}), "mtp": mtp_losses}
     hidden_BTD, stats = model_hidden(params, micro, model_cfg, quant_state=quant_state,
                                      moe_state=moe_state, train=train, rng=rng,
                                      embed_noise=embed_noise)

@@ -22,9 +22,11 @@ adds 6 * Hv * (3 C Dk + 2 C Dv + 3 Dk Dv) per token (C the chunk length, Hv valu
 head widths): within a chunk the key-key and query-key products (C Dk each), the triangular
 inverse applied to values and keys (C (Dk + Dv)) and the scores times the values (C Dv); across
 chunks the state read by queries and keys and its update (Dk Dv each); no causal discount.
-Each Mamba-2 layer adds 6 * (C (G N + H P) + 2 H P N): within a chunk the C.B^T scores (G
-groups of state width N) and their product with the H heads' inputs of width P, across chunks
-the state's write and read (H P N each).
+Multi-token prediction: each depth's weights count (its projection [2D, D] and its layer,
+of the last layer's kind, whose attention adds a score term), and the output layer counts once
+more per depth. Each Mamba-2 layer adds 6 * (C (G N + H P) + 2 H P N): within a chunk the
+C.B^T scores (G groups of state width N) and their product with the H heads' inputs of width
+P, across chunks the state's write and read (H P N each).
 """
 from __future__ import annotations
 
@@ -59,9 +61,14 @@ def flop_terms(model_cfg, params) -> tuple[float, float]:
         if name == "embedding":
             if model_cfg.untie_embeddings_and_output_weights:
                 continue
-        elif name != "output" and not name.startswith("w"):
+        elif name not in ("output", "eh_proj") and not name.startswith("w"):
             continue
-        n_active += math.prod(leaf.shape) * (routed if "experts" in keys else 1.0)
+        size = math.prod(leaf.shape) * (routed if "experts" in keys else 1.0)
+        if "mtp" in keys and getattr(model_cfg, "mtp_repeated_layer", False):
+            size *= model_cfg.mtp_num_layers   # one module run at every depth
+        if name in ("output", "embedding"):   # the output layer runs once more per MTP depth
+            size *= 1 + getattr(model_cfg, "mtp_num_layers", 0)
+        n_active += size
     kinds = layer_kinds(model_cfg)
     linear = sum(k in LINEAR_STACKS for k in kinds)
     attn = sum(c for c, _ in _score_terms(model_cfg))
@@ -93,6 +100,8 @@ def _score_terms(cfg) -> list[tuple[float, int | None]]:
         limits = [w for w in (cfg.window_of_layer(i),
                               None if chunk is None or cfg.is_nope(i) else chunk) if w]
         out.append((6.0 * cfg.num_attention_heads * width, min(limits) if limits else None))
+    if out and kinds[-1] not in LINEAR_STACKS + (MAMBA_STACK,) + FFN_ONLY_STACKS:
+        out += [out[-1]] * getattr(cfg, "mtp_num_layers", 0)   # MTP layers: the last one's
     return out
 
 

@@ -36,7 +36,7 @@ from jaxtrain import release
 from jaxtrain import seco
 from jaxtrain import spikes
 from jaxtrain.loss import model_loss
-from jaxtrain.models import moe
+from jaxtrain.models import moe, mtp
 from jaxtrain.models import params as model_params
 from jaxtrain.models import quant_state as model_quant_state
 from jaxtrain.optim import freeze
@@ -141,6 +141,22 @@ def _loss_weights(loss_mask_MBT, tcfg):
     return (mask_MPbT / tokens_MP11 / (M * P)).reshape(M, B, T)
 
 
+def _mtp_weights(micro: dict, weights_BT, tcfg, num_micro: int, depths: int) -> list:
+    """Each multi-token-prediction depth's token weights [B,T] for a microbatch: its loss mask
+    (shifted k places left, jaxtrain.models.mtp) normalised as Megatron normalises depth k's
+    loss, over that depth's own tokens per microbatch and data-parallel shard; with
+    calculate_per_token_loss over the step's tokens, as the main loss."""
+    seq = mtp.sequences(micro.get("segment_ids"), micro["tokens"])
+    out = []
+    for k in range(1, depths + 1):
+        if tcfg.per_token_loss:
+            out.append(mtp.shift_left(weights_BT, k, seq))
+        else:
+            mask_BT = mtp.shift_left(micro["loss_mask"].astype(jnp.float32), k, seq)
+            out.append(_loss_weights(mask_BT[None], tcfg)[0] / num_micro)
+    return out
+
+
 def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr_schedule,
                     opt_state_memory=None, *, layout=None, grad_shardings=None,
                     params_memory=None):
@@ -214,16 +230,30 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             lm = lm / num_micro
             aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
             return (lm + aux) * scale, (lm, stats, extra)
+        mtp_weights = (_mtp_weights(micro, weights_BT, tcfg, num_micro,
+                                    model_cfg.mtp_num_layers)
+                       if model_cfg.mtp_num_layers else None)
         lm, stats = model_loss(params, micro, weights_BT, model_cfg, quant_state=qstate,
                                moe_state=moe_state, train=True, rng=rng,
                                num_chunks=tcfg.loss_chunks,
                                half_precision=tcfg.half_precision_loss,
                                objective=tcfg.objective, embed_noise=tcfg.embed_noise,
-                               base_params=base_params, grad_in_forward=True)
+                               base_params=base_params, grad_in_forward=True,
+                               mtp_weights=mtp_weights)
         if tcfg.objective.needs_base:
             lm = lm / num_micro
+        extra = {}
+        if mtp_weights is not None:   # Megatron: the scaled mean over depths joins the gradient
+            stats = dict(stats)
+            per_depth = stats.pop("mtp")
+            mtp_objective = model_cfg.mtp_loss_scaling_factor * jnp.mean(per_depth)
+            # reported per depth; the step divides extra metrics by the microbatch count
+            extra = {f"mtp_{k}_loss": v * num_micro for k, v in enumerate(per_depth, 1)}
+            stats = stats or None
+        else:
+            mtp_objective = 0.0
         aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
-        return (lm + aux) * scale, (lm, stats, {})
+        return (lm + aux + mtp_objective) * scale, (lm, stats, extra)
 
     def step(state: TrainState, batch: dict, frozen: dict | None = None):
         """``frozen``: parameter trees held beside the state, never trained ({"base": the
@@ -287,7 +317,9 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             return (grads, loss + lm, qstate, moe_sum, extra_sum), None
 
         M = weights_MBT.shape[0]
-        extra0 = dpo.zero_metrics() if tcfg.dpo is not None else {}
+        extra0 = (dpo.zero_metrics() if tcfg.dpo is not None else
+                  {f"mtp_{k}_loss": jnp.float32(0.0)
+                   for k in range(1, model_cfg.mtp_num_layers + 1)})
         micros = (batch, weights_MBT, jnp.arange(M))
         moe0 = moe.zero_stats(model_cfg)
 

@@ -200,6 +200,47 @@ def hybrid_models(c: Context):
             c.error(f"not implemented yet: {key} with a hybrid model ({by}): {what}")
 
 
+# What multi-token prediction does not run with yet: key -> (is it on, why)
+_MTP_NOT_YET = {
+    "context_parallel_size": (lambda v: v > 1, "the shifted tokens would cross the context "
+                              "split"),
+    "memory.seco": (bool, "SeCO's chunk-wise step covers the decoder only"),
+    "memory.gradient_release": (bool, "the fused step covers the decoder only"),
+    "dpo.enabled": (bool, "DPO scores sequences, MTP predicts tokens further ahead"),
+    "plugins.pre_rl": (bool, "pre_rl's base-model loss"),
+    "plugins.dft": (bool, "the token-weighting objectives weigh the main tokens only"),
+    "plugins.deft": (bool, "the token-weighting objectives weigh the main tokens only"),
+    "plugins.cadft": (bool, "the token-weighting objectives weigh the main tokens only"),
+    "plugins.info_sft": (bool, "the token-weighting objectives weigh the main tokens only"),
+}
+
+
+def multi_token_prediction(c: Context):
+    """Megatron's multi-token prediction; what it does not run with yet, refused by name."""
+    depth = c.get("mtp_num_layers") or 0
+    if depth <= 0:
+        return
+    if c.dialect == "maxtext":
+        c.error(f"not implemented yet: {c.where('mtp_num_layers')} in a MaxText file: "
+                "MaxText's multi-token prediction differs from Megatron's, which jaxtrain "
+                "builds (its modules read the hidden states before the final norm and share "
+                "it, and the loss pools every depth's tokens); planned")
+    for key, (on, why) in _MTP_NOT_YET.items():
+        if on(c.get(key)):
+            c.error(f"not implemented yet: {c.where(key)} with multi-token prediction "
+                    f"(mtp_num_layers {depth}): {why}")
+    if "global_aux_loss" in str(c.get("moe_router_load_balancing_type")):
+        c.error("not implemented yet: moe_router_load_balancing_type global_aux_loss with "
+                "multi-token prediction (the MTP layers' counts are not carried)")
+    if (c.get("fp8") and c.get("fp8_recipe", "delayed") == "delayed") or c.get(
+            "quantization") in _DELAYED_MAXTEXT:
+        c.error("not implemented yet: delayed-scaling FP8 with multi-token prediction (the "
+                "MTP layers keep no amax history); use fp8_recipe tensorwise or blockwise")
+    if c.get("model_type") in ("mamba", "hybrid") or c.get("hybrid_layer_pattern"):
+        c.error("not implemented yet: mtp_num_layers with a hybrid model (Megatron gives its "
+                "MTP layers a pattern after '/' in hybrid_layer_pattern)")
+
+
 _GLOBAL_SHAPE = ("global_kv_channels", "global_num_query_groups", "attention_k_eq_v",
                  "global_rotary_percent")
 
@@ -824,7 +865,7 @@ RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULE
          softmax_type, positions, checkpoint_format, precision, tensor_parallel,
          pgs_context_parallel, context_and_experts, model_shape, learning_rate, iterations,
          batch, moe_router, upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel,
-         gated_delta_net, hybrid_models, gemma4_global_layers)
+         gated_delta_net, hybrid_models, gemma4_global_layers, multi_token_prediction)
 
 
 def apply(c: Context):

@@ -25,6 +25,7 @@ from jaxtrain.models import from_knobs
 from jaxtrain.models.attention import ATTENTION_IMPLS
 from jaxtrain.models.moe.config import moe_pattern
 from jaxtrain.models.remat import REMAT_POLICIES
+from jaxtrain.models.spec import MOE_STACKS, layer_kinds
 from jaxtrain.quant.kvcache import KV_QUANT_AXES, KV_QUANT_DTYPES
 
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
@@ -191,6 +192,12 @@ class ModelConfig:
     mamba_chunk_size: int = 128
     mamba_norm_epsilon: float = 1e-5
     mamba_dt_floor: float = 0.0
+    # Multi-token prediction (DeepSeek-V3, Megatron's mtp_num_layers; see mtp.py): the extra
+    # prediction depths (0: none), the weight of their mean loss, and one module for every
+    # depth instead of one each (mtp_use_repeated_layer)
+    mtp_num_layers: int = 0
+    mtp_loss_scaling_factor: float = 0.1
+    mtp_repeated_layer: bool = False
     # Multi-latent attention (DeepSeek-V2/V3, Megatron MLA; see mla.py). q/k heads are
     # qk_head_dim + qk_pos_emb_head_dim wide, values v_head_dim; qk_layernorm puts a norm on the
     # q and kv latents (Megatron's spec; DeepSeek checkpoints have them).
@@ -347,6 +354,13 @@ class ModelConfig:
             self._validate_linear(check)
         if self.hybrid_layers is not None:
             self._validate_hybrid(check)
+        check(self.mtp_num_layers >= 0, "mtp_num_layers", "must be 0 (off) or positive")
+        if self.mtp_num_layers and self.mtp_repeated_layer and self.moe is not None:
+            check(layer_kinds(self)[-1] not in MOE_STACKS, "mtp_use_repeated_layer",
+                  "not implemented yet with an MoE layer last (the repeated MTP module would be "
+                  "an MoE layer, whose router statistics Megatron rescales)")
+        check(self.mtp_loss_scaling_factor >= 0, "mtp_loss_scaling_factor", "must not be "
+              "negative")
         choice("kv_quant_axis", ("",) + KV_QUANT_AXES)
         choice("kv_quant_dtype", tuple(KV_QUANT_DTYPES))
         check(not (self.quantize_kvcache and not self.kv_quant_axis), "kv_quant_axis",

@@ -156,7 +156,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         apply_query_key_layer_scaling=cfg["apply_query_key_layer_scaling"],
         attention_softmax_in_fp32=softmax_fp32,
         **_sink_fields(cfg), **_mla_fields(cfg), **_linear_fields(cfg), **_nope_fields(cfg),
-        **hybrid,
+        **hybrid, **_mtp_fields(cfg),
         attention_output_gate=cfg["attention_output_gate"],
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
         attn_logit_softcapping=cfg["attn_logit_softcapping"] or None,
@@ -322,6 +322,17 @@ def _hybrid_fields(cfg) -> dict:
     return out
 
 
+def _mtp_fields(cfg) -> dict:
+    """Megatron's multi-token prediction: the depths (None or 0: off), their loss weight, one
+    module for every depth (refused when that module would be an MoE layer)."""
+    depth = cfg["mtp_num_layers"] or 0
+    if not depth:
+        return {}
+    return dict(mtp_num_layers=int(depth),
+                mtp_loss_scaling_factor=float(cfg["mtp_loss_scaling_factor"]),
+                mtp_repeated_layer=bool(cfg["mtp_use_repeated_layer"]))
+
+
 def _nope_fields(cfg) -> dict:
     """Llama 4's layers: NoPE layers as Megatron's no_rope_freq says (N: every N-th layer skips
     RoPE; a 0/1 list, 1 = skip), q/k norms on the RoPE layers only, chunked attention on the
@@ -354,6 +365,7 @@ def _nope_fields(cfg) -> dict:
 # ModelConfig fields read from a knob of another name: a config's problem names the knob.
 _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "gdn_chunk_size",
                 "hybrid_layers": "hybrid_layer_pattern", "mamba_dt_floor": "mamba_time_step_floor",
+                "mtp_repeated_layer": "mtp_use_repeated_layer",
                 "linear_attention_layers": "linear_attention_freq",
                 "sliding_window_layers": "window_attn_skip_freq",
                 "yarn_scaling_factor": "rotary_scaling_factor", "yarn_mscale": "mscale",

@@ -22,6 +22,9 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
             ``linear_attn`` (linear_attention.py) for ``attn``
     global_layers, global_moe_layers: Gemma 4's global layers, ``attn`` with their own K and H
             (``cfg.attention_shape(wide=True)``) and no ``wv`` with attention_k_eq_v
+    mtp: the multi-token-prediction modules (``cfg.mtp_num_layers``; one with
+            mtp_repeated_layer), each leaf stacked over them: enorm, hnorm, final_norm
+            {scale}, eh_proj [2D,D], layer (a layer tree of the last layer's stack)
     hybrid models (``cfg.hybrid_layers``): one half of a layer each, with its norms:
             mamba_layers {attn_norm, mamba (mamba.py)}, attention_layers {attn_norm, attn},
             gdn_layers {attn_norm, linear_attn}, mlp_layers {mlp_norm, mlp},
@@ -155,6 +158,17 @@ def _moe_specs(cfg) -> dict:
     return tree
 
 
+def _mtp_specs(cfg, kind: str) -> dict:
+    """One multi-token-prediction module (mtp.py): the embedding's and the hidden state's
+    norms, their joint projection [2D, D] (embedding rows first), a decoder layer of the last
+    layer's kind and its output norm."""
+    D = cfg.hidden_size
+    return {"enorm": _norm(cfg, D), "hnorm": _norm(cfg, D), "final_norm": _norm(cfg, D),
+            "eh_proj": ParamSpec((2 * D, D), cfg.param_dtype, ("mlp", "embed"),
+                                 _linear_init(cfg, 0, 1)),
+            "layer": _layer_specs(cfg, kind)}
+
+
 def layer_tree(params: dict, cfg, i: int) -> dict:
     """Layer i's parameters without the stacked axis (numpy or jax arrays alike)."""
     kind, j = layer_slots(cfg)[i]
@@ -174,6 +188,10 @@ def param_specs(cfg) -> dict:
         if kind in kinds or (kind == DENSE_STACK and not kinds):
             tree[kind] = jax.tree.map(lambda s: s.stacked(kinds.count(kind), cfg.param_scan_axis),
                                       _layer_specs(cfg, kind), is_leaf=_is_spec)
+    if cfg.mtp_num_layers:
+        depths = 1 if cfg.mtp_repeated_layer else cfg.mtp_num_layers
+        tree["mtp"] = jax.tree.map(lambda s: s.stacked(depths, cfg.param_scan_axis),
+                                   _mtp_specs(cfg, kinds[-1]), is_leaf=_is_spec)
     if cfg.position_embedding_type == "learned_absolute":
         tree["position_embedding"] = ParamSpec((cfg.max_position_embeddings, D), dt,
                                                (None, "embed"), _linear_init(cfg, 1, 0))

@@ -605,10 +605,22 @@ def hidden_states(params: dict, tokens, cfg, *, positions=None, segment_ids=None
     over MoE layers (``moe.route``; None without MoE). ``moe_state`` = {aux_counts
     [L_moe, E], steps}: global_aux_loss's counts summed over the step's earlier microbatches.
     """
+    hidden, stats, _ = decoder(params, tokens, cfg, positions=positions,
+                               segment_ids=segment_ids, deterministic=deterministic, rng=rng,
+                               quant_state=quant_state, moe_state=moe_state,
+                               embed_noise=embed_noise)
+    return (hidden, stats) if with_moe_stats else hidden
+
+
+def decoder(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
+            deterministic: bool = True, rng=None, quant_state=None, moe_state=None,
+            embed_noise: float = 0.0):
+    """(final-normed hidden states [B,T,D], the MoE statistics or None, the layers' context):
+    :func:`hidden_states` with the context the layers read (what the multi-token-prediction
+    modules after the decoder read too, jaxtrain.models.mtp)."""
     x, ctx = layer_inputs(params, tokens, cfg, positions=positions, segment_ids=segment_ids,
                           deterministic=deterministic, rng=rng, moe_state=moe_state,
                           embed_noise=embed_noise)
     attached = attach_quant_state(params, cfg, quant_state)
     x, stats = _run_layers(layer_stacks(attached, cfg), x, ctx, cfg)
-    hidden = final_hidden(params, x, ctx, cfg)
-    return (hidden, stats) if with_moe_stats else hidden
+    return final_hidden(params, x, ctx, cfg), stats, ctx

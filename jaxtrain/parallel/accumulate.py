@@ -27,7 +27,8 @@ def local_axes(layout, model_cfg, tcfg, has_moe: bool, has_quant_state: bool
     """The batch axes a local accumulation sums over; () where it does not apply."""
     if layout is None or has_moe or has_quant_state or layout.mcfg.stage >= 3:
         return ()
-    if tcfg.dpo is not None or tcfg.objective.weighted or tcfg.seco_chunk:
+    if tcfg.dpo is not None or tcfg.objective.weighted or tcfg.seco_chunk or getattr(
+            model_cfg, "mtp_num_layers", 0):   # metrics beside the loss: the general path
         return ()
     shape = layout.mesh_shape
     if any(n > 1 for a, n in shape.items() if a not in BATCH_AXES):

@@ -12,6 +12,7 @@ _LP = ("megatron-lm", "primus")   # Megatron-LM arguments that Primus presets or
 _HYBRID = ("with model_type mamba/hybrid or is_hybrid_model: the hybrid layer stack "
            "(models/spec.py HYBRID_STACKS, from_knobs._hybrid_fields)")
 _MAMBA = "the Mamba-2 mixers of hybrid models (models/mamba.py, kernels/ssd)"
+_MTP = "multi-token prediction (models/mtp.py; train step: step._mtp_weights)"
 _GDN = ("with experimental_attention_variant gdn: the Gated DeltaNet layers "
         "(models/linear_attention.py)")
 _GDN_ALIAS = "MaxText's name for it in its qwen3_next and qwen3_5 blocks"
@@ -124,13 +125,17 @@ KNOBS = [
     # --- multi-token prediction ---
     K("mtp_num_layers", "int", None, "Number of multi-token-prediction modules; each predicts one "
       "more future token from the previous depth's hidden state. Null (MaxText: 0) turns MTP "
-      "off.", _LPM, parse=_zero_is_off,
+      "off.", _LPM, HONORED, _MTP + " (Megatron's; MaxText files' are refused: theirs "
+      "differs)", parse=_zero_is_off,
       aliases=(Alias("num_nextn_predict_layers", "primus", to_canonical=_zero_is_off,
                      note="Kimi K3's name (Hugging Face's) for the MTP depth; 0 means none"),)),
     K("mtp_loss_scaling_factor", "float", 0.1, "Weight of the MTP loss (mean over depths) added "
-      "to the main language-model loss.", _LPM),
+      "to the main language-model loss.", _LPM, HONORED, "the objective adds it times the mean "
+      "of the depths' losses (each over its own tokens); the reported loss is the main one and "
+      "each depth's is reported as mtp_<k>_loss"),
     K("mtp_use_repeated_layer", "bool", False, "Reuse one MTP module for every depth instead of "
-      "one module per depth.", _L),
+      "one module per depth.", _L, HONORED, _MTP + ": one module's parameters serve every "
+      "depth (refused when the MTP layer is an MoE layer)"),
     K("mtp_detach_heads", "bool", False, "Stop MTP gradients at the main model's hidden states, "
       "so the MTP loss trains only the MTP modules.", _L),
     K("mtp_hsm", "bool", False, "Hidden-state mixing: at each MTP depth every token draws its "

@@ -47,18 +47,26 @@ def update_expert_bias(params: dict, counts, cfg) -> dict:
     delta_LE = m.bias_update_rate * jnp.sign(counts_LE.mean(-1, keepdims=True) - counts_LE)
     moe_kinds = [k for k in layer_kinds(cfg) if k in MOE_STACKS]
     out = dict(params)
+    extra = delta_LE[len(moe_kinds):]   # the multi-token-prediction layers' rows
+    if extra.shape[0]:
+        out["mtp"] = _add_expert_bias(params["mtp"], "layer", extra, cfg)
     for stack in MOE_STACKS:
         if stack not in params:
             continue
         rows = jnp.asarray([j for j, k in enumerate(moe_kinds) if k == stack])
-        layers = params[stack]
-        router = layers["moe"]["router"]
-        bias = router["expert_bias"]
-        axis = cfg.param_scan_axis if bias.ndim == 2 else 0
-        new = bias + jnp.moveaxis(delta_LE[rows], 0, axis).astype(bias.dtype)
-        out[stack] = {**layers, "moe": {**layers["moe"], "router": {
-            **router, "expert_bias": new}}}
+        out = _add_expert_bias(out, stack, delta_LE[rows], cfg)
     return out
+
+
+def _add_expert_bias(tree: dict, key: str, delta_LE, cfg) -> dict:
+    """``tree`` with delta [L, E] added to the stacked expert bias of ``tree[key]``'s MoE."""
+    layers = tree[key]
+    router = layers["moe"]["router"]
+    bias = router["expert_bias"]
+    axis = cfg.param_scan_axis if bias.ndim == 2 else 0
+    new = bias + jnp.moveaxis(delta_LE, 0, axis).astype(bias.dtype)
+    return {**tree, key: {**layers, "moe": {**layers["moe"], "router": {
+        **router, "expert_bias": new}}}}
 
 
 def metrics(stats: dict, cfg, moe_layer_ids) -> dict:
@@ -81,7 +89,11 @@ def metrics(stats: dict, cfg, moe_layer_ids) -> dict:
 
 def moe_layer_ids(cfg) -> tuple[int, ...]:
     """Global indices of the MoE layers, in the order their statistics are stacked."""
-    return tuple(i for i, kind in enumerate(layer_kinds(cfg)) if kind in MOE_STACKS)
+    kinds = layer_kinds(cfg)
+    ids = tuple(i for i, kind in enumerate(kinds) if kind in MOE_STACKS)
+    if getattr(cfg, "mtp_num_layers", 0) and kinds[-1] in MOE_STACKS:   # MTP layers after
+        ids += tuple(range(cfg.num_layers, cfg.num_layers + cfg.mtp_num_layers))
+    return ids
 
 
 def zero_stats(cfg):
