@@ -202,17 +202,24 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             return None if tree is None else pipeline.stage_params(
                 tree, model_cfg, prog.schedule, prog.bounds)
 
-        gst, gsh, loss, moe_sum, qst = pipeline.accumulate(
+        mtp_MDBT = None
+        if model_cfg.mtp_num_layers:   # each microbatch's MTP depths' token weights
+            mtp_MDBT = jax.vmap(lambda micro, w: jnp.stack(_mtp_weights(
+                micro, w, tcfg, M, model_cfg.mtp_num_layers)))(batch, weights_MBT)
+        gst, gsh, loss, moe_sum, qst, mtp_sum = pipeline.accumulate(
             prog, layout, model_cfg, stacks=stacks, shared=shared, batch=batch,
             weights_MBT=weights_MBT, step_rng=step_rng, scale=scale,
             num_chunks=tcfg.loss_chunks, half_precision=tcfg.half_precision_loss,
             accum_dtype=accum_dtype, embed_noise=tcfg.embed_noise, moe0=moe0,
-            qstate=staged(qstate), qon=staged(on), objective=tcfg.objective)
+            qstate=staged(qstate), qon=staged(on), objective=tcfg.objective,
+            mtp_weights_MDBT=mtp_MDBT)
         like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, accum_dtype), params)
         (grads,) = jax.linear_transpose(split, like)((gst, gsh))
         if qstate is not None:
             qstate = pipeline.unstage(qst, qstate, model_cfg, prog.schedule, prog.bounds)
-        return grads, loss, moe_sum, qstate
+        extra = ({} if mtp_sum is None else   # the step divides extras by the microbatch count
+                 {f"mtp_{k}_loss": v * M for k, v in enumerate(mtp_sum, 1)})
+        return grads, loss, moe_sum, qstate, extra
 
     def micro_loss(params, qstate, micro, weights_BT, rng, moe_state, scale, num_micro,
                    base_params):
@@ -336,9 +343,9 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         axes = () if M == 1 else accumulate_mod.local_axes(
             layout, model_cfg, tcfg, moe0 is not None, state.quant_state is not None)
         if tcfg.pipeline is not None:
-            grads, loss, moe_sum, qstate = pipelined(state.params, state.quant_state, batch,
-                                                     weights_MBT, step_rng, scale, moe0)
-            carry = (pin(grads), loss, qstate, moe_sum, extra0)
+            grads, loss, moe_sum, qstate, extra = pipelined(
+                state.params, state.quant_state, batch, weights_MBT, step_rng, scale, moe0)
+            carry = (pin(grads), loss, qstate, moe_sum, {**extra0, **extra})
         elif axes:   # one reduction per step (jaxtrain.parallel.accumulate)
             grads, loss = accumulate_mod.reduce_once(
                 lambda p, m, r: accumulate_all(p, m, r, lambda t: t)[:2], layout, axes,

@@ -835,7 +835,6 @@ _PIPELINE_NOT_YET = {
     "context_parallel_size": (lambda v: v > 1, "context parallelism: its ring and token "
                               "reordering exchange inside a rank's own op, which the CPU "
                               "collectives this is tested on cannot run"),
-    "mtp_num_layers": (lambda v: v and v > 0, "multi-token prediction"),
     "dpo.enabled": (bool, "DPO"),
     "memory.seco": (bool, "SeCO"),
     "plugins.pre_rl": (bool, "pre_rl's frozen base model"),

@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxtrain.fused_ce import head_params
 from jaxtrain.loss import hidden_loss
-from jaxtrain.models import quant_state
+from jaxtrain.models import mtp, quant_state
 from jaxtrain.models.params import STACKS
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.models.spec import MOE_STACKS, layer_kinds
@@ -237,9 +237,14 @@ def _layer_counts(cfg, bounds, st: int) -> dict:
 
 def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT, step_rng,
                scale, num_chunks: int, half_precision: bool, accum_dtype,
-               embed_noise: float = 0.0, moe0=None, qstate=None, qon=None, objective=None):
+               embed_noise: float = 0.0, moe0=None, qstate=None, qon=None, objective=None,
+               mtp_weights_MDBT=None):
     """(stage gradients {stack: [p, v, n_max, ...]}, shared gradients, Σ loss, Σ MoE
-    statistics, the stages' quantization state) of the step's microbatches run by ``prog``.
+    statistics, the stages' quantization state, Σ per-depth MTP losses [D] or None) of the
+    step's microbatches run by ``prog``. ``mtp_weights_MDBT``: each microbatch's
+    multi-token-prediction token weights (jaxtrain.step); the MTP modules run with the output
+    layer after the last stage, adding mtp_loss_scaling_factor times the mean over depths (and
+    an MoE MTP layer's router objective) to the loss they differentiate.
     ``qstate`` / ``qon``: the delayed-scaling state and first_last_layers_bf16 switches
     (:mod:`jaxtrain.models.quant_state`) split as :func:`stage_params`, or None; a stage's
     weight-gradient op (W, or the whole backward) moves its layers' state on, so each stage
@@ -264,6 +269,10 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
     M, T = batch["tokens"].shape[0], batch["tokens"].shape[-1]
     emb_keys = [k for k in ("embedding", "position_embedding") if k in shared]
     head_keys = list(dict.fromkeys(["final_norm", *head_params(shared, cfg)]))
+    depths = cfg.mtp_num_layers if mtp_weights_MDBT is not None else 0
+    if depths:   # the MTP modules read the embeddings too
+        head_keys = list(dict.fromkeys([*head_keys, "mtp", *emb_keys]))
+    main_moe = sum(k in MOE_STACKS for k in layer_kinds(cfg))   # MTP layers' rows after
 
     def context(micro, rng, sh=None, moe_state=None):
         """(embeddings or None, the layers' context) of a microbatch."""
@@ -336,7 +345,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
     fns = [idle] + [make_branch(k, st) for k, st in prog.branches[1:]]
 
     def run(sp_all, sh_all, moe, qst, on_all, batch, weights_MBT, step_rng, scale, rows, recv,
-            flags):
+            flags, mtp_w):
         rank = jax.lax.axis_index(AXIS)
         # this rank's [v, n_max, ...]
         sp_all, qst, on_all = jax.tree.map(lambda a: a[0], (sp_all, qst, on_all))
@@ -350,19 +359,38 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
         head = {k: sh_all[k] for k in head_keys}
         on_head, on_embed = rank == prog.head_rank, rank == prog.embed_rank
 
-        def head_loss_grads(x, micro, w):
-            """(loss, its gradient for x and the head's parameters, x scale) of the last
-            stage's output x."""
+        def head_loss_grads(x, micro, w, mb, rng):
+            """(loss, its gradient for x and the head's parameters, x scale, per-depth MTP
+            losses, the MTP layers' router statistics) of the last stage's output x."""
             def loss_fn(x, h):
-                return hidden_loss(h, final_hidden(h, x, {}, cfg), micro["targets"], w, cfg,
-                                   num_chunks=num_chunks, half_precision=half_precision,
-                                   objective=objective, grad_in_forward=True)
-            loss, (dx, dh) = jax.value_and_grad(loss_fn, argnums=(0, 1))(x, head)
+                hidden = final_hidden(h, x, {}, cfg)
+                loss = hidden_loss(h, hidden, micro["targets"], w, cfg, num_chunks=num_chunks,
+                                   half_precision=half_precision, objective=objective,
+                                   grad_in_forward=True)
+                if not depths:
+                    return loss, (loss, jnp.zeros((0,), jnp.float32), None)
+                return mtp_objective(h, hidden, micro, loss, mtp_w[mb], rng)
+            (_, (loss, per_depth, stats)), (dx, dh) = jax.value_and_grad(
+                loss_fn, argnums=(0, 1), has_aux=True)(x, head)
             return loss, (dx * scale).astype(dt), jax.tree.map(
-                lambda g: (g * scale).astype(accum_dtype), dh)
+                lambda g: (g * scale).astype(accum_dtype), dh), per_depth, stats
+
+        def mtp_objective(h, hidden, micro, loss, w_DBT, rng):
+            """The main loss plus the MTP modules' (jaxtrain.models.mtp) as the unpipelined
+            step adds them, with (loss, per-depth losses, their router statistics)."""
+            _, ctx = context(micro, rng)
+            outs, stats = mtp.mtp_hidden_states(h, hidden, micro["tokens"], ctx, cfg)
+            seq = mtp.sequences(micro.get("segment_ids"), micro["tokens"])
+            per_depth = jnp.stack([
+                hidden_loss(h, hk, mtp.shift_left(micro["targets"], k, seq), w_DBT[k - 1], cfg,
+                            num_chunks=num_chunks, half_precision=half_precision,
+                            grad_in_forward=True) for k, hk in enumerate(outs, 1)])
+            aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / M
+            total = loss + cfg.mtp_loss_scaling_factor * jnp.mean(per_depth) + aux
+            return total, (loss, per_depth, stats)
 
         def tick(carry, xs):
-            xbuf, gbuf, gst, gsh, loss, moe, qst, hist = carry
+            xbuf, gbuf, gst, gsh, loss, moe, qst, hist, mtp_sum = carry
             rows_t, recv_t, flags_t = xs
             row, rcv = rows_t[rank], recv_t[rank]
             mb = row[1]
@@ -375,14 +403,21 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                 on_all, scale)
             # the output layer and loss after the last stage's forward (its gradient kept in
             # the stage's gradient slot), the embedding's backward after the first stage's
+            mtp_rows = None if moe is None or not depths else jax.tree.map(
+                lambda a: jnp.zeros((depths, *a.shape[1:]), a.dtype), moe)
             zero_head = (jnp.float32(0.0), jnp.zeros_like(out),
-                         jax.tree.map(lambda a: jnp.zeros(a.shape, accum_dtype), head))
-            lv, dx, dh = jax.lax.cond(flags_t[0] == 1,
-                                      lambda: head_loss_grads(out, micro, weights_MBT[mb]),
-                                      lambda: zero_head)
+                         jax.tree.map(lambda a: jnp.zeros(a.shape, accum_dtype), head),
+                         jnp.zeros((depths,), jnp.float32), mtp_rows)
+            lv, dx, dh, per_depth, mtp_stats = jax.lax.cond(
+                flags_t[0] == 1, lambda: head_loss_grads(out, micro, weights_MBT[mb], mb, rng),
+                lambda: zero_head)
             use_head = (flags_t[0] == 1) & on_head
             gbuf = gbuf.at[jnp.where(use_head, row[4], prog.g_slots)].set(dx)
             loss = loss + jnp.where(use_head, lv, 0.0)
+            mtp_sum = mtp_sum + jnp.where(use_head, per_depth, 0.0)
+            if mtp_rows is not None:   # an MoE MTP layer's statistics: the rows after the main
+                moe = jax.tree.map(lambda acc, s: acc.at[main_moe:].add(
+                    jnp.where(use_head, s, 0).astype(acc.dtype)), moe, mtp_stats)
             gsh = {**gsh, **{k: jax.tree.map(
                 lambda acc, g: acc + jnp.where(use_head, g, 0).astype(acc.dtype), gsh[k], dh[k])
                 for k in head}}
@@ -398,25 +433,28 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                     out, AXIS, [(i, (i + shift) % p) for i in range(p)])
                 xbuf = xbuf.at[rcv[ch, 0]].set(got)
                 gbuf = gbuf.at[rcv[ch, 1]].set(got)
-            return (xbuf, gbuf, gst, gsh, loss, moe, qst, hist), None
+            return (xbuf, gbuf, gst, gsh, loss, moe, qst, hist, mtp_sum), None
 
         # global_aux_loss: each microbatch's counts per MoE layer, written by the stages' F
         hist = (jnp.zeros((M, *moe["aux_counts"].shape), jnp.float32)
                 if moe is not None and "aux_counts" in moe else None)
-        carry = (xbuf, gbuf, gst, gsh, jnp.float32(0.0), moe, qst, hist)
-        (_, _, gst, gsh, loss, moe, qst, _), _ = jax.lax.scan(tick, carry, (rows, recv, flags))
-        gsh, loss, moe = jax.lax.psum((gsh, loss, moe), AXIS)
-        return jax.tree.map(lambda a: a[None], (gst, qst)) + (gsh, loss, moe)
+        carry = (xbuf, gbuf, gst, gsh, jnp.float32(0.0), moe, qst, hist,
+                 jnp.zeros((depths,), jnp.float32))
+        (_, _, gst, gsh, loss, moe, qst, _, mtp_sum), _ = jax.lax.scan(
+            tick, carry, (rows, recv, flags))
+        gsh, loss, moe, mtp_sum = jax.lax.psum((gsh, loss, moe, mtp_sum), AXIS)
+        return jax.tree.map(lambda a: a[None], (gst, qst)) + (gsh, loss, moe, mtp_sum)
 
     spec = P(AXIS)
     staged = lambda tree: jax.tree.map(lambda _: spec, tree)  # noqa: E731
-    gst, qst, gsh, loss, moe = jax.shard_map(
+    gst, qst, gsh, loss, moe, mtp_sum = jax.shard_map(
         run, mesh=layout.mesh,
         in_specs=(staged(stacks), P(), P(), staged(qstate), staged(qon), P(), P(), P(), P(),
-                  P(), P(), P()),
-        out_specs=(staged(stacks), staged(qstate), P(), P(), P()),
+                  P(), P(), P(), P()),
+        out_specs=(staged(stacks), staged(qstate), P(), P(), P(), P()),
         axis_names={AXIS}, check_vma=False)(
             stacks, shared, moe0, qstate, qon, batch, weights_MBT, step_rng,
             jnp.asarray(scale, jnp.float32), jnp.asarray(prog.rows), jnp.asarray(prog.recv),
-            jnp.asarray(prog.flags))
-    return gst, gsh, loss, moe, qst
+            jnp.asarray(prog.flags),
+            mtp_weights_MDBT if depths else jnp.zeros((0,), jnp.float32))
+    return gst, gsh, loss, moe, qst, (mtp_sum if depths else None)

@@ -107,7 +107,6 @@ def test_factor_zero_leaves_the_main_gradients_of_the_plain_model():
     (["fp8=hybrid", "fp8_recipe=delayed"], "delayed-scaling FP8 with multi-token"),
     (["plugins.dft=true"], "token-weighting objectives"),
     (["hybrid_layer_pattern=M*"], "mtp_num_layers with a hybrid model"),
-    (["pipeline_model_parallel_size=2", "num_layers=2"], "multi-token prediction"),
     (["num_experts=4", "moe_router_topk=2", "mtp_use_repeated_layer=true"],
      "mtp_use_repeated_layer: not implemented yet with an MoE layer last"),
 ])

@@ -44,6 +44,8 @@ GEMMA4 = ["window_size=[3,0]", "window_attn_skip_freq=2", "global_kv_channels=16
 HYBRID = ["model_type=hybrid", "hybrid_layer_pattern=M*EM", "mamba_num_heads=4",
           "mamba_head_dim=8", "mamba_num_groups=2", "mamba_state_dim=8", "mamba_chunk_size=4",
           *MOE[:3], "moe_router_score_function=sigmoid", "moe_aux_loss_coeff=0.01"]
+# multi-token prediction: two depths after the last stage (an MoE layer's with MOE)
+MTP = ["mtp_num_layers=2", "mtp_loss_scaling_factor=0.3"]
 # FP8 with delayed scaling (emulated on CPU): a per-layer amax history each stage moves on
 FP8 = ["fp8=hybrid", "fp8_recipe=delayed", "fp8_amax_history_len=4"]
 # tensorwise FP8 with the first and last layers kept in bf16 (per-layer switches)
@@ -107,6 +109,16 @@ LAYOUTS = {
     "hybrid_pp2": [*HYBRID, PP2],
     "hybrid_pp2_vpp2_tp2": [*HYBRID, PP2, "virtual_pipeline_model_parallel_size=2",
                             "tensor_model_parallel_size=2"],
+    "mtp": MTP,
+    "mtp_pp2": [*MTP, PP2],
+    "mtp_pp2_vpp2_tp2": [*MTP, PP2, "virtual_pipeline_model_parallel_size=2",
+                         "tensor_model_parallel_size=2"],
+    "mtp_moe": [*MTP, *MOE[:-3], "moe_router_score_function=sigmoid",
+                "moe_router_enable_expert_bias=true", "moe_aux_loss_coeff=0.01",
+                "moe_layer_freq=1"],
+}
+LAYOUTS["mtp_moe_pp2"] = [*LAYOUTS["mtp_moe"], PP2]
+LAYOUTS |= {
     "fp8": FP8,
     "fp8_pp2": [*FP8, PP2, "micro_batch_size=2"],          # two microbatches, as at PP 1
     "fp8_keep": FP8_KEEP,
@@ -218,7 +230,7 @@ def grads(name: str) -> dict:
 
         sp, shared = split(params)
         with layout.activations():
-            gst, gsh, loss, _, _ = pipeline.accumulate(
+            gst, gsh, loss, _, _, _ = pipeline.accumulate(
                 prog, layout, cfg, stacks=sp, shared=shared, batch=batch, weights_MBT=w,
                 step_rng=rng, scale=1.0, num_chunks=1, half_precision=False,
                 accum_dtype=jnp.float32, moe0=moe.zero_stats(cfg))
@@ -256,7 +268,8 @@ def train(workdir: pathlib.Path, name: str) -> dict:
     cfg = load_config(None, [*TINY, f"workspace={workdir / name}", *LAYOUTS[name], *saving],
                       world_size=8)
     run = loop.build(cfg, jax.devices(), materialize=False)
-    stack = next(k for k in ("layers", "attention_layers") if k in run.shardings.params)
+    stack = next(k for k in ("layers", "attention_layers", "moe_layers")
+                 if k in run.shardings.params)
     spec = run.shardings.params[stack]["attn"]["wq"].spec
     loop.train(cfg, devices=jax.devices())
     rows = (_rows(workdir / name) if not delayed else   # saving: the run directory is ckpt
@@ -273,6 +286,7 @@ def train(workdir: pathlib.Path, name: str) -> dict:
             "losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],
             "moe_aux_loss": [r.get("moe_aux_loss") for r in rows],
             "moe_global_aux_loss": [r.get("moe_global_aux_loss") for r in rows],
+            "mtp_losses": [[r.get("mtp_1_loss"), r.get("mtp_2_loss")] for r in rows],
             "wq_spec": [list(a) if isinstance(a, tuple) else a for a in spec],
             "mesh": dict(run.layout.mesh.shape)}
 

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from jaxtrain.config import load_config
@@ -511,3 +512,21 @@ def test_hybrid_stack_pipelines_like_one_stage(tmp_path):
         for key in ("losses", "grad_norms", "moe_aux_loss"):
             assert got[key] == pytest.approx(want[key], rel=2e-6), (name, key)
     assert want["moe_aux_loss"][0] > 0
+
+
+@pytest.mark.slow
+def test_multi_token_prediction_pipelines_like_one_stage(tmp_path):
+    """Two MTP depths after the last stage (with the output layer on the head rank), dense and
+    MoE (the MTP layer's router statistics and expert bias included): PP 2 and PP 2 x VPP 2 x
+    TP 2 train with PP 1's losses, grad norms, per-depth MTP losses and balancing loss."""
+    runs = _worker(tmp_path, "train:mtp,mtp_pp2,mtp_pp2_vpp2_tp2,mtp_moe,mtp_moe_pp2")[0]
+    for ref, names in (("mtp", ("mtp_pp2", "mtp_pp2_vpp2_tp2")), ("mtp_moe", ("mtp_moe_pp2",))):
+        want = runs[ref]
+        assert all(d > 0 for row in want["mtp_losses"] for d in row)
+        for name in names:
+            got = runs[name]
+            assert got["mesh"]["pipeline"] == 2, name
+            for key in ("losses", "grad_norms", "moe_aux_loss"):
+                assert got[key] == pytest.approx(want[key], rel=2e-6), (name, key)
+            np.testing.assert_allclose(got["mtp_losses"], want["mtp_losses"], rtol=2e-6)
+    assert runs["mtp_moe"]["moe_aux_loss"][0] > 0

@@ -12,7 +12,8 @@ _LP = ("megatron-lm", "primus")   # Megatron-LM arguments that Primus presets or
 _HYBRID = ("with model_type mamba/hybrid or is_hybrid_model: the hybrid layer stack "
            "(models/spec.py HYBRID_STACKS, from_knobs._hybrid_fields)")
 _MAMBA = "the Mamba-2 mixers of hybrid models (models/mamba.py, kernels/ssd)"
-_MTP = "multi-token prediction (models/mtp.py; train step: step._mtp_weights)"
+_MTP = ("multi-token prediction (models/mtp.py; train step: step._mtp_weights; under "
+        "pipeline parallelism the modules run with the output layer after the last stage)")
 _GDN = ("with experimental_attention_variant gdn: the Gated DeltaNet layers "
         "(models/linear_attention.py)")
 _GDN_ALIAS = "MaxText's name for it in its qwen3_next and qwen3_5 blocks"
