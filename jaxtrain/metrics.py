@@ -17,7 +17,8 @@ FLOPs per token x tokens per second / devices; MFU = that / the device's peak.
 Gemma 4's global layers count their own head width H_g in the second term (2 H_g per head).
 On sliding-window and chunked (Llama 4) layers T is bounded by the window or the chunk: a query
 there sees at most that many keys (still no causal discount).
-Hybrid models: L counts only the softmax-attention layers; each Gated DeltaNet layer instead
+Hybrid models: L counts only the softmax-attention layers (LFM2's short-convolution layers
+count their projections only); each Gated DeltaNet layer instead
 adds 6 * Hv * (3 C Dk + 2 C Dv + 3 Dk Dv) per token (C the chunk length, Hv value heads, Dk/Dv
 head widths): within a chunk the key-key and query-key products (C Dk each), the triangular
 inverse applied to values and keys (C (Dk + Dv)) and the scores times the values (C Dv); across
@@ -38,7 +39,8 @@ import time
 import jax
 import numpy as np
 
-from jaxtrain.models.spec import FFN_ONLY_STACKS, LINEAR_STACKS, MAMBA_STACK, layer_kinds
+from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, LINEAR_STACKS, MAMBA_STACK,
+                                  layer_kinds)
 from jaxtrain.observe.progress import Rate, format_duration
 
 # Dense bf16 peak TFLOP/s per device, by jax device_kind substring.
@@ -94,13 +96,13 @@ def _score_terms(cfg) -> list[tuple[float, int | None]]:
     chunk = getattr(cfg, "attention_chunk_size", None)
     out = []
     for i in range(cfg.num_layers):
-        if kinds[i] in LINEAR_STACKS + (MAMBA_STACK,) + FFN_ONLY_STACKS:
+        if kinds[i] in LINEAR_STACKS + CONV_STACKS + (MAMBA_STACK,) + FFN_ONLY_STACKS:
             continue
         width = 2 * cfg.attention_shape(True)[1] if wide[i] else cfg.head_dim + v_dim
         limits = [w for w in (cfg.window_of_layer(i),
                               None if chunk is None or cfg.is_nope(i) else chunk) if w]
         out.append((6.0 * cfg.num_attention_heads * width, min(limits) if limits else None))
-    if out and kinds[-1] not in LINEAR_STACKS + (MAMBA_STACK,) + FFN_ONLY_STACKS:
+    if out and kinds[-1] not in LINEAR_STACKS + CONV_STACKS + (MAMBA_STACK,) + FFN_ONLY_STACKS:
         out += [out[-1]] * getattr(cfg, "mtp_num_layers", 0)   # MTP layers: the last one's
     return out
 

@@ -241,6 +241,24 @@ def multi_token_prediction(c: Context):
                 "MTP layers a pattern after '/' in hybrid_layer_pattern)")
 
 
+def short_convolutions(c: Context):
+    """LFM2's short-convolution layers (stacks of their own): what does not run them yet."""
+    if not c.get("lfm_layer_types") or "conv" not in c.get("lfm_layer_types"):
+        return
+    for key, what in (("context_parallel_size", "the convolution would cross the context "
+                                                "split"),
+                      ("memory.seco", "SeCO's chunk-wise step carries keys and values, not "
+                                      "convolution states"),
+                      ("memory.gradient_release", "the fused step covers one dense layer stack"),
+                      ("moe_use_upcycling", "upcycling converts the dense layer stack only")):
+        value = c.get(key)
+        if value and value is not True and value <= 1:
+            continue
+        if value:
+            c.error(f"not implemented yet: {c.where(key)} with LFM2's short-convolution layers "
+                    f"(lfm_layer_types): {what}")
+
+
 _GLOBAL_SHAPE = ("global_kv_channels", "global_num_query_groups", "attention_k_eq_v",
                  "global_rotary_percent")
 
@@ -864,7 +882,8 @@ RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULE
          softmax_type, positions, checkpoint_format, precision, tensor_parallel,
          pgs_context_parallel, context_and_experts, model_shape, learning_rate, iterations,
          batch, moe_router, upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel,
-         gated_delta_net, hybrid_models, gemma4_global_layers, multi_token_prediction)
+         gated_delta_net, hybrid_models, gemma4_global_layers, multi_token_prediction,
+         short_convolutions)
 
 
 def apply(c: Context):

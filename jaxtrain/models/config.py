@@ -175,6 +175,12 @@ class ModelConfig:
     linear_qk_l2_norm: bool = True
     # the walk across chunks: "xla" (lax.scan) or "pallas" (kernels/gated_delta/scan.py)
     linear_attention_impl: str = "xla"
+    # LFM2's gated short convolutions (models/short_conv.py): the layers that mix tokens with
+    # them instead of attention (one bool per layer; None: none), the convolution's width and
+    # whether its projections and convolution have biases
+    short_conv_layers: tuple[bool, ...] | None = None
+    short_conv_kernel: int = 3
+    short_conv_bias: bool = False
     # Hybrid models (Megatron's hybrid_layer_pattern, NemotronH, Mamba-2): one symbol per layer
     # and each layer one sublayer with its own pre-norm and residual add: 'M' Mamba-2 (mamba.py),
     # '*' attention, 'G' Gated DeltaNet, '-' MLP, 'E' MoE. None: attention + FFN layers.
@@ -280,6 +286,9 @@ class ModelConfig:
         if self.linear_attention_layers is not None:
             layers = tuple(bool(b) for b in self.linear_attention_layers)
             put("linear_attention_layers", layers if any(layers) else None)
+        if self.short_conv_layers is not None:
+            layers = tuple(bool(b) for b in self.short_conv_layers)
+            put("short_conv_layers", layers if any(layers) else None)
         if self.mamba_num_heads is None and self.mamba_head_dim > 0:   # Megatron's expand 2
             put("mamba_num_heads", 2 * self.hidden_size // self.mamba_head_dim)
         if self.recompute_layer_ids is not None:
@@ -354,6 +363,15 @@ class ModelConfig:
             self._validate_linear(check)
         if self.hybrid_layers is not None:
             self._validate_hybrid(check)
+        if self.short_conv_layers is not None:
+            check(len(self.short_conv_layers) == self.num_layers, "lfm_layer_types",
+                  f"names {len(self.short_conv_layers)} layers of {self.num_layers}")
+            check(self.short_conv_kernel > 0, "conv_L_cache", "must be positive")
+            for name, on in (("linear_attention_freq", self.linear_attention_layers is not None),
+                             ("hybrid_layer_pattern", self.hybrid_layers is not None),
+                             ("global_kv_channels", self.has_global_shape)):
+                check(not on, name, "is not built together with LFM2's short-convolution "
+                      "layers (lfm_layer_types)")
         check(self.mtp_num_layers >= 0, "mtp_num_layers", "must be 0 (off) or positive")
         if self.mtp_num_layers and self.mtp_repeated_layer and self.moe is not None:
             check(layer_kinds(self)[-1] not in MOE_STACKS, "mtp_use_repeated_layer",

@@ -15,6 +15,7 @@ The cache is a dict with the layer axis first (the same for scanned and unrolled
     linear                           hybrid models only: Gated DeltaNet layers' convolution
                                      inputs and recurrent states (linear_attention.init_cache)
     mamba                            the same for Mamba-2 layers (mamba.init_cache)
+    conv                             LFM2's short-convolution layers' last inputs
     global                           Gemma 4 only: {k, v (, scales)} of the global layers,
                                      whose head count and width differ
 
@@ -47,7 +48,9 @@ from jaxtrain.models.linear_attention import init_cache as linear_cache
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.mamba import init_cache as mamba_cache
-from jaxtrain.models.spec import FFN_ONLY_STACKS, GLOBAL_STACKS, LINEAR_STACKS, MAMBA_STACK
+from jaxtrain.models.short_conv import init_cache as conv_cache
+from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, GLOBAL_STACKS, LINEAR_STACKS,
+                                  MAMBA_STACK)
 from jaxtrain.models.transformer import (RESIDUAL, _periodic_runs, decoder_layer, embed_inputs,
                                          logits_head)
 from jaxtrain.parallel.sharding import constrain, gather_weights
@@ -71,6 +74,8 @@ def init_cache(cfg, batch: int, max_len: int, *, dtype=None) -> dict:
         cache["linear"] = linear_cache(cfg, batch, dt)
     if "mamba" in groups:
         cache["mamba"] = mamba_cache(cfg, batch, dt)
+    if "conv" in groups:
+        cache["conv"] = conv_cache(cfg, batch, dt)
     cache["length"] = jnp.zeros((), jnp.int32)
     return cache
 
@@ -244,8 +249,8 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
     return x, {**out["attn"], **{g: out[g] for g in _GROUPS if g in cache}}
 
 
-_GROUPS = ("linear", "global", "mamba")   # cache entries of their own beside attention's
-_STATES = ("linear", "mamba")             # recurrent layers: a state per layer, not k and v
+_GROUPS = ("linear", "global", "mamba", "conv")   # cache entries of their own beside attention's
+_STATES = ("linear", "mamba", "conv")   # recurrent layers: a state per layer, not k and v
 
 
 def _group(kind: str) -> str | None:
@@ -256,6 +261,8 @@ def _group(kind: str) -> str | None:
         return None
     if kind == MAMBA_STACK:
         return "mamba"
+    if kind in CONV_STACKS:
+        return "conv"
     return "linear" if kind in LINEAR_STACKS else "global" if kind in GLOBAL_STACKS else "attn"
 
 

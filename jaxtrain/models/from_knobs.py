@@ -156,7 +156,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         apply_query_key_layer_scaling=cfg["apply_query_key_layer_scaling"],
         attention_softmax_in_fp32=softmax_fp32,
         **_sink_fields(cfg), **_mla_fields(cfg), **_linear_fields(cfg), **_nope_fields(cfg),
-        **hybrid, **_mtp_fields(cfg),
+        **hybrid, **_mtp_fields(cfg), **_short_conv_fields(cfg),
         attention_output_gate=cfg["attention_output_gate"],
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
         attn_logit_softcapping=cfg["attn_logit_softcapping"] or None,
@@ -322,6 +322,20 @@ def _hybrid_fields(cfg) -> dict:
     return out
 
 
+def _short_conv_fields(cfg) -> dict:
+    """LFM2's layer kinds (Primus's lfm_layer_types: conv or full_attention per layer)."""
+    kinds = cfg["lfm_layer_types"]
+    if kinds is None:
+        return {}
+    bad = sorted(set(kinds) - {"conv", "full_attention"})
+    if bad:
+        raise ConfigError(f"lfm_layer_types: {bad} are not layer kinds; use conv (a gated short "
+                          "convolution) or full_attention")
+    return dict(short_conv_layers=tuple(k == "conv" for k in kinds),
+                short_conv_kernel=int(cfg["conv_L_cache"]),
+                short_conv_bias=bool(cfg["conv_bias"]))
+
+
 def _mtp_fields(cfg) -> dict:
     """Megatron's multi-token prediction: the depths (None or 0: off), their loss weight, one
     module for every depth (refused when that module would be an MoE layer)."""
@@ -366,6 +380,7 @@ def _nope_fields(cfg) -> dict:
 _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "gdn_chunk_size",
                 "hybrid_layers": "hybrid_layer_pattern", "mamba_dt_floor": "mamba_time_step_floor",
                 "mtp_repeated_layer": "mtp_use_repeated_layer",
+                "short_conv_kernel": "conv_L_cache", "short_conv_layers": "lfm_layer_types",
                 "linear_attention_layers": "linear_attention_freq",
                 "sliding_window_layers": "window_attn_skip_freq",
                 "yarn_scaling_factor": "rotary_scaling_factor", "yarn_mscale": "mscale",

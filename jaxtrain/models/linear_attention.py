@@ -100,18 +100,27 @@ def gated_norm(p: dict, o, z, cfg):
     return (y * jax.nn.silu(z.astype(jnp.float32))).astype(cfg.compute_dtype)
 
 
+def recurrent_inputs(x, ctx: dict, cache):
+    """(x, the tokens' segment ids, their sequence numbers or None) for a layer that carries a
+    state (Gated DeltaNet, Mamba, short convolution): decoding (``cache`` given) passes the
+    new tokens' and the cache's segments, and its left-padded rows' padding (segment 0) is
+    zeroed so that it leaves no trace in the state."""
+    B, T, _ = x.shape
+    seg = ctx.get("segment_ids")
+    if isinstance(seg, tuple):
+        seg = seg[0]
+    seq = sequence_numbers(seg, T, B)
+    if seq is not None and cache is not None:
+        x = jnp.where((seg != 0)[..., None], x, jnp.zeros((), x.dtype))
+    return x, seg, seq
+
+
 def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
     """Gated DeltaNet over x [B,T,D] -> [B,T,D] (before the residual add). With a decoding
     ``cache`` ({conv_q, conv_k, conv_v, state}: this layer's slice of :func:`init_cache`) the
     tokens continue the cached sequence and the result is (out, new cache)."""
     B, T, _ = x.shape
-    seg = ctx.get("segment_ids")
-    if isinstance(seg, tuple):   # decoding: (the new tokens' segments, the cache's)
-        seg = seg[0]
-    seq = sequence_numbers(seg, T, B)
-    if seq is not None and cache is not None:
-        # decoding left-padded rows: padding tokens (segment 0) leave no trace in the state
-        x = jnp.where((seg != 0)[..., None], x, jnp.zeros((), x.dtype))
+    x, seg, seq = recurrent_inputs(x, ctx, cache)
     names = ("query_proj", "key_proj", "value_proj")
     q, k, v = (L.dense(x, p[w], None, "btd,dhk->bthk", n, cfg)
                for w, n in zip(("wq", "wk", "wv"), names))

@@ -22,10 +22,9 @@ import jax.numpy as jnp
 
 from jaxtrain.models import layers as L
 from jaxtrain.models.linear_attention import (_conv_init, _dt_bias_init, causal_conv,
-                                              last_sequence_inputs)
+                                              last_sequence_inputs, recurrent_inputs)
 from jaxtrain.models.spec import MAMBA_STACK, ParamSpec, _linear_init, _ones, _zeros, layer_kinds
 from jaxtrain.parallel.sharding import constrain
-from kernels.gated_delta.reference import sequence_numbers
 from kernels.ssd import chunked_ssd
 
 
@@ -76,14 +75,7 @@ def mamba_block(p: dict, x, ctx: dict, cfg, cache=None):
     """Mamba-2 over x [B,T,D] -> [B,T,D] (before the residual add). With a decoding ``cache``
     ({conv_x, conv_B, conv_C, state}: this layer's slice of :func:`init_cache`) the tokens
     continue the cached sequence and the result is (out, new cache)."""
-    B, T, _ = x.shape
-    seg = ctx.get("segment_ids")
-    if isinstance(seg, tuple):   # decoding: (the new tokens' segments, the cache's)
-        seg = seg[0]
-    seq = sequence_numbers(seg, T, B)
-    if seq is not None and cache is not None:
-        # decoding left-padded rows: padding tokens (segment 0) leave no trace in the state
-        x = jnp.where((seg != 0)[..., None], x, jnp.zeros((), x.dtype))
+    x, seg, seq = recurrent_inputs(x, ctx, cache)
     z = L.dense(x, p["wz"], None, "btd,dhp->bthp", "mamba_gate_proj", cfg)
     xs = L.dense(x, p["wx"], None, "btd,dhp->bthp", "mamba_x_proj", cfg)
     Bm = L.dense(x, p["wB"], None, "btd,dgn->btgn", "mamba_b_proj", cfg)

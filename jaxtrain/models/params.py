@@ -25,6 +25,8 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
     mtp: the multi-token-prediction modules (``cfg.mtp_num_layers``; one with
             mtp_repeated_layer), each leaf stacked over them: enorm, hnorm, final_norm
             {scale}, eh_proj [2D,D], layer (a layer tree of the last layer's stack)
+    conv_layers, conv_moe_layers: LFM2's, as layers / moe_layers with a gated short
+            convolution ``short_conv`` (short_conv.py) for ``attn``
     hybrid models (``cfg.hybrid_layers``): one half of a layer each, with its norms:
             mamba_layers {attn_norm, mamba (mamba.py)}, attention_layers {attn_norm, attn},
             gdn_layers {attn_norm, linear_attn}, mlp_layers {mlp_norm, mlp},
@@ -52,10 +54,11 @@ from jax.sharding import PartitionSpec
 from jaxtrain.models.mla import mla_specs
 from jaxtrain.models.linear_attention import linear_attention_specs
 from jaxtrain.models.mamba import mamba_specs
-from jaxtrain.models.spec import (DENSE_STACK, FFN_ONLY_STACKS, GLOBAL_STACKS, LINEAR_STACKS,
-                                  MAMBA_STACK, MIXER_ONLY_STACKS, MOE_STACKS, STACKS, Init,
-                                  ParamSpec, _is_spec, _leaf_key, _linear_init, _norm, _zeros,
-                                  layer_kinds, layer_slots)
+from jaxtrain.models.short_conv import short_conv_specs
+from jaxtrain.models.spec import (CONV_STACKS, DENSE_STACK, FFN_ONLY_STACKS, GLOBAL_STACKS,
+                                  LINEAR_STACKS, MAMBA_STACK, MIXER_ONLY_STACKS, MOE_STACKS,
+                                  STACKS, Init, ParamSpec, _is_spec, _leaf_key, _linear_init,
+                                  _norm, _zeros, layer_kinds, layer_slots)
 
 
 def _layer_specs(cfg, kind: str = "layers") -> dict:
@@ -92,7 +95,9 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         attn["wg"] = ParamSpec((D, N, H), dt, ("embed", "q_heads", "kv"),
                                _linear_init(cfg, 0, (1, 2)))
     mixer = ({"linear_attn": linear_attention_specs(cfg)} if kind in LINEAR_STACKS
-             else {"mamba": mamba_specs(cfg)} if kind == MAMBA_STACK else {"attn": attn})
+             else {"mamba": mamba_specs(cfg)} if kind == MAMBA_STACK
+             else {"short_conv": short_conv_specs(cfg)} if kind in CONV_STACKS
+             else {"attn": attn})
     ffn = {"moe": _moe_specs(cfg)} if kind in MOE_STACKS else {"mlp": _mlp_specs(cfg, F)}
     halves = []
     if kind not in FFN_ONLY_STACKS:

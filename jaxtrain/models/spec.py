@@ -88,6 +88,8 @@ DENSE_STACK, MOE_STACK = "layers", "moe_layers"
 LINEAR_STACK, LINEAR_MOE_STACK = "linear_layers", "linear_moe_layers"
 # Gemma 4's global (full-attention) layers, whose heads differ from the sliding-window ones'
 GLOBAL_STACK, GLOBAL_MOE_STACK = "global_layers", "global_moe_layers"
+# LFM2's gated short-convolution layers, with a dense or an MoE FFN
+CONV_STACK, CONV_MOE_STACK = "conv_layers", "conv_moe_layers"
 # Hybrid models (ModelConfig.hybrid_layers, Megatron's hybrid_layer_pattern): a layer is one
 # sublayer, a token mixer or an FFN, each with its own pre-norm and residual add
 MAMBA_STACK, ATTENTION_STACK, GDN_STACK = "mamba_layers", "attention_layers", "gdn_layers"
@@ -95,8 +97,9 @@ MLP_STACK, MOE_MLP_STACK = "mlp_layers", "moe_mlp_layers"
 HYBRID_STACKS = {"M": MAMBA_STACK, "*": ATTENTION_STACK, "G": GDN_STACK, "-": MLP_STACK,
                  "E": MOE_MLP_STACK}
 STACKS = (DENSE_STACK, MOE_STACK, LINEAR_STACK, LINEAR_MOE_STACK, GLOBAL_STACK,
-          GLOBAL_MOE_STACK, *HYBRID_STACKS.values())
-MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK, GLOBAL_MOE_STACK, MOE_MLP_STACK)
+          GLOBAL_MOE_STACK, CONV_STACK, CONV_MOE_STACK, *HYBRID_STACKS.values())
+MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK, GLOBAL_MOE_STACK, CONV_MOE_STACK, MOE_MLP_STACK)
+CONV_STACKS = (CONV_STACK, CONV_MOE_STACK)
 LINEAR_STACKS = (LINEAR_STACK, LINEAR_MOE_STACK, GDN_STACK)
 GLOBAL_STACKS = (GLOBAL_STACK, GLOBAL_MOE_STACK)
 MIXER_ONLY_STACKS = (MAMBA_STACK, ATTENTION_STACK, GDN_STACK)   # no FFN half
@@ -151,15 +154,20 @@ def linear_pattern(freq, num_layers: int) -> tuple[bool, ...]:
 
 
 def stack_kinds(moe: tuple[bool, ...], linear: tuple[bool, ...] | None,
-                wide: tuple[bool, ...] | None = None) -> tuple[str, ...]:
-    """The stack of each layer from which layers are MoE, which are linear attention and which
-    are global layers of their own head shape (``wide``)."""
+                wide: tuple[bool, ...] | None = None,
+                conv: tuple[bool, ...] | None = None) -> tuple[str, ...]:
+    """The stack of each layer from which layers are MoE, which are linear attention, which
+    are global layers of their own head shape (``wide``) and which gated short convolutions
+    (``conv``)."""
     linear = linear or (False,) * len(moe)
     wide = wide or (False,) * len(moe)
+    conv = conv or (False,) * len(moe)
     table = {(False, False, False): DENSE_STACK, (True, False, False): MOE_STACK,
              (False, True, False): LINEAR_STACK, (True, True, False): LINEAR_MOE_STACK,
              (False, False, True): GLOBAL_STACK, (True, False, True): GLOBAL_MOE_STACK}
-    return tuple(table[(bool(m), bool(lin), bool(g))] for m, lin, g in zip(moe, linear, wide))
+    return tuple((CONV_MOE_STACK if m else CONV_STACK) if c else table[(bool(m), bool(lin),
+                                                                         bool(g))]
+                 for m, lin, g, c in zip(moe, linear, wide, conv))
 
 
 def layer_kinds(cfg) -> tuple[str, ...]:
@@ -171,7 +179,8 @@ def layer_kinds(cfg) -> tuple[str, ...]:
         return tuple(HYBRID_STACKS[c] for c in pattern)
     return stack_kinds(moe_pattern(getattr(cfg, "moe", None), cfg.num_layers),
                        getattr(cfg, "linear_attention_layers", None),
-                       getattr(cfg, "global_layers", None))
+                       getattr(cfg, "global_layers", None),
+                       getattr(cfg, "short_conv_layers", None))
 
 
 def layer_slots(cfg) -> tuple[tuple[str, int], ...]:

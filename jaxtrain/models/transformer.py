@@ -21,6 +21,7 @@ from jaxtrain.models import layers as L
 from jaxtrain.models.attention import attention
 from jaxtrain.models.linear_attention import linear_attention_block
 from jaxtrain.models.mamba import mamba_block
+from jaxtrain.models.short_conv import short_conv_block
 from jaxtrain.models.mla import mla_qkv
 from jaxtrain.models.moe import moe_block
 from jaxtrain.models.params import MOE_STACKS, STACKS, layer_axes, layer_kinds
@@ -261,7 +262,7 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     norm = _maybe_remat(lambda q, y: L.norm(q, y, cfg), "layernorm" in cfg.recompute_modules)
     mlp = _maybe_remat(lambda q, y: L.mlp(q, y, cfg), "mlp" in cfg.recompute_modules)
 
-    if any(m in p for m in ("attn", "linear_attn", "mamba")):
+    if any(m in p for m in ("attn", "linear_attn", "mamba", "short_conv")):
         x, cache = _mixer_half(p, x, i, ctx, cfg, cache, norm, sub, det)
     stats = None
     if "mlp" in p or "moe" in p:
@@ -288,23 +289,28 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     return out if stats is None else (out, stats)
 
 
+# Token mixers that carry a state instead of keys and values: (cache group, parameter key,
+# block), the cache group being their entry in a decoding cache (decode.py)
+_RECURRENT = (("linear", "linear_attn", linear_attention_block), ("mamba", "mamba", mamba_block),
+              ("conv", "short_conv", short_conv_block))
+
+
 def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
-    """The token-mixing half of layer i (softmax attention, Gated DeltaNet or Mamba) with its
-    norms and residual add: (x, cache)."""
+    """The token-mixing half of layer i (softmax attention, Gated DeltaNet, Mamba or a short
+    convolution) with its norms and residual add: (x, cache)."""
     h = norm(p["attn_norm"], x) if cfg.pre_norm else x
-    if "linear_attn" in p or "mamba" in p:
-        name, block = (("linear", linear_attention_block) if "linear_attn" in p
-                       else ("mamba", mamba_block))
-        with jax.named_scope("linear_attention" if name == "linear" else "mamba"):
-            a = block(p["linear_attn" if name == "linear" else "mamba"], h, ctx, cfg,
-                      None if cache is None else cache[name])
+    recurrent = [(n, key, block) for n, key, block in _RECURRENT if key in p]
+    if recurrent:
+        (name, key, block), = recurrent
+        with jax.named_scope(key):
+            a = block(p[key], h, ctx, cfg, None if cache is None else cache[name])
         if cache is not None:
             a, state = a
             cache = {**cache, name: state}
     else:
         with jax.named_scope("attention"):
             kv = (None if cache is None else
-                  {n: c for n, c in cache.items() if n not in ("linear", "mamba")})
+                  {n: c for n, c in cache.items() if n not in ("linear", "mamba", "conv")})
             a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, kv)
         if cache is not None:
             a, kv = a

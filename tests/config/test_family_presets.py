@@ -81,6 +81,18 @@ PRESETS += [
         hidden_size=1024, num_hidden_layers=48, num_heads=32, head_dim=64, n_groups=1,
         state_size=128, vocab_size=50288, tie_word_embeddings=True), 0.368e9),
 ]
+# LFM2 (model cards: 8.3B total parameters, 1.17B)
+_LFM8 = ["conv", "conv", "full_attention", "conv", "conv", "conv", "full_attention", "conv",
+         "conv", "conv", "full_attention", "conv", "conv", "conv", "full_attention", "conv",
+         "conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv"]
+_LFM1 = ["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv",
+         "full_attention", "conv", "full_attention", "conv", "full_attention", "conv",
+         "full_attention", "conv"]
+PRESETS += [
+    ("lfm2_8B_A1B", lambda: tr.Lfm2MoeConfig(num_hidden_layers=24, layer_types=_LFM8), 8.3e9),
+    ("lfm2_1.2B", lambda: tr.Lfm2Config(hidden_size=2048, num_hidden_layers=16,
+                                        intermediate_size=12288, layer_types=_LFM1), 1.17e9),
+]
 # Fields the preset's run settles, not the architecture (Megatron pads the vocabulary; HF
 # files never do; MoE run settings such as the balancing loss).
 RUN = ("dtype", "weight_dtype", "attention_impl", "attention_softmax_in_fp32", "vocab_size",

@@ -172,3 +172,26 @@ def test_moe_statistics_count_the_moe_sublayers_only():
                  "moe_ffn_hidden_size=32", "moe_aux_loss_coeff=0.01"])
     assert moe_layer_ids(cfg) == (2, 4)
     assert zero_stats(cfg)["objective"].shape == (2,)
+
+
+def test_lfm2_layer_kinds_from_primus_knobs():
+    cfg = model(["num_layers=3", "lfm_layer_types=[conv,full_attention,conv]",
+                 "conv_L_cache=4", "conv_bias=true"])
+    assert cfg.short_conv_layers == (True, False, True)
+    assert (cfg.short_conv_kernel, cfg.short_conv_bias) == (4, True)
+    tree = abstract(cfg)
+    assert tree["conv_layers"]["short_conv"]["conv"].shape == (4, 2, 64)   # [W, L, D]
+    assert "b_in" in tree["conv_layers"]["short_conv"]
+    with pytest.raises(ConfigError, match="are not layer kinds"):
+        model(["num_layers=2", "lfm_layer_types=[conv,mamba]"])
+    with pytest.raises(ValueError, match="names 2 layers of 3"):
+        model(["num_layers=3", "lfm_layer_types=[conv,conv]"])
+
+
+def test_lfm2_refuses_what_does_not_run_yet(write, cli):
+    path = write("run.yml", "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+                 "vocab_size: 128\nseq_length: 16\nmax_position_embeddings: 16\n"
+                 "mock_data: true\nmicro_batch_size: 1\nglobal_batch_size: 8\nhardware: cpu\n"
+                 "lfm_layer_types: [conv, full_attention]\ncontext_parallel_size: 2\n")
+    code, _, err = cli(path, "--dry-run", "--world-size", "8")
+    assert code == 2 and "with LFM2's short-convolution layers" in err, err

@@ -2,12 +2,11 @@
 configs with wider-than-init weights), from_hf / to_hf round trips that load in transformers,
 greedy decode, packed sequences, and the Mamba knobs flipped."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers as tr
-from model_helpers import VOCAB, max_diff, random_params, tokens
+from model_helpers import VOCAB, check_packed_sequences, max_diff, random_params, tokens
 from test_hf import _hf_model, check_greedy_decode, check_parity_and_round_trip
 
 from jaxtrain.models import ModelConfig, forward, from_hf
@@ -76,12 +75,7 @@ def test_packed_sequences_reset_the_state(tmp_path):
     convolution and the scan start afresh at a segment boundary."""
     _model("nemotron_h", tmp_path)
     cfg, params = from_hf(tmp_path)
-    a, b = tokens(1, 7, seed=1), tokens(1, 9, seed=2)
-    packed = forward(params, jnp.concatenate([a, b], 1), cfg,
-                     segment_ids=jnp.asarray([[1] * 7 + [2] * 9]),
-                     positions=jnp.asarray([list(range(7)) + list(range(9))]))
-    assert max_diff(packed[:, :7], forward(params, a, cfg)) <= 1e-5
-    assert max_diff(packed[:, 7:], forward(params, b, cfg)) <= 1e-5
+    check_packed_sequences(params, cfg)
 
 
 @pytest.mark.parametrize("knob, value", [("mamba_state_dim", 4), ("mamba_head_dim", 4),

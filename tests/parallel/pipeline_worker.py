@@ -44,6 +44,11 @@ GEMMA4 = ["window_size=[3,0]", "window_attn_skip_freq=2", "global_kv_channels=16
 HYBRID = ["model_type=hybrid", "hybrid_layer_pattern=M*EM", "mamba_num_heads=4",
           "mamba_head_dim=8", "mamba_num_groups=2", "mamba_state_dim=8", "mamba_chunk_size=4",
           *MOE[:3], "moe_router_score_function=sigmoid", "moe_aux_loss_coeff=0.01"]
+# LFM2: gated short convolutions between attention layers (stacks of their own), MoE after
+# the first layer
+LFM = ["lfm_layer_types=[conv,full_attention,conv,conv]", "conv_L_cache=3", "conv_bias=true",
+       "qk_layernorm=true", *MOE[:3], "moe_layer_freq=[0,1,1,1]",
+       "moe_router_score_function=sigmoid", "moe_router_enable_expert_bias=true"]
 # multi-token prediction: two depths after the last stage (an MoE layer's with MOE)
 MTP = ["mtp_num_layers=2", "mtp_loss_scaling_factor=0.3"]
 # FP8 with delayed scaling (emulated on CPU): a per-layer amax history each stage moves on
@@ -118,6 +123,9 @@ LAYOUTS = {
                 "moe_layer_freq=1"],
 }
 LAYOUTS["mtp_moe_pp2"] = [*LAYOUTS["mtp_moe"], PP2]
+LAYOUTS["lfm"] = LFM
+LAYOUTS["lfm_pp2_vpp2_tp2"] = [*LFM, PP2, "virtual_pipeline_model_parallel_size=2",
+                               "tensor_model_parallel_size=2"]
 LAYOUTS |= {
     "fp8": FP8,
     "fp8_pp2": [*FP8, PP2, "micro_batch_size=2"],          # two microbatches, as at PP 1
@@ -268,7 +276,7 @@ def train(workdir: pathlib.Path, name: str) -> dict:
     cfg = load_config(None, [*TINY, f"workspace={workdir / name}", *LAYOUTS[name], *saving],
                       world_size=8)
     run = loop.build(cfg, jax.devices(), materialize=False)
-    stack = next(k for k in ("layers", "attention_layers", "moe_layers")
+    stack = next(k for k in ("layers", "attention_layers", "moe_layers", "conv_layers")
                  if k in run.shardings.params)
     spec = run.shardings.params[stack]["attn"]["wq"].spec
     loop.train(cfg, devices=jax.devices())

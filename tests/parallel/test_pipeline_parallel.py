@@ -530,3 +530,13 @@ def test_multi_token_prediction_pipelines_like_one_stage(tmp_path):
                 assert got[key] == pytest.approx(want[key], rel=2e-6), (name, key)
             np.testing.assert_allclose(got["mtp_losses"], want["mtp_losses"], rtol=2e-6)
     assert runs["mtp_moe"]["moe_aux_loss"][0] > 0
+
+
+@pytest.mark.slow
+def test_lfm2_short_convolutions_pipeline_like_one_stage(tmp_path):
+    """LFM2's layers (short convolutions with biases, attention, MoE after the first layer)
+    under PP 2 x VPP 2 x TP 2 train with PP 1's losses and grad norms."""
+    runs = _worker(tmp_path, "train:lfm,lfm_pp2_vpp2_tp2")[0]
+    for key in ("losses", "grad_norms"):
+        assert runs["lfm_pp2_vpp2_tp2"][key] == pytest.approx(runs["lfm"][key], rel=2e-6), key
+    assert runs["lfm_pp2_vpp2_tp2"]["mesh"]["pipeline"] == 2

@@ -6,6 +6,7 @@ fallbacks (its config dataclasses), so an unset key means the feature is off.
 from jaxtrain.config.knob import HONORED, INERT, K, REJECTED
 
 _P = "primus"
+_LFM = "LFM2's gated short-convolution layers (models/short_conv.py, stacks conv_layers)"
 _RATIO = ("without hybrid_layer_pattern, the hybrid model's pattern is Megatron's evenly spaced "
           "allocation of attention, then MLP layers among the Mamba ones "
           "(from_knobs.pattern_from_ratios)")
@@ -158,9 +159,10 @@ KNOBS = [
 
     # --- LFM2 ---
     K("lfm_layer_types", "list[str]", None, "LFM2 layer kinds, one per layer: conv (gated short "
-      "convolution) or full_attention; null means all attention.", _P, issue=25),
-    K("conv_L_cache", "int", 3, "LFM2 short-convolution kernel length.", _P, issue=25),
-    K("conv_bias", "bool", False, "Give LFM2's short convolution a bias.", _P, issue=25),
+      "convolution) or full_attention; null means all attention.", _P, HONORED, _LFM),
+    K("conv_L_cache", "int", 3, "LFM2 short-convolution kernel length.", _P, HONORED, _LFM),
+    K("conv_bias", "bool", False, "Give LFM2's short convolution a bias.", _P, HONORED,
+      _LFM + "; the input and output projections get biases too, as in LFM2"),
 
     # --- Flux diffusion trainer ---
     K("mock_dataset", "dict", {"class": None, "params": {"num_samples": 1000, "image_size": 512}},

@@ -56,14 +56,14 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "hidden_activation": "gelu_pytorch_tanh"}}
 FAMILIES = (LLAMA_LIKE + ("phi3", "smollm3", "granite", "gpt2", "gpt_neox", "deepseek_v3",
                           "gpt_oss") + MOE + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4
-            + ("nemotron_h", "mamba2") + tuple(TEXT_OF))
+            + ("nemotron_h", "mamba2", "lfm2", "lfm2_moe") + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("gemma3n", "gemma3n_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
            "phi", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "jamba", "starcoder2",
            "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
-           "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss", "lfm2")
+           "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "seed_oss")
 PLANNED_PREFIXES = ("gemma",)
 # config.json entries that mark a model reading more than text.
 MULTIMODAL_FIELDS = ("vision_config", "audio_config", "speech_config", "image_token_id",
@@ -949,6 +949,49 @@ def _mamba2(hf: dict) -> dict:
             "num_attention_heads": 1, "max_position_embeddings": 2048}
 
 
+def _lfm2(hf: dict) -> dict:
+    """LFM2 and LFM2-MoE: layer_types (or full_attn_idxs) mixes gated short convolutions
+    (conv_L_cache wide, conv_bias) with attention (per-head q/k RMSNorms, RoPE); every layer
+    has a SwiGLU FFN: LFM2's intermediate_size shrunk as block_auto_adjust_ff_dim says, or in
+    LFM2-MoE the first num_dense_layers dense and the rest MoE (sigmoid scores with an expert
+    bias, renormalised top-k times routed_scaling_factor)."""
+    family, n = hf["model_type"], hf["num_hidden_layers"]
+    types = hf.get("layer_types") or ["full_attention" if i in set(hf.get("full_attn_idxs")
+                                                                    or range(n)) else "conv"
+                                      for i in range(n)]
+    if len(types) != n or set(types) - {"conv", "full_attention"}:
+        raise bad("layer_types", types, f"expected {n} entries of conv or full_attention")
+    out = {**_rms_rope({**hf, "rms_norm_eps": hf.get("norm_eps", 1e-5)},
+                       hf.get("max_position_embeddings", 128000), 1e-5),
+           **_heads(hf), **_rope(hf), "swiglu": True, "qk_layernorm": True,
+           "lfm_layer_types": list(types), "conv_L_cache": hf.get("conv_L_cache", 3),
+           "conv_bias": bool(hf.get("conv_bias", False)),
+           "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", True)}
+    if family == "lfm2":
+        ff = hf.get("intermediate_size", 12288)
+        if hf.get("block_auto_adjust_ff_dim", True):
+            ff = int(2 * ff / 3)
+            multiplier, multiple = hf.get("block_ffn_dim_multiplier", 1.0), hf.get(
+                "block_multiple_of", 256)
+            if multiplier is not None:
+                ff = multiple * ((int(multiplier * ff) + multiple - 1) // multiple)
+        return {**out, "ffn_hidden_size": ff}
+    k, dense = hf.get("num_experts_per_tok", 4), hf.get("num_dense_layers", 2)
+    if hf.get("norm_topk_prob", True) != (k > 1):
+        raise bad("norm_topk_prob", hf.get("norm_topk_prob", True), "sigmoid routing "
+                  "renormalises the top-k weights exactly when top-k > 1 (Megatron's rule)")
+    out.update(ffn_hidden_size=hf.get("intermediate_size", 7168),
+               num_experts=hf.get("num_experts", 32), moe_router_topk=k,
+               moe_ffn_hidden_size=hf.get("moe_intermediate_size", 1792),
+               moe_layer_freq=[0] * dense + [1] * (n - dense) if dense else 1,
+               moe_router_score_function="sigmoid",
+               moe_router_enable_expert_bias=bool(hf.get("use_expert_bias", True)))
+    scale = float(hf.get("routed_scaling_factor", 1.0))
+    if scale != 1.0:
+        out["moe_router_topk_scaling_factor"] = scale
+    return out
+
+
 def _llama4(hf: dict) -> dict:
     """Llama 4 (text): RoPE on interleaved pairs (Llama-3 scaling) except on the NoPE layers
     (no_rope_layers: 1 = RoPE), L2 q/k norms on the RoPE layers (use_qk_norm), chunked
@@ -1023,7 +1066,7 @@ _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     "deepseek_v3": _deepseek_v3,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
     **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,
-    "nemotron_h": _nemotron_h, "mamba2": _mamba2,
+    "nemotron_h": _nemotron_h, "mamba2": _mamba2, "lfm2": _lfm2, "lfm2_moe": _lfm2,
     **{f: (lambda hf: knobs(text_config(hf))) for f in TEXT_OF}}
 assert set(_TRANSLATIONS) == set(FAMILIES)
 

@@ -277,6 +277,7 @@ def dense_problems(cfg: ModelConfig, *, rope: bool, qk_norm: bool, qkv_only_bias
         "attention_output_gate": cfg.attention_output_gate,
         "linear_attention_layers": cfg.linear_attention_layers is not None,
         "hybrid_layers": cfg.hybrid_layers is not None,
+        "short_conv_layers": cfg.short_conv_layers is not None,
         "moe.shared_expert_gate": cfg.moe is not None and cfg.moe.shared_expert_gate,
     }
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, dense_problems, hf_linear,
-                                       norm_scale, stacks)
+                                       norm_scale, output_head, stacks)
 from jaxtrain.models.moe import group_score_topk
 from jaxtrain.models.params import layer_slots, layer_tree
 
@@ -115,11 +115,7 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
 
     tree = {"embedding": t(root + "embeddings.weight"), **stacks(layer, cfg),
             "final_norm": {"scale": t(root + "norm_f.weight")}}
-    if cfg.untie_embeddings_and_output_weights:
-        tree["output"] = t("lm_head.weight").T
-    else:
-        t.drop("lm_head.weight")
-    return tree
+    return output_head(t, cfg, tree)
 
 
 def tensors(params: dict, cfg: ModelConfig, family: str = "nemotron_h") -> dict[str, np.ndarray]:
