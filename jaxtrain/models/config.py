@@ -479,9 +479,9 @@ class ModelConfig:
             check(C >= 16 and not C & (C - 1), "linear_chunk_size", f"{C}: the Pallas kernel "
                   "takes powers of two of at least 16 (Triton tiles); use 16, 32, 64 or 128, "
                   "or linear_attention_impl xla")
-        check(not self.multi_latent_attention, "experimental_attention_variant",
-              "Gated DeltaNet layers beside multi-latent attention are not a model jaxtrain "
-              "builds")
+        check(not self.multi_latent_attention or self.hybrid_layers is not None,
+              "experimental_attention_variant", "Gated DeltaNet layers beside multi-latent "
+              "attention are built in hybrid models only (hybrid_layer_pattern)")
 
     def _validate_hybrid(self, check):
         """A hybrid pattern: one known symbol per layer, whole Mamba heads per group, and none

@@ -224,8 +224,8 @@ def _linear_fields(cfg) -> dict:
 
 # Primus's stack specs for model_type mamba: what their 'M' layers are (None: not built yet).
 _PRIMUS_SPECS = {"mamba_stack_spec": "M", "hybrid_stack_spec": "M",
-                 "mamba_hybrid_stack_spec_no_te": "M", "gdn_hybrid_stack_spec": None,
-                 "gdn_hybrid_stack_spec_no_te": None, "kda_hybrid_stack_spec": None,
+                 "mamba_hybrid_stack_spec_no_te": "M", "gdn_hybrid_stack_spec": "G",
+                 "gdn_hybrid_stack_spec_no_te": "G", "kda_hybrid_stack_spec": None,
                  "kda_hybrid_stack_spec_no_te": None}
 
 
@@ -261,10 +261,27 @@ def pattern_from_ratios(n: int, attention: float, mlp: float) -> str:
     return "".join(kinds)
 
 
+def primus_hybrid_pattern(n: int, attention: float) -> str:
+    """Primus's HybridStack allocation (its hybrid_mamba_mla_layer_specs stacks, used when no
+    pattern is given): n/2 mixer + MLP pairs, int(n/2 · ratio) of them attention; below half,
+    each attention pair leads a block of its share of Mamba pairs and the spare Mamba pairs
+    close the list; above half, the spare attention pairs open it. hybrid_mlp_ratio is not
+    read (every mixer is followed by an MLP)."""
+    half = n // 2
+    n_attn = int(half * attention)
+    n_mamba = half - n_attn
+    if n_attn == 0:
+        return "M-" * half
+    if attention <= 0.5:
+        return ("*-" + "M-" * (n_mamba // n_attn)) * n_attn + "M-" * (n_mamba % n_attn)
+    return "*-" * (n_attn - n_mamba) + "*-M-" * n_mamba
+
+
 def _hybrid_fields(cfg) -> dict:
     """Megatron's hybrid models (model_type mamba or hybrid, is_hybrid_model, or a
     hybrid_layer_pattern): one layer per symbol of hybrid_layer_pattern, else of the pattern
-    the ratios allocate; Primus's ``spec`` says what its M layers are."""
+    the ratios allocate (Megatron's, or Primus's for its hybrid_mamba_mla_layer_specs stacks);
+    Primus's ``spec`` says what its M layers are."""
     pattern, spec = cfg["hybrid_layer_pattern"], cfg["spec"]
     hybrid = cfg["model_type"] in ("mamba", "hybrid") or cfg["is_hybrid_model"] or pattern
     name = spec[-1] if isinstance(spec, list | tuple) and spec else spec
@@ -283,7 +300,10 @@ def _hybrid_fields(cfg) -> dict:
                           f"{name.split('_')[0].upper()} layers in the M slots of a hybrid "
                           "model); planned for issue #25 (model families)")
     n = cfg["num_layers"]
-    if pattern is None:
+    primus_stack = spec is not None and "hybrid_mamba_mla_layer_specs" in str(spec)
+    if pattern is None and primus_stack:
+        pattern = primus_hybrid_pattern(n, float(cfg["hybrid_attention_ratio"]))
+    elif pattern is None:
         pattern = pattern_from_ratios(n, float(cfg["hybrid_attention_ratio"]),
                                       float(cfg["hybrid_mlp_ratio"]))
     main, *mtp = str(pattern).split("/")
@@ -305,6 +325,8 @@ def _hybrid_fields(cfg) -> dict:
     if len(main) != n:
         raise ConfigError(f"hybrid_layer_pattern {pattern!r} names {len(main)} layers and "
                           f"num_layers is {n}; they must agree")
+    if spec is not None and _PRIMUS_SPECS[name] == "G":   # Primus's GDN stacks: M slots are GDN
+        main = main.replace("M", "G")
     out = dict(hybrid_layers=main,
                **{k: cfg[k] for k in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
                                       "mamba_num_heads", "mamba_chunk_size",

@@ -106,7 +106,7 @@ def test_primus_mamba_preset_with_its_stack_spec(write):
 @pytest.mark.parametrize("args, says", [
     (["model_type=mamba", "num_layers=4",
       "spec=[primus.backends.megatron.core.models.hybrid.hybrid_mamba_mla_layer_specs,"
-      "gdn_hybrid_stack_spec]"], "not implemented yet: spec = 'gdn_hybrid_stack_spec'"),
+      "kda_hybrid_stack_spec]"], "not implemented yet: spec = 'kda_hybrid_stack_spec'"),
     (["model_type=mamba", "num_layers=4", "spec=[my.module,my_spec]"],
      "jaxtrain reads the hybrid stack specs"),
     (["num_layers=2", "spec=[megatron.core.models.gpt.gpt_layer_specs,x]"],
@@ -195,3 +195,45 @@ def test_lfm2_refuses_what_does_not_run_yet(write, cli):
                  "lfm_layer_types: [conv, full_attention]\ncontext_parallel_size: 2\n")
     code, _, err = cli(path, "--dry-run", "--world-size", "8")
     assert code == 2 and "with LFM2's short-convolution layers" in err, err
+
+
+
+def test_primus_gdn_stack_spec_makes_the_m_layers_gated_deltanet():
+    """Primus's gdn_hybrid_stack_spec fills the pattern's M slots with Gated DeltaNet layers,
+    beside MLA attention (Zebra-Llama's GDN hybrids); it trains and decodes like the rest."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxtrain.models import decode, forward, init
+    cfg = model(["model_type=mamba", "hybrid_layer_pattern=*-M-", "linear_num_key_heads=2",
+                 "linear_num_value_heads=4", "linear_key_head_dim=8", "linear_value_head_dim=8",
+                 "gdn_chunk_size=4", "multi_latent_attention=true", "q_lora_rank=32",
+                 "kv_lora_rank=16", "qk_head_dim=16", "qk_pos_emb_head_dim=8", "v_head_dim=16",
+                 "spec=[primus.backends.megatron.core.models.hybrid."
+                 "hybrid_mamba_mla_layer_specs,gdn_hybrid_stack_spec_no_te]"])
+    assert cfg.hybrid_layers == "*-G-" and cfg.qk_layernorm
+    params = init(cfg, jax.random.key(0))
+    toks = jnp.arange(12, dtype=jnp.int32).reshape(1, 12) % 100
+    logits = forward(params, toks, cfg)
+    cache = decode.init_cache(cfg, 1, 16)
+    last, cache = decode.prefill(params, cfg, toks[:, :8], cache)
+    assert float(jnp.abs(last - logits[:, 7]).max()) < 1e-4
+    for t in range(8, 12):
+        last, cache = decode.decode_step(params, cfg, toks[:, t:t + 1], cache)
+        assert float(jnp.abs(last - logits[:, t]).max()) < 1e-4
+
+
+
+@pytest.mark.parametrize("n, ratio, want", [
+    (32, 0.25, "*-M-M-M-" * 4), (24, 0.25, "*-M-M-M-" * 3), (32, 0.0, "M-" * 16),
+    (20, 0.3, "*-M-M-" * 3 + "M-"), (12, 0.75, "*-*-" + "*-M-" * 2)])
+def test_primus_hybrid_stack_allocation(n, ratio, want):
+    """Primus's HybridStack (hybrid_mamba_mla_layer_specs) pairs every mixer with an MLP and
+    leads each block with its attention pair (primus/backends/.../hybrid_block.py)."""
+    from jaxtrain.models.from_knobs import primus_hybrid_pattern
+    assert primus_hybrid_pattern(n, ratio) == want
+    spec = ("spec=[primus.backends.megatron.core.models.hybrid.hybrid_mamba_mla_layer_specs,"
+            "mamba_hybrid_stack_spec_no_te]")
+    cfg = model(["model_type=mamba", f"num_layers={n}", f"hybrid_attention_ratio={ratio}",
+                 spec])
+    assert cfg.hybrid_layers == want

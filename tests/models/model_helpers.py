@@ -54,3 +54,18 @@ def check_packed_sequences(params, cfg, tol: float = 1e-5):
                      positions=jnp.asarray([list(range(7)) + list(range(9))]))
     assert float(jnp.abs(packed[:, :7] - forward(params, a, cfg)).max()) <= tol
     assert float(jnp.abs(packed[:, 7:] - forward(params, b, cfg)).max()) <= tol
+
+
+def check_left_padded_decode(params, cfg, new_tokens: int = 5):
+    """A short prompt left-padded next to a long one continues as it does alone (greedy):
+    padding leaves no trace in a recurrent layer's state or convolution."""
+    import numpy as np
+
+    from jaxtrain.models import generate
+    from jaxtrain.models.decode import left_pad
+
+    short, long = [5, 9], [3, 1, 4, 1, 5, 9, 2]
+    ids, pad = left_pad([short, long])
+    both = np.asarray(generate(params, cfg, ids, new_tokens, pad=pad))
+    alone = np.asarray(generate(params, cfg, jnp.asarray([short]), new_tokens))
+    np.testing.assert_array_equal(both[0], alone[0])

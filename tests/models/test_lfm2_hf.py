@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tr
-from model_helpers import VOCAB, check_packed_sequences, max_diff, random_params, tiny, tokens
+from model_helpers import check_left_padded_decode, VOCAB, check_packed_sequences, max_diff, random_params, tiny, tokens
 from test_hf import _hf_model, check_greedy_decode, check_parity_and_round_trip
 
 from jaxtrain.models import forward, from_hf
@@ -65,3 +65,9 @@ def test_short_conv_fields_change_the_model(field, value):
     p0, p1 = random_params(base), random_params(other)
     shapes = jax.tree.map(np.shape, p0) != jax.tree.map(np.shape, p1)
     assert shapes or max_diff(forward(p0, tokens(), base), forward(p1, tokens(), other)) > 1e-3
+
+
+def test_left_padded_prompts_decode_as_alone(tmp_path):
+    _model("lfm2", tmp_path)
+    cfg, params = from_hf(tmp_path)
+    check_left_padded_decode(params, cfg)

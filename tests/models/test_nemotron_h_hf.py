@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tr
-from model_helpers import VOCAB, check_packed_sequences, max_diff, random_params, tokens
+from model_helpers import check_left_padded_decode, VOCAB, check_packed_sequences, max_diff, random_params, tokens
 from test_hf import _hf_model, check_greedy_decode, check_parity_and_round_trip
 
 from jaxtrain.models import ModelConfig, forward, from_hf
@@ -104,3 +104,9 @@ def test_chunk_size_does_not_change_the_model():
     for chunk in (3, 16, 64):
         other = ModelConfig(**{**base.__dict__, "mamba_chunk_size": chunk})
         assert max_diff(forward(p, tokens(), other), ref) <= 1e-5
+
+
+def test_left_padded_prompts_decode_as_alone(tmp_path):
+    _model("nemotron_h", tmp_path)
+    cfg, params = from_hf(tmp_path)
+    check_left_padded_decode(params, cfg)

@@ -37,8 +37,9 @@ KNOBS = [
     K("spec", "str|list[str]", None, "Megatron's PyTorch module-spec hook.", "megatron", HONORED,
       "jaxtrain models are JAX functions chosen by the model knobs; of the specs only the "
       "hybrid stacks Primus names for model_type mamba are read (what their M layers are: "
-      "Mamba-2 for mamba_stack_spec, hybrid_stack_spec and mamba_hybrid_stack_spec_no_te; the "
-      "GDN and KDA stacks are planned), any other value is refused"),
+      "Mamba-2 for mamba_stack_spec, hybrid_stack_spec and mamba_hybrid_stack_spec_no_te, Gated "
+      "DeltaNet for gdn_hybrid_stack_spec(_no_te); the KDA stacks are planned), any other "
+      "value is refused"),
     K("framework", "str", "megatron", "Primus backend whose key names and defaults the file uses.",
       "primus", HONORED, choices=("megatron", "maxtext")),
     K("workspace", "str", "./output", "Primus output root; the run directory is "

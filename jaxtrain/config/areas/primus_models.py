@@ -9,7 +9,9 @@ _P = "primus"
 _LFM = "LFM2's gated short-convolution layers (models/short_conv.py, stacks conv_layers)"
 _RATIO = ("without hybrid_layer_pattern, the hybrid model's pattern is Megatron's evenly spaced "
           "allocation of attention, then MLP layers among the Mamba ones "
-          "(from_knobs.pattern_from_ratios)")
+          "(from_knobs.pattern_from_ratios); with Primus's hybrid_mamba_mla_layer_specs stacks "
+          "Primus's own (mixer + MLP pairs, from_knobs.primus_hybrid_pattern, which reads no "
+          "MLP ratio)")
 _PM = ("primus", "maxtext")   # also MaxText base.yml keys; MaxText files default to its value
 
 _FLA = ("picks flash-linear-attention (Triton) or other PyTorch kernels of the same math for "
