@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 import transformers as tr
-from model_helpers import check_left_padded_decode, VOCAB, check_packed_sequences, max_diff, random_params, tokens
+from model_helpers import (VOCAB, check_left_padded_decode, check_packed_sequences, max_diff,
+                           random_params, tokens)
 from test_hf import _hf_model, check_greedy_decode, check_parity_and_round_trip
 
 from jaxtrain.models import ModelConfig, forward, from_hf
