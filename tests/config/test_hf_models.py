@@ -138,6 +138,13 @@ CASES = {
         hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
         num_dense_layers=1, vocab_size=300, layer_types=["conv", "full_attention", "conv"]),
+    "granitemoehybrid": lambda: tr.GraniteMoeHybridConfig(
+        hidden_size=64, num_hidden_layers=2, layers_block_type=["mamba", "attention"],
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
+        shared_intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+        mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, vocab_size=300,
+        residual_multiplier=0.5, logits_scaling=4.0, embedding_multiplier=6.0,
+        attention_multiplier=0.1),
     "gpt2_exact_gelu": lambda: tr.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                              vocab_size=300, activation_function="gelu",
                                              tie_word_embeddings=False),

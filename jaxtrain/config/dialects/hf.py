@@ -56,7 +56,7 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "hidden_activation": "gelu_pytorch_tanh"}}
 FAMILIES = (LLAMA_LIKE + ("phi3", "smollm3", "granite", "gpt2", "gpt_neox", "deepseek_v3",
                           "gpt_oss") + MOE + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4
-            + ("nemotron_h", "mamba2", "lfm2", "lfm2_moe") + tuple(TEXT_OF))
+            + ("nemotron_h", "mamba2", "lfm2", "lfm2_moe", "granitemoehybrid") + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("gemma3n", "gemma3n_text",
            "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
@@ -933,6 +933,63 @@ def _nemotron_h(hf: dict) -> dict:
     return out
 
 
+def _granite_hybrid(hf: dict) -> dict:
+    """IBM Granite 4.0-H (granitemoehybrid): each layer a Mamba-2 or attention sublayer
+    (layers_block_type), then an MoE sublayer of softmax-over-top-k experts beside an always-on
+    shared MLP (shared_intermediate_size) or, without experts, that MLP alone; Granite's
+    embedding, attention and residual multipliers and logits divisor; attention without
+    positions unless position_embedding_type is rope."""
+    types = hf.get("layers_block_type") or hf.get("layer_types") or []
+    unknown = sorted(set(types) - set(_BLOCK_SYMBOLS))
+    if unknown or len(types) != hf["num_hidden_layers"]:
+        raise bad("layers_block_type", types, f"expected {hf['num_hidden_layers']} entries of "
+                  "linear_attention (Mamba) or full_attention")
+    experts = hf.get("num_local_experts", 0) or 0
+    ffn = "E" if experts else "-"
+    pattern = "".join(_BLOCK_SYMBOLS[t] + ffn for t in types)
+    if hf.get("attention_bias", False):
+        raise bad("attention_bias", True, "biases on the attention projections are not built")
+    attention = float(hf.get("attention_multiplier", 1.0))
+    if attention <= 0:
+        raise bad("attention_multiplier", attention, "must be positive")
+    heads = hf["num_attention_heads"]
+    kv = hf.get("num_key_value_heads") or heads
+    limit = [_json_float(v) for v in hf.get("time_step_limit") or (0.0, float("inf"))]
+    if limit[1] != float("inf"):
+        raise bad("time_step_limit", limit, "an upper limit on the step size is not built")
+    mamba = {"n_groups": hf.get("mamba_n_groups", 1), "ssm_state_size": hf.get("mamba_d_state"),
+             "conv_kernel": hf.get("mamba_d_conv", 4), "chunk_size": hf.get("mamba_chunk_size"),
+             "use_conv_bias": hf.get("mamba_conv_bias", True),
+             "mamba_proj_bias": hf.get("mamba_proj_bias", False),
+             "hidden_act": hf.get("hidden_act", "silu"),
+             "layer_norm_epsilon": hf.get("rms_norm_eps", 1e-6)}
+    pos = hf.get("position_embedding_type") or "none"
+    if pos not in ("none", "nope", "rope"):
+        raise bad("position_embedding_type", pos, "supported values are nope and rope")
+    out = {**_hybrid_base({**hf, **mamba, "layer_norm_epsilon": mamba["layer_norm_epsilon"]},
+                          pattern),
+           **_mamba_fields({k: v for k, v in mamba.items() if v is not None},
+                           hf.get("mamba_n_heads", 128), hf.get("mamba_d_head", 64), limit[0]),
+           **_gated(hf), "num_attention_heads": heads, "kv_channels": hf["hidden_size"] // heads,
+           "ffn_hidden_size": hf.get("shared_intermediate_size", 1024),
+           "attention_dropout": float(hf.get("attention_dropout", 0.0)),
+           "max_position_embeddings": hf.get("max_position_embeddings", 2048),
+           "query_pre_attn_scalar": attention ** -2,
+           "residual_multiplier": float(hf.get("residual_multiplier", 1.0)),
+           "logits_scaling": float(hf.get("logits_scaling", 1.0))}
+    if hf.get("embedding_multiplier", 1.0) != 1.0:
+        out["embedding_multiplier"] = float(hf["embedding_multiplier"])
+    if pos == "rope":
+        out.update(position_embedding_type="rope", **_rope(hf))
+    if kv != heads:
+        out.update(group_query_attention=True, num_query_groups=kv)
+    if experts:
+        out.update(num_experts=experts, moe_router_topk=hf.get("num_experts_per_tok", 2),
+                   moe_ffn_hidden_size=hf.get("intermediate_size", 11008),
+                   moe_shared_expert_intermediate_size=hf.get("shared_intermediate_size", 1024))
+    return out
+
+
 def _mamba2(hf: dict) -> dict:
     """Mamba2 (pure Mamba-2 language models): every layer a Mamba-2 mixer behind an RMSNorm;
     num_heads x head_dim must be expand x hidden_size as the mixer's projections assume."""
@@ -1067,6 +1124,7 @@ _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
     **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,
     "nemotron_h": _nemotron_h, "mamba2": _mamba2, "lfm2": _lfm2, "lfm2_moe": _lfm2,
+    "granitemoehybrid": _granite_hybrid,
     **{f: (lambda hf: knobs(text_config(hf))) for f in TEXT_OF}}
 assert set(_TRANSLATIONS) == set(FAMILIES)
 

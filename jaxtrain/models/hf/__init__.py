@@ -26,6 +26,7 @@ Families, one adapter module each (see :class:`common.Adapter`):
   interleaved MoE layers of a sigmoid top-1 router scaling the expert input, a shared expert);
 - gemma4.py: Gemma 4 text (global layers with their own heads, keys as values, proportional
   RoPE, value norms, layer scalars; the MoE layer's parallel dense MLP and experts);
+- granite_hybrid.py: IBM Granite 4.0-H (Mamba-2 or attention, then MoE beside a shared MLP);
 - lfm2.py: LFM2 and LFM2-MoE (gated short convolutions between attention layers);
 - nemotron_h.py: NemotronH and Mamba2 (Megatron's hybrid stack of single sublayers: Mamba-2
   mixers, attention without positions, squared-ReLU MLPs and MoE layers).
@@ -53,13 +54,14 @@ from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf import (deepseek_v3, gemma, gemma4, gpt2, gpt_neox, gpt_oss, granite,
-                                lfm2, llama, llama4, moe, nemotron_h, olmo, phi3, qwen3_next,
-                                smollm3)
+                                granite_hybrid, lfm2, llama, llama4, moe, nemotron_h, olmo, phi3,
+                                qwen3_next, smollm3)
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
 from jaxtrain.models.params import abstract
 
 # In the order hf_family asks them which family reproduces a config most directly.
-ADAPTERS: tuple[Adapter, ...] = (nemotron_h.ADAPTER, lfm2.ADAPTER, qwen3_next.ADAPTER,
+ADAPTERS: tuple[Adapter, ...] = (granite_hybrid.ADAPTER, nemotron_h.ADAPTER, lfm2.ADAPTER,
+                                 qwen3_next.ADAPTER,
                                  smollm3.ADAPTER, llama4.ADAPTER, gemma4.ADAPTER,
                                  deepseek_v3.ADAPTER,
                                  gpt_oss.ADAPTER, moe.ADAPTER,

@@ -277,6 +277,8 @@ def dense_problems(cfg: ModelConfig, *, rope: bool, qk_norm: bool, qkv_only_bias
         "attention_output_gate": cfg.attention_output_gate,
         "linear_attention_layers": cfg.linear_attention_layers is not None,
         "hybrid_layers": cfg.hybrid_layers is not None,
+        "residual_multiplier": cfg.residual_multiplier != 1.0,   # Granite's (granite*.py)
+        "logits_scaling": cfg.logits_scaling != 1.0,
         "short_conv_layers": cfg.short_conv_layers is not None,
         "moe.shared_expert_gate": cfg.moe is not None and cfg.moe.shared_expert_gate,
     }

@@ -19,7 +19,8 @@ def picks(cfg: ModelConfig) -> str | None:
 
 def problems(cfg: ModelConfig, family: str = "granite") -> dict:
     out = llama.problems(cfg, family, style="llama")
-    out.update(embedding_multiplier=False, query_pre_attn_scalar=False)
+    out.update(embedding_multiplier=False, query_pre_attn_scalar=False,
+               residual_multiplier=False, logits_scaling=False)
     return out
 
 
