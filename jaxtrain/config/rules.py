@@ -519,7 +519,7 @@ def context_parallel(c: Context):
                 c.error(f"cp_comm_type {kind} splits the heads over the context-parallel "
                         f"devices: {name} ({n}) must divide by {size} x "
                         f"tensor_model_parallel_size ({a2a} x {tp})")
-    if isinstance(kind, list | tuple) and len(kind) != c.get("num_layers", len(kind)):
+    if isinstance(kind, list | tuple) and len(kind) not in (1, c.get("num_layers", len(kind))):
         c.error(f"{c.where('cp_comm_type')} lists {len(kind)} kinds for num_layers = "
                 f"{c.get('num_layers')}; give one per layer or a single kind")
 

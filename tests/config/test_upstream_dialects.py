@@ -346,3 +346,13 @@ def test_learnable_softmax_type_is_sink_attention():
     assert ModelConfig.from_config({**cfg}).attention_sinks
     assert not ModelConfig.from_config({**load_config(None, [*SMALL, "--vocab-size", "64"])}
                                        ).attention_sinks
+
+
+def test_one_listed_cp_comm_type_serves_every_layer():
+    """Megatron's default cp_comm_type is ['p2p']: one kind listed is every layer's."""
+    from jaxtrain.models import ModelConfig
+
+    cfg = load_config(None, ["num_layers=4", "hidden_size=64", "num_attention_heads=4",
+                             "vocab_size=128", "context_parallel_size=2", "cp_comm_type=[a2a]",
+                             "attention_dropout=0"], world_size=2)
+    assert ModelConfig.from_config(cfg).cp_comm_type == "a2a"
