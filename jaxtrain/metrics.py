@@ -43,6 +43,8 @@ from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, LINEAR_STACKS, M
                                   layer_kinds)
 from jaxtrain.observe.progress import Rate, format_duration
 
+# Layer stacks without softmax attention (no score term)
+_NO_SCORES = LINEAR_STACKS + CONV_STACKS + (MAMBA_STACK,) + FFN_ONLY_STACKS
 # Dense bf16 peak TFLOP/s per device, by jax device_kind substring.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "MI300X": 1307.0, "MI325X": 1307.0,
                "MI355X": 2500.0, "B200": 2250.0, "L40S": 362.0}
@@ -96,13 +98,13 @@ def _score_terms(cfg) -> list[tuple[float, int | None]]:
     chunk = getattr(cfg, "attention_chunk_size", None)
     out = []
     for i in range(cfg.num_layers):
-        if kinds[i] in LINEAR_STACKS + CONV_STACKS + (MAMBA_STACK,) + FFN_ONLY_STACKS:
+        if kinds[i] in _NO_SCORES:
             continue
         width = 2 * cfg.attention_shape(True)[1] if wide[i] else cfg.head_dim + v_dim
         limits = [w for w in (cfg.window_of_layer(i),
                               None if chunk is None or cfg.is_nope(i) else chunk) if w]
         out.append((6.0 * cfg.num_attention_heads * width, min(limits) if limits else None))
-    if out and kinds[-1] not in LINEAR_STACKS + CONV_STACKS + (MAMBA_STACK,) + FFN_ONLY_STACKS:
+    if out and kinds[-1] not in _NO_SCORES:
         out += [out[-1]] * getattr(cfg, "mtp_num_layers", 0)   # MTP layers: the last one's
     return out
 
@@ -168,8 +170,9 @@ class MetricsLog:
     (:class:`jaxtrain.observe.Observers`) each row also goes to the experiment trackers.
 
     ``grad_norm=False`` (pgs ``logging.log_grad_norm: false``) leaves the gradient norm out of
-    the rows. ``copy_to`` (MaxText ``metrics_file``) is a second file that gets every row. The ETA uses the rate measured from the first written row on, so the compile
-    step and the steps before a resume do not skew it.
+    the rows. ``copy_to`` (MaxText ``metrics_file``) is a second file that gets every row. The
+    ETA uses the rate measured from the first written row on, so the compile step and the steps
+    before a resume do not skew it.
     """
 
     def __init__(self, directory: pathlib.Path, logger, total_steps: int | None,

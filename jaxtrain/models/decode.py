@@ -51,8 +51,8 @@ from jaxtrain.models.mamba import init_cache as mamba_cache
 from jaxtrain.models.short_conv import init_cache as conv_cache
 from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, GLOBAL_STACKS, LINEAR_STACKS,
                                   MAMBA_STACK)
-from jaxtrain.models.transformer import (RESIDUAL, _periodic_runs, decoder_layer, embed_inputs,
-                                         logits_head)
+from jaxtrain.models.transformer import (RECURRENT, RESIDUAL, _periodic_runs, decoder_layer,
+                                         embed_inputs, logits_head)
 from jaxtrain.parallel.sharding import constrain, gather_weights
 from jaxtrain.quant.kvcache import KV_QUANT_DTYPES, dequantize_kv, quantize_kv, scale_shape
 
@@ -250,7 +250,7 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
 
 
 _GROUPS = ("linear", "global", "mamba", "conv")   # cache entries of their own beside attention's
-_STATES = ("linear", "mamba", "conv")   # recurrent layers: a state per layer, not k and v
+_STATES = tuple(n for n, _, _ in RECURRENT)   # a state per layer, not keys and values
 
 
 def _group(kind: str) -> str | None:

@@ -262,7 +262,7 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     norm = _maybe_remat(lambda q, y: L.norm(q, y, cfg), "layernorm" in cfg.recompute_modules)
     mlp = _maybe_remat(lambda q, y: L.mlp(q, y, cfg), "mlp" in cfg.recompute_modules)
 
-    if any(m in p for m in ("attn", "linear_attn", "mamba", "short_conv")):
+    if "attn" in p or any(key in p for _, key, _ in RECURRENT):
         x, cache = _mixer_half(p, x, i, ctx, cfg, cache, norm, sub, det)
     stats = None
     if "mlp" in p or "moe" in p:
@@ -291,15 +291,15 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
 
 # Token mixers that carry a state instead of keys and values: (cache group, parameter key,
 # block), the cache group being their entry in a decoding cache (decode.py)
-_RECURRENT = (("linear", "linear_attn", linear_attention_block), ("mamba", "mamba", mamba_block),
-              ("conv", "short_conv", short_conv_block))
+RECURRENT = (("linear", "linear_attn", linear_attention_block), ("mamba", "mamba", mamba_block),
+             ("conv", "short_conv", short_conv_block))
 
 
 def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
     """The token-mixing half of layer i (softmax attention, Gated DeltaNet, Mamba or a short
     convolution) with its norms and residual add: (x, cache)."""
     h = norm(p["attn_norm"], x) if cfg.pre_norm else x
-    recurrent = [(n, key, block) for n, key, block in _RECURRENT if key in p]
+    recurrent = [(n, key, block) for n, key, block in RECURRENT if key in p]
     if recurrent:
         (name, key, block), = recurrent
         with jax.named_scope(key):
@@ -310,7 +310,7 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
     else:
         with jax.named_scope("attention"):
             kv = (None if cache is None else
-                  {n: c for n, c in cache.items() if n not in ("linear", "mamba", "conv")})
+                  {n: c for n, c in cache.items() if n not in [r[0] for r in RECURRENT]})
             a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, kv)
         if cache is not None:
             a, kv = a
