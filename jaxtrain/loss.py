@@ -129,14 +129,10 @@ def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe
             segment_ids=micro.get("segment_ids"), deterministic=not train, rng=rng,
             quant_state=quant_state, moe_state=moe_state,
             embed_noise=embed_noise if train else 0.0)
-        mtp_hidden, mtp_stats = mtp_hidden_states(params, hidden_BTD, micro["tokens"], ctx,
-                                                  model_cfg)
-        seq = sequences(micro.get("segment_ids"), micro["tokens"])
-        mtp_losses = jnp.stack([
-            hidden_loss(params, h, shift_left(micro["targets"], k, seq), w, model_cfg,
-                        num_chunks=num_chunks, half_precision=half_precision,
-                        grad_in_forward=grad_in_forward)
-            for k, (h, w) in enumerate(zip(mtp_hidden, mtp_weights), 1)])
+        mtp_losses, mtp_stats = mtp_loss(params, hidden_BTD, micro, ctx, mtp_weights,
+                                         model_cfg, num_chunks=num_chunks,
+                                         half_precision=half_precision,
+                                         grad_in_forward=grad_in_forward)
         if mtp_stats is not None:   # the MTP layers' router statistics follow the decoder's
             stats = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), stats, mtp_stats)
         lm = hidden_loss(params, hidden_BTD, micro["targets"], weights, model_cfg,
@@ -153,6 +149,22 @@ def model_loss(params, micro: dict, weights, model_cfg, *, quant_state=None, moe
     return hidden_loss(params, hidden_BTD, micro["targets"], weights, model_cfg,
                        num_chunks=num_chunks, half_precision=half_precision,
                        objective=objective, base=base, grad_in_forward=grad_in_forward), stats
+
+
+def mtp_loss(params, hidden_BTD, micro: dict, ctx: dict, mtp_weights, model_cfg, *,
+             num_chunks: int = 0, half_precision: bool = False, grad_in_forward: bool = False):
+    """(each multi-token-prediction depth's Σ weights · token loss [D], the MTP layers' router
+    statistics or None) after the decoder's final hidden states; ``ctx``: the decoder layers'
+    context; ``mtp_weights`` [D][B,T] as :func:`model_loss` (the pipeline's last stage calls it
+    too)."""
+    outs, stats = mtp_hidden_states(params, hidden_BTD, micro["tokens"], ctx, model_cfg)
+    seq = sequences(micro.get("segment_ids"), micro["tokens"])
+    losses = jnp.stack([
+        hidden_loss(params, h, shift_left(micro["targets"], k, seq), w, model_cfg,
+                    num_chunks=num_chunks, half_precision=half_precision,
+                    grad_in_forward=grad_in_forward)
+        for k, (h, w) in enumerate(zip(outs, mtp_weights), 1)])
+    return losses, stats
 
 
 def hidden_loss(params, hidden_BTD, targets_BT, weights, model_cfg, *, num_chunks: int = 0,

@@ -37,8 +37,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxtrain.fused_ce import head_params
-from jaxtrain.loss import hidden_loss
-from jaxtrain.models import mtp, quant_state
+from jaxtrain.loss import hidden_loss, mtp_loss
+from jaxtrain.models import quant_state
 from jaxtrain.models.params import STACKS
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.models.spec import MOE_STACKS, layer_kinds
@@ -379,12 +379,9 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             """The main loss plus the MTP modules' (jaxtrain.models.mtp) as the unpipelined
             step adds them, with (loss, per-depth losses, their router statistics)."""
             _, ctx = context(micro, rng)
-            outs, stats = mtp.mtp_hidden_states(h, hidden, micro["tokens"], ctx, cfg)
-            seq = mtp.sequences(micro.get("segment_ids"), micro["tokens"])
-            per_depth = jnp.stack([
-                hidden_loss(h, hk, mtp.shift_left(micro["targets"], k, seq), w_DBT[k - 1], cfg,
-                            num_chunks=num_chunks, half_precision=half_precision,
-                            grad_in_forward=True) for k, hk in enumerate(outs, 1)])
+            per_depth, stats = mtp_loss(h, hidden, micro, ctx, list(w_DBT), cfg,
+                                        num_chunks=num_chunks, half_precision=half_precision,
+                                        grad_in_forward=True)
             aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / M
             total = loss + cfg.mtp_loss_scaling_factor * jnp.mean(per_depth) + aux
             return total, (loss, per_depth, stats)

@@ -3,10 +3,10 @@ with wider-than-init weights), from_hf / to_hf round trips that load in transfor
 decode: Mamba-2 and attention layers, each followed by MoE experts beside a shared MLP (or the
 shared MLP alone), Granite's multipliers, attention without positions or with RoPE."""
 import pytest
-import torch
 import transformers as tr
 from model_helpers import VOCAB
-from test_hf import _hf_model, check_greedy_decode, check_parity_and_round_trip
+from test_hf import check_greedy_decode, check_parity_and_round_trip
+from test_nemotron_h_hf import mamba_model
 
 _BASE = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
              max_position_embeddings=64, intermediate_size=24, shared_intermediate_size=40,
@@ -24,18 +24,8 @@ CASES = {
 
 
 def _model(case, path, seed=0):
-    """test_hf's random weights, with each Mamba decay A_log in [0, 2] and step bias in
-    [-2, 1] (as test_nemotron_h_hf.py)."""
-    model = _hf_model(case, path, seed, CASES)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.rand(p.shape, generator=gen) * 2)
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.rand(p.shape, generator=gen) * 3 - 2)
-    model.save_pretrained(path)
-    return model
+    """test_hf's random weights with realistic Mamba decays (test_nemotron_h_hf.py)."""
+    return mamba_model(case, path, seed, CASES)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

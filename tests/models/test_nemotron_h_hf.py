@@ -44,10 +44,15 @@ CASES = {
 
 
 def _model(case, path, seed=0):
-    """The randomized model of ``case`` saved to ``path`` (test_hf's N(0, 0.3) weights, norms
-    around 1), with each Mamba decay log A_log redrawn in [0, 2] and the step bias dt_bias in
+    """The randomized model of ``case`` saved to ``path`` (:func:`mamba_model`)."""
+    return mamba_model(case, path, seed, CASES)
+
+
+def mamba_model(case, path, seed, cases):
+    """test_hf's randomized model (N(0, 0.3) weights, norms around 1) of ``cases[case]`` saved
+    to ``path``, with each Mamba decay log A_log redrawn in [0, 2] and the step bias dt_bias in
     [-2, 1] (realistic decays: random signs would make some states grow without bound)."""
-    model = _hf_model(case, path, seed, CASES)
+    model = _hf_model(case, path, seed, cases)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -166,11 +166,12 @@ def projections_in(t: Tensors, pre: str, cfg) -> dict:
 
 # ---------------------------------------------------------------- checkpoint tensors out
 
-def ends_out(params: dict, cfg, norm=None) -> dict[str, np.ndarray]:
+def ends_out(params: dict, cfg, norm=None, embedding: str = "model.embed_tokens.weight",
+             final_norm: str = "model.norm.weight") -> dict[str, np.ndarray]:
     """The embedding, the final norm (``norm(tree, cfg)``, default :func:`norm_scale`) and an
-    untied output head in the Llama-layout names."""
-    out = {"model.embed_tokens.weight": np.asarray(params["embedding"]),
-           "model.norm.weight": (norm or norm_scale)(params["final_norm"], cfg)}
+    untied output head, by default in the Llama-layout names."""
+    out = {embedding: np.asarray(params["embedding"]),
+           final_norm: (norm or norm_scale)(params["final_norm"], cfg)}
     if cfg.untie_embeddings_and_output_weights:
         out["lm_head.weight"] = np.asarray(params["output"]).T
     return out

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, hf_linear, norm_scale,
-                                       output_head, stacks)
+from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, ends_out, hf_linear,
+                                       norm_scale, output_head, stacks)
 from jaxtrain.models.hf.nemotron_h import _mamba_in, _mamba_out
 from jaxtrain.models.params import layer_tree
 
@@ -111,10 +111,7 @@ def tensors(params: dict, cfg: ModelConfig, family: str = "granitemoehybrid"
                 out[base + "input_linear.weight"] = np.concatenate(
                     [x["wi_0"].transpose(0, 2, 1), x["wi_1"].transpose(0, 2, 1)], 1)
                 out[base + "output_linear.weight"] = x["wo"].transpose(0, 2, 1)
-    out[_PRE + "embed_tokens.weight"] = np.asarray(params["embedding"])
-    out[_PRE + "norm.weight"] = norm_scale(params["final_norm"], cfg)
-    if cfg.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = np.asarray(params["output"]).T
+    out.update(ends_out(params, cfg))
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, experts_in, hf_linear,
-                                       norm_scale, output_head, rope_config, size_config,
-                                       stacks)
+from jaxtrain.models.hf.common import (Adapter, Tensors, dense_problems, ends_out, experts_in,
+                                       hf_linear, norm_scale, output_head, rope_config,
+                                       size_config, stacks)
 from jaxtrain.models.params import layer_tree
 
 ARCHITECTURES = {"lfm2": "Lfm2ForCausalLM", "lfm2_moe": "Lfm2MoeForCausalLM"}
@@ -109,10 +109,7 @@ def tensors(params: dict, cfg: ModelConfig, family: str = "lfm2") -> dict[str, n
                     out[f"{ff}experts.{j}.{n}.weight"] = w.T
         else:
             out.update({f"{ff}{n}.weight": hf_linear(p["mlp"][ours]) for ours, n in MLP})
-    out[_PRE + "embed_tokens.weight"] = np.asarray(params["embedding"])
-    out[_PRE + "embedding_norm.weight"] = norm_scale(params["final_norm"], cfg)
-    if cfg.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = np.asarray(params["output"]).T
+    out.update(ends_out(params, cfg, final_norm=_PRE + "embedding_norm.weight"))
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 

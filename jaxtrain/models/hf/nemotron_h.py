@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, dense_problems, hf_linear,
-                                       norm_scale, output_head, stacks)
+from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, dense_problems, ends_out,
+                                       hf_linear, norm_scale, output_head, stacks)
 from jaxtrain.models.moe import group_score_topk
 from jaxtrain.models.params import layer_slots, layer_tree
 
@@ -144,10 +144,8 @@ def tensors(params: dict, cfg: ModelConfig, family: str = "nemotron_h") -> dict[
             if "shared" in e:
                 out.update({f"{m}shared_experts.{n}.weight": hf_linear(e["shared"][ours])
                             for ours, n in _MLP})
-    out["backbone.embeddings.weight"] = np.asarray(params["embedding"])
-    out["backbone.norm_f.weight"] = norm_scale(params["final_norm"], cfg)
-    if cfg.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = np.asarray(params["output"]).T
+    out.update(ends_out(params, cfg, embedding="backbone.embeddings.weight",
+                        final_norm="backbone.norm_f.weight"))
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
