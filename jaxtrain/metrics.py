@@ -45,6 +45,9 @@ from jaxtrain.observe.progress import Rate, format_duration
 
 # Layer stacks without softmax attention (no score term)
 _NO_SCORES = LINEAR_STACKS + CONV_STACKS + (MAMBA_STACK,) + FFN_ONLY_STACKS
+# Matmul weights not named w*: the output layer, MTP's projection, Gemma 4 small's per-layer
+# input gates and projections (its per-layer embedding table is a gather)
+_MATMULS = ("output", "eh_proj", "ple_gate", "ple_proj", "per_layer_projection")
 # Dense bf16 peak TFLOP/s per device, by jax device_kind substring.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "MI300X": 1307.0, "MI325X": 1307.0,
                "MI355X": 2500.0, "B200": 2250.0, "L40S": 362.0}
@@ -65,7 +68,7 @@ def flop_terms(model_cfg, params) -> tuple[float, float]:
         if name == "embedding":
             if model_cfg.untie_embeddings_and_output_weights:
                 continue
-        elif name not in ("output", "eh_proj") and not name.startswith("w"):
+        elif name not in _MATMULS and not name.startswith("w"):
             continue
         size = math.prod(leaf.shape) * (routed if "experts" in keys else 1.0)
         if "mtp" in keys and getattr(model_cfg, "mtp_repeated_layer", False):

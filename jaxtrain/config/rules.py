@@ -200,6 +200,28 @@ def hybrid_models(c: Context):
             c.error(f"not implemented yet: {key} with a hybrid model ({by}): {what}")
 
 
+def small_gemma4(c: Context):
+    """Gemma 4 small's per-layer inputs and KV sharing: what does not run them yet, refused."""
+    on = [k for k in ("hidden_size_per_layer_input", "num_kv_shared_layers") if c.get(k)]
+    if not on:
+        return
+    why = {"pipeline_model_parallel_size": "the per-layer inputs are made from the embeddings "
+                                           "on the first stage and the shared keys and values "
+                                           "cross stages; neither is sent between stages",
+           "context_parallel_size": "the shared keys and values are not exchanged around the "
+                                    "context ring"}
+    for key, reason in why.items():
+        if c.get(key, 1) > 1:
+            c.error(f"not implemented yet: {key} {c.get(key)} with {c.where(on[0])} (Gemma 4 "
+                    f"small): {reason}")
+    for key, what in (("memory.seco", "SeCO's chunk-wise step runs every layer on its own keys "
+                                      "and values"),
+                      ("memory.gradient_release", "the fused step covers one dense layer stack"),
+                      ("moe_use_upcycling", "upcycling converts the dense layer stack only")):
+        if c.get(key):
+            c.error(f"not implemented yet: {key} with {c.where(on[0])} (Gemma 4 small): {what}")
+
+
 # What multi-token prediction does not run with yet: key -> (is it on, why)
 _MTP_NOT_YET = {
     "context_parallel_size": (lambda v: v > 1, "the shifted tokens would cross the context "
@@ -882,7 +904,7 @@ RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULE
          softmax_type, positions, checkpoint_format, precision, tensor_parallel,
          pgs_context_parallel, context_and_experts, model_shape, learning_rate, iterations,
          batch, moe_router, upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel,
-         gated_delta_net, hybrid_models, gemma4_global_layers, multi_token_prediction,
+         gated_delta_net, hybrid_models, gemma4_global_layers, small_gemma4, multi_token_prediction,
          short_convolutions)
 
 

@@ -161,6 +161,16 @@ class ModelConfig:
     v_norm: str | None = None
     # Gemma 4: each layer's output times its own scalar (a checkpoint constant, not trained)
     layer_scalar: bool = False
+    # Gemma 4 small (E2B/E4B) per-layer embeddings (models/per_layer.py): each layer adds a gated
+    # projection of its own slice of a per-token input of this width (0: off), made from a
+    # second embedding table (per_layer_vocab_size rows; None: vocab_size) and the embeddings
+    per_layer_input_size: int = 0
+    per_layer_vocab_size: int | None = None
+    # Gemma 4 small KV sharing: the last kv_shared_layers layers have no key/value projections
+    # and attend over the keys and values of the last earlier layer of their kind (sliding or
+    # global); with double_wide_shared_mlp their MLP is twice ffn_hidden_size wide
+    kv_shared_layers: int = 0
+    double_wide_shared_mlp: bool = False
     # Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5; models/linear_attention.py): the
     # layers that mix tokens with it instead of softmax attention (one bool per layer; None:
     # none), its head counts and widths, the causal convolution's width, the chunk length of
@@ -363,6 +373,8 @@ class ModelConfig:
             self._validate_linear(check)
         if self.hybrid_layers is not None:
             self._validate_hybrid(check)
+        if self.kv_shared_layers or self.per_layer_input_size:
+            self._validate_small_gemma4(check)
         if self.short_conv_layers is not None:
             check(len(self.short_conv_layers) == self.num_layers, "lfm_layer_types",
                   f"names {len(self.short_conv_layers)} layers of {self.num_layers}")
@@ -509,6 +521,59 @@ class ModelConfig:
                          ("layer_scalar", self.layer_scalar)):
             check(not on, name, "is not built for hybrid models (hybrid_layers)")
         check(self.pre_norm, "pre_norm", "hybrid models' layers are pre-norm")
+
+    def _validate_small_gemma4(self, check):
+        """Per-layer inputs and KV sharing: dense softmax-attention layers, every kind of
+        sharing layer with an earlier layer of its kind to read."""
+        n = self.kv_shared_layers
+        check(0 <= n < self.num_layers, "kv_shared_layers", f"{n}: must leave at least one "
+              f"of the {self.num_layers} layers computing its own keys and values")
+        check(self.per_layer_input_size >= 0, "per_layer_input_size", "must be 0 (off) or "
+              "positive")
+        check(self.per_layer_vocab_size is None or self.per_layer_vocab_size > 0,
+              "per_layer_vocab_size", "must be positive (or None: vocab_size)")
+        check(not self.double_wide_shared_mlp or n, "double_wide_shared_mlp",
+              "widens the MLP of the KV-sharing layers, and kv_shared_layers is 0")
+        for name, on in (("num_moe_experts", self.moe is not None),
+                         ("hybrid_layer_pattern", self.hybrid_layers is not None),
+                         ("linear_attention_freq", self.linear_attention_layers is not None),
+                         ("lfm_layer_types", self.short_conv_layers is not None),
+                         ("multi_latent_attention", self.multi_latent_attention),
+                         ("mtp_num_layers", self.mtp_num_layers > 0)):
+            check(not on, name, "is not built together with Gemma 4 small's per-layer inputs "
+                  "or KV sharing (hidden_size_per_layer_input, num_kv_shared_layers)")
+        if not n:
+            return
+        for name, on in (("qk_norm_across_heads", self.qk_norm_across_heads),
+                         ("qk_l2_norm", self.qk_l2_norm),
+                         ("qk_norm_rope_layers_only", self.qk_norm_rope_layers_only),
+                         ("attn_temperature_tuning", self.attn_temperature_tuning),
+                         ("apply_query_key_layer_scaling", self.apply_query_key_layer_scaling)):
+            check(not on, name, "is not built together with KV sharing "
+                  "(num_kv_shared_layers)")
+        first = self.num_layers - n
+        own = {self.kv_kind(i) for i in range(first)}
+        missing = {self.kv_kind(i) for i in range(first, self.num_layers)} - own
+        check(not missing, "kv_shared_layers", f"the last {n} layers include "
+              f"{' and '.join(sorted(missing))} layers, and no earlier layer of that kind "
+              "computes keys and values for them")
+
+    def kv_kind(self, i: int) -> str:
+        """'sliding' or 'global': the kind of 0-based layer i whose keys and values a
+        KV-sharing layer of the same kind reads."""
+        return "global" if self.window_of_layer(i) is None else "sliding"
+
+    @property
+    def kv_roles(self) -> tuple[str | None, ...]:
+        """Each layer's part in KV sharing: 'reuse' (reads an earlier layer's keys and values),
+        'store' (the last layer of its kind before the sharing ones: they read its keys and
+        values) or None."""
+        n, L = self.kv_shared_layers, self.num_layers
+        roles = [None] * (L - n) + ["reuse"] * n
+        if n:
+            for kind in {self.kv_kind(i) for i in range(L - n, L)}:
+                roles[max(i for i in range(L - n) if self.kv_kind(i) == kind)] = "store"
+        return tuple(roles)
 
     @property
     def mamba_heads(self) -> int:

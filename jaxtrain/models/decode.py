@@ -49,10 +49,12 @@ from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.mamba import init_cache as mamba_cache
 from jaxtrain.models.short_conv import init_cache as conv_cache
-from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, GLOBAL_STACKS, LINEAR_STACKS,
-                                  MAMBA_STACK)
+from jaxtrain.models import per_layer
+from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, GLOBAL_STACKS,
+                                  KV_SHARED_STACKS, LINEAR_STACKS, MAMBA_STACK)
 from jaxtrain.models.transformer import (RECURRENT, RESIDUAL, _periodic_runs, decoder_layer,
-                                         embed_inputs, logits_head)
+                                         embed_inputs, layer_context, logits_head,
+                                         per_layer_slices, store_kinds)
 from jaxtrain.parallel.sharding import constrain, gather_weights
 from jaxtrain.quant.kvcache import KV_QUANT_DTYPES, dequantize_kv, quantize_kv, scale_shape
 
@@ -164,6 +166,8 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
 
     ctx = {"segment_ids": segments, "deterministic": True, "rng": None, "rope": rope,
            "moe_state": None, "kv_cache": kv_cache, "positions": positions}
+    if cfg.per_layer_input_size:
+        ctx["per_layer_inputs"] = per_layer.inputs(params, tokens, x, cfg)
     if attend_cache:
         ctx["q_offset"] = start
         kv_at = jnp.arange(cache["k"].shape[2], dtype=jnp.int32)[None]
@@ -186,13 +190,16 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
               for k in STACKS if k in attached}
     axes = {k: layer_axes(cfg, k) for k in stacks}
     kinds = layer_kinds(cfg)
+    stores = store_kinds(cfg)
     used = dict.fromkeys(stacks, 0)
+    shared = {}
     by_group = {"attn": {n: a for n, a in cache.items() if n not in _GROUPS}}
     by_group.update({g: cache[g] for g in _GROUPS if g in cache})
     cache_used = dict.fromkeys(by_group, 0)
     pieces = {g: [] for g in by_group}
-    for off, period, reps in _periodic_runs(list(kinds)):
+    for off, period, reps in _periodic_runs(list(zip(kinds, stores))):
         sig = kinds[off:off + period]
+        sig_stores = stores[off:off + period] if reps == 1 else (None,) * period
         ps = {}
         for k in stacks:
             c = sig.count(k)
@@ -208,12 +215,14 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
             cs[g] = jax.tree.map(lambda a: a[lo:lo + reps * c].reshape(reps, c, *a.shape[1:]),
                                  by_group[g])
         idx = jnp.arange(off, off + reps * period).reshape(reps, period)
+        us = per_layer_slices(ctx, off, period, reps)
 
-        def step(h, xs, sig=sig, groups=groups):
-            pb, cb, ib = xs
+        def step(h, xs, sig=sig, groups=groups, sig_stores=sig_stores, kv=dict(shared)):
+            pb, cb, ib, ub = xs
             cursor = dict.fromkeys(list(pb) + list(cb), 0)
             out = {g: [] for g in cb}
-            for j, (kind, g) in enumerate(zip(sig, groups)):
+            stored = {}
+            for j, (kind, g, store) in enumerate(zip(sig, groups, sig_stores)):
                 p = jax.tree.map(lambda a, c=cursor[kind]: a[c], pb[kind])
                 layer_cache = (None if g is None else
                                jax.tree.map(lambda a, c=cursor[g]: a[c], cb[g]))
@@ -221,27 +230,34 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
                 if g is not None:
                     cursor[g] += 1
 
-                def call(p, h, layer_cache, i, kind=kind, g=g):
+                def call(p, h, layer_cache, i, u, kv, kind=kind, g=g, store=store):
                     layer_cache = ({} if g is None else {g: layer_cache} if g in _STATES
                                    else layer_cache)
-                    return decoder_layer(gather_weights(p, axes[kind]), h, i,
-                                         {**ctx, "stack": kind}, cfg, cache=layer_cache)
+                    lctx = layer_context(ctx, kind, i, store, u, kv, cfg)
+                    return decoder_layer(gather_weights(p, axes[kind]), h, i, lctx, cfg,
+                                         cache=layer_cache)
 
                 if remat:
                     call = jax.checkpoint(call, policy=jax.checkpoint_policies.nothing_saveable)
-                h, _, c = call(p, h, layer_cache, ib[j])
+                h, _, c = call(p, h, layer_cache, ib[j], None if ub is None else ub[j], kv)
+                if store:
+                    c = dict(c)
+                    stored[store] = c.pop("shared_kv")
                 if g is not None:
                     out[g].append(c[g] if g in _STATES else c)
-            return h, {g: jax.tree.map(lambda *a: jnp.stack(a), *cs_) for g, cs_ in out.items()}
+            return h, ({g: jax.tree.map(lambda *a: jnp.stack(a), *cs_) for g, cs_ in out.items()},
+                       stored)
 
         if cfg.scan_layers:
-            x, ys = jax.lax.scan(step, x, (ps, cs, idx))
+            x, (ys, stored) = jax.lax.scan(step, x, (ps, cs, idx, us))
         else:
             outs = []
             for r in range(reps):
-                x, y = step(x, jax.tree.map(lambda a: a[r], (ps, cs, idx)))
+                x, (y, new) = step(x, jax.tree.map(lambda a: a[r], (ps, cs, idx, us)))
                 outs.append(y)
+                stored = jax.tree.map(lambda a: a[None], new)
             ys = jax.tree.map(lambda *a: jnp.stack(a), *outs)
+        shared.update(jax.tree.map(lambda a: a[0], stored))   # storing runs run once
         for g, y in ys.items():
             pieces[g].append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), y))
     out = {g: jax.tree.map(lambda *a: jnp.concatenate(a), *ps) if ps else by_group[g]
@@ -257,7 +273,7 @@ def _group(kind: str) -> str | None:
     """The cache group of a layer stack: Gated DeltaNet and Mamba layers keep their own
     states, Gemma 4's global layers keys and values of their own shape; a hybrid model's FFN
     layers keep nothing (None)."""
-    if kind in FFN_ONLY_STACKS:
+    if kind in FFN_ONLY_STACKS + KV_SHARED_STACKS:
         return None
     if kind == MAMBA_STACK:
         return "mamba"

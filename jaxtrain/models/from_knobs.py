@@ -175,6 +175,10 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         attention_k_eq_v=bool(cfg["attention_k_eq_v"]),
         global_rotary_percent=cfg["global_rotary_percent"], v_norm=cfg["v_norm"],
         layer_scalar=bool(cfg["layer_scalar"]),
+        per_layer_input_size=int(cfg["hidden_size_per_layer_input"] or 0),
+        per_layer_vocab_size=cfg["vocab_size_per_layer_input"] or None,
+        kv_shared_layers=int(cfg["num_kv_shared_layers"] or 0),
+        double_wide_shared_mlp=bool(cfg["use_double_wide_mlp"]),
         attention_impl=attention_impl, cp_comm_type=_cp_comm_type(cfg),
         cp_a2a_size=_cp_a2a_size(cfg), cp_reorder=_cp_reorder(cfg),
         dtype=dtype, weight_dtype=_weight_dtype(cfg, dtype),
@@ -410,7 +414,11 @@ _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "g
                 "attention_chunk_size": "chunk_attn_window_size",
                 "attn_temperature_tuning": "temperature_tuning",
                 "attn_temperature_scale": "temperature_tuning_scale",
-                "attn_temperature_floor_scale": "temperature_tuning_floor_scale"}
+                "attn_temperature_floor_scale": "temperature_tuning_floor_scale",
+                "per_layer_input_size": "hidden_size_per_layer_input",
+                "per_layer_vocab_size": "vocab_size_per_layer_input",
+                "kv_shared_layers": "num_kv_shared_layers",
+                "double_wide_shared_mlp": "use_double_wide_mlp"}
 
 
 def _knob_message(text: str) -> str:

@@ -22,6 +22,10 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
             ``linear_attn`` (linear_attention.py) for ``attn``
     global_layers, global_moe_layers: Gemma 4's global layers, ``attn`` with their own K and H
             (``cfg.attention_shape(wide=True)``) and no ``wv`` with attention_k_eq_v
+    kv_shared_layers, global_kv_shared_layers: Gemma 4 small's KV-sharing layers, without
+            wk/wv/bk/bv/k_norm/v_norm, the MLP 2F wide with double_wide_shared_mlp
+    per_layer_embedding, per_layer_projection, per_layer_norm; per layer ple_gate, ple_proj,
+            ple_norm: Gemma 4 small's per-layer inputs (per_layer.py)
     mtp: the multi-token-prediction modules (``cfg.mtp_num_layers``; one with
             mtp_repeated_layer), each leaf stacked over them: enorm, hnorm, final_norm
             {scale}, eh_proj [2D,D], layer (a layer tree of the last layer's stack)
@@ -51,14 +55,16 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from jaxtrain.models import per_layer
 from jaxtrain.models.mla import mla_specs
 from jaxtrain.models.linear_attention import linear_attention_specs
 from jaxtrain.models.mamba import mamba_specs
 from jaxtrain.models.short_conv import short_conv_specs
 from jaxtrain.models.spec import (CONV_STACKS, DENSE_STACK, FFN_ONLY_STACKS, GLOBAL_STACKS,
-                                  LINEAR_STACKS, MAMBA_STACK, MIXER_ONLY_STACKS, MOE_STACKS,
-                                  STACKS, Init, ParamSpec, _is_spec, _leaf_key, _linear_init,
-                                  _norm, _zeros, layer_kinds, layer_slots)
+                                  KV_SHARED_STACKS, LINEAR_STACKS, MAMBA_STACK,
+                                  MIXER_ONLY_STACKS, MOE_STACKS, STACKS, Init, ParamSpec,
+                                  _is_spec, _leaf_key, _linear_init, _norm, _zeros, layer_kinds,
+                                  layer_slots)
 
 
 def _layer_specs(cfg, kind: str = "layers") -> dict:
@@ -94,6 +100,10 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
     if cfg.attention_output_gate:
         attn["wg"] = ParamSpec((D, N, H), dt, ("embed", "q_heads", "kv"),
                                _linear_init(cfg, 0, (1, 2)))
+    if kind in KV_SHARED_STACKS:   # Gemma 4 small: keys and values come from an earlier layer
+        attn = {n: s for n, s in attn.items() if n not in ("wk", "wv", "bk", "bv", "k_norm",
+                                                           "v_norm")}
+        F = F * 2 if cfg.double_wide_shared_mlp else F
     mixer = ({"linear_attn": linear_attention_specs(cfg)} if kind in LINEAR_STACKS
              else {"mamba": mamba_specs(cfg)} if kind == MAMBA_STACK
              else {"short_conv": short_conv_specs(cfg)} if kind in CONV_STACKS
@@ -108,7 +118,8 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
                       | ({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {}))
     scalar = ({"layer_scalar": ParamSpec((1,), dt, (None,), jax.nn.initializers.ones)}
               if cfg.layer_scalar else {})
-    return functools.reduce(lambda a, b: a | b, halves, {}) | scalar
+    extra = per_layer.layer_specs(cfg) | scalar
+    return functools.reduce(lambda a, b: a | b, halves, {}) | extra
 
 
 def _mlp_specs(cfg, F: int) -> dict:
@@ -187,6 +198,7 @@ def param_specs(cfg) -> dict:
     tree = {
         "embedding": ParamSpec((V, D), dt, ("vocab", "embed"), _linear_init(cfg, 1, 0)),
         "final_norm": _norm(cfg, D),
+        **per_layer.model_specs(cfg),
     }
     kinds = layer_kinds(cfg)
     for kind in STACKS:

@@ -88,6 +88,8 @@ DENSE_STACK, MOE_STACK = "layers", "moe_layers"
 LINEAR_STACK, LINEAR_MOE_STACK = "linear_layers", "linear_moe_layers"
 # Gemma 4's global (full-attention) layers, whose heads differ from the sliding-window ones'
 GLOBAL_STACK, GLOBAL_MOE_STACK = "global_layers", "global_moe_layers"
+# Gemma 4 small's KV-sharing layers (no key/value projections), sliding-window or global
+SHARED_STACK, GLOBAL_SHARED_STACK = "kv_shared_layers", "global_kv_shared_layers"
 # LFM2's gated short-convolution layers, with a dense or an MoE FFN
 CONV_STACK, CONV_MOE_STACK = "conv_layers", "conv_moe_layers"
 # Hybrid models (ModelConfig.hybrid_layers, Megatron's hybrid_layer_pattern): a layer is one
@@ -97,11 +99,13 @@ MLP_STACK, MOE_MLP_STACK = "mlp_layers", "moe_mlp_layers"
 HYBRID_STACKS = {"M": MAMBA_STACK, "*": ATTENTION_STACK, "G": GDN_STACK, "-": MLP_STACK,
                  "E": MOE_MLP_STACK}
 STACKS = (DENSE_STACK, MOE_STACK, LINEAR_STACK, LINEAR_MOE_STACK, GLOBAL_STACK,
-          GLOBAL_MOE_STACK, CONV_STACK, CONV_MOE_STACK, *HYBRID_STACKS.values())
+          GLOBAL_MOE_STACK, SHARED_STACK, GLOBAL_SHARED_STACK, CONV_STACK, CONV_MOE_STACK,
+          *HYBRID_STACKS.values())
 MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK, GLOBAL_MOE_STACK, CONV_MOE_STACK, MOE_MLP_STACK)
 CONV_STACKS = (CONV_STACK, CONV_MOE_STACK)
 LINEAR_STACKS = (LINEAR_STACK, LINEAR_MOE_STACK, GDN_STACK)
-GLOBAL_STACKS = (GLOBAL_STACK, GLOBAL_MOE_STACK)
+GLOBAL_STACKS = (GLOBAL_STACK, GLOBAL_MOE_STACK, GLOBAL_SHARED_STACK)
+KV_SHARED_STACKS = (SHARED_STACK, GLOBAL_SHARED_STACK)
 MIXER_ONLY_STACKS = (MAMBA_STACK, ATTENTION_STACK, GDN_STACK)   # no FFN half
 FFN_ONLY_STACKS = (MLP_STACK, MOE_MLP_STACK)                     # no token mixer
 
@@ -173,14 +177,20 @@ def stack_kinds(moe: tuple[bool, ...], linear: tuple[bool, ...] | None,
 def layer_kinds(cfg) -> tuple[str, ...]:
     """The stack each layer's parameters live in: 'layers' (dense), 'moe_layers', and for
     Gated DeltaNet layers 'linear_layers' / 'linear_moe_layers', for Gemma 4's global layers
-    'global_layers' / 'global_moe_layers'; a hybrid model's by its symbols (HYBRID_STACKS)."""
+    'global_layers' / 'global_moe_layers', for Gemma 4 small's KV-sharing layers
+    'kv_shared_layers' / 'global_kv_shared_layers'; a hybrid model's by its symbols
+    (HYBRID_STACKS)."""
     pattern = getattr(cfg, "hybrid_layers", None)
     if pattern is not None:
         return tuple(HYBRID_STACKS[c] for c in pattern)
-    return stack_kinds(moe_pattern(getattr(cfg, "moe", None), cfg.num_layers),
-                       getattr(cfg, "linear_attention_layers", None),
-                       getattr(cfg, "global_layers", None),
-                       getattr(cfg, "short_conv_layers", None))
+    kinds = stack_kinds(moe_pattern(getattr(cfg, "moe", None), cfg.num_layers),
+                        getattr(cfg, "linear_attention_layers", None),
+                        getattr(cfg, "global_layers", None),
+                        getattr(cfg, "short_conv_layers", None))
+    shared = getattr(cfg, "kv_shared_layers", 0)
+    first = len(kinds) - shared
+    return kinds[:first] + tuple(GLOBAL_SHARED_STACK if k == GLOBAL_STACK else SHARED_STACK
+                                 for k in kinds[first:])
 
 
 def layer_slots(cfg) -> tuple[tuple[str, int], ...]:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxtrain.models import layers as L
+from jaxtrain.models import per_layer
 from jaxtrain.models.attention import attention
 from jaxtrain.models.linear_attention import linear_attention_block
 from jaxtrain.models.mamba import mamba_block
@@ -25,7 +26,7 @@ from jaxtrain.models.short_conv import short_conv_block
 from jaxtrain.models.mla import mla_qkv
 from jaxtrain.models.moe import moe_block
 from jaxtrain.models.params import MOE_STACKS, STACKS, layer_axes, layer_kinds
-from jaxtrain.models.spec import GLOBAL_STACKS
+from jaxtrain.models.spec import GLOBAL_SHARED_STACK, GLOBAL_STACKS, KV_SHARED_STACKS
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.parallel import context as cp
@@ -51,35 +52,52 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg, cache=None):
     Decoding (decode.py) passes this layer's KV ``cache``: ``ctx['kv_cache'](cache, k, v)``
     stores the step's keys and values and returns (keys, values to attend over, new cache);
     the result is then (out, new cache).
+
+    KV sharing (Gemma 4 small): a layer whose ``ctx['shared_kv']`` holds (keys, values)
+    attends over them instead of its own; with ``ctx['kv_role'] == 'store'`` the layer's
+    cache (``{}`` in training) comes back with ``shared_kv``: the keys and values it attended
+    over, for the sharing layers after it.
     """
-    q, k, v, scale = project_qkv(p, x, _layer_rope(ctx, layer_number, cfg), cfg)
-    if cache is not None:
+    shared = ctx.get("shared_kv")
+    q, k, v, scale = project_qkv(p, x, _layer_rope(ctx, layer_number, cfg), cfg, shared)
+    if shared is None and "kv_cache" in ctx:
         k, v, cache = ctx["kv_cache"](cache, k, v)
     gate = (L.dense(x, p["wg"], None, "btd,dnh->btnh", "query_gate_proj", cfg)
             if "wg" in p else None)
     out = attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, scale, gate)
+    if ctx.get("kv_role") == "store":
+        cache = {**cache, "shared_kv": (k, v)}
     return out if cache is None else (out, cache)
 
 
-def project_qkv(p: dict, x, ctx: dict, cfg):
+def project_qkv(p: dict, x, ctx: dict, cfg, shared=None):
     """(q [B,T,N,H], k [B,T,K,H], v [B,T,K,Hv], softmax scale) from x [B,T,D]: the projections,
-    q/k norms and RoPE (MLA: `mla_qkv`, K = N)."""
+    q/k norms and RoPE (MLA: `mla_qkv`, K = N). ``shared`` (k, v): an earlier layer's keys
+    and values, already normed and rotated (KV sharing); only q is projected."""
     if cfg.multi_latent_attention:
         q, k, v = mla_qkv(p, x, ctx, cfg)
         return q, k, v, cfg.mla_softmax_scale
     q = L.dense(x, p["wq"], p.get("bq"), "btd,dnh->btnh", "query_proj", cfg)
-    k = L.dense(x, p["wk"], p.get("bk"), "btd,dkh->btkh", "key_proj", cfg)
-    v = (L.dense(x, p["wv"], p.get("bv"), "btd,dkh->btkh", "value_proj", cfg) if "wv" in p
-         else k)   # attention_k_eq_v (Gemma 4's global layers): the key projection serves both
     q = constrain(q, "act_batch", "act_seq", "act_heads", "act_kv")
-    k = constrain(k, "act_batch", "act_seq", "act_kv_heads", "act_kv")
-    v = constrain(v, "act_batch", "act_seq", "act_kv_heads", "act_kv")
-    if cfg.v_norm is not None:
-        v = L.norm(p["v_norm"], v, cfg) if cfg.v_norm == "scaled" else L.l2_norm(
-            v, cfg.norm_epsilon)
-    q, k = _qk_norm(p, q, k, ctx, cfg)
-    if cfg.position_embedding_type == "rope":
-        q, k = L.apply_rope(q, *ctx["rope"], cfg), L.apply_rope(k, *ctx["rope"], cfg)
+    rope = cfg.position_embedding_type == "rope"
+    if shared is not None:
+        k, v = shared
+        if cfg.qk_layernorm:
+            q = L.norm(p["q_norm"], q, cfg)
+    else:
+        k = L.dense(x, p["wk"], p.get("bk"), "btd,dkh->btkh", "key_proj", cfg)
+        v = (L.dense(x, p["wv"], p.get("bv"), "btd,dkh->btkh", "value_proj", cfg) if "wv" in p
+             else k)   # attention_k_eq_v (Gemma 4's global layers): the key projection serves
+        k = constrain(k, "act_batch", "act_seq", "act_kv_heads", "act_kv")
+        v = constrain(v, "act_batch", "act_seq", "act_kv_heads", "act_kv")
+        if cfg.v_norm is not None:
+            v = L.norm(p["v_norm"], v, cfg) if cfg.v_norm == "scaled" else L.l2_norm(
+                v, cfg.norm_epsilon)
+        q, k = _qk_norm(p, q, k, ctx, cfg)
+        if rope:
+            k = L.apply_rope(k, *ctx["rope"], cfg)
+    if rope:
+        q = L.apply_rope(q, *ctx["rope"], cfg)
     if cfg.attn_temperature_tuning and cfg.no_rope_layers is not None:
         q = _temperature(q, ctx, cfg)
     return q, k, v, (cfg.query_pre_attn_scalar or q.shape[-1]) ** -0.5
@@ -280,6 +298,8 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
         resid = h if cfg.apply_residual_connection_post_layernorm else x
         m = constrain(m, *RESIDUAL)
         x = (resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)).astype(cfg.residual_dtype)
+    if "ple_gate" in p:   # Gemma 4 small: this layer's per-layer input
+        x = per_layer.block(p, x, ctx["per_layer_input"], cfg)
     out = x
     if "layer_scalar" in p:   # Gemma 4: a checkpoint constant, so no gradient reaches it
         out = out * jax.lax.stop_gradient(p["layer_scalar"]).astype(out.dtype)
@@ -392,12 +412,13 @@ def _periodic_runs(sigs: list) -> list[tuple[int, int, int]]:
 def _layer_blocks(cfg, lo: int = 0, hi: int | None = None) -> list[_Block]:
     """The remat plan (`layer_plan`) of layers [lo, hi) cut into scannable blocks: within a
     block every scan step sees the same sequence of layer kinds (dense or MoE), so one traced
-    body serves it."""
-    kinds = layer_kinds(cfg)
+    body serves it. A layer whose keys and values later layers share (KV sharing's 'store')
+    is a signature of its own, so its block runs once (``reps`` 1) and hands them on."""
+    sigs = tuple(zip(layer_kinds(cfg), store_kinds(cfg)))
     blocks = []
     for seg in layer_plan(cfg, lo, hi):
         g = seg.group
-        units = [kinds[a:a + g] for a in range(seg.start, seg.stop, g)]
+        units = [sigs[a:a + g] for a in range(seg.start, seg.stop, g)]
         for off, q, r in _periodic_runs(units):
             blocks.append(_Block(seg.start + off * g, r, q, g, seg.policy))
     return blocks
@@ -405,6 +426,47 @@ def _layer_blocks(cfg, lo: int = 0, hi: int | None = None) -> list[_Block]:
 
 def _stack(trees):
     return jax.tree.map(lambda *a: jnp.stack(a), *trees) if trees else None
+
+
+def shared_kv(shared: dict, kind: str, i, cfg):
+    """The (keys, values) KV-sharing layer i of stack ``kind`` attends over, from ``shared``
+    ({'sliding' / 'global': (k, v)} of the storing layers); i may be traced."""
+    if kind == GLOBAL_SHARED_STACK:
+        return shared["global"]
+    if cfg.has_global_shape or len(shared) == 1:
+        return shared["sliding" if cfg.has_global_shape else next(iter(shared))]
+    on = jnp.asarray([cfg.kv_kind(j) == "global" for j in range(cfg.num_layers)])[i]
+    return jax.tree.map(lambda g, w: jnp.where(on, g, w), shared["global"], shared["sliding"])
+
+
+def store_kinds(cfg) -> tuple[str | None, ...]:
+    """Per layer: the kind ('sliding' / 'global') of the keys and values it stores for KV
+    sharing, or None."""
+    return tuple(cfg.kv_kind(i) if r == "store" else None for i, r in enumerate(cfg.kv_roles))
+
+
+def layer_context(ctx: dict, kind: str, i, store, per_layer_input, shared: dict, cfg) -> dict:
+    """``ctx`` for layer i of stack ``kind``: its stack, its per-layer input (Gemma 4 small)
+    and its part in KV sharing (``store``: it stores its keys and values; a sharing stack:
+    the shared keys and values it reads)."""
+    out = {**ctx, "stack": kind}
+    if per_layer_input is not None:
+        out["per_layer_input"] = per_layer_input
+    if store:
+        out["kv_role"] = "store"
+    if kind in KV_SHARED_STACKS:
+        out["shared_kv"] = shared_kv(shared, kind, i, cfg)
+    return out
+
+
+def per_layer_slices(ctx: dict, start, count: int, reps: int):
+    """The per-layer inputs of layers start..start+reps*count-1 as [reps, count, B,T,P]
+    (None without them); start may be traced."""
+    u = ctx.get("per_layer_inputs")
+    if u is None:
+        return None
+    u = jnp.moveaxis(jax.lax.dynamic_slice_in_dim(u, start, reps * count, axis=2), 2, 0)
+    return u.reshape(reps, count, *u.shape[1:])
 
 
 def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None = None,
@@ -415,28 +477,39 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
 
     ``layers`` (lo, hi): only those layers (a pipeline stage; ``stacks`` then hold just
     theirs, in order); ``shift`` (may be traced) is added to every layer index, so stages of the
-    same shape share one traced body."""
+    same shape share one traced body. The keys and values of KV sharing's storing layers
+    (their blocks run once) reach the sharing layers after them as arguments of their blocks."""
     kinds = layer_kinds(cfg)
+    stores = store_kinds(cfg)
     axes = {k: layer_axes(cfg, k) for k in stacks}
     used = dict.fromkeys(stacks, 0)
     collected = []
+    shared = {}
 
-    def layer(kind, p, h, i):
+    def layer(kind, p, h, i, store, u, kv):
         with jax.named_scope("decoder_layer"):
-            out = decoder_layer(gather_weights(p, axes[kind]), h, i, {**ctx, "stack": kind},
-                                cfg)
-        return out if isinstance(out, tuple) else (out, None)
+            lctx = layer_context(ctx, kind, i, store, u, kv, cfg)
+            out = decoder_layer(gather_weights(p, axes[kind]), h, i, lctx, cfg,
+                                cache={} if store else None)
+        if store:
+            h, s, cache = out
+            return h, s, {store: cache["shared_kv"]}
+        return (*out, {}) if isinstance(out, tuple) else (out, None, {})
 
-    def unit(unit_kinds, ps, h, ids):
-        stats = []
+    def unit(unit_kinds, unit_stores, ps, h, ids, us, kv):
+        stats, stored = [], {}
         for j, (kind, p) in enumerate(zip(unit_kinds, ps)):
-            h, s = layer(kind, p, h, ids[j])
+            h, s, new = layer(kind, p, h, ids[j], unit_stores[j], None if us is None else us[j],
+                              kv)
             stats += [] if s is None else [s]
-        return h, stats
+            stored.update(new)
+        return h, stats, stored
 
     for blk in _layer_blocks(cfg, *(layers or (0, None))):
         size = blk.units * blk.group
         sig = kinds[blk.start:blk.start + size]
+        sig_stores = tuple(stores[blk.start:blk.start + size] if blk.reps == 1
+                           else (None,) * size)
         params = {}
         for k in stacks:
             c = sig.count(k)
@@ -446,32 +519,36 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
                     lambda a: a[lo:lo + blk.reps * c].reshape(blk.reps, c, *a.shape[1:]),
                     stacks[k])
         idx = jnp.arange(blk.start, blk.start + blk.reps * size).reshape(blk.reps, size) + shift
+        us = per_layer_slices(ctx, blk.start + shift, size, blk.reps)
 
-        def step(h, xs, sig=sig, blk=blk):
-            pb, ib = xs
+        def step(h, xs, sig=sig, sig_stores=sig_stores, blk=blk, kv=dict(shared)):
+            pb, ib, ub = xs
             cursor = dict.fromkeys(pb, 0)
-            stats = []
+            stats, stored = [], {}
             for u in range(blk.units):
-                unit_kinds = sig[u * blk.group:(u + 1) * blk.group]
+                part = slice(u * blk.group, (u + 1) * blk.group)
                 ps = []
-                for kind in unit_kinds:
+                for kind in sig[part]:
                     ps.append(jax.tree.map(lambda a, c=cursor[kind]: a[c], pb[kind]))
                     cursor[kind] += 1
-                fn = functools.partial(unit, unit_kinds)
+                fn = functools.partial(unit, sig[part], sig_stores[part])
                 if blk.policy is not NO_REMAT:
                     fn = jax.checkpoint(fn, policy=blk.policy, prevent_cse=not cfg.scan_layers)
-                h, s = fn(ps, h, ib[u * blk.group:(u + 1) * blk.group])
+                h, s, new = fn(ps, h, ib[part], None if ub is None else ub[part], kv)
                 stats += s
-            return h, _stack(stats)
+                stored.update(new)
+            return h, (_stack(stats), stored)
 
         if cfg.scan_layers:
-            x, ys = jax.lax.scan(step, x, (params, idx))
+            x, (ys, stored) = jax.lax.scan(step, x, (params, idx, us))
         else:
-            outs = []
+            outs, stored = [], {}
             for r in range(blk.reps):
-                x, y = step(x, jax.tree.map(lambda a: a[r], (params, idx)))
+                x, (y, new) = step(x, jax.tree.map(lambda a: a[r], (params, idx, us)))
                 outs.append(y)
+                stored = jax.tree.map(lambda a: a[None], new)
             ys = _stack(outs) if outs[0] is not None else None
+        shared.update(jax.tree.map(lambda a: a[0], stored))   # storing blocks run once
         if ys is not None:
             collected.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), ys))
     stats = jax.tree.map(lambda *a: jnp.concatenate(a), *collected) if collected else None
@@ -571,6 +648,8 @@ def layer_inputs(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
         return None, ctx
     x, rope = embed_inputs(params, tokens, positions, cfg)
     ctx.update(segment_ids=segment_ids, positions=positions, rope=rope)
+    if cfg.per_layer_input_size:   # Gemma 4 small: from the embeddings before any noise
+        ctx["per_layer_inputs"] = per_layer.inputs(params, tokens, x, cfg)
     if embed_noise and not deterministic:
         signs = jax.random.rademacher(
             jax.random.fold_in(_need(rng, "embedding noise"), cfg.num_layers + 1), x.shape,

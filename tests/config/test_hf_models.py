@@ -321,8 +321,8 @@ def test_the_model_directory_is_the_tokenizer(tmp_path, write):
 
 @pytest.mark.parametrize("config,words", [
     ({"model_type": "gemma4",
-      "text_config": {**TINY_HF_LLAMA, "hidden_size_per_layer_input": 64}},
-     ["hidden_size_per_layer_input=64", "per-layer input embeddings"]),
+      "text_config": {**TINY_HF_LLAMA, "use_bidirectional_attention": "all"}},
+     ["use_bidirectional_attention='all'", "causal decoders"]),
     ({"model_type": "qwen3_5", "vision_config": {}}, ["text_config=None", "has none"]),
     ({"model_type": "gemma3n"}, ["'gemma3n'", "planned for issue #25"]),
     ({**TINY_HF_LLAMA, "model_type": "llama4_text", "num_experts_per_tok": 2},

@@ -330,6 +330,29 @@ def test_gemma4_family():
         load_config("base.yml", ["decoder_block=llama2", "share_kv_projections=true"])
 
 
+@pytest.mark.parametrize("name, period, shared, wide", [("gemma4-e2b", 5, 20, True),
+                                                        ("gemma4-e4b", 6, 18, False)])
+def test_gemma4_small_family(name, period, shared, wide):
+    """MaxText's gemma4_small block: gemma4-e2b's four local layers to one global (five for
+    other names), per-layer inputs, the last num_kv_shared_layers layers sharing keys and
+    values (E2B's MLPs there twice as wide): the model of jaxtrain's preset of the same
+    Gemma 4, which counts as transformers' (test_family_presets)."""
+    from tests.config.test_family_presets import _preset
+    _, m = resolve(name)
+    assert m.global_layers == tuple((i + 1) % period == 0 for i in range(m.num_layers))
+    assert (m.per_layer_input_size, m.per_layer_vocab_size) == (256, 262144)
+    assert (m.kv_shared_layers, m.double_wide_shared_mlp) == (shared, wide)
+    assert m.kv_roles.count("store") == 2 and m.attention_shape(True)[1] == 512
+    preset = _preset({"gemma4-e2b": "gemma4_E2B", "gemma4-e4b": "gemma4_E4B"}[name])
+    assert count(m) == count(preset)
+    with pytest.raises(ConfigError, match="vocab_size_per_layer_input"):
+        resolve(name, "override_model_config=true", "vocab_size_per_layer_input=0")
+    with pytest.raises(ConfigError, match="gemma4_small block does not read share_kv"):
+        resolve(name, "override_model_config=true", "share_kv_projections=true")
+    with pytest.raises(ConfigError, match="gemma4 block does not read num_kv_shared_layers"):
+        resolve("gemma4-31b", "override_model_config=true", "num_kv_shared_layers=4")
+
+
 @pytest.mark.slow
 def test_normalize_embedding_logits_divides_the_tied_logits():
     """MaxText's gemma keeps sqrt(emb_dim) in its embedding weights and divides the tied logits
@@ -634,7 +657,7 @@ def test_mla_softmax_mscale():
 
 # --------------------------------------------------------------------- refusals by name
 
-@pytest.mark.parametrize("block", ["gemma4_small", "deepseek4", "qwen3_custom_moe", "default"])
+@pytest.mark.parametrize("block", ["deepseek4", "qwen3_custom_moe", "default"])
 def test_unbuilt_families_are_planned_by_name(block):
     refused(f"decoder_block = '{block}'.*planned for issue #25 \\(model families\\)",
             f"decoder_block={block}")
@@ -642,9 +665,9 @@ def test_unbuilt_families_are_planned_by_name(block):
 
 def test_model_names_of_unbuilt_families_are_refused_by_family():
     """No copy of their model files ships; families.json names their block."""
-    with pytest.raises(ConfigError, match="'gemma4-e2b'.*decoder_block gemma4_small.*planned "
+    with pytest.raises(ConfigError, match="'deepseek4-tiny'.*decoder_block deepseek4.*planned "
                                           "for issue #25 \\(model families\\)"):
-        resolve("gemma4-e2b")
+        resolve("deepseek4-tiny")
 
 
 def test_multimodal_models_are_rejected_by_name():
@@ -701,7 +724,7 @@ def test_presets_name_their_commit_and_read_back():
         assert yaml.safe_load(text)["decoder_block"] in (
             "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
             "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
-            "gemma4", "envy")
+            "gemma4", "gemma4_small", "envy")
 
 
 FORWARD = {

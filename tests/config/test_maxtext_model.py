@@ -202,9 +202,9 @@ def test_attention_precision_knobs(write):
 
 def test_decoder_block(write):
     assert model(write, PERF, "decoder_block=mistral")[1].normalization == "RMSNorm"
-    with pytest.raises(ConfigError, match="decoder_block = 'gemma4_small'.*planned for issue "
+    with pytest.raises(ConfigError, match="decoder_block = 'deepseek4'.*planned for issue "
                                           "#25"):
-        model(write, PERF, "decoder_block=gemma4_small")
+        model(write, PERF, "decoder_block=deepseek4")
     with pytest.raises(ConfigError, match="decoder_block = 'simple' is not supported"):
         model(write, PERF, "decoder_block=simple")
     with pytest.raises(ConfigError, match="decoder_block llama2 is a pre-norm RMSNorm"):
@@ -280,5 +280,5 @@ def test_two_spellings_of_one_setting_conflict(write, megatron, maxtext):
 
 
 def test_cli_names_the_key_and_exits_2(write, cli):
-    code, _, err = cli(write("bad.yml", PERF + "decoder_block: gemma4_small\n"), "--dry-run")
+    code, _, err = cli(write("bad.yml", PERF + "decoder_block: deepseek4\n"), "--dry-run")
     assert code == 2 and "decoder_block" in err

@@ -8,12 +8,15 @@ import numpy as np
 import pytest
 import torch
 import transformers as tr
-from model_helpers import VOCAB, max_diff, tokens
+from model_helpers import (VOCAB, check_left_padded_decode, check_packed_sequences, max_diff,
+                           tokens)
 from test_hf import (TOL, _hf_logits, _randomize, check_greedy_decode,
                      check_parity_and_round_trip)
 
 from jaxtrain.models import forward, from_hf, to_hf
 from jaxtrain.models.hf import config_from_hf
+from jaxtrain.models.hf.common import stacks
+from jaxtrain.models.params import layer_tree
 
 # Six layers, five sliding (window 4 of 16 tokens) to one global; the global layers twice as
 # wide with one key/value head that also gives the values, a quarter of their pairs rotated.
@@ -24,8 +27,18 @@ _BASE = dict(hidden_size=32, num_hidden_layers=6, num_attention_heads=4, num_key
              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                               "full_attention": {"rope_type": "proportional", "rope_theta": 1e4,
                                                  "partial_rotary_factor": 0.25}})
+# Gemma 4 small (E2B/E4B): per-layer inputs, the last three layers sharing the keys and values
+# of the last sliding and the last global layer before them (E2B: their MLPs twice as wide)
+_SMALL = {**_BASE, "num_hidden_layers": 7, "hidden_size_per_layer_input": 8,
+          "vocab_size_per_layer_input": VOCAB, "num_kv_shared_layers": 3,
+          "attention_k_eq_v": False, "num_global_key_value_heads": None,
+          "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2
+          + ["full_attention"]}
 CASES = {
     "dense_31b_like": _BASE,
+    "small_e2b_like": {**_SMALL, "use_double_wide_mlp": True},
+    "small_e4b_like": {**_SMALL, "layer_types": ["sliding_attention"] * 3 + [
+        "full_attention", "sliding_attention", "sliding_attention", "full_attention"]},
     "moe_26b_like": {**_BASE, "num_hidden_layers": 4, "enable_moe_block": True,
                      "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 12,
                      "layer_types": ["sliding_attention", "full_attention"] * 2},
@@ -55,6 +68,77 @@ def test_parity_and_round_trip(case, tmp_path):
     cfg = check_parity_and_round_trip(_model(case, tmp_path / "hf"), tmp_path)
     assert cfg.layer_scalar and cfg.v_norm == "plain" and cfg.global_rotary_percent == 0.25
     assert cfg.global_kv_channels == 16
+
+
+def test_small_models_share_keys_and_values(tmp_path):
+    """E2B-like: the sharing layers are stacks of their own without key/value weights (their
+    MLP twice as wide), the storing layers are the last sliding and last global layer before
+    them; a checkpoint's unread k/v weights of sharing layers are left out, as transformers
+    does; packed documents give their logits alone."""
+    model = _model("small_e2b_like", tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    assert cfg.kv_roles == (None, None, "store", "store", "reuse", "reuse", "reuse")
+    assert (cfg.per_layer_input_size, cfg.kv_shared_layers) == (8, 3)
+    shared = params["kv_shared_layers"]
+    assert "wk" not in shared["attn"] and "k_norm" not in shared["attn"]
+    assert shared["mlp"]["wi_0"].shape[-1] == 2 * params["layers"]["mlp"]["wi_0"].shape[-1]
+    assert params["per_layer_embedding"].shape == (VOCAB, 7 * 8)
+    ref = _hf_logits(model, tokens())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for i in range(4, 7):
+        state[f"model.layers.{i}.self_attn.k_proj.weight"] = torch.ones(2 * 8, 32)
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight"},
+              str(tmp_path / "hf" / "model.safetensors"))
+    cfg2, params2 = from_hf(tmp_path / "hf")
+    assert max_diff(_logits(params2, cfg2, tokens()), ref) <= TOL
+    check_packed_sequences(params, cfg, tol=3e-5)
+
+
+@pytest.mark.parametrize("field", ["per_layer_input_size", "kv_shared_layers"])
+def test_small_model_features_change_the_logits(field, tmp_path):
+    """Without the per-layer inputs, or with every layer computing its own keys and values
+    (the sharing layers given the storing layers' projections), the logits move away."""
+    model = _model("small_e4b_like", tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    if field == "per_layer_input_size":
+        flipped = cfg.replace(per_layer_input_size=0)
+        params = {k: ({n: v for n, v in s.items() if not n.startswith("ple_")}
+                      if k.endswith("layers") else s) for k, s in params.items()
+                  if not k.startswith("per_layer")}
+    else:
+        flipped = cfg.replace(kv_shared_layers=0)
+        trees = [layer_tree(params, cfg, i) for i in range(cfg.num_layers)]
+        donor = {cfg.kv_kind(i): trees[i] for i, r in enumerate(cfg.kv_roles) if r == "store"}
+        assert sorted(donor) == ["global", "sliding"]
+        for i in range(4, 7):
+            own = donor[cfg.kv_kind(i)]["attn"]
+            trees[i]["attn"].update(wk=own["wk"], wv=own["wv"], k_norm=own["k_norm"])
+        params = {**{k: v for k, v in params.items() if not k.endswith("layers")},
+                  **stacks(lambda i: trees[i], flipped)}
+    assert max_diff(_logits(params, flipped, tokens()), _hf_logits(model, tokens())) > 1e-3
+
+
+def test_kv_sharing_without_global_shapes(tmp_path):
+    """Sliding and global layers of one head shape share one stack; a sharing layer then
+    picks the storing layer of its own kind by its (scanned) index: the same logits as the
+    global-shape model transformers builds, scanned and unrolled."""
+    hf = {**CASES["small_e4b_like"], "global_head_dim": 8,
+          "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                              "full_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    model = _randomize(tr.Gemma4ForCausalLM(tr.Gemma4TextConfig(
+        **hf, attn_implementation="eager")).eval(), 4)
+    model.save_pretrained(tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    plain = cfg.replace(global_kv_channels=None)
+    assert not plain.has_global_shape
+    trees = [layer_tree(params, cfg, i) for i in range(cfg.num_layers)]
+    params = {**{k: v for k, v in params.items() if not k.endswith("layers")},
+              **stacks(lambda i: trees[i], plain)}
+    assert set(params) >= {"layers", "kv_shared_layers"} and "global_layers" not in params
+    ref = _hf_logits(model, tokens())
+    for scan in (True, False):
+        assert max_diff(_logits(params, plain.replace(scan_layers=scan), tokens()), ref) <= TOL
 
 
 def _flipped(cfg, field, value):
@@ -117,15 +201,19 @@ def test_vision_language_checkpoint_reads_its_text_model(tmp_path):
         to_hf(params, cfg, tmp_path / "out", family="gemma4")
 
 
-@pytest.mark.parametrize("case", ["dense_31b_like",
+@pytest.mark.parametrize("case", ["dense_31b_like", "small_e2b_like",
                                   pytest.param("moe_26b_like", marks=pytest.mark.slow)])
 def test_greedy_decode_matches_transformers(case, tmp_path):
     check_greedy_decode(_model(case, tmp_path / "hf"), tmp_path / "hf")
 
 
+def test_small_model_left_padded_decode(tmp_path):
+    _model("small_e4b_like", tmp_path / "hf")
+    check_left_padded_decode(*reversed(from_hf(tmp_path / "hf")))
+
+
 @pytest.mark.parametrize("field, value, match", [
-    ("hidden_size_per_layer_input", 256, "per-layer input embeddings"),
-    ("num_kv_shared_layers", 2, "reusing earlier layers"),
+    ("num_kv_shared_layers", 6, "leaves no layer"),
     ("use_bidirectional_attention", "all", "causal"),
     ("rope_parameters", {"full_attention": {"rope_type": "proportional", "factor": 8.0},
                          "sliding_attention": {"rope_type": "default"}}, "scaling factor")])
@@ -176,6 +264,31 @@ def test_gemma4_knobs_shape_the_model(knob):
     shapes = [jax.tree.map(lambda a: a.shape, abstract(c)) for c in (base, other)]
     if knob not in ("global_rotary_percent", "v_norm"):
         assert shapes[0] != shapes[1]
+
+
+_SMALL_KNOBS = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 50,
+                "num_kv_shared_layers": 0, "use_double_wide_mlp": False}
+
+
+@pytest.mark.parametrize("knob", sorted(_SMALL_KNOBS))
+def test_small_gemma4_knobs_shape_the_model(knob):
+    """Each knob of the small models' translation, changed, changes the parameters: the
+    per-layer input tables and gates, their vocabulary, the sharing layers' missing key/value
+    projections, their MLP width."""
+    from jaxtrain.config.dialects import hf as translation
+    from jaxtrain.models import ModelConfig
+    from jaxtrain.models.hf import RUN_KNOBS
+    from jaxtrain.models.params import abstract
+
+    knobs = translation.knobs({**CASES["small_e2b_like"], "model_type": "gemma4_text"})
+    assert knobs[knob] != _SMALL_KNOBS[knob]
+    flipped = {knob: _SMALL_KNOBS[knob]}
+    if knob == "num_kv_shared_layers":
+        flipped["use_double_wide_mlp"] = False
+    base = ModelConfig.from_config({**RUN_KNOBS, **knobs})
+    other = ModelConfig.from_config({**RUN_KNOBS, **knobs, **flipped})
+    shapes = [jax.tree.map(lambda a: a.shape, abstract(c)) for c in (base, other)]
+    assert shapes[0] != shapes[1]
 
 
 def test_kernels_check_the_global_head_width():

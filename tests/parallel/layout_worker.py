@@ -36,6 +36,14 @@ GDN = ["experimental_attention_variant=gdn", "linear_attention_freq=2", "linear_
 HYBRID = ["model_type=mamba", "num_layers=4", "hybrid_layer_pattern=M*-M", "mamba_num_heads=4",
           "mamba_head_dim=8", "mamba_num_groups=2", "mamba_state_dim=8", "mamba_chunk_size=4",
           "position_embedding_type=none"]
+# Gemma 4 small: sliding/global layers (the global ones 16 wide), per-layer inputs, the last two
+# layers sharing the first two's keys and values with MLPs twice as wide
+SMALL_GEMMA4 = ["normalization=RMSNorm", "position_embedding_type=rope", "num_layers=4",
+                "window_size=[3,0]", "window_attn_skip_freq=2", "global_kv_channels=16",
+                "qk_layernorm=true",
+                "v_norm=plain", "layer_scalar=true", "post_attention_norm=true",
+                "post_mlp_norm=true", "hidden_size_per_layer_input=4", "num_kv_shared_layers=2",
+                "use_double_wide_mlp=true", "swiglu=true", "ffn_hidden_size=32"]
 MOE_CAPACITY = ["moe_expert_capacity_factor=1.0", "moe_pad_expert_input_to_capacity=true"]
 
 LAYOUTS = {
@@ -84,6 +92,10 @@ LAYOUTS = {
     "hybrid": (1, HYBRID),
     "hybrid_tp_sp_fsdp": (8, HYBRID + ["tensor_model_parallel_size=2", "sequence_parallel=true",
                                        "use_torch_fsdp2=true"]),
+    "small_gemma4": (1, SMALL_GEMMA4),
+    "small_gemma4_tp_sp_fsdp": (8, SMALL_GEMMA4 + [
+        "tensor_model_parallel_size=2", "sequence_parallel=true", "use_torch_fsdp2=true",
+        "recompute_granularity=full", "recompute_method=uniform", "recompute_num_layers=1"]),
     # MoE: expert parallelism must not change the losses
     "moe": (8, MOE),
     "moe_ep2": (8, MOE + ["expert_model_parallel_size=2"]),

@@ -21,7 +21,7 @@ GATHERS = ["torch_fsdp2", "fsdp_keep", "tp_recompute", "tp_distribute"]
 REPLICAS = ["tp"]
 MOE = [n for n in LAYOUTS if n.startswith("moe")]   # compared among themselves
 CP = [n for n in LAYOUTS if n.startswith("cp")]   # trained in a slow test
-GDN = [n for n in LAYOUTS if n.startswith(("gdn", "hybrid"))]   # trained in their own tests
+GDN = [n for n in LAYOUTS if n.startswith(("gdn", "hybrid", "small_gemma4"))]   # own tests
 BUILT = [n for n in LAYOUTS
          if n not in TRAINED + GATHERS + REPLICAS + MOE + CP + GDN + ACCUMULATED + REDUCTIONS]
 # The default run trains one device and DP x TP x FSDP and checks these layouts' shardings;
@@ -282,3 +282,15 @@ def test_mamba_hybrid_splits_its_heads_without_changing_the_losses(tmp_path):
     for leaf in ("wx", "wB", "wo"):
         spec = next(v for k, v in specs.items() if "mamba" in k and k.endswith(f"['{leaf}']"))
         assert "tensor" in json.dumps(spec), leaf
+
+
+def test_small_gemma4_splits_without_changing_the_losses(tmp_path):
+    """Gemma 4 small (per-layer inputs, KV sharing, double-wide MLPs) under TP 2 with SP, FSDP
+    and each layer recomputed trains with the one-device losses; the per-layer gates split over
+    the tensor axis."""
+    got = _worker(tmp_path, "train:small_gemma4,small_gemma4_tp_sp_fsdp")
+    assert got["small_gemma4_tp_sp_fsdp"]["losses"] == pytest.approx(
+        got["small_gemma4"]["losses"], rel=2e-6)
+    specs = got["small_gemma4_tp_sp_fsdp"]["params"]
+    gate = next(v for k, v in specs.items() if k.endswith("['ple_gate']"))
+    assert "tensor" in json.dumps(gate)

@@ -73,6 +73,23 @@ def test_gemma4_global_layers():
     assert per_token(cfg) == 6 * n + 6 * 4 * (2 * 8 + 2 * 16) * T
 
 
+def test_gemma4_small_per_layer_inputs_and_kv_sharing():
+    """Three layers (sliding, global, then a sliding one sharing the first one's keys and
+    values, its MLP twice as wide), per-layer inputs 8 wide: the sharing layer counts no key or
+    value projection but its attention scores; the per-layer gates and projections and the
+    model-wide input projection count, the per-layer table (a gather) does not."""
+    cfg = ModelConfig(**{**BASE, "num_layers": 3}, num_query_groups=2, sliding_window=4,
+                      sliding_window_layers=(True, False, True), global_kv_channels=16,
+                      untie_embeddings_and_output_weights=False, per_layer_input_size=8,
+                      kv_shared_layers=1, double_wide_shared_mlp=True)
+    local = D * 4 * 8 + 2 * D * 2 * 8 + 4 * 8 * D
+    wide = D * 4 * 16 + 2 * D * 2 * 16 + 4 * 16 * D
+    shared = D * 4 * 8 + 4 * 8 * D + 3 * D * 128
+    ple = 3 * 2 * D * 8 + D * 3 * 8
+    n = local + wide + 2 * 3 * D * 64 + shared + ple + D * V
+    assert per_token(cfg) == 6 * n + 6 * 4 * (2 * (2 * 8) + 2 * 16) * T
+
+
 def test_windowed_and_chunked_layers_count_their_keys():
     """At T = 16, a layer with a window of 4 (or chunks of 4) counts 4 keys per query; the full
     layer 16; a NoPE layer of a chunked model attends fully."""

@@ -4,7 +4,7 @@ quantization.
 
 Canonical keys are MaxText's own (configs/base.yml); defaults are its base.yml values. The rules
 that turn a block and its keys into the Megatron knobs are in config/dialects/maxtext_model.py.
-Keys that only MaxText's other decoder blocks read (gemma4_small, DeepSeek V3.2/V4) are planned
+Keys that only MaxText's other decoder blocks read (DeepSeek V3.2/V4) are planned
 for issue 25; kernel tuning for those lives in maxtext_runtime.
 """
 from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
@@ -15,9 +15,9 @@ _FAMILIES = 25
 # MaxText's decoder blocks (common_types.DecoderBlockType) and what jaxtrain does with each.
 BUILT_BLOCKS = ("llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
                 "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
-                "gemma4", "envy")
+                "gemma4", "gemma4_small", "envy")
 # Blocks of model families issue 25 builds ("default" runs attention and MLP in parallel).
-PLANNED_BLOCKS = ("default", "gemma4_small", "qwen3_custom_moe", "deepseek4")
+PLANNED_BLOCKS = ("default", "qwen3_custom_moe", "deepseek4")
 REJECTED_BLOCKS = {
     b: "MaxText's test block of a single weight matrix per layer (or an MLP only) is not a "
        "language model architecture; use a real decoder block such as llama2"
@@ -74,16 +74,25 @@ KNOBS = [
     K("nope_layer_interval", "int", -1, "llama4: every this-many-th layer skips RoPE (NoPE); -1 "
       "gives every layer RoPE.", _MT, HONORED, "decoder_block llama4: no_rope_freq marks layer "
       "i NoPE when the interval divides i + 1; other blocks refuse a value"),
-    _family("hidden_size_per_layer_input", "int", 0, "Gemma 4 small: inner width of the "
-            "per-layer-embedding sub-block added to each layer; 0 disables it.",
-            "gemma4_small block"),
-    _family("vocab_size_per_layer_input", "int", 0, "Gemma 4 small: vocabulary of the per-layer "
-            "input embedding table; 0 disables it.", "gemma4_small block"),
-    _family("num_kv_shared_layers", "int", 0, "Gemma 4 small: trailing layers that reuse the "
-            "keys/values of the last earlier layer of the same attention type.",
-            "gemma4_small block"),
-    _family("use_double_wide_mlp", "bool", False, "Gemma 4 small: KV-sharing layers get an MLP "
-            "twice as wide to make up for their missing K/V projections.", "gemma4_small block"),
+    K("hidden_size_per_layer_input", "int", 0, "Gemma 4 small: width of each layer's own "
+      "per-token input (per-layer embeddings), added after the MLP through a gate and a "
+      "projection; 0 turns them off.", _MT, HONORED, "ModelConfig.per_layer_input_size "
+      "(models/per_layer.py); MaxText's gemma4_small block and Hugging Face's Gemma 4 read it, "
+      "other blocks refuse a value"),
+    K("vocab_size_per_layer_input", "int", 0, "Gemma 4 small: rows of the per-layer input "
+      "embedding table; 0 uses vocab_size.", _MT, HONORED, "ModelConfig.per_layer_vocab_size; "
+      "MaxText's gemma4_small block, which needs a positive value with "
+      "hidden_size_per_layer_input (it skips the per-layer inputs otherwise), is refused with "
+      "0"),
+    K("num_kv_shared_layers", "int", 0, "Gemma 4 small: this many last layers have no key/value "
+      "projections and attend over the keys and values of the last earlier layer of their kind "
+      "(sliding-window or global).", _MT, HONORED, "ModelConfig.kv_shared_layers: the storing "
+      "layers run as blocks of their own and hand their keys and values to the sharing layers' "
+      "scan (transformer._run_layers); decoding keeps no cache for the sharing layers"),
+    K("use_double_wide_mlp", "bool", False, "Gemma 4 small: the KV-sharing layers' MLP is twice "
+      "as wide, making up for their missing key/value projections.", _MT, HONORED,
+      "ModelConfig.double_wide_shared_mlp: the kv_shared_layers stacks' MLP is "
+      "2·ffn_hidden_size wide"),
     K("share_kv_projections", "bool", False, "Gemma 4 global attention: keys and values come "
       "from one shared projection.", _MT, HONORED, "decoder_block gemma4: attention_k_eq_v on "
       "the global layers; other blocks refuse true"),

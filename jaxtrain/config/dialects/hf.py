@@ -667,13 +667,10 @@ def _gemma4(hf: dict) -> dict:
     sandwich norms, q/k norms and an unscaled value norm, attention scale 1, layer scalars,
     sliding-window layers (layer_types; five to one by default, the last one full) and global
     layers with their own head width, key/value heads (when attention_k_eq_v) and
-    proportional RoPE; the MoE variant's parallel dense MLP and experts. The small models'
-    per-layer inputs and KV sharing are refused by name."""
-    for field, why in (("hidden_size_per_layer_input", "Gemma 4's per-layer input embeddings "
-                        "(the E2B/E4B models) are not built"),
-                       ("num_kv_shared_layers", "layers reusing earlier layers' keys and "
-                        "values (Gemma 4 E2B/E4B) are not built"),
-                       ("attention_bias", "Gemma 4 with attention biases is not built"),
+    proportional RoPE; the MoE variant's parallel dense MLP and experts; the small models'
+    (E2B/E4B) per-layer inputs (transformers' default width 256 when the field is absent), KV
+    sharing of the last num_kv_shared_layers layers and their double-wide MLP."""
+    for field, why in (("attention_bias", "Gemma 4 with attention biases is not built"),
                        ("use_bidirectional_attention", "jaxtrain trains causal decoders")):
         if hf.get(field):
             raise bad(field, hf[field], why)
@@ -690,13 +687,13 @@ def _gemma4(hf: dict) -> dict:
     k_eq_v = bool(hf.get("attention_k_eq_v", False))
     width, groups = hf.get("global_head_dim", 512), hf.get("num_global_key_value_heads")
     per_layer = hf.get("per_layer_config")
-    if per_layer:   # transformers >= 5.2x writes the global layers' overrides per layer
-        wanted = {i for i, s in enumerate(sliding) if not s}
+    if per_layer is not None:   # transformers >= 5.2x writes the global layers' overrides
+        wanted = {i for i, s in enumerate(sliding) if not s}   # per layer ({}: none differ)
         shapes = {json.dumps(v, sort_keys=True) for v in per_layer.values()}
-        if {int(i) for i in per_layer} != wanted or len(shapes) != 1:
+        if per_layer and ({int(i) for i in per_layer} != wanted or len(shapes) != 1):
             raise bad("per_layer_config", per_layer, "jaxtrain builds one head shape for every "
                       "full_attention layer and the plain one for the sliding layers")
-        only = next(iter(per_layer.values()))
+        only = next(iter(per_layer.values()), {})
         extra = set(only) - {"head_dim", "num_key_value_heads"}
         if extra:
             raise bad("per_layer_config", per_layer, f"per-layer fields {sorted(extra)} are "
@@ -714,6 +711,7 @@ def _gemma4(hf: dict) -> dict:
             out["global_num_query_groups"] = int(groups)
     if hf.get("final_logit_softcapping"):
         out["final_logit_softcapping"] = float(hf["final_logit_softcapping"])
+    out.update(_gemma4_small(hf))
     if not hf.get("enable_moe_block"):
         return out
     return {**out, "num_experts": hf["num_experts"], "moe_router_topk": hf["top_k_experts"],
@@ -722,6 +720,23 @@ def _gemma4(hf: dict) -> dict:
             "moe_shared_expert_intermediate_size": hf["intermediate_size"],
             "moe_branch_norms": True, "moe_router_input_norm": True,
             "moe_per_expert_scale": True}
+
+
+def _gemma4_small(hf: dict) -> dict:
+    """Gemma 4 E2B/E4B: per-layer inputs (their width and table), KV sharing, wide MLPs."""
+    out = {}
+    width = hf.get("hidden_size_per_layer_input", 256)
+    if width:
+        out.update(hidden_size_per_layer_input=int(width),
+                   vocab_size_per_layer_input=int(hf.get("vocab_size_per_layer_input", 262144)))
+    shared = hf.get("num_kv_shared_layers") or 0
+    if shared:
+        if shared >= hf["num_hidden_layers"]:
+            raise bad("num_kv_shared_layers", shared, "leaves no layer computing keys and "
+                      "values to share")
+        out["num_kv_shared_layers"] = int(shared)
+        out["use_double_wide_mlp"] = bool(hf.get("use_double_wide_mlp", False))
+    return out
 
 
 def _gemma4_rope(hf: dict) -> dict:

@@ -61,9 +61,11 @@ _LLAMA = ("llama2", "mistral", "mixtral")
 _HYBRID = ("qwen3_next", "qwen3_5")
 _LLAMA4_KEYS = ("nope_layer_interval", "interleave_moe_layer_step", "temperature_tuning",
                 "chunk_attn_window_size")
-_GEMMA4_KEYS = ("global_head_dim", "global_num_kv_heads", "share_kv_projections",
-                "v_norm_with_scale", "global_rope_max_timescale", "global_rope_proportion",
-                "local_rope_proportion")
+_GEMMA4_KEYS = ("global_head_dim", "global_num_kv_heads", "v_norm_with_scale",
+                "global_rope_max_timescale", "global_rope_proportion", "local_rope_proportion")
+_GEMMA4 = ("gemma4", "gemma4_small")
+_SMALL_KEYS = ("hidden_size_per_layer_input", "vocab_size_per_layer_input",
+               "num_kv_shared_layers", "use_double_wide_mlp")
 _RMS = "a pre-norm RMSNorm + RoPE block"
 _ABOUT = {
     **{b: f"{_RMS} without biases" for b in _LLAMA},
@@ -90,6 +92,11 @@ _ABOUT = {
               "five local layers to one global with the global_* head shape, keys as values "
               "(share_kv_projections) and proportional RoPE, sandwich norms, layer scalars, "
               "and MoE layers of a dense MLP beside the experts, each with its own norms",
+    "gemma4_small": f"{_RMS} without biases, with q/k norms and a value norm, attention scale "
+                    "1, four (gemma4-e2b) or five local layers to one global with the global_* "
+                    "head shape and proportional RoPE, sandwich norms, layer scalars, per-layer "
+                    "inputs and the last num_kv_shared_layers layers sharing earlier layers' "
+                    "keys and values",
     "llama4": f"{_RMS} without biases, NoPE layers every nope_layer_interval, chunked "
               "attention on the RoPE layers, MoE layers every interleave_moe_layer_step with a "
               "sigmoid top-1 router scaling the expert input and shared experts",
@@ -108,11 +115,13 @@ _READ_BY = {
     **{k: ("llama4",) for k in _LLAMA4_KEYS},
     "interleave_moe_layer_step": ("llama4", "envy"),
     "mlp_activations_limit": ("gpt_oss",),
-    "sliding_window_size": ("gpt_oss", "gemma2", "gemma3", "olmo3", "gemma4"),
-    "use_post_attn_norm": ("gemma2", "gemma3", "gemma4"),
-    "use_post_ffw_norm": ("gemma2", "gemma3", "gemma4", "envy"),
-    "local_rope_max_timescale": ("gemma3", "gemma4"),
-    **{k: ("gemma4",) for k in _GEMMA4_KEYS},
+    "sliding_window_size": ("gpt_oss", "gemma2", "gemma3", "olmo3") + _GEMMA4,
+    "use_post_attn_norm": ("gemma2", "gemma3") + _GEMMA4,
+    "use_post_ffw_norm": ("gemma2", "gemma3", "envy") + _GEMMA4,
+    "local_rope_max_timescale": ("gemma3",) + _GEMMA4,
+    **{k: _GEMMA4 for k in _GEMMA4_KEYS},
+    "share_kv_projections": ("gemma4",),
+    **{k: ("gemma4_small",) for k in _SMALL_KEYS},
     "inhomogeneous_layer_cycle_interval": ("gpt_oss", "olmo3", "llama4", "envy") + _HYBRID,
     "partial_rotary_factor": _HYBRID,
     "gdn_chunk_size": _HYBRID,
@@ -283,8 +292,8 @@ def _decoder_block(c) -> None:
         _llama4(c, because)
     if block == "envy":
         _envy(c, because)
-    if block == "gemma4":
-        _gemma4(c, because)
+    if block in _GEMMA4:
+        _gemma4(c, block, because)
     _experts(c, block, because)
 
 
@@ -307,7 +316,7 @@ def _norms_and_biases(c, block) -> dict:
         return dict(normalization="RMSNorm", apply_layernorm_1p=True,
                     position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
                     qk_layernorm=True, qk_l2_norm=False)
-    if block in _GEMMA + ("gemma4",):   # gemma3/4's q/k norms are built in (use_qk_norm unread)
+    if block in _GEMMA + _GEMMA4:   # gemma3/4's q/k norms are built in (use_qk_norm unread)
         return dict(normalization="RMSNorm", apply_layernorm_1p=False,
                     position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=False,
                     qk_layernorm=block != "gemma", qk_l2_norm=False)
@@ -416,31 +425,42 @@ def _gemma(c, block, because) -> None:
                float(c.get("hidden_size") // c.get("num_attention_heads")), because)
 
 
-def _gemma4(c, because) -> None:
-    """MaxText's gemma4 block: layer i is global when 6 divides i + 1, the others slide over
-    sliding_window_size keys; the global layers take global_head_dim / global_num_kv_heads
-    (0: the local values), keys as values with share_kv_projections, RoPE of base
+def _gemma4(c, block, because) -> None:
+    """MaxText's gemma4 block: layer i is global when 6 divides i + 1 (gemma4_small with
+    model_name gemma4-e2b: 5), the others slide over sliding_window_size keys; the global
+    layers take global_head_dim / global_num_kv_heads (0: the local values), keys as values
+    with share_kv_projections (gemma4 only), RoPE of base
     global_rope_max_timescale (else rope_max_timescale) on global_rope_proportion of their
     channel pairs (proportional for gemma4* model names, as MaxText's Gemma4 RoPE); the local
     layers plain RoPE of base local_rope_max_timescale. Values are RMS-normed (with a scale as
     v_norm_with_scale says), the query scale is 1 and each layer's output is multiplied by its
-    layer scalar (jaxtrain keeps it fixed, as transformers does; MaxText trains it)."""
+    layer scalar (jaxtrain keeps it fixed, as transformers does; MaxText trains it).
+    gemma4_small adds per-layer inputs when hidden_size_per_layer_input and
+    vocab_size_per_layer_input are both positive (with only the width, MaxText builds the
+    gates and never feeds them: refused) and KV sharing (num_kv_shared_layers,
+    use_double_wide_mlp)."""
     _imply(c, "post_attention_norm", bool(c.get("use_post_attn_norm")), because)
     _imply(c, "post_mlp_norm", bool(c.get("use_post_ffw_norm")), because)
     window = c.get("sliding_window_size") or 0
     if window <= 0:
-        _refuse(c, "sliding_window_size", "MaxText's gemma4 block slides its five local layers "
+        _refuse(c, "sliding_window_size", f"MaxText's {block} block slides its local layers "
                 "over this many keys; give a positive window")
         return
     c.set("window_size", [window - 1, 0])
-    c.set("window_attn_skip_freq", 6)
+    name = str(c.get("model_name") or "")
+    c.set("window_attn_skip_freq", 5 if block == "gemma4_small" and name == "gemma4-e2b" else 6)
+    if (block == "gemma4_small" and c.get("hidden_size_per_layer_input", 0) > 0
+            and c.get("vocab_size_per_layer_input", 0) <= 0):
+        _refuse(c, "vocab_size_per_layer_input", "MaxText's gemma4_small block feeds the "
+                "per-layer gates only with a positive per-layer vocabulary (with 0 it builds "
+                "them and skips them); give the vocabulary, or hidden_size_per_layer_input 0")
+        return
     c.set("sliding_window_size", None)
     if c.get("local_rope_proportion", 1.0) != 1.0:
         _refuse(c, "local_rope_proportion", "jaxtrain's gemma4 local layers rotate whole heads "
                 "(1.0), as every Gemma 4 model does")
         return
     share = c.get("global_rope_proportion", 0.25)
-    name = str(c.get("model_name") or "")
     if share < 1.0 and not name.startswith("gemma4"):
         _refuse(c, "global_rope_proportion", f"MaxText's gemma4 block rotates {share} of the "
                 f"global channels the Gemma 4 way (proportional) only for gemma4* model names, "

@@ -11,10 +11,15 @@ an unscaled RMS norm of it times ``router.scale`` and hidden_size^-0.5, softmax 
 times ``router.per_expert_scale``; ``post_feedforward_layernorm_1`` / ``_2`` norm the two
 outputs. Experts are stored fused: ``experts.gate_up_proj`` [E, 2F, D], ``down_proj`` [E, D, F].
 
-Not built, refused by name in the config translation: the small models' per-layer input
-embeddings (hidden_size_per_layer_input), KV sharing across layers (num_kv_shared_layers) and
-the vision/audio towers (the vision-language checkpoint, model_type ``gemma4``, loads its text
-model and is written back as ``gemma4_text``).
+The small models (E2B, E4B) add per-layer inputs (``embed_tokens_per_layer`` [V, L*P],
+``per_layer_model_projection`` [L*P, D], ``per_layer_projection_norm``; per layer
+``per_layer_input_gate``, ``per_layer_projection``, ``post_per_layer_input_norm``) and KV sharing:
+the last num_kv_shared_layers layers have no k/v projections or norms (a checkpoint's copies of
+them are left out, as transformers ignores them) and, with use_double_wide_mlp, MLPs twice as
+wide.
+
+Not built: the vision/audio towers (the vision-language checkpoint, model_type ``gemma4``,
+loads its text model and is written back as ``gemma4_text``).
 
 Legend: D hidden, N heads, K kv heads, H head dim, E experts, F expert FFN width.
 """
@@ -26,7 +31,7 @@ from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf.common import (GATED_MLP, Adapter, Tensors, dense_problems, ends_out,
                                        hf_linear, output_head, plain_router_problems, stacks)
 from jaxtrain.models.params import layer_tree
-from jaxtrain.models.spec import GLOBAL_STACKS, layer_slots
+from jaxtrain.models.spec import GLOBAL_STACKS, KV_SHARED_STACKS, layer_slots
 
 ARCHITECTURES = {"gemma4_text": "Gemma4ForCausalLM", "gemma4": "Gemma4ForConditionalGeneration"}
 _TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
@@ -37,6 +42,9 @@ _LEFT_OUT = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.",
 NORMS = (("attn_norm", "input_layernorm"), ("post_attn_norm", "post_attention_layernorm"),
          ("mlp_norm", "pre_feedforward_layernorm"),
          ("post_mlp_norm", "post_feedforward_layernorm"))
+# a KV-sharing layer's own key/value weights, which transformers leaves unread
+_SHARED_LEFT_OUT = tuple(f"self_attn.{n}.weight" for n in ("k_proj", "v_proj", "k_norm",
+                                                          "v_norm"))
 BRANCH_NORMS = (("shared_post_norm", "post_feedforward_layernorm_1"),
                 ("experts_norm", "pre_feedforward_layernorm_2"),
                 ("experts_post_norm", "post_feedforward_layernorm_2"))
@@ -64,14 +72,21 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
         K, H = cfg.attention_shape(slots[i][0] in GLOBAL_STACKS)
         w = lambda n: t(pre + n + ".weight").T  # noqa: E731  HF Linear [out, in] -> [in, out]
         attn = {"wq": w("self_attn.q_proj").reshape(D, N, H),
-                "wk": w("self_attn.k_proj").reshape(D, K, H),
                 "wo": w("self_attn.o_proj").reshape(N, H, D),
-                "q_norm": {"scale": t(pre + "self_attn.q_norm.weight")},
-                "k_norm": {"scale": t(pre + "self_attn.k_norm.weight")}}
-        if pre + "self_attn.v_proj.weight" in t.left:
-            attn["wv"] = w("self_attn.v_proj").reshape(D, K, H)
+                "q_norm": {"scale": t(pre + "self_attn.q_norm.weight")}}
+        if slots[i][0] in KV_SHARED_STACKS:
+            for name in _SHARED_LEFT_OUT:
+                t.drop(pre + name)
+        else:
+            attn.update(wk=w("self_attn.k_proj").reshape(D, K, H),
+                        k_norm={"scale": t(pre + "self_attn.k_norm.weight")})
+            if pre + "self_attn.v_proj.weight" in t.left:
+                attn["wv"] = w("self_attn.v_proj").reshape(D, K, H)
         tree = {"attn": attn, "layer_scalar": t(pre + "layer_scalar").reshape(1),
                 **{ours: {"scale": t(pre + theirs + ".weight")} for ours, theirs in NORMS}}
+        if cfg.per_layer_input_size:
+            tree.update(ple_gate=w("per_layer_input_gate"), ple_proj=w("per_layer_projection"),
+                        ple_norm={"scale": t(pre + "post_per_layer_input_norm.weight")})
         mlp = {ours: w(f"mlp.{theirs}") for ours, theirs in GATED_MLP}
         if cfg.moe is None:
             return {**tree, "mlp": mlp}
@@ -87,8 +102,13 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None) -> dict:
             **{ours: {"scale": t(pre + theirs + ".weight")} for ours, theirs in BRANCH_NORMS}}
         return tree
 
+    top = {}
+    if cfg.per_layer_input_size:
+        top = {"per_layer_embedding": t("model.embed_tokens_per_layer.weight"),
+               "per_layer_projection": t("model.per_layer_model_projection.weight").T,
+               "per_layer_norm": {"scale": t("model.per_layer_projection_norm.weight")}}
     return output_head(t, cfg, {"embedding": t("model.embed_tokens.weight"),
-                                **stacks(layer, cfg),
+                                **stacks(layer, cfg), **top,
                                 "final_norm": {"scale": t("model.norm.weight")}})
 
 
@@ -102,9 +122,14 @@ def tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray
                     for n in "qkv" if f"w{n}" in a})
         out[pre + "self_attn.o_proj.weight"] = hf_linear(
             np.asarray(a["wo"]).reshape(-1, cfg.hidden_size))
-        out[pre + "self_attn.q_norm.weight"] = np.asarray(a["q_norm"]["scale"])
-        out[pre + "self_attn.k_norm.weight"] = np.asarray(a["k_norm"]["scale"])
+        out.update({f"{pre}self_attn.{n}.weight": np.asarray(a[n]["scale"])
+                    for n in ("q_norm", "k_norm") if n in a})
         out[pre + "layer_scalar"] = np.asarray(p["layer_scalar"]).reshape(1)
+        if "ple_gate" in p:
+            out.update({pre + "per_layer_input_gate.weight": hf_linear(p["ple_gate"]),
+                        pre + "per_layer_projection.weight": hf_linear(p["ple_proj"]),
+                        pre + "post_per_layer_input_norm.weight":
+                            np.asarray(p["ple_norm"]["scale"])})
         out.update({pre + theirs + ".weight": np.asarray(p[ours]["scale"])
                     for ours, theirs in NORMS})
         m = p.get("moe")
@@ -122,6 +147,13 @@ def tensors(params: dict, cfg: ModelConfig, family: str) -> dict[str, np.ndarray
             out.update({pre + theirs + ".weight": np.asarray(m[ours]["scale"])
                         for ours, theirs in BRANCH_NORMS})
     out.update(ends_out(params, cfg))
+    if cfg.per_layer_input_size:
+        out.update({"model.embed_tokens_per_layer.weight": np.asarray(
+                        params["per_layer_embedding"]),
+                    "model.per_layer_model_projection.weight": hf_linear(
+                        params["per_layer_projection"]),
+                    "model.per_layer_projection_norm.weight": np.asarray(
+                        params["per_layer_norm"]["scale"])})
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
@@ -178,7 +210,10 @@ def config(cfg: ModelConfig, family: str) -> dict:
            "rope_parameters": {"full_attention": full, "sliding_attention": {
                "rope_type": "default",
                "rope_theta": cfg.local_rotary_base or cfg.rotary_base}},
-           "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+           "hidden_size_per_layer_input": cfg.per_layer_input_size,
+           "vocab_size_per_layer_input": cfg.per_layer_vocab_size or cfg.vocab_size,
+           "num_kv_shared_layers": cfg.kv_shared_layers,
+           "use_double_wide_mlp": cfg.double_wide_shared_mlp,
            "enable_moe_block": m is not None}
     if m is not None:
         out.update(num_experts=m.num_experts, top_k_experts=m.topk,
