@@ -185,6 +185,9 @@ class ModelConfig:
     linear_qk_l2_norm: bool = True
     # the walk across chunks: "xla" (lax.scan) or "pallas" (kernels/gated_delta/scan.py)
     linear_attention_impl: str = "xla"
+    # "gdn" (Gated DeltaNet: a decay per head) or "kda" (Kimi Delta Attention: a decay per key
+    # channel and low-rank gate projections; linear_attention.py)
+    linear_attention_kind: str = "gdn"
     # LFM2's gated short convolutions (models/short_conv.py): the layers that mix tokens with
     # them instead of attention (one bool per layer; None: none), the convolution's width and
     # whether its projections and convolution have biases
@@ -223,6 +226,9 @@ class ModelConfig:
     qk_head_dim: int = 128                     # per-head q/k width without RoPE
     qk_pos_emb_head_dim: int = 64              # per-head q/k RoPE width (keys share one head)
     v_head_dim: int = 128
+    # MLA without rotation (Kimi Linear, Primus's mla_use_nope): the qk_pos_emb_head_dim part
+    # of queries and the shared key stays as projected
+    mla_nope: bool = False
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"
@@ -359,6 +365,8 @@ class ModelConfig:
               "must be positive")
         if self.multi_latent_attention:
             self._validate_mla(check)
+        check(not self.mla_nope or self.multi_latent_attention, "mla_nope",
+              "leaves multi-latent attention unrotated, and the model has none")
         if self.has_global_shape:
             self._validate_global(check)
         check(self.logits_scaling > 0, "logits_scaling", "must be positive (logits are "
@@ -370,7 +378,7 @@ class ModelConfig:
         check(self.v_norm in (None, "plain", "scaled"), "v_norm",
               f"{self.v_norm!r} is not one of (None, 'plain', 'scaled')")
         if self.linear_attention_layers is not None or "G" in (self.hybrid_layers or ""):
-            self._validate_linear(check)
+            self._validate_linear(check, choice)
         if self.hybrid_layers is not None:
             self._validate_hybrid(check)
         if self.kv_shared_layers or self.per_layer_input_size:
@@ -472,7 +480,7 @@ class ModelConfig:
               "Gemma 4's global layers (global_kv_channels, global_num_query_groups, "
               "attention_k_eq_v, global_rotary_percent) take RoPE")
 
-    def _validate_linear(self, check):
+    def _validate_linear(self, check, choice):
         """Gated DeltaNet's shapes: whole value heads per key head, a causal convolution."""
         layers = self.linear_attention_layers
         check(layers is None or len(layers) == self.num_layers, "linear_attention_freq",
@@ -486,14 +494,23 @@ class ModelConfig:
               "value heads)")
         check(self.linear_attention_impl in ("xla", "pallas"), "linear_attention_impl",
               f"{self.linear_attention_impl!r} is not one of ('xla', 'pallas')")
+        choice("linear_attention_kind", ("gdn", "kda"))
+        if self.linear_attention_kind == "kda":
+            check(self.linear_num_key_heads == self.linear_num_value_heads,
+                  "linear_num_value_heads", "Kimi Delta Attention has as many value heads as key "
+                  "heads (linear_num_key_heads)")
+            check(self.linear_attention_impl == "xla", "linear_attention_impl",
+                  "the Pallas kernel walks a decay per head; Kimi Delta Attention decays each "
+                  "key channel: use xla")
         if self.linear_attention_impl == "pallas":
             C = self.linear_chunk_size
             check(C >= 16 and not C & (C - 1), "linear_chunk_size", f"{C}: the Pallas kernel "
                   "takes powers of two of at least 16 (Triton tiles); use 16, 32, 64 or 128, "
                   "or linear_attention_impl xla")
-        check(not self.multi_latent_attention or self.hybrid_layers is not None,
-              "experimental_attention_variant", "Gated DeltaNet layers beside multi-latent "
-              "attention are built in hybrid models only (hybrid_layer_pattern)")
+        check(not self.multi_latent_attention or self.hybrid_layers is not None
+              or self.linear_attention_kind == "kda", "experimental_attention_variant",
+              "Gated DeltaNet layers beside multi-latent attention are built in hybrid models "
+              "only (hybrid_layer_pattern); Kimi Delta Attention takes them anywhere")
 
     def _validate_hybrid(self, check):
         """A hybrid pattern: one known symbol per layer, whole Mamba heads per group, and none

@@ -202,11 +202,16 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
 
 
 def _linear_fields(cfg) -> dict:
-    """Gated DeltaNet layers (experimental_attention_variant gdn) placed as Megatron's
-    linear_attention_freq says: N makes every N-th layer softmax attention and the others
-    linear; a 0/1 list (or its string form) marks each layer, 1 = linear."""
+    """Gated DeltaNet layers (experimental_attention_variant gdn; Kimi Delta Attention with
+    linear_attention_kind kda) placed as Megatron's linear_attention_freq says: N makes every
+    N-th layer softmax attention and the others linear; a 0/1 list (or its string form) marks
+    each layer, 1 = linear."""
     variant = cfg["experimental_attention_variant"]
     if variant not in ("gdn", "gated_delta_net"):
+        if cfg["linear_attention_kind"] != "gdn":
+            raise ConfigError(f"linear_attention_kind {cfg['linear_attention_kind']} picks the "
+                              "kind of the linear-attention layers, and there are none: set "
+                              "experimental_attention_variant gdn and linear_attention_freq")
         return {}
     freq, n = cfg["linear_attention_freq"], cfg["num_layers"]
     if freq is None:
@@ -223,7 +228,8 @@ def _linear_fields(cfg) -> dict:
                                        "linear_num_value_heads")},
                 linear_chunk_size=cfg["gdn_chunk_size"],
                 linear_qk_l2_norm=cfg["use_qk_norm_in_gdn"],
-                linear_attention_impl=cfg["linear_attention_impl"])
+                linear_attention_impl=cfg["linear_attention_impl"],
+                linear_attention_kind=cfg["linear_attention_kind"])
 
 
 # Primus's stack specs for model_type mamba: what their 'M' layers are (None: not built yet).
@@ -631,10 +637,14 @@ def _megatron_window(cfg: Mapping[str, Any]) -> dict:
 def _mla_fields(cfg: Mapping[str, Any]) -> dict:
     """Multi-latent attention fields when it is switched on."""
     if not cfg["multi_latent_attention"]:
+        if cfg["mla_nope"]:
+            raise ConfigError("mla_nope leaves multi-latent attention unrotated, and "
+                              "multi_latent_attention is off")
         return {}
     return dict(multi_latent_attention=True, q_lora_rank=cfg["q_lora_rank"] or None,
                 kv_lora_rank=cfg["kv_lora_rank"], qk_head_dim=cfg["qk_head_dim"],
-                qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"], v_head_dim=cfg["v_head_dim"])
+                qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"], v_head_dim=cfg["v_head_dim"],
+                mla_nope=bool(cfg["mla_nope"]))
 
 
 _REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",

@@ -13,6 +13,16 @@ convolution width): wq, wk [D,H_k,D_k]; wv, wz [D,H_v,D_v]; wb, wa [D,H_v]; conv
 Heads split over the tensor axis like attention heads (a value head's key head is on the same
 shard, since H_v/H_k value heads follow each key head).
 
+Kimi Delta Attention (``linear_attention_kind`` kda; Kimi Linear, FLA's KDA): the same layer
+with as many key as value heads (H), a decay per key channel from a low-rank projection and
+an output gate from another, the gated norm taking sigmoid(gate):
+
+    g = -exp(A_log) * softplus((x W_fa) W_fb + dt_bias)     [H, D_k] per token
+    out = (rmsnorm(o) * w_norm * sigmoid((x W_ga) W_gb)) W_o
+
+Its parameters replace wz/wa with wf_a [D,D_k], wf_b [D_k,H,D_k], wg_a [D,D_v], wg_b
+[D_v,H,D_v], and dt_bias is [H,D_k].
+
 Decoding carries per layer the last W-1 convolution inputs and the recurrent state
 [B,H_v,D_k,D_v] instead of keys and values (:func:`init_cache`).
 """
@@ -55,7 +65,7 @@ def linear_attention_specs(cfg) -> dict:
     proj = lambda *s: ParamSpec((D, *s), dt, ("embed", "q_heads", "kv")[:len(s) + 1],  # noqa
                                 _linear_init(cfg, 0, tuple(range(1, len(s) + 1))))
     conv = lambda H, Dh: ParamSpec((W, H, Dh), dt, (None, "q_heads", "kv"), _conv_init)  # noqa
-    return {
+    tree = {
         "wq": proj(Hk, Dk), "wk": proj(Hk, Dk), "wv": proj(Hv, Dv), "wz": proj(Hv, Dv),
         "wb": proj(Hv), "wa": proj(Hv),
         "conv_q": conv(Hk, Dk), "conv_k": conv(Hk, Dk), "conv_v": conv(Hv, Dv),
@@ -65,6 +75,14 @@ def linear_attention_specs(cfg) -> dict:
         "wo": ParamSpec((Hv, Dv, D), dt, ("q_heads", "kv", "embed"),
                         _linear_init(cfg, (0, 1), 2, output_layer=True)),
     }
+    if cfg.linear_attention_kind != "kda":
+        return tree
+    del tree["wz"], tree["wa"]
+    low = lambda Dh: ParamSpec((D, Dh), dt, ("embed", None), _linear_init(cfg, 0, 1))  # noqa
+    up = lambda Dh: ParamSpec((Dh, Hv, Dh), dt, (None, "q_heads", "kv"),  # noqa: E731
+                              _linear_init(cfg, 0, (1, 2)))
+    return {**tree, "wf_a": low(Dk), "wf_b": up(Dk), "wg_a": low(Dv), "wg_b": up(Dv),
+            "dt_bias": ParamSpec((Hv, Dk), jnp.float32, ("q_heads", "kv"), _dt_bias_init)}
 
 
 def causal_conv(x, w, seq=None, state=None, bias=None):
@@ -92,12 +110,15 @@ def causal_conv(x, w, seq=None, state=None, bias=None):
     return jax.nn.silu(y).astype(x.dtype), full[:, T:]
 
 
-def gated_norm(p: dict, o, z, cfg):
-    """RMSNorm of o [...,D_v] (float32, the plain weight) times silu(z), in the compute dtype."""
+def gated_norm(p: dict, o, z, cfg, gate=jax.nn.silu):
+    """RMSNorm of o [...,D_v] (float32, the plain weight) times gate(z), in the compute dtype
+    (Gated DeltaNet rounds the normed o to o's dtype first; KDA stays in float32)."""
     o32 = o.astype(jnp.float32)
     y = o32 * jax.lax.rsqrt(jnp.mean(o32 * o32, -1, keepdims=True) + cfg.norm_epsilon)
-    y = (p["scale"].astype(jnp.float32) * y.astype(o.dtype).astype(jnp.float32))
-    return (y * jax.nn.silu(z.astype(jnp.float32))).astype(cfg.compute_dtype)
+    if cfg.linear_attention_kind != "kda":
+        y = y.astype(o.dtype).astype(jnp.float32)
+    y = p["scale"].astype(jnp.float32) * y
+    return (y * gate(z.astype(jnp.float32))).astype(cfg.compute_dtype)
 
 
 def recurrent_inputs(x, ctx: dict, cache):
@@ -124,9 +145,15 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
     names = ("query_proj", "key_proj", "value_proj")
     q, k, v = (L.dense(x, p[w], None, "btd,dhk->bthk", n, cfg)
                for w, n in zip(("wq", "wk", "wv"), names))
-    z = L.dense(x, p["wz"], None, "btd,dhk->bthk", "linear_gate_proj", cfg)
+    kda = cfg.linear_attention_kind == "kda"
+    if kda:   # low-rank projections of the output gate and of the per-channel decay
+        z = _low_rank(x, p["wg_a"], p["wg_b"], "linear_gate_proj", cfg)
+        a = _low_rank(x, p["wf_a"], p["wf_b"], "linear_decay_proj", cfg).astype(jnp.float32)
+    else:
+        z = L.dense(x, p["wz"], None, "btd,dhk->bthk", "linear_gate_proj", cfg)
+        a = L.dense(x, p["wa"], None, "btd,dh->bth", "linear_decay_proj", cfg
+                    ).astype(jnp.float32)
     b = L.dense(x, p["wb"], None, "btd,dh->bth", "linear_beta_proj", cfg).astype(jnp.float32)
-    a = L.dense(x, p["wa"], None, "btd,dh->bth", "linear_decay_proj", cfg).astype(jnp.float32)
     q, k, v, z = (constrain(t, "act_batch", "act_seq", "act_heads", "act_kv")
                   for t in (q, k, v, z))
     conv_state = {} if cache is None else cache
@@ -134,19 +161,25 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
         causal_conv(t, p["conv_" + n], seq, conv_state.get("conv_" + n))
         for t, n in zip((q, k, v), "qkv"))
     beta = jax.nn.sigmoid(b)
-    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(
-        a + p["dt_bias"].astype(jnp.float32))
+    rate = jnp.exp(p["A_log"].astype(jnp.float32))
+    g = -(rate[:, None] if kda else rate) * jax.nn.softplus(a + p["dt_bias"].astype(jnp.float32))
     o, state = chunked_gated_delta_rule(
         q, k, v, g, beta, segment_ids=seg, chunk_size=cfg.linear_chunk_size,
         initial_state=None if cache is None else cache["state"], l2_qk=cfg.linear_qk_l2_norm,
         scan=chunk_scan if cfg.linear_attention_impl == "pallas" else None)
-    o = constrain(gated_norm(p["norm"], o, z, cfg), "act_batch", "act_seq", "act_heads",
-                  "act_kv")
+    o = constrain(gated_norm(p["norm"], o, z, cfg, jax.nn.sigmoid if kda else jax.nn.silu),
+                  "act_batch", "act_seq", "act_heads", "act_kv")
     out = L.dense(o, p["wo"], None, "bthk,hkd->btd", "out_proj", cfg)
     if cache is None:
         return out
     sq, sk, sv = last_sequence_inputs((sq, sk, sv), seq)
     return out, {"conv_q": sq, "conv_k": sk, "conv_v": sv, "state": state}
+
+
+def _low_rank(x, w_a, w_b, name: str, cfg):
+    """(x W_a) W_b: [B,T,D] -> [B,T,H,D_h] through a D_h-wide bottleneck (KDA's gates)."""
+    h = L.dense(x, w_a, None, "btd,dr->btr", name + "_a", cfg)
+    return L.dense(h, w_b, None, "btr,rhk->bthk", name, cfg)
 
 
 def last_sequence_inputs(states, seq):

@@ -90,8 +90,10 @@ def mla_qkv(p: dict, x, ctx: dict, cfg):
                     "btd,dnh->btnh" if "wq" in p else "btr,rnh->btnh", "query_proj", cfg)
         k_nope = L.dense(latent, p["wk_b"], None, "btr,rnh->btnh", "key_proj", cfg)
         v = L.dense(latent, p["wv_b"], None, "btr,rnh->btnh", "value_proj", cfg)
-        q = jnp.concatenate([q[..., :Hn], rope_pairs(q[..., Hn:], cos, sin)], -1)
-        k_pos = rope_pairs(k_pos[:, :, None, :], cos, sin)
+        k_pos = k_pos[:, :, None, :]
+        if cos is not None:   # mla_nope: both parts stay unrotated
+            q = jnp.concatenate([q[..., :Hn], rope_pairs(q[..., Hn:], cos, sin)], -1)
+            k_pos = rope_pairs(k_pos, cos, sin)
         k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pos, k_nope.shape[:3] + k_pos.shape[3:])],
                             -1)
         return q, k, v
@@ -99,7 +101,8 @@ def mla_qkv(p: dict, x, ctx: dict, cfg):
     weights = {n: p[n] for n in ("wq", "wq_b", "wk_b", "wv_b") if n in p}
     if "mla_up_proj" in cfg.recompute_modules:
         up = jax.checkpoint(up)
-    q, k, v = up(weights, q_in, latent, k_pos, *ctx["rope"])
+    rope = None if cfg.mla_nope else ctx.get("rope")
+    q, k, v = up(weights, q_in, latent, k_pos, *(rope or (None, None)))
     q = constrain(q, "act_batch", "act_seq", "act_heads", "act_kv")
     k = constrain(k, "act_batch", "act_seq", "act_heads", "act_kv")
     v = constrain(v, "act_batch", "act_seq", "act_heads", "act_kv")

@@ -602,7 +602,8 @@ def _rope_tables(positions, cfg):
         local = (L.local_rope_tables if cfg.local_rotary_base is not None else L.rope_tables)
         return (*L.global_rope_tables(positions, cfg), *local(positions, cfg))
     rope = (L.rope_tables(positions, cfg) if cfg.position_embedding_type == "rope"
-            or cfg.multi_latent_attention else None)   # MLA always rotates (Megatron)
+            or cfg.multi_latent_attention and not cfg.mla_nope else None)   # MLA rotates
+    # unless mla_nope, whatever position_embedding_type says (Megatron)
     if rope is not None and cfg.local_rotary_base is not None:
         rope = (*rope, *L.local_rope_tables(positions, cfg))
     return rope

@@ -148,6 +148,14 @@ CASES = {
     "gpt2_exact_gelu": lambda: tr.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                              vocab_size=300, activation_function="gelu",
                                              tie_word_embeddings=False),
+    "kimi_linear": lambda: tr.KimiLinearConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1,
+        num_experts_per_tok=2, num_local_experts=4, linear_head_dim=16, linear_num_heads=4,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        layer_types=["linear_attention", "full_attention", "linear_attention"]),
 }
 # ModelConfig fields a run sets, not a config.json (dtype, attention kernel, remat, ...).
 RUN_FIELDS = ("dtype", "weight_dtype", "attention_impl", "attention_softmax_in_fp32", "quant",

@@ -88,6 +88,11 @@ LAYOUTS = {
     "gdn": (1, GDN),
     "gdn_tp_sp_fsdp": (8, GDN + ["tensor_model_parallel_size=2", "sequence_parallel=true",
                                  "use_torch_fsdp2=true"]),
+    # Kimi Delta Attention in the same places: per-channel decays split with their heads
+    "kda": (1, GDN + ["linear_attention_kind=kda", "linear_num_value_heads=2"]),
+    "kda_tp_sp_fsdp": (8, GDN + ["linear_attention_kind=kda", "linear_num_value_heads=2",
+                                 "tensor_model_parallel_size=2", "sequence_parallel=true",
+                                 "use_torch_fsdp2=true"]),
     # Megatron's hybrid stack (Mamba, attention, MLP, Mamba): heads and groups split by TP
     "hybrid": (1, HYBRID),
     "hybrid_tp_sp_fsdp": (8, HYBRID + ["tensor_model_parallel_size=2", "sequence_parallel=true",

@@ -21,7 +21,7 @@ GATHERS = ["torch_fsdp2", "fsdp_keep", "tp_recompute", "tp_distribute"]
 REPLICAS = ["tp"]
 MOE = [n for n in LAYOUTS if n.startswith("moe")]   # compared among themselves
 CP = [n for n in LAYOUTS if n.startswith("cp")]   # trained in a slow test
-GDN = [n for n in LAYOUTS if n.startswith(("gdn", "hybrid", "small_gemma4"))]   # own tests
+GDN = [n for n in LAYOUTS if n.startswith(("gdn", "kda", "hybrid", "small_gemma4"))]  # own tests
 BUILT = [n for n in LAYOUTS
          if n not in TRAINED + GATHERS + REPLICAS + MOE + CP + GDN + ACCUMULATED + REDUCTIONS]
 # The default run trains one device and DP x TP x FSDP and checks these layouts' shardings;
@@ -269,6 +269,18 @@ def test_gated_deltanet_hybrid_splits_its_heads_without_changing_the_losses(tmp_
     specs = got["gdn_tp_sp_fsdp"]["params"]
     wq = next(v for k, v in specs.items() if "linear_attn" in k and k.endswith("['wq']"))
     assert "tensor" in json.dumps(wq)
+
+
+@pytest.mark.slow
+def test_kimi_delta_attention_splits_its_heads_without_changing_the_losses(tmp_path):
+    """Kimi Delta Attention layers under TP 2 with SP and FSDP train with the one-device
+    losses; the per-channel decay bias and the gate projections split with the heads."""
+    got = _worker(tmp_path, "train:kda,kda_tp_sp_fsdp")
+    assert got["kda_tp_sp_fsdp"]["losses"] == pytest.approx(got["kda"]["losses"], rel=2e-6)
+    specs = got["kda_tp_sp_fsdp"]["params"]
+    for leaf in ("dt_bias", "wf_b", "wg_b"):
+        spec = next(v for k, v in specs.items() if "linear_attn" in k and k.endswith(f"['{leaf}']"))
+        assert "tensor" in json.dumps(spec), leaf
 
 
 @pytest.mark.slow

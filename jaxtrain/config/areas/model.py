@@ -178,6 +178,13 @@ KNOBS = [
       "attn_scale).", "jaxtrain", status=HONORED),
     K("temperature_tuning_floor_scale", "float", 8192.0, "Positions per step of the temperature "
       "tuning (Llama 4's floor_scale).", "jaxtrain", status=HONORED),
+    K("linear_attention_kind", "str", "gdn", "The linear-attention layers' kind: gdn (Gated "
+      "DeltaNet, a decay per head) or kda (Kimi Delta Attention: a decay per key channel and "
+      "low-rank decay and output-gate projections, Kimi Linear).", "jaxtrain", status=HONORED,
+      choices=("gdn", "kda")),
+    K("mla_nope", "bool", False, "Multi-latent attention without rotary embeddings: the "
+      "qk_pos_emb_head_dim part of the queries and the shared key stays as projected (Kimi "
+      "Linear).", "jaxtrain", status=HONORED),
     K("linear_attention_impl", "str", "xla", "Gated DeltaNet: how the state walks across "
       "chunks; xla is a lax.scan, pallas the Pallas kernel (Triton on GPUs) that keeps the state "
       "on chip (needs gdn_chunk_size a power of two of at least 16).", "jaxtrain",

@@ -55,7 +55,7 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "max_position_embeddings": 131072, "query_pre_attn_scalar": 256,
                             "hidden_activation": "gelu_pytorch_tanh"}}
 FAMILIES = (LLAMA_LIKE + ("phi3", "smollm3", "granite", "gpt2", "gpt_neox", "deepseek_v3",
-                          "gpt_oss") + MOE + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4
+                          "kimi_linear", "gpt_oss") + MOE + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4
             + ("nemotron_h", "mamba2", "lfm2", "lfm2_moe", "granitemoehybrid") + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("gemma3n", "gemma3n_text",
@@ -512,6 +512,65 @@ def _deepseek_v3(hf: dict) -> dict:
     if not math.isclose(theirs, ours, rel_tol=1e-9):
         raise bad("rope_parameters", rp, "the softmax scale's mscale_all_dim needs YaRN with "
                   "both mscale and mscale_all_dim (and no other attention_factor)")
+    return out
+
+
+# KimiLinearConfig's attribute_map: the names its config.json files use -> DeepSeek-V3's
+_KIMI_NAMES = {"model_max_length": "max_position_embeddings", "moe_renormalize": "norm_topk_prob",
+               "num_expert_group": "n_group", "num_experts": "n_routed_experts",
+               "num_local_experts": "n_routed_experts",
+               "num_experts_per_token": "num_experts_per_tok",
+               "num_shared_experts": "n_shared_experts"}
+
+
+def _kimi_linear(hf: dict) -> dict:
+    """Kimi Linear: Kimi Delta Attention layers (linear_attention_kind kda) and multi-latent
+    attention layers without RoPE (mla_nope) as layer_types (or the checkpoint's
+    linear_attn_config, 1-based kda_layers / full_attn_layers) say; dense MLPs then MoE layers
+    as mlp_layer_types (or first_k_dense_replace) say, routed as DeepSeek-V3 routes. Fields
+    missing take KimiLinearConfig's defaults. transformers never ties its output layer to the
+    embedding (tie_word_embeddings is not read), so neither does this."""
+    hf = {_KIMI_NAMES.get(k, k): v for k, v in hf.items()}
+    defaults = dict(vocab_size=163840, hidden_size=2304, intermediate_size=9216,
+                    moe_intermediate_size=1024, num_hidden_layers=27, num_attention_heads=32,
+                    n_shared_experts=1, routed_scaling_factor=2.446, kv_lora_rank=512,
+                    qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=1,
+                    topk_group=1, num_experts_per_tok=8, norm_topk_prob=True,
+                    max_position_embeddings=1048576, rms_norm_eps=1e-5, n_routed_experts=256,
+                    tie_word_embeddings=False, first_k_dense_replace=1)
+    hf = {**defaults, **{k: v for k, v in hf.items() if v is not None}}
+    n = hf["num_hidden_layers"]
+    lin = hf.get("linear_attn_config") or {}
+    types = hf.get("layer_types")
+    if types is None and "kda_layers" in lin and "full_attn_layers" in lin:
+        types = [None] * n
+        for i in lin["full_attn_layers"]:
+            types[i - 1] = "full_attention"
+        for i in lin["kda_layers"]:
+            types[i - 1] = "linear_attention"
+    types = types or ["full_attention" if i and i % 4 == 0 else "linear_attention"
+                      for i in range(n)]
+    if sorted(set(types) - {"linear_attention", "full_attention"}) or len(types) != n:
+        raise bad("layer_types", types, f"expected {n} entries of linear_attention or "
+                  "full_attention")
+    mlp = hf.get("mlp_layer_types") or ["dense" if i < hf["first_k_dense_replace"] else "sparse"
+                                        for i in range(n)]
+    if sorted(set(mlp) - {"dense", "sparse"}) or len(mlp) != n:
+        raise bad("mlp_layer_types", mlp, f"expected {n} entries of dense or sparse")
+    out = _deepseek_v3({**hf, "first_k_dense_replace": n, "rope_parameters": None,
+                        "rope_scaling": None})
+    width = lin.get("head_dim", hf.get("linear_head_dim", 128))
+    heads = lin.get("num_heads", hf.get("linear_num_heads", 32))
+    out.update(mla_nope=True, experimental_attention_variant="gdn",
+               linear_attention_kind="kda", untie_embeddings_and_output_weights=True,
+               linear_attention_freq=[int(t == "linear_attention") for t in types],
+               linear_conv_kernel_dim=lin.get("short_conv_kernel_size",
+                                              hf.get("linear_conv_kernel_dim", 4)),
+               linear_key_head_dim=width, linear_value_head_dim=width,
+               linear_num_key_heads=heads, linear_num_value_heads=heads)
+    if "sparse" in mlp:
+        out.update(_deepseek_moe({**hf, "first_k_dense_replace": 0}))
+        out["moe_layer_freq"] = [int(t == "sparse") for t in mlp]
     return out
 
 
@@ -1135,7 +1194,7 @@ def text_config(hf: dict) -> dict:
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     **{f: _llama for f in LLAMA_LIKE + MOE}, "phi3": _phi3, "smollm3": _smollm3,
     "granite": _granite, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
-    "deepseek_v3": _deepseek_v3,
+    "deepseek_v3": _deepseek_v3, "kimi_linear": _kimi_linear,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
     **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,
     "nemotron_h": _nemotron_h, "mamba2": _mamba2, "lfm2": _lfm2, "lfm2_moe": _lfm2,

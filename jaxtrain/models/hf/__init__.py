@@ -22,6 +22,8 @@ Families, one adapter module each (see :class:`common.Adapter`):
   OLMo 3's sliding-window layers);
 - qwen3_next.py: Qwen3-Next, Qwen3.5 and Qwen3.5-MoE text models (Gated DeltaNet layers
   between gated full-attention layers; MoE with a gated shared expert);
+- kimi_linear.py: Kimi Linear (Kimi Delta Attention layers between multi-latent attention
+  layers without RoPE; DeepSeek-V3-routed MoE);
 - llama4.py: Llama 4 text (NoPE layers, chunked attention, L2 q/k norms, temperature tuning;
   interleaved MoE layers of a sigmoid top-1 router scaling the expert input, a shared expert);
 - gemma4.py: Gemma 4 text (global layers with their own heads, keys as values, proportional
@@ -54,14 +56,14 @@ from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
 from jaxtrain.models.hf import (deepseek_v3, gemma, gemma4, gpt2, gpt_neox, gpt_oss, granite,
-                                granite_hybrid, lfm2, llama, llama4, moe, nemotron_h, olmo, phi3,
-                                qwen3_next, smollm3)
+                                granite_hybrid, kimi_linear, lfm2, llama, llama4, moe, nemotron_h,
+                                olmo, phi3, qwen3_next, smollm3)
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
 from jaxtrain.models.params import abstract
 
 # In the order hf_family asks them which family reproduces a config most directly.
 ADAPTERS: tuple[Adapter, ...] = (granite_hybrid.ADAPTER, nemotron_h.ADAPTER, lfm2.ADAPTER,
-                                 qwen3_next.ADAPTER,
+                                 kimi_linear.ADAPTER, qwen3_next.ADAPTER,
                                  smollm3.ADAPTER, llama4.ADAPTER, gemma4.ADAPTER,
                                  deepseek_v3.ADAPTER,
                                  gpt_oss.ADAPTER, moe.ADAPTER,

@@ -39,11 +39,11 @@ def _rope_pair_order(P: int) -> np.ndarray:
     return np.stack([np.arange(P // 2), np.arange(P // 2) + P // 2], -1).reshape(-1)
 
 
-def _moe_in(t: Tensors, pre: str, cfg) -> dict:
-    """An MoE layer: router (+ e_score_correction_bias as expert_bias), routed experts in either
-    layout, and the shared expert (absent when n_shared_experts is 0)."""
-    base = pre + "mlp."
-    tree = experts_in(t, base, cfg, EXPERT_NAMES)
+def moe_in(t: Tensors, base: str, cfg, names=EXPERT_NAMES) -> dict:
+    """An MoE layer under ``base``: router (+ e_score_correction_bias as expert_bias), routed
+    experts in either layout (``names``: the per-expert gate/up/down names), and the shared
+    expert (absent when n_shared_experts is 0)."""
+    tree = experts_in(t, base, cfg, names)
     tree["router"]["expert_bias"] = t(base + "gate.e_score_correction_bias")
     if cfg.moe.shared_expert_size:
         tree["shared"] = {ours: t(f"{base}shared_experts.{n}.weight").T for ours, n in MLP_NAMES}
@@ -60,8 +60,7 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict) -> dict:
     multi-token-prediction layers stored after the decoder are skipped, as transformers does."""
     rope_interleave = hf.get("rope_interleave", True)
     mtp_layers = hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 0)) or 0
-    D, N, Hn, Hv = cfg.hidden_size, cfg.num_attention_heads, cfg.qk_head_dim, cfg.v_head_dim
-    Hq, Rkv, P = cfg.head_dim, cfg.kv_lora_rank, cfg.qk_pos_emb_head_dim
+    Hn, Hq, Rkv, P = cfg.qk_head_dim, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_pos_emb_head_dim
     q_order = np.arange(Hq)
     kv_order = np.arange(Rkv + P)
     if not rope_interleave:
@@ -72,21 +71,11 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict) -> dict:
     def layer(i):
         pre = f"model.layers.{i}."
         w = lambda n: t(pre + n + ".weight").T  # noqa: E731  HF Linear [out, in] -> [in, out]
-        if cfg.q_lora_rank is None:
-            attn = {"wq": w("self_attn.q_proj").reshape(D, N, Hq)[..., q_order]}
-        else:
-            attn = {"wq_a": w("self_attn.q_a_proj"),
-                    "q_a_norm": {"scale": t(pre + "self_attn.q_a_layernorm.weight")},
-                    "wq_b": w("self_attn.q_b_proj").reshape(-1, N, Hq)[..., q_order]}
-        kv_b = w("self_attn.kv_b_proj").reshape(Rkv, N, Hn + Hv)
-        attn.update(wkv_a=w("self_attn.kv_a_proj_with_mqa")[:, kv_order],
-                    kv_a_norm={"scale": t(pre + "self_attn.kv_a_layernorm.weight")},
-                    wk_b=kv_b[..., :Hn], wv_b=kv_b[..., Hn:],
-                    wo=w("self_attn.o_proj").reshape(N, Hv, D))
-        tree = {"attn_norm": {"scale": t(pre + "input_layernorm.weight")}, "attn": attn,
+        tree = {"attn_norm": {"scale": t(pre + "input_layernorm.weight")},
+                "attn": mla_in(t, pre + "self_attn.", cfg, q_order, kv_order),
                 "mlp_norm": {"scale": t(pre + "post_attention_layernorm.weight")}}
         if slots[i] == MOE_STACK:
-            return {**tree, "moe": _moe_in(t, pre, cfg)}
+            return {**tree, "moe": moe_in(t, pre + "mlp.", cfg)}
         return {**tree, "mlp": {ours: w(f"mlp.{theirs}") for ours, theirs in MLP_NAMES}}
 
     mtp = tuple(f"model.layers.{cfg.num_layers + j}." for j in range(mtp_layers))
@@ -97,36 +86,68 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict) -> dict:
                                 "final_norm": {"scale": t("model.norm.weight")}})
 
 
+def mla_in(t: Tensors, pre: str, cfg, q_order=None, kv_order=None) -> dict:
+    """One multi-latent attention tree from the projections under ``pre`` (``self_attn.``);
+    ``q_order`` / ``kv_order``: channel orders of the query heads and of the kv down
+    projection's output (identity when None)."""
+    D, N, Hn, Hv = cfg.hidden_size, cfg.num_attention_heads, cfg.qk_head_dim, cfg.v_head_dim
+    Hq, Rkv = cfg.head_dim, cfg.kv_lora_rank
+    q_order = np.arange(Hq) if q_order is None else q_order
+    w = lambda n: t(pre + n + ".weight").T  # noqa: E731  HF Linear [out, in] -> [in, out]
+    if cfg.q_lora_rank is None:
+        attn = {"wq": w("q_proj").reshape(D, N, Hq)[..., q_order]}
+    else:
+        attn = {"wq_a": w("q_a_proj"), "q_a_norm": {"scale": t(pre + "q_a_layernorm.weight")},
+                "wq_b": w("q_b_proj").reshape(-1, N, Hq)[..., q_order]}
+    kv_a = w("kv_a_proj_with_mqa")
+    kv_b = w("kv_b_proj").reshape(Rkv, N, Hn + Hv)
+    attn.update(wkv_a=kv_a if kv_order is None else kv_a[:, kv_order],
+                kv_a_norm={"scale": t(pre + "kv_a_layernorm.weight")},
+                wk_b=kv_b[..., :Hn], wv_b=kv_b[..., Hn:], wo=w("o_proj").reshape(N, Hv, D))
+    return attn
+
+
 # ---------------------------------------------------------------- tensors out
+
+def mla_out(a: dict, pre: str, cfg) -> dict[str, np.ndarray]:
+    """The inverse of :func:`mla_in` (identity channel orders)."""
+    out = {}
+    if "wq" in a:
+        out[pre + "q_proj.weight"] = hf_linear(a["wq"])
+    else:
+        out[pre + "q_a_proj.weight"] = hf_linear(a["wq_a"])
+        out[pre + "q_a_layernorm.weight"] = norm_scale(a["q_a_norm"], cfg)
+        out[pre + "q_b_proj.weight"] = hf_linear(a["wq_b"])
+    out[pre + "kv_a_proj_with_mqa.weight"] = hf_linear(a["wkv_a"])
+    out[pre + "kv_a_layernorm.weight"] = norm_scale(a["kv_a_norm"], cfg)
+    out[pre + "kv_b_proj.weight"] = hf_linear(np.concatenate([a["wk_b"], a["wv_b"]], -1))
+    out[pre + "o_proj.weight"] = np.asarray(a["wo"]).reshape(-1, cfg.hidden_size).T
+    return out
+
+
+def moe_out(moe: dict, base: str, cfg, names=EXPERT_NAMES) -> dict[str, np.ndarray]:
+    """The inverse of :func:`moe_in` (the per-expert layout; a missing expert bias as
+    zeros)."""
+    out = experts_out(moe, base, names)
+    bias = moe["router"].get("expert_bias")
+    out[base + "gate.e_score_correction_bias"] = (
+        np.zeros(cfg.moe.num_experts, np.float32) if bias is None
+        else np.asarray(bias).astype(np.float32))
+    for ours, theirs in MLP_NAMES if "shared" in moe else ():
+        out[base + f"shared_experts.{theirs}.weight"] = hf_linear(moe["shared"][ours])
+    return out
+
 
 def tensors(params: dict, cfg: ModelConfig, family: str = "deepseek_v3"
             ) -> dict[str, np.ndarray]:
-    D = cfg.hidden_size
     np_ = np.asarray
     out: dict[str, np.ndarray] = {}
     for i in range(cfg.num_layers):
         p = layer_tree(params, cfg, i)
-        a, m, pre = p["attn"], p.get("mlp"), f"model.layers.{i}."
-        if "wq" in a:
-            out[pre + "self_attn.q_proj.weight"] = hf_linear(a["wq"])
-        else:
-            out[pre + "self_attn.q_a_proj.weight"] = hf_linear(a["wq_a"])
-            out[pre + "self_attn.q_a_layernorm.weight"] = norm_scale(a["q_a_norm"], cfg)
-            out[pre + "self_attn.q_b_proj.weight"] = hf_linear(a["wq_b"])
-        out[pre + "self_attn.kv_a_proj_with_mqa.weight"] = hf_linear(a["wkv_a"])
-        out[pre + "self_attn.kv_a_layernorm.weight"] = norm_scale(a["kv_a_norm"], cfg)
-        out[pre + "self_attn.kv_b_proj.weight"] = hf_linear(
-            np.concatenate([a["wk_b"], a["wv_b"]], -1))
-        out[pre + "self_attn.o_proj.weight"] = np_(a["wo"]).reshape(-1, D).T
+        m, pre = p.get("mlp"), f"model.layers.{i}."
+        out.update(mla_out(p["attn"], pre + "self_attn.", cfg))
         if m is None:
-            moe = p["moe"]
-            out.update(experts_out(moe, pre + "mlp.", EXPERT_NAMES))
-            bias = moe["router"].get("expert_bias")
-            out[pre + "mlp.gate.e_score_correction_bias"] = (
-                np.zeros(cfg.moe.num_experts, np.float32) if bias is None
-                else np_(bias).astype(np.float32))
-            for ours, theirs in MLP_NAMES if "shared" in moe else ():
-                out[pre + f"mlp.shared_experts.{theirs}.weight"] = hf_linear(moe["shared"][ours])
+            out.update(moe_out(p["moe"], pre + "mlp.", cfg))
         else:
             for ours, theirs in MLP_NAMES:
                 out[pre + f"mlp.{theirs}.weight"] = hf_linear(m[ours])

@@ -44,6 +44,8 @@ EXPERTS = ("gate_proj", "up_proj", "down_proj")
 def picks(cfg: ModelConfig) -> str | None:
     if cfg.linear_attention_layers is None and not cfg.attention_output_gate:
         return None
+    if cfg.linear_attention_kind != "gdn":
+        return None
     return "qwen3_next" if cfg.moe is not None else "qwen3_5_text"
 
 
