@@ -151,6 +151,11 @@ class Evaluator:
         step = jitted_eval_step(model_cfg, tcfg.loss_chunks, tcfg.half_precision_loss, layout,
                                 params_memory)
         eval_rows = _eval_rows(cfg, tcfg, layout)
+        eval_batch = _eval_global_batch(cfg, tcfg)
+        if eval_batch is not None and eval_rows is None:   # Megatron's eval_global_batch_size
+            per = tcfg.micro_batch_size * tcfg.data_parallel_size
+            tcfg = dataclasses.replace(tcfg, global_batch_size=eval_batch,
+                                       num_microbatches=eval_batch // per, rampup=None)
         if eval_rows is not None:   # MaxText's eval batch: one micro-step of its own size
             tcfg = dataclasses.replace(tcfg, micro_batch_size=eval_rows // tcfg.data_parallel_size,
                                        global_batch_size=eval_rows, num_microbatches=1)
@@ -307,6 +312,19 @@ def _eval_rows(cfg, tcfg, layout) -> int | None:
                           f"{rows:g} sequences, which the {dp} data-parallel replicas cannot "
                           f"share evenly; use a value that makes it a multiple of {dp}")
     return int(rows)
+
+
+def _eval_global_batch(cfg, tcfg) -> int | None:
+    """Rows of a validation batch under Megatron's eval_global_batch_size; unset, the training
+    batch, or under a step_batch_size_schedule micro_batch_size x data-parallel size (what
+    Megatron-LM's global_batch_size is then). None: the training batch."""
+    rows = 2 if tcfg.dpo is not None else 1
+    given = cfg.get("eval_global_batch_size")
+    if given:
+        return int(given) * rows
+    if cfg.get("step_batch_size_schedule"):
+        return tcfg.micro_batch_size * tcfg.data_parallel_size
+    return None
 
 
 def _blank(sample):

@@ -8,7 +8,7 @@ from jaxtrain.config.errors import ConfigError
 from jaxtrain.dpo import DPOConfig
 from jaxtrain.loss import CE, TokenObjective
 from jaxtrain.loss_scale import LossScaleConfig
-from jaxtrain.optim.schedules import parse_rampup, rampup_batches
+from jaxtrain.optim.schedules import batch_ramp, rampup_batches
 
 
 def _divisor_at_most(n: int, k: int) -> int:
@@ -105,7 +105,9 @@ class TrainConfig:
     seq_length: int
     micro_batch_size: int
     global_batch_size: int
-    rampup: tuple[int, int, int] | None
+    # rampup_batch_size (start, increment, samples) or step_batch_size_schedule
+    # (optim.schedules.StepSchedule); None: every step takes global_batch_size
+    rampup: Any
     decrease_batch_size_if_needed: bool
     num_microbatches: int
     data_parallel_size: int
@@ -208,7 +210,7 @@ class TrainConfig:
         return cls(
             seq_length=seq, micro_batch_size=cfg["micro_batch_size"] * rows,
             global_batch_size=cfg["global_batch_size"] * rows, dpo=dpo_cfg,
-            rampup=parse_rampup(cfg["rampup_batch_size"]),
+            rampup=batch_ramp(lambda k: cfg[k]),
             decrease_batch_size_if_needed=cfg["decrease_batch_size_if_needed"],
             num_microbatches=cfg.derived["num_microbatches"],
             data_parallel_size=cfg.derived["data_parallel_size"],

@@ -14,6 +14,7 @@ import math
 
 from jaxtrain.config.resolved import DEFAULT_ORIGIN, is_default
 from jaxtrain.config.areas.checkpoint import TORCH_FORMATS, TORCH_FORMATS_REASON
+from jaxtrain.config.batch_schedule import parse_step_schedule
 from jaxtrain.config.dialects.maxtext_rules import MAXTEXT_RULES
 
 DERIVED = "derived"
@@ -413,6 +414,7 @@ def iterations(c: Context):
     if c.get("train_samples") is not None and c.get("train_iters") is not None:
         _yield_default(c, "train_samples", "train_iters", None,
                        "train_iters and train_samples are exclusive")
+    _step_batch_size_schedule(c)
     ramp = c.get("rampup_batch_size")
     if ramp:
         parts = ramp.split() if isinstance(ramp, str) else list(ramp)
@@ -423,12 +425,38 @@ def iterations(c: Context):
                     f"got {ramp!r}")
             return
         gbs = c.get("global_batch_size")
-        if incr <= 0 or start > gbs or (gbs - start) % incr:
+        if gbs is None:
+            c.error(f"rampup_batch_size {ramp!r} ramps up to global_batch_size, which is unset")
+        elif incr <= 0 or start > gbs or (gbs - start) % incr:
             c.error(f"rampup_batch_size {ramp!r}: need 0 < increment and (global_batch_size "
                     f"{gbs} - start {start}) divisible by the increment")
         if c.get("train_iters") is not None:
             _yield_default(c, "rampup_batch_size", "train_iters", None,
                            "rampup_batch_size needs sample-based training (train_samples)")
+
+
+def _step_batch_size_schedule(c: Context):
+    """Megatron's step_batch_size_schedule: a well-formed schedule, not beside an explicit
+    global_batch_size or rampup_batch_size (Megatron's own refusals) nor with
+    decrease_batch_size_if_needed; the run's global batch is the schedule's last."""
+    text = c.get("step_batch_size_schedule")
+    if not text:
+        return
+    try:
+        schedule = parse_step_schedule(text, c.get("seq_length"))
+    except ValueError as e:
+        c.error(str(e))
+        return
+    for key in ("global_batch_size", "rampup_batch_size"):
+        if c.explicit(key) and c.get(key):
+            c.error(f"step_batch_size_schedule and {key} ({c.where(key)}) are exclusive, as in "
+                    f"Megatron-LM: the schedule gives every step's global batch")
+            return
+    if c.get("decrease_batch_size_if_needed"):
+        c.error("step_batch_size_schedule does not take decrease_batch_size_if_needed (as in "
+                "Megatron-LM): give batch sizes that divide by micro_batch_size x data-parallel "
+                "size")
+    c.set("global_batch_size", schedule.final)
 
 
 def batch(c: Context):
@@ -477,6 +505,21 @@ def batch(c: Context):
             return
         c.set("global_batch_size", implied)
         gbs = implied
+    eval_batch = c.get("eval_global_batch_size")
+    if eval_batch and eval_batch % (mbs * dp):
+        c.error(f"eval_global_batch_size ({eval_batch}) must be divisible by micro_batch_size x "
+                f"data-parallel size ({mbs} x {dp})")
+    schedule = c.get("step_batch_size_schedule")
+    if schedule and not c.explicit("global_batch_size"):
+        try:
+            entries = parse_step_schedule(schedule, c.get("seq_length")).entries
+        except ValueError:   # reported by the iterations rule
+            return
+        odd = [b for _, b in entries if b % (mbs * dp)]
+        if odd:
+            c.error(f"step_batch_size_schedule batch sizes {odd} are not divisible by "
+                    f"micro_batch_size x data-parallel size ({mbs} x {dp})")
+            return
     if gbs % (mbs * dp):
         if c.get("decrease_batch_size_if_needed") and gbs >= mbs * dp:
             gbs = gbs // (mbs * dp) * (mbs * dp)

@@ -14,7 +14,12 @@ Three families, after the public sources:
   ``RampupBatchsizeNumMicroBatchesCalculator`` (megatron/core/num_microbatches_calculator.py):
   ``start + floor(consumed / (samples / n)) * increment`` with
   ``n = (global_batch_size - start) / increment``, the full batch once ``consumed > samples``;
-  it needs sample-based training (``train_samples``).
+  it needs sample-based training (``train_samples``). ``step_batch_size_schedule`` follows
+  its ``StepBatchsizeNumMicroBatchesCalculator``: ``"THRESHOLD:BATCH ..."`` pairs (K/M/B/T
+  suffixes), thresholds in tokens turned into samples by ``// seq_length`` (Megatron-LM always
+  passes the sequence length), each batch from its threshold on; the global batch is the last
+  one, and iteration-valued LR knobs count ``micro_batch_size x data-parallel size`` samples
+  per iteration, as Megatron-LM's ``args.global_batch_size`` then is.
 - **pgs** (``train.lr_scheduler``): palingenesis's ``build_scheduler``
   (mii-llm/palingenesis, src/palingenesis/optim.py), a ``LambdaLR`` multiplier on the peak LR.
   It counts *optimizer steps*: warmup ``int(steps * warmup_ratio)`` steps from 0, then
@@ -49,6 +54,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxtrain.config.areas import optim as _optim_knobs
+from jaxtrain.config.batch_schedule import StepSchedule, parse_step_schedule
 from jaxtrain.config import complete
 from jaxtrain.config.areas import schedule as _schedule_knobs
 
@@ -67,7 +73,7 @@ WD_STYLES = _optim_knobs._WD_INCR_STYLES
 PGS_POWER = 4.0  # exponent of pgs's power_decay and of the decay tail of its wsd
 PGS_WSD_STABLE = 0.8  # share of pgs's post-warmup steps that wsd holds at the peak
 
-Rampup = tuple[int, int, int]  # (start, increment, samples)
+Rampup = tuple[int, int, int] | StepSchedule   # (start, increment, samples), or steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,13 +221,20 @@ def _megatron_knobs(cfg, is_set, total_steps) -> dict:
     lr_wsd_decay_iters in a sample-based one, ...), it is converted and honoured instead, but
     only when the knob of the run's own unit is unset."""
     get, gbs = cfg.get, _batch(cfg)
+    derived = getattr(cfg, "derived", None) or {}
+    rampup = batch_ramp(get)
+    per_iter = gbs   # samples an iteration-valued knob counts per iteration
+    if isinstance(rampup, StepSchedule):   # Megatron's args.global_batch_size: micro x DP
+        if not derived.get("data_parallel_size"):
+            raise ValueError("step_batch_size_schedule: the schedule needs the data-parallel "
+                             "size (resolve the config with a world size)")
+        per_iter = int(get("micro_batch_size") or 1) * int(derived["data_parallel_size"])
 
     def in_samples(key):  # an iteration-valued knob, in samples
-        return get(key) * _need_batch(gbs, f"{key} (iterations to samples)")
+        return get(key) * _need_batch(per_iter, f"{key} (iterations to samples)")
 
     fraction = get("lr_warmup_fraction")
     warmup_iters, warmup_samples = get("lr_warmup_iters") or 0, get("lr_warmup_samples") or 0
-    rampup = parse_rampup(get("rampup_batch_size"))
     train_samples = get("train_samples")
     if train_samples:  # sample-based run: the *_samples knobs lead
         decay, decay_key = get("lr_decay_samples"), "lr_decay_samples"
@@ -245,17 +258,17 @@ def _megatron_knobs(cfg, is_set, total_steps) -> dict:
         if not iters or iters <= 0:
             raise ValueError("the LR schedule needs the run length: train_iters, train_samples, "
                              "or total_steps from the trainer")
-        if rampup is not None:
+        if rampup is not None and not isinstance(rampup, StepSchedule):
             raise ValueError("rampup_batch_size needs sample-based training: set train_samples "
                              "instead of train_iters")
-        gbs = _need_batch(gbs, "the Megatron schedule (it counts samples)")
+        per_iter = _need_batch(per_iter, "the Megatron schedule (it counts samples)")
         if get("lr_decay_iters") is not None:
             decay, decay_key = in_samples("lr_decay_iters"), "lr_decay_iters"
         elif get("lr_decay_samples") is not None:
             decay, decay_key = get("lr_decay_samples"), "lr_decay_samples"
         else:
-            decay, decay_key = iters * gbs, "train_iters"
-        wd_incr = iters * gbs
+            decay, decay_key = iters * per_iter, "train_iters"
+        wd_incr = iters * per_iter
         wsd = (in_samples("lr_wsd_decay_iters") if get("lr_wsd_decay_iters") is not None
                else get("lr_wsd_decay_samples"))
         if fraction is not None:
@@ -273,7 +286,6 @@ def _megatron_knobs(cfg, is_set, total_steps) -> dict:
                          f"{decay_key} = {get(decay_key)} ({decay:g} samples); lower "
                          f"{warmup_key} or raise {decay_key}")
     multiple = None
-    derived = getattr(cfg, "derived", None) or {}
     if get("decrease_batch_size_if_needed") and derived.get("data_parallel_size"):
         multiple = int(get("micro_batch_size") or 1) * int(derived["data_parallel_size"])
     return dict(family=MEGATRON, style=get("lr_decay_style"),
@@ -565,7 +577,8 @@ def warmup_steps_of(schedule) -> int | None:
     gbs = _need_batch(sched.global_batch_size, "converting the warm-up to optimizer steps")
     if sched.rampup is None:
         return int(math.ceil(sched.warmup / gbs))
-    steps = jnp.arange(int(math.ceil(sched.warmup / sched.rampup[0])) + 1)
+    smallest = min(b for _, _, b in _rampup_stages(gbs, sched.rampup, sched.running_multiple))
+    steps = jnp.arange(int(math.ceil(sched.warmup / smallest)) + 1)
     return int(jnp.sum(consumed_samples_at_step(sched, steps) < sched.warmup))
 
 
@@ -607,7 +620,16 @@ def parse_rampup(value) -> Rampup | None:
     return start, incr, samples
 
 
+def batch_ramp(get) -> Rampup | None:
+    """The run's batch ramp from its knobs (``get``: key -> value): rampup_batch_size, or
+    step_batch_size_schedule (thresholds in tokens of seq_length), or None."""
+    return parse_rampup(get("rampup_batch_size")) or parse_step_schedule(
+        get("step_batch_size_schedule"), get("seq_length"))
+
+
 def _check_rampup(rampup, gbs):
+    if isinstance(rampup, StepSchedule):
+        return
     start, incr, samples = rampup
     if start <= 0 or incr <= 0 or samples < 0:
         raise ValueError(f"rampup_batch_size {rampup}: need start > 0, increment > 0 and "
@@ -626,9 +648,11 @@ def batch_size_at(consumed_samples: int, global_batch_size: int, rampup, *,
     parallel size) the batch must divide by it, or, with ``decrease_if_needed``, is rounded
     down to a multiple of it (the batch Megatron then runs and counts).
     """
-    rampup = parse_rampup(rampup)
+    rampup = rampup if isinstance(rampup, StepSchedule) else parse_rampup(rampup)
     if rampup is None:
         batch = global_batch_size
+    elif isinstance(rampup, StepSchedule):
+        batch = rampup.batch_at(consumed_samples)
     else:
         _check_rampup(rampup, global_batch_size)
         start, incr, samples = rampup
@@ -655,7 +679,10 @@ def batch_size_at(consumed_samples: int, global_batch_size: int, rampup, *,
 def _rampup_stages(gbs: int, rampup: Rampup, multiple: int | None) -> tuple:
     """(first step, samples consumed before it, batch) for each run of steps that share one
     batch size; the last stage runs at the full batch for ever. The batch only grows with the
-    samples consumed, so each stage's length is found by bisection."""
+    samples consumed, so each stage's length is found by bisection. A step schedule's stages
+    end where the samples consumed pass its next threshold."""
+    if isinstance(rampup, StepSchedule):
+        return _step_stages(rampup, multiple)
     samples = rampup[2]
 
     def batch(consumed):
@@ -679,11 +706,30 @@ def _rampup_stages(gbs: int, rampup: Rampup, multiple: int | None) -> tuple:
         step, consumed = step + lo, consumed + lo * b
 
 
+def _step_stages(schedule: StepSchedule, multiple: int | None) -> tuple:
+    """`_rampup_stages` of a step schedule (batches rounded down to ``multiple``)."""
+    stages, step, consumed = [], 0, 0
+    while True:
+        b = schedule.batch_at(consumed)
+        if multiple:
+            b = b // multiple * multiple
+            if b <= 0:
+                raise ValueError(f"step_batch_size_schedule: batch {schedule.batch_at(consumed)} "
+                                 f"rounds down to 0 (micro_batch_size x data-parallel size "
+                                 f"{multiple})")
+        stages.append((step, consumed, b))
+        later = [t for t, _ in schedule.entries if t > consumed]
+        if not later:
+            return tuple(stages)
+        k = -(-(later[0] - consumed) // b)
+        step, consumed = step + k, consumed + k * b
+
+
 def rampup_batches(global_batch_size: int, rampup, multiple: int | None = None
                    ) -> tuple[int, ...]:
     """The global batches a batch-size ramp steps through, the full one last (``multiple``:
     rounded down to multiples of it, as ``decrease_batch_size_if_needed`` does)."""
-    rampup = parse_rampup(rampup)
+    rampup = rampup if isinstance(rampup, StepSchedule) else parse_rampup(rampup)
     if rampup is None:
         return (global_batch_size,)
     return tuple(dict.fromkeys(
@@ -694,9 +740,11 @@ def rampup_train_iters(train_samples: int, global_batch_size: int, rampup) -> in
     """Steps of a sample-based run as Megatron's update_train_iters counts them: ramped steps
     while the samples consumed are at most both the ramp's and train_samples, then as many
     whole full batches as fit in what is left."""
-    rampup = parse_rampup(rampup)
+    rampup = rampup if isinstance(rampup, StepSchedule) else parse_rampup(rampup)
     if rampup is None:
         return train_samples // global_batch_size
+    if isinstance(rampup, StepSchedule):
+        return _step_train_iters(train_samples, rampup)
     _check_rampup(rampup, global_batch_size)
     limit = min(rampup[2], train_samples)
     stages = _rampup_stages(global_batch_size, rampup, None)
@@ -713,6 +761,22 @@ def rampup_train_iters(train_samples: int, global_batch_size: int, rampup) -> in
         break
     if train_samples > consumed:
         iters += (train_samples - consumed) // global_batch_size
+    return iters
+
+
+def _step_train_iters(train_samples: int, schedule: StepSchedule) -> int:
+    """Megatron's update_train_iters under a step schedule: steps while fewer than
+    train_samples samples are consumed (the last step may pass it)."""
+    stages = _step_stages(schedule, None)
+    iters = 0
+    for i, (first, before, b) in enumerate(stages):
+        if before >= train_samples:
+            break
+        need = -(-(train_samples - before) // b)
+        length = stages[i + 1][0] - first if i + 1 < len(stages) else None
+        if length is None or need <= length:
+            return iters + need
+        iters += length
     return iters
 
 

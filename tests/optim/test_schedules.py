@@ -604,3 +604,86 @@ def test_impossible_settings_raise():
         sched("train.lr_scheduler=cosine", "train_samples=100")
     with pytest.raises(ValueError, match="global_batch_size"):
         S.make_lr_schedule(ScheduleConfig(family="megatron", style="constant", lr=1.0))
+
+
+# --- step_batch_size_schedule ----------------------------------------------------------------
+
+
+def ref_step_batch(consumed, entries):
+    """Megatron's step schedule: the batch of the last entry whose threshold is reached."""
+    return [b for t, b in entries if consumed >= t][-1]
+
+
+def ref_step_consumed(step, entries):
+    consumed = 0
+    for _ in range(step):
+        consumed += ref_step_batch(consumed, entries)
+    return consumed
+
+
+def ref_step_train_iters(train_samples, entries):
+    """Megatron's update_train_iters: steps while fewer than train_samples were consumed."""
+    iters = consumed = 0
+    while consumed < train_samples:
+        consumed += ref_step_batch(consumed, entries)
+        iters += 1
+    return iters
+
+
+def test_step_schedule_parses_tokens_into_samples():
+    """Thresholds are tokens (K/M/B/T suffixes, float mantissas) // seq_length; entries may be
+    given in any order and separated by commas; malformed schedules are refused."""
+    from jaxtrain.config.batch_schedule import parse_step_schedule
+    got = parse_step_schedule("0:16, 2.4B:320 4.8B:624", 2048)
+    assert got.entries == ((0, 16), (2_400_000_000 // 2048, 320), (4_800_000_000 // 2048, 624))
+    assert parse_step_schedule("1K:32 0:8", None).entries == ((0, 8), (1000, 32))
+    assert parse_step_schedule(None, 2048) is None
+    for bad, match in (("5:16 9:32", "first threshold must be 0"), ("0:16 x", "THRESHOLD"),
+                       ("0:16 0:32", "rise strictly"), ("0:0", "positive")):
+        with pytest.raises(ValueError, match=match):
+            parse_step_schedule(bad, None)
+
+
+ENTRIES = ((0, 16), (100, 48), (1000, 64), (1500, 32))
+
+
+@pytest.mark.parametrize("consumed", [0, 15, 99, 100, 101, 999, 1000, 1499, 1500, 10 ** 6])
+def test_step_schedule_batch_at(consumed):
+    from jaxtrain.config.batch_schedule import StepSchedule
+    assert S.batch_size_at(consumed, 32, StepSchedule(ENTRIES)) == ref_step_batch(consumed,
+                                                                                   ENTRIES)
+
+
+def test_step_schedule_consumed_samples_and_run_length():
+    """Samples before each update (the LR clock, resumption) and Megatron's iteration count,
+    against the step-at-a-time references; the schedule may also shrink the batch."""
+    from jaxtrain.config.batch_schedule import StepSchedule
+    schedule = StepSchedule(ENTRIES)
+    s = ScheduleConfig(family="megatron", style="constant", lr=1.0, global_batch_size=32,
+                       rampup=schedule)
+    steps = np.arange(120)
+    got = np.asarray(jax.jit(lambda k: S.consumed_samples_at_step(s, k))(steps))
+    np.testing.assert_array_equal(got, [ref_step_consumed(int(k), ENTRIES) for k in steps])
+    for n in (0, 1, 16, 17, 100, 112, 1000, 1001, 1500, 1537, 5000):
+        assert S.rampup_train_iters(n, 32, schedule) == ref_step_train_iters(n, ENTRIES), n
+    assert S.rampup_batches(32, schedule) == (16, 48, 64, 32)
+
+
+def test_step_schedule_moves_the_lr_by_samples_consumed():
+    """The sample-valued horizons are Megatron's; an iteration-valued one counts micro x
+    data-parallel samples per iteration (Megatron's global_batch_size under a schedule)."""
+    over = ["lr_decay_style=linear", "lr=1e-3", "min_lr=0", "train_samples=5000",
+            "seq_length=8", "micro_batch_size=4", "step_batch_size_schedule=0:16 800:48",
+            "lr_warmup_iters=0", "lr_warmup_samples=300"]
+    s = sched(*over, world_size=2)
+    assert s.global_batch_size == 48 and s.rampup.entries == ((0, 16), (100, 48))
+    schedule = S.make_lr_schedule(s)
+    entries = ((0, 16), (100, 48))
+    with jax.enable_x64(True):
+        for step in (0, 3, 7, 10, 30, 80):
+            n = ref_step_consumed(step, entries)
+            close(schedule(step), ref_megatron_lr(n, hi=1e-3, lo=0.0, init=0.0, warmup=300,
+                                                  decay=5000, style="linear"), 1e-3)
+    iters = sched(*over[:3], "train_iters=100", *over[4:7], "lr_warmup_iters=10",
+                  world_size=2)
+    assert (iters.warmup, iters.decay) == (10 * 4 * 2, 100 * 4 * 2)

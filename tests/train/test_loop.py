@@ -108,6 +108,20 @@ def test_rampup_batch_size_grows_the_batch(tmp_path):
     assert sum(sizes) <= 40
 
 
+def test_step_batch_size_schedule_sets_each_batch(tmp_path):
+    """Megatron's step schedule (thresholds in tokens of seq_length 8): 2 sequences a step
+    until 16 samples are consumed, then 4; the run is as long as Megatron's update_train_iters
+    counts for train_samples 30 (16 in 8 steps, then 4 steps of 4 pass 30); validation reads
+    eval_global_batch_size sequences per iteration."""
+    loop.train(config(tmp_path, "train_samples=30", "step_batch_size_schedule=0:2 128:4",
+                      "micro_batch_size=2", "global_batch_size=null", "lr_warmup_iters=0",
+                      "eval_iters=1", "eval_interval=12", "eval_global_batch_size=6"))
+    got = rows(tmp_path)
+    sizes = [r["global_batch_size"] for r in got if "global_batch_size" in r]
+    assert sizes == [2] * 8 + [4] * 4
+    assert [r["val_tokens"] for r in got if "val_tokens" in r][0] == 6 * 8
+
+
 @pytest.mark.slow
 def test_manual_gc_and_matmul_precision(tmp_path, monkeypatch):
     import gc

@@ -183,7 +183,11 @@ KNOBS = [
 
     # --- training loop and evaluation ---
     K("step_batch_size_schedule", "str", None, "Global batch size by progress, e.g. '0:768 "
-      "250B:1536' (tokens with K/M/B/T suffixes, or samples).", _L),
+      "250B:1536' (tokens with K/M/B/T suffixes, or samples).", _L, HONORED,
+      "config/batch_schedule.py + optim/schedules.py: each step's global batch is the entry "
+      "whose threshold (tokens // seq_length samples) the samples consumed have reached, as "
+      "Megatron-LM's StepBatchsizeNumMicroBatchesCalculator; the run length, the LR horizons "
+      "and resumption count the scheduled batches"),
     K("phase_transition_iterations", "str", None, "Comma-separated steps where training moves to "
       "the next data phase (fixed global batch size).", _L),
     K("freeze_all_layers", "bool", False, "Freeze every parameter: run forward passes only, with "
@@ -198,7 +202,10 @@ KNOBS = [
       "send/receive on each rank and flag ranks more than a std off the mean.", _L),
     K("start_eval_at_iter", "int", None, "Run no evaluation before this step.", _L),
     K("eval_global_batch_size", "int", None, "Global batch size of evaluation; null uses "
-      "global_batch_size.", _L),
+      "global_batch_size.", _L, HONORED, "evaluation._eval_global_batch: each validation "
+      "iteration reads this many sequences, in micro-batches of micro_batch_size; unset under "
+      "step_batch_size_schedule, micro_batch_size x data-parallel size (Megatron-LM's "
+      "global_batch_size then)"),
     K("eval_micro_batch_size", "int", None, "Micro batch size of evaluation; null uses "
       "micro_batch_size.", _L),
     K("validation_set_names", "list[str]", None, "Names of the validation sets (with "
