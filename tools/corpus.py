@@ -155,6 +155,11 @@ def megatron_lm_test_entries(root: pathlib.Path):
                 arg = by_flag().get(flag)
                 many = arg is not None and (arg.nargs in ("+", "*") or isinstance(arg.nargs, int))
                 words = text.split() if many else [text]
+                if isinstance(value, list):
+                    words = [str(v) for v in value]
+                elif re.fullmatch(r"\[[^]]+\]", text.strip()):
+                    # the test harness (_run_training.sh) passes "[a b]" as the words a b
+                    words = text.strip()[1:-1].split()
                 args += [_expand(w, {}) or _dummy(flag, i) for i, w in enumerate(words)]
         yield {"id": f"megatron-lm:{path.parent.relative_to(root.parent)}",
                "dialect": "megatron-lm", "file": None, "args": args}

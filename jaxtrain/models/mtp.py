@@ -53,7 +53,7 @@ def mtp_hidden_states(params: dict, hidden, tokens, ctx: dict, cfg):
     axes = layer_axes(cfg, kind)
     seq = sequences(ctx.get("segment_ids"), tokens)
     policy = checkpoint_policy(cfg)
-    layer_ctx = {**ctx, "stack": kind, "moe_state": None}
+    layer_ctx = {**ctx, "stack": kind}   # global_aux_loss's moe_state has the MTP rows too
 
     def layer(p, x, i):
         out = decoder_layer(gather_weights(p, axes), x, i, layer_ctx, cfg)

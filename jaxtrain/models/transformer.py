@@ -352,8 +352,10 @@ def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
     routed experts their own norm of x; each branch's output is normed before the sum."""
     state = ctx.get("moe_state")
     prev = steps = None
-    if state is not None:
-        ordinal = jnp.cumsum(jnp.asarray([k in MOE_STACKS for k in layer_kinds(cfg)])) - 1
+    if state is not None:   # the row of layer i (an MTP layer's after the decoder's)
+        is_moe = [k in MOE_STACKS for k in layer_kinds(cfg)]
+        is_moe += [is_moe[-1]] * cfg.mtp_num_layers
+        ordinal = jnp.cumsum(jnp.asarray(is_moe)) - 1
         prev, steps = state["aux_counts"][ordinal[i]], state["steps"]
     train = not ctx["deterministic"]
 

@@ -109,6 +109,8 @@ def test_factor_zero_leaves_the_main_gradients_of_the_plain_model():
     (["hybrid_layer_pattern=M*"], "mtp_num_layers with a hybrid model"),
     (["num_experts=4", "moe_router_topk=2", "mtp_use_repeated_layer=true"],
      "mtp_use_repeated_layer: not implemented yet with an MoE layer last"),
+    (["num_experts=4", "moe_router_topk=2", "moe_router_load_balancing_type=global_aux_loss",
+      "pipeline_model_parallel_size=2"], "global_aux_loss with multi-token prediction under"),
 ])
 def test_what_mtp_does_not_run_with_is_named(extra, says):
     with pytest.raises((ConfigError, ValueError)) as e:
@@ -121,3 +123,33 @@ def test_maxtext_files_mtp_is_refused(write):
     path = write("mt.yml", "base_config: base.yml\nmtp_num_layers: 1\n")
     with pytest.raises(ConfigError, match="MaxText's multi-token prediction differs"):
         load_config(path, ["steps=10", "dataset_type=synthetic", "hardware=cpu"])
+
+
+def test_global_aux_loss_carries_the_mtp_layers_counts():
+    """Megatron's global_aux_loss with MoE MTP layers: each MTP layer's router reads its own
+    row of the earlier microbatches' counts (after the decoder's rows), as the decoder's
+    layers read theirs; the rows of other layers do not reach it."""
+    from jaxtrain.models.moe import MoEConfig
+    from jaxtrain.models.moe.step import moe_layer_ids, zero_stats
+
+    moe = MoEConfig(num_experts=4, topk=2, ffn_hidden_size=16, layer_freq=1,
+                    load_balancing=("global_aux_loss",), aux_loss_coeff=(0.1,))
+    cfg = tiny(mtp_num_layers=1, vocab_size=VOCAB, moe=moe)
+    assert moe_layer_ids(cfg) == (0, 1, 2)   # the MTP layer's row is the last
+    params = random_params(cfg)
+    micro = {"tokens": tokens(), "targets": jnp.roll(tokens(), -1, 1),
+             "loss_mask": jnp.ones(tokens().shape, jnp.float32)}
+    w = micro["loss_mask"] / micro["loss_mask"].sum()
+
+    def lb(counts):
+        state = {"aux_counts": counts, "steps": jnp.float32(1.0)}
+        _, stats = model_loss(params, micro, w, cfg, moe_state=state, train=True,
+                              rng=jax.random.key(0), mtp_weights=[shift_left(w, 1)])
+        return np.asarray(stats["lb"][:, 0])
+
+    base = np.asarray(zero_stats(cfg)["aux_counts"]) + 4.0
+    skewed = base.copy()
+    skewed[2] = [16.0, 0.0, 0.0, 0.0]   # only the MTP layer's earlier counts change
+    a, b = lb(jnp.asarray(base)), lb(jnp.asarray(skewed))
+    np.testing.assert_allclose(a[:2], b[:2], rtol=1e-6)
+    assert abs(a[2] - b[2]) > 1e-3 * abs(a[2])
