@@ -187,40 +187,42 @@ def hybrid_models(c: Context):
         if n and n % tp:
             c.error(f"{key} ({n}) must be divisible by tensor_model_parallel_size ({tp}): the "
                     "Mamba heads and their groups split over the tensor axis")
-    why = {"context_parallel_size": "the Mamba recurrence runs along the whole sequence, which "
-                                    "context parallelism splits"}
-    for key, reason in why.items():
-        if c.get(key, 1) > 1:
-            c.error(f"not implemented yet: {key} {c.get(key)} with a hybrid model ({by}): "
-                    f"{reason}")
-    for key, what in (("memory.seco", "SeCO's chunk-wise step carries keys and values, not "
-                                      "recurrent states"),
-                      ("memory.gradient_release", "the fused step covers one dense layer stack"),
-                      ("moe_use_upcycling", "upcycling converts the dense layer stack only")):
-        if c.get(key):
-            c.error(f"not implemented yet: {key} with a hybrid model ({by}): {what}")
+    _not_yet(c, f"a hybrid model ({by})", (
+        ("context_parallel_size", "the Mamba recurrence runs along the whole sequence, which "
+                                  "context parallelism splits"),
+        ("memory.seco", "SeCO's chunk-wise step carries keys and values, not recurrent states"),
+        *_ONE_STACK))
+
+
+# What covers the one dense layer stack only: (key, why) for _not_yet
+_ONE_STACK = (("memory.gradient_release", "the fused step covers one dense layer stack"),
+              ("moe_use_upcycling", "upcycling converts the dense layer stack only"))
+
+
+def _not_yet(c: Context, feature: str, reasons) -> None:
+    """Refuse each key of ``reasons`` ((key, why) pairs) that is on beside ``feature``: a
+    switch set, or a parallel size above 1 (named with its value)."""
+    for key, why in reasons:
+        value = c.get(key)
+        size = isinstance(value, int) and not isinstance(value, bool)
+        if value > 1 if size else bool(value):
+            name = f"{key} {value}" if size else key
+            c.error(f"not implemented yet: {name} with {feature}: {why}")
 
 
 def small_gemma4(c: Context):
     """Gemma 4 small's per-layer inputs and KV sharing: what does not run them yet, refused."""
     on = [k for k in ("hidden_size_per_layer_input", "num_kv_shared_layers") if c.get(k)]
-    if not on:
-        return
-    why = {"pipeline_model_parallel_size": "the per-layer inputs are made from the embeddings "
-                                           "on the first stage and the shared keys and values "
-                                           "cross stages; neither is sent between stages",
-           "context_parallel_size": "the shared keys and values are not exchanged around the "
-                                    "context ring"}
-    for key, reason in why.items():
-        if c.get(key, 1) > 1:
-            c.error(f"not implemented yet: {key} {c.get(key)} with {c.where(on[0])} (Gemma 4 "
-                    f"small): {reason}")
-    for key, what in (("memory.seco", "SeCO's chunk-wise step runs every layer on its own keys "
-                                      "and values"),
-                      ("memory.gradient_release", "the fused step covers one dense layer stack"),
-                      ("moe_use_upcycling", "upcycling converts the dense layer stack only")):
-        if c.get(key):
-            c.error(f"not implemented yet: {key} with {c.where(on[0])} (Gemma 4 small): {what}")
+    if on:
+        _not_yet(c, f"{c.where(on[0])} (Gemma 4 small)", (
+            ("pipeline_model_parallel_size", "the per-layer inputs are made from the embeddings "
+                                             "on the first stage and the shared keys and values "
+                                             "cross stages; neither is sent between stages"),
+            ("context_parallel_size", "the shared keys and values are not exchanged around the "
+                                      "context ring"),
+            ("memory.seco", "SeCO's chunk-wise step runs every layer on its own keys and "
+                            "values"),
+            *_ONE_STACK))
 
 
 # What multi-token prediction does not run with yet: key -> (is it on, why)
@@ -270,18 +272,11 @@ def short_convolutions(c: Context):
     """LFM2's short-convolution layers (stacks of their own): what does not run them yet."""
     if not c.get("lfm_layer_types") or "conv" not in c.get("lfm_layer_types"):
         return
-    for key, what in (("context_parallel_size", "the convolution would cross the context "
-                                                "split"),
-                      ("memory.seco", "SeCO's chunk-wise step carries keys and values, not "
-                                      "convolution states"),
-                      ("memory.gradient_release", "the fused step covers one dense layer stack"),
-                      ("moe_use_upcycling", "upcycling converts the dense layer stack only")):
-        value = c.get(key)
-        if value and value is not True and value <= 1:
-            continue
-        if value:
-            c.error(f"not implemented yet: {c.where(key)} with LFM2's short-convolution layers "
-                    f"(lfm_layer_types): {what}")
+    _not_yet(c, "LFM2's short-convolution layers (lfm_layer_types)", (
+        ("context_parallel_size", "the convolution would cross the context split"),
+        ("memory.seco", "SeCO's chunk-wise step carries keys and values, not convolution "
+                        "states"),
+        *_ONE_STACK))
 
 
 _GLOBAL_SHAPE = ("global_kv_channels", "global_num_query_groups", "attention_k_eq_v",

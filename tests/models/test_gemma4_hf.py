@@ -248,22 +248,28 @@ def test_gemma4_knobs_shape_the_model(knob):
     the parameters' shapes or presence (global heads, value projection, layer scalars, the MoE
     layer's norms and scales) or its config field, whose effect on the logits the tests above
     show."""
+    flipped = {knob: _KNOBS[knob]}
+    if knob == "moe_branch_norms":
+        flipped["moe_router_input_norm"] = False
+    base, other, shapes = _translated_and_flipped("moe_26b_like", knob, flipped)
+    assert other != base
+    if knob not in ("global_rotary_percent", "v_norm"):
+        assert shapes[0] != shapes[1]
+
+
+def _translated_and_flipped(case: str, knob: str, flipped: dict):
+    """(the model of CASES[case]'s translated knobs, the model with ``flipped`` knobs, their
+    parameter shapes); the translation sets ``knob`` away from its flipped value."""
     from jaxtrain.config.dialects import hf as translation
     from jaxtrain.models import ModelConfig
     from jaxtrain.models.hf import RUN_KNOBS
     from jaxtrain.models.params import abstract
 
-    knobs = translation.knobs({**CASES["moe_26b_like"], "model_type": "gemma4_text"})
-    assert knobs[knob] != _KNOBS[knob]
-    flipped = {knob: _KNOBS[knob]}
-    if knob == "moe_branch_norms":
-        flipped["moe_router_input_norm"] = False
+    knobs = translation.knobs({**CASES[case], "model_type": "gemma4_text"})
+    assert knobs[knob] != flipped[knob]
     base = ModelConfig.from_config({**RUN_KNOBS, **knobs})
     other = ModelConfig.from_config({**RUN_KNOBS, **knobs, **flipped})
-    assert other != base
-    shapes = [jax.tree.map(lambda a: a.shape, abstract(c)) for c in (base, other)]
-    if knob not in ("global_rotary_percent", "v_norm"):
-        assert shapes[0] != shapes[1]
+    return base, other, [jax.tree.map(lambda a: a.shape, abstract(c)) for c in (base, other)]
 
 
 _SMALL_KNOBS = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 50,
@@ -275,19 +281,10 @@ def test_small_gemma4_knobs_shape_the_model(knob):
     """Each knob of the small models' translation, changed, changes the parameters: the
     per-layer input tables and gates, their vocabulary, the sharing layers' missing key/value
     projections, their MLP width."""
-    from jaxtrain.config.dialects import hf as translation
-    from jaxtrain.models import ModelConfig
-    from jaxtrain.models.hf import RUN_KNOBS
-    from jaxtrain.models.params import abstract
-
-    knobs = translation.knobs({**CASES["small_e2b_like"], "model_type": "gemma4_text"})
-    assert knobs[knob] != _SMALL_KNOBS[knob]
     flipped = {knob: _SMALL_KNOBS[knob]}
     if knob == "num_kv_shared_layers":
         flipped["use_double_wide_mlp"] = False
-    base = ModelConfig.from_config({**RUN_KNOBS, **knobs})
-    other = ModelConfig.from_config({**RUN_KNOBS, **knobs, **flipped})
-    shapes = [jax.tree.map(lambda a: a.shape, abstract(c)) for c in (base, other)]
+    _, _, shapes = _translated_and_flipped("small_e2b_like", knob, flipped)
     assert shapes[0] != shapes[1]
 
 
