@@ -229,6 +229,9 @@ class ModelConfig:
     # MLA without rotation (Kimi Linear, Primus's mla_use_nope): the qk_pos_emb_head_dim part
     # of queries and the shared key stays as projected
     mla_nope: bool = False
+    # epsilon of the q/kv latent norms (Hugging Face's DeepSeek-V3 and Kimi Linear fix 1e-6);
+    # None: norm_epsilon (Megatron)
+    mla_latent_norm_epsilon: float | None = None
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"

@@ -644,7 +644,8 @@ def _mla_fields(cfg: Mapping[str, Any]) -> dict:
     return dict(multi_latent_attention=True, q_lora_rank=cfg["q_lora_rank"] or None,
                 kv_lora_rank=cfg["kv_lora_rank"], qk_head_dim=cfg["qk_head_dim"],
                 qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"], v_head_dim=cfg["v_head_dim"],
-                mla_nope=bool(cfg["mla_nope"]))
+                mla_nope=bool(cfg["mla_nope"]),
+                mla_latent_norm_epsilon=cfg["mla_latent_norm_epsilon"])
 
 
 _REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",

@@ -15,15 +15,17 @@ from jaxtrain import quant
 from jaxtrain.parallel.sharding import constrain
 
 
-def norm(p: dict, x, cfg, *, out_dtype=None):
-    """LayerNorm or RMSNorm over the last axis, computed in float32.
+def norm(p: dict, x, cfg, *, out_dtype=None, eps: float | None = None):
+    """LayerNorm or RMSNorm over the last axis, computed in float32 (``eps``: in place of
+    ``cfg.norm_epsilon``).
 
     ``apply_layernorm_1p`` stores the scale zero-centred and applies ``1 + scale``.
     """
     x32 = x.astype(jnp.float32)
     if cfg.normalization == "LayerNorm":
         x32 = x32 - x32.mean(-1, keepdims=True)
-    y = x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + cfg.norm_epsilon)
+    eps = cfg.norm_epsilon if eps is None else eps
+    y = x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + eps)
     scale = p["scale"].astype(jnp.float32)
     y = y * (1.0 + scale if cfg.apply_layernorm_1p else scale)
     if "bias" in p:

@@ -79,11 +79,11 @@ def mla_qkv(p: dict, x, ctx: dict, cfg):
     else:
         q_in = L.dense(x, p["wq_a"], None, "btd,dr->btr", "mla_q", cfg)
         if "q_a_norm" in p:
-            q_in = L.norm(p["q_a_norm"], q_in, cfg)
+            q_in = L.norm(p["q_a_norm"], q_in, cfg, eps=cfg.mla_latent_norm_epsilon)
     kv = L.dense(x, p["wkv_a"], None, "btd,dr->btr", "mla_kv", cfg)
     latent, k_pos = kv[..., :Rkv], kv[..., Rkv:]
     if "kv_a_norm" in p:
-        latent = L.norm(p["kv_a_norm"], latent, cfg)
+        latent = L.norm(p["kv_a_norm"], latent, cfg, eps=cfg.mla_latent_norm_epsilon)
 
     def up(p, q_in, latent, k_pos, cos, sin):
         q = L.dense(q_in, p["wq"] if "wq" in p else p["wq_b"], None,

@@ -112,3 +112,21 @@ def test_kda_knobs_shape_the_model():
         ModelConfig.from_config({**RUN_KNOBS, **knobs, "linear_attention_impl": "pallas",
                                  "gdn_chunk_size": 16})
     assert np.isclose(kda.moe.topk_scaling_factor, 2.446)
+
+
+def test_latent_norms_keep_transformers_epsilon(tmp_path):
+    """transformers' MLA latent norms (q_a / kv_a) use their default epsilon 1e-6 whatever
+    rms_norm_eps says: with rms_norm_eps 0.05 the logits still match, and taking the model's
+    epsilon for them instead (mla_latent_norm_epsilon null, Megatron's) moves them away."""
+    CASES["wide_eps"] = {**_BASE, "rms_norm_eps": 0.05, "q_lora_rank": 8}
+    try:
+        model = _model("wide_eps", tmp_path / "hf")
+    finally:
+        del CASES["wide_eps"]
+    cfg, params = from_hf(tmp_path / "hf")
+    assert cfg.mla_latent_norm_epsilon == 1e-6 and cfg.norm_epsilon == 0.05
+    ref = _hf_logits(model, tokens())
+    run = jax.jit(lambda p, x, c: forward(p, x, c), static_argnums=2)
+    assert max_diff(run(params, tokens(), cfg), ref) <= 1e-4
+    plain = cfg.replace(mla_latent_norm_epsilon=None)
+    assert max_diff(run(params, tokens(), plain), ref) > 1e-3

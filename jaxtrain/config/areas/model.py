@@ -182,6 +182,9 @@ KNOBS = [
       "DeltaNet, a decay per head) or kda (Kimi Delta Attention: a decay per key channel and "
       "low-rank decay and output-gate projections, Kimi Linear).", "jaxtrain", status=HONORED,
       choices=("gdn", "kda")),
+    K("mla_latent_norm_epsilon", "float", None, "Epsilon of multi-latent attention's q and kv "
+      "latent norms; null uses norm_epsilon (Megatron). Hugging Face's DeepSeek-V3 and Kimi "
+      "Linear fix 1e-6.", "jaxtrain", status=HONORED),
     K("mla_nope", "bool", False, "Multi-latent attention without rotary embeddings: the "
       "qk_pos_emb_head_dim part of the queries and the shared key stays as projected (Kimi "
       "Linear).", "jaxtrain", status=HONORED),

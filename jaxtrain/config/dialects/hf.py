@@ -493,7 +493,8 @@ def _deepseek_v3(hf: dict) -> dict:
            "num_layers": n, "hidden_size": d, "num_attention_heads": heads,
            "multi_latent_attention": True, "kv_lora_rank": hf["kv_lora_rank"],
            "qk_head_dim": hf["qk_nope_head_dim"], "qk_pos_emb_head_dim": hf["qk_rope_head_dim"],
-           "v_head_dim": hf["v_head_dim"], "qk_layernorm": True, **_rope(hf)}
+           "v_head_dim": hf["v_head_dim"], "qk_layernorm": True, **_rope(hf),
+           "mla_latent_norm_epsilon": 1e-6}   # transformers' latent norms: their default eps
     if d % heads:
         out["kv_channels"] = hf["v_head_dim"]
     if hf.get("q_lora_rank"):

@@ -181,6 +181,9 @@ def problems(cfg: ModelConfig, family: str = "deepseek_v3") -> dict:
         "apply_residual_connection_post_layernorm": cfg.apply_residual_connection_post_layernorm,
         "rotary_seq_len_interpolation_factor": bool(cfg.rotary_seq_len_interpolation_factor)
         and (cfg.use_rope_scaling or cfg.rope_type == "yarn"),
+        # transformers' q/kv latent norms take their default epsilon, 1e-6
+        "mla_latent_norm_epsilon": not math.isclose(
+            cfg.mla_latent_norm_epsilon or cfg.norm_epsilon, 1e-6),
         "yarn_mscale_all_dim": not math.isclose(
             hf_softmax, mscale(cfg.yarn_scaling_factor, cfg.yarn_mscale_all_dim)),
         **gemma_problems(cfg), **llama4_problems(cfg),
