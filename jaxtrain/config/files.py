@@ -27,7 +27,8 @@ _NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 def parse_scalar(text: str):
     """A command-line or environment value read as YAML (``4`` → 4, ``1e-5`` → 1e-05,
-    ``true`` → True, ``[1, 2]`` → a list); anything else stays the string as written."""
+    ``true`` → True, ``[1, 2]`` → a list); anything else stays the string as written, YAML 1.1's
+    base-60 numbers too (``8:4`` is a step_batch_size_schedule entry, not 484)."""
     if not text.strip():
         return text
     if _NUMBER.match(text.strip()):
@@ -38,6 +39,8 @@ def parse_scalar(text: str):
     except yaml.YAMLError:
         return text
     if isinstance(value, dict) and not text.strip().startswith("{"):
+        return text
+    if isinstance(value, (int, float)) and ":" in text:
         return text
     return value
 

@@ -30,6 +30,16 @@ def test_refused_by_name(extra, match):
         load_config(None, args, world_size=2)
 
 
+def test_a_single_entry_stays_a_schedule():
+    """YAML 1.1 reads 8:4 as the base-60 number 484; an override keeps what was written."""
+    from jaxtrain.config.files import parse_scalar
+    assert parse_scalar("8:4") == "8:4" and parse_scalar("12") == 12
+    with pytest.raises(ConfigError, match="first threshold must be 0"):
+        load_config(None, [*BASE, "step_batch_size_schedule=8:4"], world_size=2)
+    cfg = load_config(None, [*BASE, "step_batch_size_schedule=0:8"], world_size=2)
+    assert cfg["global_batch_size"] == 8
+
+
 def test_megatron_lm_release_test_loads():
     """Megatron-LM's gpt3_15b_8t_release functional test (a step schedule, sample-based, no
     global batch) resolves: its last batch, 1152, is the run's global batch."""
