@@ -110,14 +110,17 @@ def causal_conv(x, w, seq=None, state=None, bias=None):
     return jax.nn.silu(y).astype(x.dtype), full[:, T:]
 
 
-def gated_norm(p: dict, o, z, cfg, gate=jax.nn.silu):
-    """RMSNorm of o [...,D_v] (float32, the plain weight) times gate(z), in the compute dtype
-    (Gated DeltaNet rounds the normed o to o's dtype first; KDA stays in float32)."""
+def gated_norm(p: dict, o, z, cfg):
+    """RMSNorm of o [...,D_v] (float32, the plain weight) times silu(z) (Gated DeltaNet, which
+    rounds the normed o to o's dtype first) or sigmoid(z) (KDA, all float32), in the compute
+    dtype."""
     o32 = o.astype(jnp.float32)
     y = o32 * jax.lax.rsqrt(jnp.mean(o32 * o32, -1, keepdims=True) + cfg.norm_epsilon)
-    if cfg.linear_attention_kind != "kda":
+    kda = cfg.linear_attention_kind == "kda"
+    if not kda:
         y = y.astype(o.dtype).astype(jnp.float32)
     y = p["scale"].astype(jnp.float32) * y
+    gate = jax.nn.sigmoid if kda else jax.nn.silu
     return (y * gate(z.astype(jnp.float32))).astype(cfg.compute_dtype)
 
 
@@ -167,8 +170,8 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
         q, k, v, g, beta, segment_ids=seg, chunk_size=cfg.linear_chunk_size,
         initial_state=None if cache is None else cache["state"], l2_qk=cfg.linear_qk_l2_norm,
         scan=chunk_scan if cfg.linear_attention_impl == "pallas" else None)
-    o = constrain(gated_norm(p["norm"], o, z, cfg, jax.nn.sigmoid if kda else jax.nn.silu),
-                  "act_batch", "act_seq", "act_heads", "act_kv")
+    o = constrain(gated_norm(p["norm"], o, z, cfg), "act_batch", "act_seq", "act_heads",
+                  "act_kv")
     out = L.dense(o, p["wo"], None, "bthk,hkd->btd", "out_proj", cfg)
     if cache is None:
         return out

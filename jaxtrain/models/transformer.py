@@ -24,8 +24,8 @@ from jaxtrain.models.linear_attention import linear_attention_block
 from jaxtrain.models.mamba import mamba_block
 from jaxtrain.models.short_conv import short_conv_block
 from jaxtrain.models.mla import mla_qkv
-from jaxtrain.models.moe import moe_block
-from jaxtrain.models.params import MOE_STACKS, STACKS, layer_axes, layer_kinds
+from jaxtrain.models.moe import moe_block, moe_layer_ids
+from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.spec import GLOBAL_SHARED_STACK, GLOBAL_STACKS, KV_SHARED_STACKS
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.remat import NO_REMAT, layer_plan
@@ -353,10 +353,9 @@ def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
     state = ctx.get("moe_state")
     prev = steps = None
     if state is not None:   # the row of layer i (an MTP layer's after the decoder's)
-        is_moe = [k in MOE_STACKS for k in layer_kinds(cfg)]
-        is_moe += [is_moe[-1]] * cfg.mtp_num_layers
-        ordinal = jnp.cumsum(jnp.asarray(is_moe)) - 1
-        prev, steps = state["aux_counts"][ordinal[i]], state["steps"]
+        rows = dict(map(reversed, enumerate(moe_layer_ids(cfg))))
+        row = jnp.asarray([rows.get(j, 0) for j in range(cfg.num_layers + cfg.mtp_num_layers)])
+        prev, steps = state["aux_counts"][row[i]], state["steps"]
     train = not ctx["deterministic"]
 
     def block(p, h, x, rng, prev, steps):
@@ -603,9 +602,9 @@ def _rope_tables(positions, cfg):
     if cfg.has_global_shape:   # Gemma 4: (global pair, sliding-window pair), unlike widths
         local = (L.local_rope_tables if cfg.local_rotary_base is not None else L.rope_tables)
         return (*L.global_rope_tables(positions, cfg), *local(positions, cfg))
+    # MLA rotates whatever position_embedding_type says (Megatron), unless mla_nope
     rope = (L.rope_tables(positions, cfg) if cfg.position_embedding_type == "rope"
-            or cfg.multi_latent_attention and not cfg.mla_nope else None)   # MLA rotates
-    # unless mla_nope, whatever position_embedding_type says (Megatron)
+            or cfg.multi_latent_attention and not cfg.mla_nope else None)
     if rope is not None and cfg.local_rotary_base is not None:
         rope = (*rope, *L.local_rope_tables(positions, cfg))
     return rope

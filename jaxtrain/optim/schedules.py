@@ -608,9 +608,12 @@ def _family(sched, family, what):
 
 
 def parse_rampup(value) -> Rampup | None:
-    """'start increment samples' (or a 3-list) → (start, increment, samples); None stays None."""
+    """'start increment samples' (or a 3-list) → (start, increment, samples); None stays None
+    and a parsed ramp (a tuple or a StepSchedule) as it is."""
     if value is None or value == "" or value == []:
         return None
+    if isinstance(value, StepSchedule):
+        return value
     parts = value.split() if isinstance(value, str) else list(value)
     try:
         start, incr, samples = (int(p) for p in parts)
@@ -648,7 +651,7 @@ def batch_size_at(consumed_samples: int, global_batch_size: int, rampup, *,
     parallel size) the batch must divide by it, or, with ``decrease_if_needed``, is rounded
     down to a multiple of it (the batch Megatron then runs and counts).
     """
-    rampup = rampup if isinstance(rampup, StepSchedule) else parse_rampup(rampup)
+    rampup = parse_rampup(rampup)
     if rampup is None:
         batch = global_batch_size
     elif isinstance(rampup, StepSchedule):
@@ -729,7 +732,7 @@ def rampup_batches(global_batch_size: int, rampup, multiple: int | None = None
                    ) -> tuple[int, ...]:
     """The global batches a batch-size ramp steps through, the full one last (``multiple``:
     rounded down to multiples of it, as ``decrease_batch_size_if_needed`` does)."""
-    rampup = rampup if isinstance(rampup, StepSchedule) else parse_rampup(rampup)
+    rampup = parse_rampup(rampup)
     if rampup is None:
         return (global_batch_size,)
     return tuple(dict.fromkeys(
@@ -740,7 +743,7 @@ def rampup_train_iters(train_samples: int, global_batch_size: int, rampup) -> in
     """Steps of a sample-based run as Megatron's update_train_iters counts them: ramped steps
     while the samples consumed are at most both the ramp's and train_samples, then as many
     whole full batches as fit in what is left."""
-    rampup = rampup if isinstance(rampup, StepSchedule) else parse_rampup(rampup)
+    rampup = parse_rampup(rampup)
     if rampup is None:
         return train_samples // global_batch_size
     if isinstance(rampup, StepSchedule):
