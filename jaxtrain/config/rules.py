@@ -912,9 +912,6 @@ def _pgs_optim_extras(c: Context):
 # What the pipeline executor (jaxtrain.parallel.pipeline) does not run yet: key -> (is it on,
 # what it is)
 _PIPELINE_NOT_YET = {
-    "context_parallel_size": (lambda v: v > 1, "context parallelism: its ring and token "
-                              "reordering exchange inside a rank's own op, which the CPU "
-                              "collectives this is tested on cannot run"),
     "dpo.enabled": (bool, "DPO"),
     "memory.seco": (bool, "SeCO"),
     "plugins.pre_rl": (bool, "pre_rl's frozen base model"),

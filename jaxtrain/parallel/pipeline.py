@@ -24,6 +24,12 @@ layer) are summed over ranks at the end, which also joins a tied embedding's two
 and last stage). The loss and its normalisation are the unpipelined step's: each microbatch's
 loss is Σ weights · NLL with the step's token weights.
 
+Under context parallelism the ranks run in lockstep: attention's ring exchange and the token
+reordering around it are collective permutes, which XLA's CPU runtime only completes when every
+device of the mesh enters them (and GPU runtimes only promise). Each tick, every op kind some
+rank runs at that tick runs on every rank, which keeps only its own op's results; such a tick
+costs the sum of its kinds (GPipe nothing more, 1F1B's steady state F + B, not max(F, B)).
+
 Legend: p ranks, v chunks per rank, S = p·v stages, m microbatches, b rows per microbatch.
 """
 from __future__ import annotations
@@ -261,9 +267,11 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
     A rank's op runs in a ``lax.switch`` on its branch; the embedding, output layer and loss
     run outside it, on every rank of a tick that needs them (a tick lasts as long as its
     slowest rank, so this costs no time), so that the collectives they contain under tensor
-    parallelism are entered by every device."""
+    parallelism are entered by every device; under context parallelism the ranks run their
+    ops in lockstep (``run_op``)."""
     bounds = prog.bounds
     p = prog.schedule.ranks
+    lockstep = layout.mesh_shape.get("context", 1) > 1
     if objective is not None and objective.needs_base:
         raise ValueError("the pipeline does not run an objective with a base model (pre_rl)")
     M, T = batch["tokens"].shape[0], batch["tokens"].shape[-1]
@@ -344,6 +352,24 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
 
     fns = [idle] + [make_branch(k, st) for k, st in prog.branches[1:]]
 
+    def run_op(branches_t, mine, carry, args):
+        """(carry, output) of this rank's op (branch ``mine``; ``branches_t``: every rank's at
+        this tick). Without lockstep, a ``lax.switch``. In lockstep, every branch some rank
+        runs at this tick runs on every rank, each rank keeping only its own op's results,
+        so that every device enters the same collectives in the same order."""
+        if not lockstep:
+            return jax.lax.switch(mine, fns, carry, *args)
+        out = jnp.zeros_like(args[1])
+        for b in range(1, len(fns)):
+            def use(carry, out, b=b):
+                new, y = fns[b](carry, *args)
+                keep = mine == b
+                return (jax.tree.map(lambda n, o: jnp.where(keep, n, o), new, carry),
+                        jnp.where(keep, y, out))
+            carry, out = jax.lax.cond(jnp.any(branches_t == b), use,
+                                      lambda carry, out: (carry, out), carry, out)
+        return carry, out
+
     def run(sp_all, sh_all, moe, qst, on_all, batch, weights_MBT, step_rng, scale, rows, recv,
             flags, mtp_w):
         rank = jax.lax.axis_index(AXIS)
@@ -363,7 +389,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             """(loss, its gradient for x and the head's parameters, x scale, per-depth MTP
             losses, the MTP layers' router statistics) of the last stage's output x."""
             def loss_fn(x, h):
-                hidden = final_hidden(h, x, {}, cfg)
+                hidden = final_hidden(h, x, context(micro, rng)[1], cfg)
                 loss = hidden_loss(h, hidden, micro["targets"], w, cfg, num_chunks=num_chunks,
                                    half_precision=half_precision, objective=objective,
                                    grad_in_forward=True)
@@ -395,9 +421,9 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             rng = jax.random.fold_in(step_rng, mb)
             x_emb, embed_vjp = jax.vjp(lambda e: context(micro, rng, e)[0].astype(dt), emb)
             x_in = jnp.where(row[6] == 1, x_emb, xbuf[row[3]])
-            (xbuf, gbuf, gst, moe, qst, hist), out = jax.lax.switch(
-                row[0], fns, (xbuf, gbuf, gst, moe, qst, hist), row, x_in, micro, rng, sp_all,
-                on_all, scale)
+            args = (row, x_in, micro, rng, sp_all, on_all, scale)
+            (xbuf, gbuf, gst, moe, qst, hist), out = run_op(
+                rows_t[:, 0], row[0], (xbuf, gbuf, gst, moe, qst, hist), args)
             # the output layer and loss after the last stage's forward (its gradient kept in
             # the stage's gradient slot), the embedding's backward after the first stage's
             mtp_rows = None if moe is None or not depths else jax.tree.map(

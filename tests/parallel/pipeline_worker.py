@@ -31,6 +31,7 @@ TINY = ["mock_data=true", "vocab_size=128", "make_vocab_size_divisible_by=32", "
         "attention_dropout=0", "log_interval=1", "exp_name=run", "train_iters=3",
         "use_distributed_optimizer=false"]
 PP2, PP4 = "pipeline_model_parallel_size=2", "pipeline_model_parallel_size=4"
+CP2 = "context_parallel_size=2"
 # MoE and dense layers alternating, router statistics and expert bias as in Megatron
 MOE = ["num_experts=4", "moe_router_topk=2", "moe_ffn_hidden_size=32", "moe_layer_freq=2",
        "moe_router_score_function=sigmoid", "moe_router_enable_expert_bias=true",
@@ -146,6 +147,13 @@ LAYOUTS |= {
     "tp2_dropout": ["tensor_model_parallel_size=2", "hidden_dropout=0.1",
                     "attention_dropout=0.1"],
     "pp2_dropout": [PP2, "hidden_dropout=0.1", "attention_dropout=0.1"],
+    # context parallelism inside the stages (ranks in lockstep), each exchange strategy
+    "pp2_cp2": [PP2, CP2],
+    "pp2_vpp2_cp2_tp2": [PP2, "virtual_pipeline_model_parallel_size=2", CP2,
+                         "tensor_model_parallel_size=2"],
+    "pp2_cp2_a2a_zb": [PP2, CP2, "cp_comm_type=a2a", "patch_zero_bubble=true"],
+    "pp2_cp2_allgather_gpipe": [PP2, CP2, "cp_comm_type=all_gather", "pipeline_schedule=gpipe"],
+    "moe_pp2_cp2": [*MOE, PP2, CP2],
 }
 
 # in-process cases: (schedule, ranks, chunks, untied, hidden dropout, attention dropout,

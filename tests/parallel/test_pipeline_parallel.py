@@ -258,7 +258,7 @@ SLOW_GRADS = ["1f1b_p2", "v1f1b_p2", "v1f1b_p4", "gpipe_p4_untied", "interleaved
               "interleaved_p4", "zbh1_p4", "zbh2_p2", "zbv_p4", "1f1b_p2_dropout",
               "zbh1_p2_tp2_dropout", "moe_1f1b_p2", "moe_zbh1_p4", "moe_interleaved_p2_tp2",
               "moe_gpipe_p4", "moe_zbh2_p2_tp2", "moe_zbv_p2"]
-DEFAULT_TRAIN = ["one", "pp2", "pp2_table"]
+DEFAULT_TRAIN = ["one", "pp2", "pp2_table", "pp2_cp2"]
 SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "pp2_vhalf",
               "pp2_tp2", "pp2_tp2_sp", "pp2_vpp2_tp2", "pp2_fsdp", "pp2_zero1_recompute",
               "pp4_uneven", "pp2_layout", "pp2_untied_gpipe", "one_untied", "tp2_dropout",
@@ -267,7 +267,8 @@ SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "p
               "gemma4_pp2", "gemma4_pp2_vpp2_tp2", "pp2_1f1b_v", "fp8", "fp8_pp2",
               "fp8_keep", "fp8_keep_pp2", "fp8_keep_pp4_zb", "fp8_keep_all_pp2", "ramp",
               "pp2_ramp", "pp2_vpp2_ramp", "pp4_zbh_mem", "moe_global", "moe_global_pp2",
-              "moe_global_pp4_zb", "dft", "dft_pp2", "cadft", "cadft_pp2_vpp2"]
+              "moe_global_pp4_zb", "dft", "dft_pp2", "cadft", "cadft_pp2_vpp2",
+              "pp2_vpp2_cp2_tp2", "pp2_cp2_a2a_zb", "pp2_cp2_allgather_gpipe", "moe_pp2_cp2"]
 
 
 @pytest.fixture(scope="module")
@@ -288,11 +289,12 @@ def test_executor_gradients_equal_autodiff_of_the_plain_loss(default_runs, name)
 
 def test_pipelined_training_gives_the_same_losses(default_runs):
     runs = default_runs[0]
-    for name in ("pp2",):
+    for name in ("pp2", "pp2_cp2"):   # the second with context parallelism in the stages
         assert runs[name]["losses"] == pytest.approx(runs["one"]["losses"], rel=2e-6), name
         assert runs[name]["grad_norms"] == pytest.approx(runs["one"]["grad_norms"], rel=1e-5)
     # the knob takes effect: a pipeline axis, the stacked layers split over it
     assert runs["pp2"]["mesh"]["pipeline"] == 2 and runs["one"]["mesh"]["pipeline"] == 1
+    assert runs["pp2_cp2"]["mesh"]["context"] == 2
     assert runs["pp2"]["wq_spec"][WQ_LAYER_AXIS] == "pipeline"
     assert runs["one"]["wq_spec"][WQ_LAYER_AXIS] is None
 
@@ -310,7 +312,7 @@ def test_every_schedule_and_layout_gives_the_same_losses(tmp_path):
     assert runs.pop("pp2_dropout")["losses"] == pytest.approx(dropout, rel=2e-6)
     moe = runs.pop("moe")
     for name in ("moe_tp2", "moe_pp2", "moe_pp4_zb", "moe_pp2_tp2_vpp2", "moe_ep2", "moe_pp2_ep2",
-                 "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv"):
+                 "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv", "moe_pp2_cp2"):
         got = runs.pop(name)
         assert got["losses"] == pytest.approx(moe["losses"], rel=2e-6), name
         assert got["moe_aux_loss"] == pytest.approx(moe["moe_aux_loss"], rel=2e-6), name
@@ -388,8 +390,8 @@ DRY = ("mock_data: true\nvocab_size: 64\nnum_layers: 6\nhidden_size: 32\n"
      "global_batch_size: 12\n", "3 microbatches per step"),
     ("pipeline_model_parallel_size: 2\npipeline_model_parallel_layout: 'Ett|t(t|L'\n",
      "pipeline_model_parallel_layout 'Ett|t(t|L' does not parse"),
-    ("pipeline_model_parallel_size: 2\ncontext_parallel_size: 2\n",
-     "not implemented yet: pipeline_model_parallel_size 2 with context_parallel_size = 2"),
+    ("pipeline_model_parallel_size: 2\nmemory:\n  seco: true\npacking: false\n",
+     "not implemented yet: pipeline_model_parallel_size 2 with memory.seco = True"),
     ("pipeline_model_parallel_size: 2\ntensor_model_parallel_size: 2\nuse_torch_fsdp2: true\n",
      "not implemented yet: pipeline_model_parallel_size 2 with tensor_model_parallel_size"),
 ])
@@ -400,9 +402,11 @@ def test_dry_run_refuses_what_cannot_run(write, cli, extra, says):
     assert "Traceback" not in err
 
 
-def test_dry_run_accepts_a_pipelined_config(write, cli):
-    path = write("run.yml", DRY + "pipeline_model_parallel_size: 2\n"
-                 "decoder_first_pipeline_num_layers: 2\npatch_zero_bubble: true\n")
+@pytest.mark.parametrize("extra", [
+    "decoder_first_pipeline_num_layers: 2\npatch_zero_bubble: true\n",
+    "context_parallel_size: 2\nattention_dropout: 0\n"])
+def test_dry_run_accepts_a_pipelined_config(write, cli, extra):
+    path = write("run.yml", DRY + "pipeline_model_parallel_size: 2\n" + extra)
     code, out, err = cli(path, "--dry-run", "--world-size", "8")
     assert code == 0, err
 
