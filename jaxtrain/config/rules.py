@@ -567,9 +567,6 @@ def context_parallel(c: Context):
     if seq and seq % cp:
         c.error(f"seq_length ({seq}) must divide by context_parallel_size ({cp}): each "
                 f"context-parallel device holds an equal slice of the sequence")
-    if c.get("attention_dropout"):
-        c.error(f"attention_dropout ({c.get('attention_dropout')}) with context_parallel_size "
-                f"{cp}: context-parallel attention has no attention dropout; set it to 0")
     a2a = cp if "a2a" in kinds else sizes[0] if "a2a+p2p" in kinds and sizes else None
     if a2a:
         heads = c.get("num_attention_heads")

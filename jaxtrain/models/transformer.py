@@ -175,7 +175,8 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
         def run(window):
             if ring:   # context parallelism: the sequence split over the mesh's context axis
                 return _context_parallel(layout, q, k, v, ctx, segments, layer_number, sinks,
-                                         window, cfg, scale)
+                                         window, cfg, scale,
+                                         _need(rng, "attention dropout") if drop else None)
             return attention(
                 q, k, v, impl=impl, causal=True, segment_ids=segments,
                 sliding_window=window, softcap=cfg.attn_logit_softcapping, scale=scale,
@@ -226,11 +227,12 @@ def _layer_segments(ctx: dict, layer_number, cfg):
 
 
 def _context_parallel(layout, q, k, v, ctx: dict, segments, layer_number, sinks, window, cfg,
-                      scale):
+                      scale, dropout_rng=None):
     """Context-parallel attention (jaxtrain.parallel.context) with this layer's exchange: one
     ``cp_comm_type`` for every layer, or a ``lax.switch`` on the layer over a per-layer list.
     ``ctx['token_index']``: the tokens' indices in the sequence (the reordered layout's). With
-    ``attention_impl: flash`` the ring attends its blocks with the flash kernel."""
+    ``attention_impl: flash`` the ring attends its blocks with the flash kernel.
+    ``dropout_rng``: the layer's key when attention dropout runs (the unsplit mask)."""
     index = ctx.get("token_index")
     if index is None:
         index = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
@@ -244,7 +246,9 @@ def _context_parallel(layout, q, k, v, ctx: dict, segments, layer_number, sinks,
         return lambda: cp.sharded_attention(
             layout, kind, q, k, v, index, segments, sinks, window,
             softcap=cfg.attn_logit_softcapping, scale=scale, balanced=balanced,
-            inner=cfg.cp_a2a_size if kind == "a2a+p2p" else None, kernel=kernel)
+            inner=cfg.cp_a2a_size if kind == "a2a+p2p" else None, kernel=kernel,
+            dropout_rate=cfg.attention_dropout if dropout_rng is not None else 0.0,
+            dropout_rng=dropout_rng)
 
     if len(names) == 1:
         return one(names[0])()

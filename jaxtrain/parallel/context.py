@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from jaxtrain.models.attention import dropout_keep, key_words
 from jaxtrain.parallel.sharding import active_layout, nested_mesh, spec_for
 
 NEG = -1e30   # a masked score: finite, so fully masked blocks merge away without NaN
@@ -119,10 +120,21 @@ def _visible(q_pos, k_pos, q_seg, k_seg, causal: bool, window):
     return ok[:, None, None]
 
 
+class Dropout(NamedTuple):
+    """Attention dropout inside the shard_map: the rate, the key's words and this device's
+    global batch rows [B] and heads [N] (with the tokens' indices they pick the mask of
+    :func:`jaxtrain.models.attention.dropout_keep`, the unsplit attention's)."""
+    rate: float
+    words: jax.Array
+    rows: jax.Array
+    heads: jax.Array
+
+
 def block_attention(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, causal=True,
-                    window=None, softcap=None, scale=None):
+                    window=None, softcap=None, scale=None, dropout: Dropout | None = None):
     """(out [B,T,N,Hv] normalised over this block, lse [B,N,T] float32) of q [B,T,N,H] over
-    one block k [B,S,K,H], v [B,S,K,Hv] (grouped-query)."""
+    one block k [B,S,K,H], v [B,S,K,Hv] (grouped-query). ``dropout``: the block's share of
+    the dropped probabilities (the merge by log-sum-exp keeps each probability's scale)."""
     B, T, N, H = q.shape
     K = k.shape[2]
     G = N // K
@@ -134,6 +146,10 @@ def block_attention(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, causal=Tru
     scores = jnp.where(_visible(q_pos, k_pos, q_seg, k_seg, causal, window), scores, NEG)
     lse = jax.nn.logsumexp(scores, axis=-1)                                 # [B,K,G,T]
     probs = jnp.exp(scores - lse[..., None]).astype(v.dtype)
+    if dropout is not None:
+        keep = dropout_keep(dropout.words, dropout.rate, dropout.rows, dropout.heads, q_pos,
+                            k_pos).reshape(scores.shape)
+        probs = jnp.where(keep, probs / (1.0 - dropout.rate), 0).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", probs, v, preferred_element_type=jnp.float32)
     return out.reshape(B, T, N, v.shape[-1]), lse.reshape(B, N, T)
 
@@ -214,7 +230,7 @@ def _balanced_step(q, block, q_pos, q_seg, first: bool, kernel=None, **kw):
 
 def ring_attention(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, axis: str, causal=True,
                    window=None, softcap=None, scale=None, sinks=None, balanced=False,
-                   ring=None, kernel=None):
+                   ring=None, kernel=None, dropout=None):
     """Ring attention over mesh axis ``axis`` (call inside a ``shard_map``): this device's
     queries against every device's K/V block, the blocks rotating one hop per step.
 
@@ -230,8 +246,10 @@ def ring_attention(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, axis: str, 
     cp, stride = ring if ring is not None else (jax.lax.axis_size(axis), 1)
     total = cp * stride
     perm = [(j, (j + stride) % total) for j in range(total)]
-    kw = dict(causal=causal, window=window, softcap=softcap, scale=scale)
+    kw = dict(causal=causal, window=window, softcap=softcap, scale=scale, dropout=dropout)
     balanced = balanced and causal and ring is None
+    if kernel is not None and dropout is not None:
+        raise ValueError("the flash kernel has no attention dropout")
     kernel = kernel if balanced and window is None else None
     rank = jax.lax.axis_index(axis) // stride
     block = (k, v, k_pos, k_seg)
@@ -262,18 +280,18 @@ def _gather(x, axis: str, groups=None):
 
 def allgather_attention(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, axis: str,
                         causal=True, window=None, softcap=None, scale=None, sinks=None,
-                        balanced=False):
+                        balanced=False, dropout=None):
     """This device's queries over the K/V of every device, gathered along ``axis``."""
     gather = functools.partial(_gather, axis=axis)
     out, lse = block_attention(q, gather(k), gather(v), q_pos, gather(k_pos), q_seg,
                                gather(k_seg), causal=causal, window=window, softcap=softcap,
-                               scale=scale)
+                               scale=scale, dropout=dropout)
     return _with_sinks(out, lse, sinks).astype(q.dtype)
 
 
 def a2a_attention(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, axis: str, causal=True,
                   window=None, softcap=None, scale=None, sinks=None, balanced=False,
-                  inner=None):
+                  inner=None, dropout=None):
     """Ulysses: heads split over ``axis`` and the whole sequence on each device for them.
 
     ``inner`` (hierarchical, Megatron ``a2a+p2p``): the all-to-all runs inside groups of
@@ -290,11 +308,12 @@ def a2a_attention(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, axis: str, c
                                             axis_index_groups=groups)
     gather = functools.partial(_gather, axis=axis, groups=groups)
     qh, kh, vh = to_heads(q), to_heads(k), to_heads(v)
-    if sinks is not None:   # this device's share of the heads
-        share = N // size
-        sinks = jax.lax.dynamic_slice_in_dim(sinks, jax.lax.axis_index(axis) % size * share,
-                                             share)
-    kw = dict(causal=causal, window=window, softcap=softcap, scale=scale)
+    share = N // size   # this device's share of the heads
+    mine = lambda x: jax.lax.dynamic_slice_in_dim(   # noqa: E731
+        x, jax.lax.axis_index(axis) % size * share, share)
+    sinks = None if sinks is None else mine(sinks)
+    dropout = None if dropout is None else dropout._replace(heads=mine(dropout.heads))
+    kw = dict(causal=causal, window=window, softcap=softcap, scale=scale, dropout=dropout)
     if inner is None:
         out, lse = block_attention(qh, kh, vh, gather(q_pos), gather(k_pos), gather(q_seg),
                                    gather(k_seg), **kw)
@@ -319,14 +338,16 @@ STRATEGIES = {"p2p": ring_attention, "allgather": allgather_attention, "all_gath
 
 def sharded_attention(layout, strategy: str, q, k, v, positions, segment_ids=None, sinks=None,
                       window=None, *, softcap=None, scale=None, balanced=False, inner=None,
-                      kernel=None):
+                      kernel=None, dropout_rate: float = 0.0, dropout_rng=None):
     """Context-parallel attention of the model's q [B,T,N,H], k/v [B,T,K,H] (global arrays
     sharded by their logical names) over ``layout``'s ``context`` axis by ``strategy``.
     ``positions`` [B,T] order the tokens for the causal mask and windows (the tokens' indices
     in the sequence, not RoPE's positions, which may restart at document boundaries).
     ``balanced``: the tokens are in :func:`balanced_order` (the ring then skips the half blocks
     the causal mask hides). ``inner``: the all-to-all group size of ``a2a+p2p``. ``kernel``:
-    the flash kernel's options for the ring's blocks (:func:`ring_attention`)."""
+    the flash kernel's options for the ring's blocks (:func:`ring_attention`).
+    ``dropout_rate`` / ``dropout_rng``: attention dropout, the mask the unsplit attention
+    (:func:`jaxtrain.models.attention.dot_product_attention`) draws with that key."""
     rules, shape = layout.rules, layout.mesh_shape
     qs = spec_for(("act_batch", "act_seq", "act_heads", "act_kv"), q.shape, rules, shape)
     ks = spec_for(("act_batch", "act_seq", "act_kv_heads", "act_kv"), k.shape, rules, shape)
@@ -342,15 +363,19 @@ def sharded_attention(layout, strategy: str, q, k, v, positions, segment_ids=Non
     has_seg, has_sinks, has_window = (segment_ids is not None, sinks is not None,
                                       window is not None)
 
-    def body(q, k, v, pos, seg, sinks, window):
+    def body(q, k, v, pos, seg, sinks, window, words, rows, heads):
+        drop = Dropout(dropout_rate, words, rows, heads) if dropout_rate > 0.0 else None
         return fn(q, k, v, pos, pos, seg if has_seg else None, seg if has_seg else None,
                   axis="context", causal=True, window=window if has_window else None,
-                  softcap=softcap, scale=scale, sinks=sinks if has_sinks else None, **extra)
+                  softcap=softcap, scale=scale, sinks=sinks if has_sinks else None,
+                  dropout=drop, **extra)
 
     zero = jnp.zeros((), jnp.int32)
     args = (q, k, v, positions, segment_ids if has_seg else positions,
             sinks if has_sinks else jnp.zeros((q.shape[2],), jnp.float32),
-            jnp.asarray(window, jnp.int32) if has_window else zero)
+            jnp.asarray(window, jnp.int32) if has_window else zero,
+            key_words(dropout_rng) if dropout_rate > 0.0 else jnp.zeros((2,), jnp.uint32),
+            jnp.arange(q.shape[0], dtype=jnp.int32), jnp.arange(q.shape[2], dtype=jnp.int32))
     return jax.shard_map(body, **nested_mesh(layout),
-                         in_specs=(qs, ks, ks, tok, tok, sink_spec, P()), out_specs=qs,
-                         check_vma=False)(*args)
+                         in_specs=(qs, ks, ks, tok, tok, sink_spec, P(), P(), P(qs[0]),
+                                   sink_spec), out_specs=qs, check_vma=False)(*args)

@@ -1,9 +1,9 @@
 """Context-parallel attention (jaxtrain.parallel.context) on 4 CPU devices against the one-device
 reference attention: ring (p2p), all-gather and all-to-all (Ulysses), on Megatron's
 load-balanced layout, forward and gradients, with causal masks, packed segments, sliding
-windows, soft-capping and sinks (fp32); hierarchical a2a+p2p and the ring with the flash kernel
-(interpreted). Run by test_context_attention.py in a process with 8 CPU devices (the cases
-marked slow with -m slow)."""
+windows, soft-capping, sinks and attention dropout (fp32); hierarchical a2a+p2p and the ring
+with the flash kernel (interpreted). Run by test_context_attention.py in a process with 8 CPU
+devices (the cases marked slow with -m slow)."""
 import functools
 
 import jax
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxtrain.models.attention import dot_product_attention
+from jaxtrain.models.attention import dot_product_attention, key_words
 from jaxtrain.parallel import context
 from kernels.flash_attention import BlockSizes
 
@@ -58,7 +58,7 @@ def _order(layout, T, cp):
     return context.balanced_order(T, cp) if layout == "balanced" else np.arange(T)
 
 
-def _cp(variant, q, k, v, seg, sinks, case, cp=4, **options):
+def _cp(variant, q, k, v, seg, sinks, case, cp=4, host=True, **options):
     strategy, opts, layout = VARIANTS[variant]
     mesh = Mesh(np.asarray(jax.devices()[:cp]), ("context",))
     B, T = q.shape[:2]
@@ -77,9 +77,41 @@ def _cp(variant, q, k, v, seg, sinks, case, cp=4, **options):
 
     sharded = jax.shard_map(body, mesh=mesh, in_specs=(seq, seq, seq, seq, seq, P()),
                             out_specs=seq, check_vma=False)
+    if not host:   # traced (under grad): the layout's gathers and the shard_map as they are
+        return sharded(lay(q), lay(k), lay(v), pos, lay(seg), sinks)[:, np.argsort(order)]
     put = lambda x: jax.device_put(x, NamedSharding(mesh, seq))   # noqa: E731
     out = jax.jit(sharded)(put(lay(q)), put(lay(k)), put(lay(v)), put(pos), put(lay(seg)), sinks)
     return np.asarray(out)[:, np.argsort(order)]
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "p2p_kernel"])
+def test_dropout_draws_the_one_device_mask(variant):
+    """Attention dropout: every block drops the probabilities the unsplit attention drops with
+    the same key (the mask hashes global rows, heads and token indices); forward and, for the
+    ring, gradients."""
+    q, k, v, seg, sinks = _inputs(4)
+    B, N = q.shape[0], q.shape[2]
+    case, key = dict(segments=True, sinks=True), jax.random.key(7)
+    drop = context.Dropout(0.3, key_words(key), jnp.arange(B), jnp.arange(N))
+    w = jnp.asarray(np.random.default_rng(5).normal(size=q.shape).astype(np.float32))
+
+    def ref(q, k, v):
+        return dot_product_attention(q, k, v, segment_ids=seg, sinks=sinks, dropout_rate=0.3,
+                                     dropout_rng=key)
+
+    want = np.asarray(ref(q, k, v))
+    np.testing.assert_allclose(_cp(variant, q, k, v, seg, sinks, case, dropout=drop), want,
+                               rtol=2e-5, atol=2e-5)
+    undropped = np.asarray(_reference(q, k, v, seg, sinks, case))
+    assert np.abs(want - undropped).max() > 0.1   # the mask drops something
+    if variant == "p2p":
+        def cp_loss(q, k, v):
+            return jnp.sum(jnp.asarray(_cp(variant, q, k, v, seg, sinks, case, dropout=drop,
+                                           host=False)) * w)
+        got = jax.grad(cp_loss, argnums=(0, 1, 2))(q, k, v)
+        grads = jax.grad(lambda *a: jnp.sum(ref(*a) * w), argnums=(0, 1, 2))(q, k, v)
+        for a, b in zip(got, grads):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
 def _slow_pairs():

@@ -154,6 +154,11 @@ LAYOUTS |= {
     "pp2_cp2_a2a_zb": [PP2, CP2, "cp_comm_type=a2a", "patch_zero_bubble=true"],
     "pp2_cp2_allgather_gpipe": [PP2, CP2, "cp_comm_type=all_gather", "pipeline_schedule=gpipe"],
     "moe_pp2_cp2": [*MOE, PP2, CP2],
+    # attention dropout: CP draws the unsplit attention's mask (the same rows per microbatch)
+    "cp2_attn_dropout": [CP2, "attention_dropout=0.1"],
+    "tp2_attn_dropout": ["tensor_model_parallel_size=2", "attention_dropout=0.1"],
+    "pp2_cp2_attn_dropout": [PP2, CP2, "attention_dropout=0.1"],
+    "pp2_tp2_attn_dropout": [PP2, "tensor_model_parallel_size=2", "attention_dropout=0.1"],
 }
 
 # in-process cases: (schedule, ranks, chunks, untied, hidden dropout, attention dropout,

@@ -268,7 +268,9 @@ SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "p
               "fp8_keep", "fp8_keep_pp2", "fp8_keep_pp4_zb", "fp8_keep_all_pp2", "ramp",
               "pp2_ramp", "pp2_vpp2_ramp", "pp4_zbh_mem", "moe_global", "moe_global_pp2",
               "moe_global_pp4_zb", "dft", "dft_pp2", "cadft", "cadft_pp2_vpp2",
-              "pp2_vpp2_cp2_tp2", "pp2_cp2_a2a_zb", "pp2_cp2_allgather_gpipe", "moe_pp2_cp2"]
+              "pp2_vpp2_cp2_tp2", "pp2_cp2_a2a_zb", "pp2_cp2_allgather_gpipe", "moe_pp2_cp2",
+              "cp2_attn_dropout", "tp2_attn_dropout", "pp2_cp2_attn_dropout",
+              "pp2_tp2_attn_dropout"]
 
 
 @pytest.fixture(scope="module")
@@ -310,6 +312,11 @@ def test_every_schedule_and_layout_gives_the_same_losses(tmp_path):
     assert untied == pytest.approx(one, rel=2e-6)
     dropout = runs.pop("tp2_dropout")["losses"]    # the same batch split (4), GSPMD
     assert runs.pop("pp2_dropout")["losses"] == pytest.approx(dropout, rel=2e-6)
+    # context parallelism drops the attention probabilities the unsplit attention drops
+    for cp, plain in (("cp2_attn_dropout", "tp2_attn_dropout"),
+                      ("pp2_cp2_attn_dropout", "pp2_tp2_attn_dropout")):
+        want = runs.pop(plain)
+        assert runs.pop(cp)["losses"] == pytest.approx(want["losses"], rel=2e-6), cp
     moe = runs.pop("moe")
     for name in ("moe_tp2", "moe_pp2", "moe_pp4_zb", "moe_pp2_tp2_vpp2", "moe_ep2", "moe_pp2_ep2",
                  "moe_pp2_ep2_a2a", "moe_pp2_ep2_zbv", "moe_pp2_cp2"):
