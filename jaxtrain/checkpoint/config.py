@@ -71,6 +71,7 @@ class CheckpointConfig:
     np_type: str | None = None                 # non_persistent_ckpt_type: global or local
     np_global_dir: pathlib.Path | None = None  # non_persistent_global_ckpt_dir
     np_local_dir: pathlib.Path | None = None   # non_persistent_local_ckpt_dir
+    verify_integrity: bool = False             # SHA-256 manifests written and checked
 
     @classmethod
     def from_config(cls, cfg, run_directory: pathlib.Path) -> "CheckpointConfig":
@@ -116,4 +117,5 @@ class CheckpointConfig:
             strictness=strictness, schedule_policy=schedule_policy(cfg),
             np_interval=np_interval, np_type=np_type,
             np_global_dir=pathlib.Path(np_global) if np_global else None,
-            np_local_dir=pathlib.Path(np_local) if np_local else None)
+            np_local_dir=pathlib.Path(np_local) if np_local else None,
+            verify_integrity=bool(cfg.get("verify_integrity")))

@@ -20,12 +20,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxtrain.checkpoint import export, local
+from jaxtrain.checkpoint import export, integrity, local
 from jaxtrain.checkpoint.compat import schedule_settings
 from jaxtrain.checkpoint.config import CheckpointConfig
 from jaxtrain.checkpoint.layout import (FLAT_ITEMS, FORMAT_VERSION, ITEMS, NON_PERSISTENT_DIR,
                                         STATE_ITEMS, STEP_PREFIX, LocalRoot, flat, jsonable,
-                                        orbax)
+                                        orbax, where)
 from jaxtrain.checkpoint.restore import Restoring
 
 log = logging.getLogger("jaxtrain.checkpoint")
@@ -50,6 +50,7 @@ class Checkpointer(Restoring):
         if (ccfg.final_dir is not None or ccfg.hf_steps) and model_cfg is not None:
             export.check_exportable(model_cfg)
         self.best: float | None = None
+        self._unsealed: list[tuple[Any, pathlib.Path]] = []   # (manager, step directory)
 
     @classmethod
     def from_config(cls, cfg, run_directory, model_cfg=None, logger=None) -> "Checkpointer":
@@ -127,6 +128,7 @@ class Checkpointer(Restoring):
         c = self.ccfg
         if c.save_dir is None:
             return False
+        self._seal(block=False)
         if force or (c.save_interval and step % c.save_interval == 0):
             if step == self.last_saved:
                 return False
@@ -184,6 +186,23 @@ class Checkpointer(Restoring):
         if step in manager.all_steps():  # a rerun over an old directory: replace it
             manager.delete(step)
         manager.save(step, args=ocp.args.Composite(**args), force=True)
+        if self.ccfg.verify_integrity:
+            self._unsealed.append((manager, where(manager.directory, step)))
+            self._seal(block=not self.ccfg.async_save)
+
+    def _seal(self, block: bool):
+        """verify_integrity: the manifest of each checkpoint saved since the last call, once
+        its (async) save is complete; ``block`` waits for the saves in flight."""
+        pending = []
+        for manager, step_dir in self._unsealed:
+            if block:
+                manager.wait_until_finished()
+            elif manager.is_saving_in_progress():
+                pending.append((manager, step_dir))
+                continue
+            if jax.process_index() == 0 and step_dir.is_dir():   # not removed by retention
+                integrity.write(step_dir)
+        self._unsealed = pending
 
     def export_final(self, params, what: str = "") -> pathlib.Path | None:
         """pgs train.save_final: the model in Hugging Face format in ``<save>/final``;
@@ -212,9 +231,13 @@ class Checkpointer(Restoring):
     def wait(self):
         for manager in self._writers.values():
             manager.wait_until_finished()
+        self._seal(block=True)
 
     def close(self):
         """Wait for pending saves to finish, then release the managers."""
+        for manager in self._writers.values():
+            manager.wait_until_finished()
+        self._seal(block=True)
         for manager in [*self._writers.values(), *self._readers.values()]:
             manager.wait_until_finished()
             manager.close()

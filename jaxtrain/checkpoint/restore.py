@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxtrain.checkpoint import compat, local
+from jaxtrain.checkpoint import compat, integrity, local
 from jaxtrain.checkpoint.layout import (FLAT_ITEMS, SIDE_ITEMS, STATE_ITEMS, STEP_DIR,
                                         LocalRoot, flat, orbax, place, restore_targets, unflat)
 from jaxtrain.checkpoint.layout import where as _where
@@ -223,6 +223,8 @@ class Restoring:
         c, is_local = self.ccfg, isinstance(root, LocalRoot)
         self.restored_items = {}
         where = self.where(root, step)
+        if c.verify_integrity and not is_local:
+            self.log.info("verified %d files of checkpoint %s", integrity.verify(where), where)
         meta = self.read_meta(root, step)
         self.check_compatible(meta, where)
         if mode == "full":

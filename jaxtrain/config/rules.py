@@ -583,6 +583,20 @@ def context_parallel(c: Context):
                 f"{c.get('num_layers')}; give one per layer or a single kind")
 
 
+def flex_dispatcher(c: Context):
+    """Megatron's checks on its flex dispatcher, which jaxtrain runs as its all-to-all
+    dispatch: DeepEP only behind flex, and DeepEP does not pad experts to capacity."""
+    flex = c.get("moe_token_dispatcher_type") == "flex"
+    if c.get("moe_enable_deepep") and not flex:
+        c.error(f"{c.where('moe_enable_deepep')} selects the flex dispatcher's DeepEP backend; "
+                f"set moe_token_dispatcher_type: flex (or drop moe_enable_deepep)")
+    deepep = c.get("moe_enable_deepep") or c.get("moe_flex_dispatcher_backend") == "deepep"
+    if flex and deepep and c.get("moe_pad_expert_input_to_capacity"):
+        c.error(f"moe_token_dispatcher_type flex with the DeepEP backend does not pad experts "
+                f"to capacity ({c.where('moe_pad_expert_input_to_capacity')}); use alltoall "
+                f"or moe_flex_dispatcher_backend: hybridep")
+
+
 def moe_router(c: Context):
     """Megatron's rule that MoEConfig leaves to the config: a top-1 softmax router needs
     pre-softmax scores (else its one weight is always 1), unless sinkhorn routes. A top-1 router
@@ -635,6 +649,9 @@ def checkpoint_format(c: Context):
     """A PyTorch checkpoint format matters only if the run saves or loads (Primus experiments
     write ckpt_format: torch beside save: null, load: null)."""
     fmt = c.get("ckpt_format")
+    if c.get("verify_integrity") and fmt not in (None, "torch_dist"):
+        c.error(f"{c.where('verify_integrity')} needs ckpt_format torch_dist (as in Megatron); "
+                f"{c.where('ckpt_format')}")
     if fmt not in TORCH_FORMATS:
         return
     io = [k for k in ("save", "load", "pretrained_checkpoint", "train.resume_from") if c.get(k)]
@@ -937,9 +954,9 @@ def pipeline_parallel(c: Context):
 RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULES, conventions,
          softmax_type, positions, checkpoint_format, precision, tensor_parallel,
          pgs_context_parallel, context_and_experts, model_shape, learning_rate, iterations,
-         batch, moe_router, upcycling, pgs, evaluate_only, context_parallel, pipeline_parallel,
-         gated_delta_net, hybrid_models, gemma4_global_layers, small_gemma4, multi_token_prediction,
-         short_convolutions)
+         batch, moe_router, flex_dispatcher, upcycling, pgs, evaluate_only, context_parallel,
+         pipeline_parallel, gated_delta_net, hybrid_models, gemma4_global_layers, small_gemma4,
+         multi_token_prediction, short_convolutions)
 
 
 def apply(c: Context):

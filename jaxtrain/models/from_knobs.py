@@ -703,8 +703,9 @@ def _moe_config(cfg: Mapping[str, Any]):
                           f"the whole tensor axis ({tp}) or not at all (1)")
     turbo = cfg["enable_primus_turbo"]
     dispatcher = cfg["moe_token_dispatcher_type"]
-    if dispatcher == "alltoall_seq" or (turbo and cfg["use_turbo_deepep"]):
-        dispatcher = "alltoall"   # Primus's older name; Turbo DeepEP is an all-to-all dispatch
+    if dispatcher in ("alltoall_seq", "flex") or (turbo and cfg["use_turbo_deepep"]):
+        # Primus's older name; Megatron's flex and Turbo's DeepEP are all-to-all dispatches
+        dispatcher = "alltoall"
     factor = cfg["moe_expert_capacity_factor"]
     activation, glu_limit = _expert_activation(cfg)
     try:

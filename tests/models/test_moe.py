@@ -532,3 +532,33 @@ def test_moe_capacity_per_sequence_knob_reaches_the_model():
     assert not cfg.moe.capacity_per_sequence
     cfg = ModelConfig.from_config({**load_config(None, [*base, "moe_capacity_per_sequence=true"])})
     assert cfg.moe.capacity_per_sequence
+
+
+def test_megatron_flex_dispatcher_runs_as_the_all_to_all_dispatch():
+    """flex (DeepEP/HybridEP in Megatron) builds jaxtrain's all-to-all dispatch; Megatron's
+    checks on it hold, and the lossy settings of its kernels are refused by name."""
+    from jaxtrain.config import load_config
+    from jaxtrain.config.errors import ConfigError
+
+    base = ["num_layers=2", "hidden_size=64", "num_attention_heads=4", "vocab_size=128",
+            "num_experts=4", "moe_router_topk=2", "moe_router_pre_softmax=true"]
+
+    def dispatcher(*extra):
+        return ModelConfig.from_config({**load_config(None, [*base, *extra])}).moe.dispatcher
+
+    assert dispatcher() == "allgather"
+    assert dispatcher("moe_token_dispatcher_type=flex") == "alltoall"
+    assert dispatcher("moe_token_dispatcher_type=flex", "moe_enable_deepep=true") == "alltoall"
+    for extra, says in (
+            (["moe_enable_deepep=true"], "set moe_token_dispatcher_type: flex"),
+            (["moe_token_dispatcher_type=flex", "moe_pad_expert_input_to_capacity=true",
+              "moe_expert_capacity_factor=1.0"], "does not pad experts to capacity"),
+            (["moe_token_dispatcher_type=flex", "moe_flex_dispatcher_backend=ncclep",
+              "moe_dispatch_fwd_dtype=mxfp8"], "moe_dispatch_fwd_dtype"),
+            (["moe_token_dispatcher_type=flex", "moe_flex_dispatcher_backend=hybridep",
+              "moe_expert_rank_capacity_factor=1.5"], "moe_expert_rank_capacity_factor")):
+        with pytest.raises(ConfigError, match=says):
+            load_config(None, [*base, *extra])
+    assert dispatcher("moe_token_dispatcher_type=flex", "moe_flex_dispatcher_backend=hybridep",
+                      "moe_pad_expert_input_to_capacity=true",
+                      "moe_expert_capacity_factor=1.0") == "alltoall"

@@ -39,9 +39,12 @@ _SMS = ("reserves GPU streaming multiprocessors for a CUDA communication library
 _PAD = ("the padding routes extra tokens to an expert with weight 0, so outputs and gradients are "
         "unchanged; it only aligns Transformer Engine's quantized grouped GEMM, and XLA's grouped "
         "matmul needs no alignment")
-_DISPATCH = ("a setting of Megatron's flex (DeepEP/HybridEP/NCCL-EP) token dispatcher, which "
-             "jaxtrain does not use (moe_token_dispatcher_type flex is refused); expert "
-             "all-to-all is compiled by XLA")
+_DISPATCH = ("tunes the CUDA kernels behind Megatron's flex token dispatcher (DeepEP/HybridEP/"
+             "NCCL-EP); jaxtrain runs flex as its own all-to-all expert dispatch, compiled by "
+             "XLA, with nothing of theirs to tune")
+_LOSSY = ("changes what the NCCL-EP/HybridEP kernels behind Megatron's flex dispatcher send; "
+          "jaxtrain's all-to-all dispatch (which runs flex) sends tokens as they are and drops "
+          "only by per-expert capacity (moe_expert_capacity_factor)")
 
 
 def _zero_is_off(value):
@@ -266,7 +269,7 @@ KNOBS = [
       "many smaller experts per original expert; 1 is plain upcycling.", _L),
     K("moe_expert_rank_capacity_factor", "float", None, "Per-rank token budget of the HybridEP/"
       "NCCL-EP dispatchers as a multiple of the even share; tokens beyond it are dropped.", _L,
-      INERT, _DISPATCH),
+      REJECTED, _LOSSY),
     K("moe_router_padding_for_quantization", "bool", False, "Pad each expert's token count to a "
       "multiple of 16/32 in the routing map for FP8/FP4 grouped GEMMs.", _LP, INERT,
       _PAD),
@@ -297,10 +300,10 @@ KNOBS = [
     K("moe_ncclep_zero_copy", "bool", False, "NCCL-EP dispatcher: send from symmetric-memory "
       "buffers without a staging copy.", _L, INERT, _DISPATCH),
     K("moe_dispatch_fwd_dtype", "str", "bf16", "Wire dtype of the NCCL-EP dispatch payload; "
-      "mxfp8 quantizes tokens before the all-to-all.", _L, INERT, _DISPATCH,
+      "mxfp8 quantizes tokens before the all-to-all.", _L, REJECTED, _LOSSY,
       choices=("bf16", "mxfp8")),
     K("moe_combine_bwd_dtype", "str", "bf16", "Wire dtype of the NCCL-EP combine gradient in the "
-      "backward pass; mxfp8 quantizes it before the all-to-all.", _L, INERT, _DISPATCH,
+      "backward pass; mxfp8 quantizes it before the all-to-all.", _L, REJECTED, _LOSSY,
       choices=("bf16", "mxfp8")),
     K("moe_pad_experts_for_cuda_graph_inference", "bool", False, "At decode time route with "
       "fixed per-expert capacity (no tokens dropped) so the step needs no host sync.", _L, INERT,

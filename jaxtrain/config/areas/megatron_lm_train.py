@@ -298,7 +298,7 @@ KNOBS = [
     K("save_tokenizer_assets", "bool", True, "Copy the tokenizer files into each checkpoint so it "
       "is self-contained.", _L),
     K("verify_integrity", "bool", False, "Hash checkpoint files when saving and verify the hashes "
-      "when loading.", _L),
+      "when loading.", _L, HONORED),
     K("override_ckpt_iteration", "int", None, "Treat the loaded checkpoint as taken at this step "
       "(and replay data from there).", _L),
 

@@ -122,15 +122,14 @@ KNOBS = [
 
     # Token dispatch and expert parallelism
     K("moe_token_dispatcher_type", "str", "allgather", "How tokens reach experts across "
-      "expert-parallel ranks: all-gather, all-to-all, or the flex (DeepEP-backed) dispatcher.", _M,
-      choices=_DISPATCHERS, status=HONORED,
-      rejected_values={"flex": "the flex dispatcher drives DeepEP's CUDA kernels; use alltoall, "
-                       "jaxtrain's all-to-all expert dispatch (alltoall_seq, Primus's older "
-                       "name, runs it too)"}),
-    K("moe_enable_deepep", "bool", False, "Use the DeepEP communication library for expert "
-      "dispatch with the flex dispatcher; served by our own all-to-all expert dispatch.", _M,
-      REJECTED, "DeepEP is a CUDA communication library used by Megatron's flex dispatcher; set "
-      "moe_token_dispatcher_type: alltoall for jaxtrain's all-to-all expert dispatch"),
+      "expert-parallel ranks: all-gather, all-to-all, or flex (Megatron's DeepEP/HybridEP "
+      "exchange; jaxtrain runs it as its all-to-all dispatch).", _M, choices=_DISPATCHERS,
+      status=HONORED),
+    K("moe_enable_deepep", "bool", False, "Former switch of the flex dispatcher's DeepEP backend "
+      "(needs moe_token_dispatcher_type flex).", _M, MAPPED,
+      "DeepEP is the CUDA transport behind Megatron's flex dispatcher; jaxtrain runs flex as its "
+      "own all-to-all expert dispatch, which XLA compiles; Megatron's checks hold (flex needed, "
+      "no moe_pad_expert_input_to_capacity)"),
     K("moe_extended_tp", "bool", False, "Shard each expert's weights over the "
       "tensor-parallel group too, instead of giving whole experts to ranks.", _M, REJECTED,
       "removed from Megatron in favour of expert_tensor_parallel_size; jaxtrain splits every "
