@@ -103,6 +103,11 @@ LAYOUTS = {
     "moe_pp2_ep2_a2a": [*MOE, PP2, "expert_model_parallel_size=2",
                         "moe_token_dispatcher_type=alltoall"],
     "moe_global": MOE_GLOBAL,
+    # stages sharing one traced body that ends in an MoE layer (every layer, every second)
+    "moe_global_all": [*MOE_GLOBAL, "moe_layer_freq=1"],
+    "moe_global_all_pp2": [*MOE_GLOBAL, "moe_layer_freq=1", PP2, "micro_batch_size=2"],
+    "moe_global_odd": [*MOE_GLOBAL, "moe_layer_freq=[0,1,0,1]"],
+    "moe_global_odd_pp2": [*MOE_GLOBAL, "moe_layer_freq=[0,1,0,1]", PP2, "micro_batch_size=2"],
     "moe_global_pp2": [*MOE_GLOBAL, PP2, "micro_batch_size=2"],   # two microbatches, as PP 1
     "moe_global_pp4_zb": [*MOE_GLOBAL, PP4, "patch_zero_bubble=true", "micro_batch_size=4"],
     "moe_pp2_ep2_zbv": [*MOE, PP2, "expert_model_parallel_size=2",

@@ -270,7 +270,8 @@ SLOW_TRAIN = ["pp4", "pp4_zb", "pp2_gpipe", "pp2_vpp2", "pp2_zb2", "pp2_zbv", "p
               "moe_global_pp4_zb", "dft", "dft_pp2", "cadft", "cadft_pp2_vpp2",
               "pp2_vpp2_cp2_tp2", "pp2_cp2_a2a_zb", "pp2_cp2_allgather_gpipe", "moe_pp2_cp2",
               "cp2_attn_dropout", "tp2_attn_dropout", "pp2_cp2_attn_dropout",
-              "pp2_tp2_attn_dropout"]
+              "pp2_tp2_attn_dropout", "moe_global_all", "moe_global_all_pp2", "moe_global_odd",
+              "moe_global_odd_pp2"]
 
 
 @pytest.fixture(scope="module")
@@ -336,11 +337,14 @@ def test_every_schedule_and_layout_gives_the_same_losses(tmp_path):
         assert runs.pop(name)["losses"] == pytest.approx(keep, rel=1e-4), name
     # global_aux_loss: each stage's F sees the counts of the earlier microbatches (the grad
     # norms move by ~3e-5 without them)
-    glob = runs.pop("moe_global")
-    for name in ("moe_global_pp2", "moe_global_pp4_zb"):
-        got = runs.pop(name)
-        for key in ("losses", "grad_norms", "moe_global_aux_loss"):
-            assert got[key] == pytest.approx(glob[key], rel=2e-6), (name, key)
+    for plain, piped in (("moe_global", ("moe_global_pp2", "moe_global_pp4_zb")),
+                         ("moe_global_all", ("moe_global_all_pp2",)),
+                         ("moe_global_odd", ("moe_global_odd_pp2",))):
+        glob = runs.pop(plain)
+        for name in piped:
+            got = runs.pop(name)
+            for key in ("losses", "grad_norms", "moe_global_aux_loss"):
+                assert got[key] == pytest.approx(glob[key], rel=2e-6), (name, key)
     # token-weighting objectives at the last stage, from each microbatch's own logits
     for plain, piped in (("dft", "dft_pp2"), ("cadft", "cadft_pp2_vpp2")):
         want, got = runs.pop(plain), runs.pop(piped)
