@@ -72,6 +72,7 @@ class CheckpointConfig:
     np_global_dir: pathlib.Path | None = None  # non_persistent_global_ckpt_dir
     np_local_dir: pathlib.Path | None = None   # non_persistent_local_ckpt_dir
     verify_integrity: bool = False             # SHA-256 manifests written and checked
+    use_ocdbt: bool = True                     # Orbax's OCDBT store; False: a file per array
 
     @classmethod
     def from_config(cls, cfg, run_directory: pathlib.Path) -> "CheckpointConfig":
@@ -118,4 +119,5 @@ class CheckpointConfig:
             np_interval=np_interval, np_type=np_type,
             np_global_dir=pathlib.Path(np_global) if np_global else None,
             np_local_dir=pathlib.Path(np_local) if np_local else None,
-            verify_integrity=bool(cfg.get("verify_integrity")))
+            verify_integrity=bool(cfg.get("verify_integrity")),
+            use_ocdbt=cfg.get("checkpoint_storage_use_ocdbt") is not False)

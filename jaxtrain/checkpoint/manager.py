@@ -79,7 +79,12 @@ class Checkpointer(Restoring):
                 step_prefix=STEP_PREFIX, create=True,
                 enable_async_checkpointing=self.ccfg.async_save, cleanup_tmp_directories=True,
                 preservation_policy=self._preservation(keep_newest))
-            self._writers[root] = ocp.CheckpointManager(root, options=options, item_names=ITEMS)
+            items = dict(item_names=ITEMS)
+            if not self.ccfg.use_ocdbt:   # MaxText checkpoint_storage_use_ocdbt: false
+                items = dict(item_handlers={
+                    **{k: ocp.StandardCheckpointHandler(use_ocdbt=False) for k in ITEMS},
+                    "meta": ocp.JsonCheckpointHandler()})
+            self._writers[root] = ocp.CheckpointManager(root, options=options, **items)
         return self._writers[root]
 
     def reader(self, root: pathlib.Path):

@@ -318,3 +318,19 @@ def test_verify_integrity_writes_a_manifest_and_checks_it_on_load(tmp_path, asyn
     restore(_state(mc), f"load={tmp_path}/plain")
     with pytest.raises(ConfigError, match="needs ckpt_format torch_dist"):
         config("verify_integrity=true", "ckpt_format=zarr")
+
+
+def test_checkpoint_storage_use_ocdbt_false_writes_a_directory_per_array(tmp_path):
+    """MaxText's checkpoint_storage_use_ocdbt: false stores each array in its own directory
+    (no OCDBT store); the default keeps OCDBT; both restore the same weights."""
+    mc = _model()
+    saved = _bump(_state(mc), 2)
+    for flag, name in (("true", "ocdbt"), ("false", "plain")):
+        save(tmp_path / name, saved, 3, f"checkpoint_storage_use_ocdbt={flag}")
+        (state, _), _ = restore(_state(mc), f"load={tmp_path / name}")
+        assert same(state.params, saved.params)
+    params = lambda name: tmp_path / name / "step_3" / "params"   # noqa: E731
+    assert any(p.name.startswith("ocdbt") for p in params("ocdbt").iterdir())
+    assert not any(p.name.startswith("ocdbt") for p in params("plain").iterdir())
+    assert len([p for p in params("plain").iterdir() if p.is_dir()]) >= len(
+        jax.tree.leaves(saved.params))

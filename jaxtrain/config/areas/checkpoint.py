@@ -12,7 +12,8 @@ _STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexp
                "raise_all", "return_unexpected", "return_all", "ignore_all")
 _WRITES_ORBAX = "jaxtrain writes only Orbax checkpoints"
 TORCH_FORMATS = ("torch", "torch_dcp", "fsdp_dtensor")
-TORCH_FORMATS_REASON = ("a PyTorch checkpoint format; jaxtrain reads and writes Orbax checkpoints only. "
+TORCH_FORMATS_REASON = ("a PyTorch checkpoint format; jaxtrain reads and writes Orbax checkpoints "
+                        "only. "
                  "To start from a Megatron checkpoint, convert it to Hugging Face format "
                  "(Megatron-Bridge, or tools/checkpoint/convert.py with an HF saver) and import "
                  "it with jaxtrain.models.from_hf")
@@ -67,8 +68,8 @@ KNOBS = [
       "ends.", "megatron", status=HONORED,
       aliases=(Alias("save_checkpoint_on_completion", "maxtext", to_canonical=_skip_if_off,
                      note="the opposite switch: true writes the final checkpoint"),)),
-    K("train.save_final", "bool", False, "At the end, export the final model in Hugging Face format "
-      "to <output_dir>/final (on by default in pgs files).", "pgs-train", status=HONORED,
+    K("train.save_final", "bool", False, "At the end, export the final model in Hugging Face "
+      "format to <output_dir>/final (on by default in pgs files).", "pgs-train", status=HONORED,
       doc_defaults={"pgs-train": True, "pgs-distill": True}),
     K("save_hf", "bool", False, "Also write each saved checkpoint as a Hugging Face model in "
       "<save>/step-<N>/model and the best validated model in <save>/best (on in pgs files).",
@@ -122,8 +123,8 @@ KNOBS = [
       "weights (weight_dtype, fp32 by default), and a checkpoint restores exactly those with or "
       "without the optimizer state; there is no lower-precision model copy to rebuild them "
       "from"),
-    K("use_checkpoint_args", "bool", False, "Take the model-shape settings stored in the checkpoint "
-      "over those in the config.", "megatron", status=HONORED),
+    K("use_checkpoint_args", "bool", False, "Take the model-shape settings stored in the "
+      "checkpoint over those in the config.", "megatron", status=HONORED),
     K("use_mp_args_from_checkpoint_args", "bool", False, "Take the tensor/pipeline parallel sizes "
       "stored in the checkpoint.", "megatron", status=HONORED),
     K("use_tokenizer_model_from_checkpoint_args", "bool", True, "With use_checkpoint_args, also "
@@ -158,7 +159,8 @@ KNOBS = [
     K("ckpt_convert_format", "str", None, "Megatron: load, re-save in this torch format, then "
       "exit.", "megatron", REJECTED,
       f"{_WRITES_ORBAX}; to move weights to PyTorch, export a Hugging Face checkpoint "
-      "(train.save_final) and convert that with Megatron's Hugging Face importers", choices=_CONVERT_FORMATS),
+      "(train.save_final) and convert that with Megatron's Hugging Face importers",
+      choices=_CONVERT_FORMATS),
     K("ckpt_convert_save", "str", None, "Megatron: output directory of a checkpoint conversion.",
       "megatron", REJECTED,
       f"{_WRITES_ORBAX}; there is no torch-format conversion to write (see ckpt_convert_format)"),
@@ -196,10 +198,8 @@ KNOBS = [
 
     # MaxText storage options
     K("checkpoint_storage_use_ocdbt", "bool", True, "MaxText: store checkpoint arrays in Orbax's "
-      "OCDBT key-value layout.", "maxtext", MAPPED,
-      "jaxtrain's Orbax checkpoints always use OCDBT (Orbax's default)",
-      rejected_values={False: "jaxtrain always writes OCDBT checkpoints (Orbax's default); "
-                       "a per-array file layout is not offered"}),
+      "OCDBT key-value layout; false writes a directory per array (restores read either).",
+      "maxtext", HONORED),
     K("checkpoint_storage_use_zarr3", "bool", True, "MaxText: encode checkpoint arrays as Zarr "
       "v3 instead of v2.", "maxtext", INERT,
       "jaxtrain keeps Orbax's own array encoding and reads back what it writes; the stored "
