@@ -13,10 +13,9 @@ _STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexp
 _WRITES_ORBAX = "jaxtrain writes only Orbax checkpoints"
 TORCH_FORMATS = ("torch", "torch_dcp", "fsdp_dtensor")
 TORCH_FORMATS_REASON = ("a PyTorch checkpoint format; jaxtrain reads and writes Orbax checkpoints "
-                        "only. "
-                 "To start from a Megatron checkpoint, convert it to Hugging Face format "
-                 "(Megatron-Bridge, or tools/checkpoint/convert.py with an HF saver) and import "
-                 "it with jaxtrain.models.from_hf")
+                        "only. To start from a Megatron checkpoint, convert it to Hugging Face "
+                        "format (Megatron-Bridge, or tools/checkpoint/convert.py with an HF saver) "
+                        "and import it with jaxtrain.models.from_hf")
 
 
 def _skip_if_off(value):
