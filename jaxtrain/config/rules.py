@@ -254,11 +254,6 @@ def multi_token_prediction(c: Context):
         if on(c.get(key)):
             c.error(f"not implemented yet: {c.where(key)} with multi-token prediction "
                     f"(mtp_num_layers {depth}): {why}")
-    if "global_aux_loss" in str(c.get("moe_router_load_balancing_type")) and c.get(
-            "pipeline_model_parallel_size", 1) > 1:
-        c.error("not implemented yet: moe_router_load_balancing_type global_aux_loss with "
-                "multi-token prediction under pipeline parallelism (the head rank does not "
-                "carry the MTP layers' counts across microbatches)")
     if (c.get("fp8") and c.get("fp8_recipe", "delayed") == "delayed") or c.get(
             "quantization") in _DELAYED_MAXTEXT:
         c.error("not implemented yet: delayed-scaling FP8 with multi-token prediction (the "

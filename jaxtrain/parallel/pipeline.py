@@ -282,6 +282,14 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
         head_keys = list(dict.fromkeys([*head_keys, "mtp", *emb_keys]))
     main_moe = sum(k in MOE_STACKS for k in layer_kinds(cfg))   # MTP layers' rows after
 
+    def earlier(hist, mb):
+        """global_aux_loss's state for microbatch ``mb``: the counts of the earlier ones."""
+        if hist is None:
+            return None
+        before = (jnp.arange(M) < mb)[:, None, None]
+        return {"aux_counts": jnp.sum(jnp.where(before, hist, 0.0), 0),
+                "steps": mb.astype(jnp.float32)}
+
     def context(micro, rng, sh=None, moe_state=None):
         """(embeddings or None, the layers' context) of a microbatch."""
         return layer_inputs(sh or {}, micro["tokens"], cfg, positions=micro.get("positions"),
@@ -303,11 +311,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
         def branch(carry, row, x_in, micro, rng, sp_all, on_all, scale):
             xbuf, gbuf, gst, moe, qst, hist = carry
             c, gs, shift = row[2], row[4], row[5]
-            moe_state = None
-            if hist is not None:   # global_aux_loss: counts of the earlier microbatches
-                earlier = (jnp.arange(M) < row[1])[:, None, None]
-                moe_state = {"aux_counts": jnp.sum(jnp.where(earlier, hist, 0.0), 0),
-                             "steps": row[1].astype(jnp.float32)}
+            moe_state = earlier(hist, row[1])
 
             def mine(tree):   # this chunk's layers of a per-rank [v, n_max, ...] tree
                 return None if tree is None else {
@@ -385,9 +389,10 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
         head = {k: sh_all[k] for k in head_keys}
         on_head, on_embed = rank == prog.head_rank, rank == prog.embed_rank
 
-        def head_loss_grads(x, micro, w, mb, rng):
+        def head_loss_grads(x, micro, w, mb, rng, moe_state):
             """(loss, its gradient for x and the head's parameters, x scale, per-depth MTP
-            losses, the MTP layers' router statistics) of the last stage's output x."""
+            losses, the MTP layers' router statistics) of the last stage's output x.
+            ``moe_state``: global_aux_loss's counts before microbatch ``mb`` (MTP layers)."""
             def loss_fn(x, h):
                 hidden = final_hidden(h, x, context(micro, rng)[1], cfg)
                 loss = hidden_loss(h, hidden, micro["targets"], w, cfg, num_chunks=num_chunks,
@@ -395,16 +400,16 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                                    grad_in_forward=True)
                 if not depths:
                     return loss, (loss, jnp.zeros((0,), jnp.float32), None)
-                return mtp_objective(h, hidden, micro, loss, mtp_w[mb], rng)
+                return mtp_objective(h, hidden, micro, loss, mtp_w[mb], rng, moe_state)
             (_, (loss, per_depth, stats)), (dx, dh) = jax.value_and_grad(
                 loss_fn, argnums=(0, 1), has_aux=True)(x, head)
             return loss, (dx * scale).astype(dt), jax.tree.map(
                 lambda g: (g * scale).astype(accum_dtype), dh), per_depth, stats
 
-        def mtp_objective(h, hidden, micro, loss, w_DBT, rng):
+        def mtp_objective(h, hidden, micro, loss, w_DBT, rng, moe_state):
             """The main loss plus the MTP modules' (jaxtrain.models.mtp) as the unpipelined
             step adds them, with (loss, per-depth losses, their router statistics)."""
-            _, ctx = context(micro, rng)
+            _, ctx = context(micro, rng, moe_state=moe_state)
             per_depth, stats = mtp_loss(h, hidden, micro, ctx, list(w_DBT), cfg,
                                         num_chunks=num_chunks, half_precision=half_precision,
                                         grad_in_forward=True)
@@ -432,9 +437,13 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                          jax.tree.map(lambda a: jnp.zeros(a.shape, accum_dtype), head),
                          jnp.zeros((depths,), jnp.float32), mtp_rows)
             lv, dx, dh, per_depth, mtp_stats = jax.lax.cond(
-                flags_t[0] == 1, lambda: head_loss_grads(out, micro, weights_MBT[mb], mb, rng),
+                flags_t[0] == 1, lambda: head_loss_grads(out, micro, weights_MBT[mb], mb, rng,
+                                                         earlier(hist, mb)),
                 lambda: zero_head)
             use_head = (flags_t[0] == 1) & on_head
+            if hist is not None and mtp_rows is not None:   # the MTP layers' counts, kept
+                hist = hist.at[mb, main_moe:].set(
+                    jnp.where(use_head, mtp_stats["aux_counts"], hist[mb, main_moe:]))
             gbuf = gbuf.at[jnp.where(use_head, row[4], prog.g_slots)].set(dx)
             loss = loss + jnp.where(use_head, lv, 0.0)
             mtp_sum = mtp_sum + jnp.where(use_head, per_depth, 0.0)

@@ -109,8 +109,6 @@ def test_factor_zero_leaves_the_main_gradients_of_the_plain_model():
     (["hybrid_layer_pattern=M*"], "mtp_num_layers with a hybrid model"),
     (["num_experts=4", "moe_router_topk=2", "mtp_use_repeated_layer=true"],
      "mtp_use_repeated_layer: not implemented yet with an MoE layer last"),
-    (["num_experts=4", "moe_router_topk=2", "moe_router_load_balancing_type=global_aux_loss",
-      "pipeline_model_parallel_size=2"], "global_aux_loss with multi-token prediction under"),
 ])
 def test_what_mtp_does_not_run_with_is_named(extra, says):
     with pytest.raises((ConfigError, ValueError)) as e:

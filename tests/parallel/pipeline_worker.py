@@ -129,6 +129,9 @@ LAYOUTS = {
                 "moe_layer_freq=1"],
 }
 LAYOUTS["mtp_moe_pp2"] = [*LAYOUTS["mtp_moe"], PP2]
+# global_aux_loss over MoE MTP layers: the head carries their counts across microbatches
+LAYOUTS["mtp_moe_global"] = [*MTP, *MOE_GLOBAL, "moe_layer_freq=1"]
+LAYOUTS["mtp_moe_global_pp2"] = [*LAYOUTS["mtp_moe_global"], PP2, "micro_batch_size=2"]
 LAYOUTS["lfm"] = LFM
 LAYOUTS["lfm_pp2_vpp2_tp2"] = [*LFM, PP2, "virtual_pipeline_model_parallel_size=2",
                                "tensor_model_parallel_size=2"]

@@ -533,18 +533,23 @@ def test_hybrid_stack_pipelines_like_one_stage(tmp_path):
 def test_multi_token_prediction_pipelines_like_one_stage(tmp_path):
     """Two MTP depths after the last stage (with the output layer on the head rank), dense and
     MoE (the MTP layer's router statistics and expert bias included): PP 2 and PP 2 x VPP 2 x
-    TP 2 train with PP 1's losses, grad norms, per-depth MTP losses and balancing loss."""
-    runs = _worker(tmp_path, "train:mtp,mtp_pp2,mtp_pp2_vpp2_tp2,mtp_moe,mtp_moe_pp2")[0]
-    for ref, names in (("mtp", ("mtp_pp2", "mtp_pp2_vpp2_tp2")), ("mtp_moe", ("mtp_moe_pp2",))):
+    TP 2 train with PP 1's losses, grad norms, per-depth MTP losses and balancing loss; with
+    global_aux_loss the head rank carries the MTP layers' counts across microbatches (without
+    them the global balancing loss moves by ~2e-4)."""
+    runs = _worker(tmp_path, "train:mtp,mtp_pp2,mtp_pp2_vpp2_tp2,mtp_moe,mtp_moe_pp2,"
+                   "mtp_moe_global,mtp_moe_global_pp2")[0]
+    for ref, names in (("mtp", ("mtp_pp2", "mtp_pp2_vpp2_tp2")), ("mtp_moe", ("mtp_moe_pp2",)),
+                       ("mtp_moe_global", ("mtp_moe_global_pp2",))):
         want = runs[ref]
         assert all(d > 0 for row in want["mtp_losses"] for d in row)
         for name in names:
             got = runs[name]
             assert got["mesh"]["pipeline"] == 2, name
-            for key in ("losses", "grad_norms", "moe_aux_loss"):
+            for key in ("losses", "grad_norms", "moe_aux_loss", "moe_global_aux_loss"):
                 assert got[key] == pytest.approx(want[key], rel=2e-6), (name, key)
             np.testing.assert_allclose(got["mtp_losses"], want["mtp_losses"], rtol=2e-6)
     assert runs["mtp_moe"]["moe_aux_loss"][0] > 0
+    assert runs["mtp_moe_global"]["moe_global_aux_loss"][0] > 0
 
 
 @pytest.mark.slow
