@@ -13,6 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxtrain.ops import dropout_keep, key_words
+
 ATTENTION_IMPLS = ("xla", "flash", "cudnn")
 
 
@@ -122,37 +124,6 @@ def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
                                 0).astype(v.dtype)
     out_BTKGHv = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v, preferred_element_type=acc)
     return out_BTKGHv.reshape(B, T, N, Hv).astype(q.dtype)
-
-
-def key_words(rng):
-    """Two uint32 words of a PRNG key (typed or raw) that seed :func:`dropout_keep`."""
-    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        rng = jax.random.key_data(rng)
-    words = jnp.ravel(rng).astype(jnp.uint32)
-    return jnp.stack([words[0], words[-1]])
-
-
-def _mix(x):
-    """A 32-bit integer finaliser (xor-shift-multiply): each input bit flips about half the
-    output bits."""
-    x = (x ^ (x >> 16)) * jnp.uint32(0x7FEB352D)
-    x = (x ^ (x >> 15)) * jnp.uint32(0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def dropout_keep(words, rate: float, rows_B, heads_N, q_T, k_S):
-    """Which attention probabilities dropout keeps, [B,N,T,S] bool (each with probability
-    1 - rate): a hash of the key ``words`` (:func:`key_words`) and each probability's batch
-    row, head, query index and key index. ``q_T`` / ``k_S``: the tokens' indices in the
-    sequence, [T] or [B,T]. Any split of rows, heads or tokens (tensor and context parallelism's
-    blocks) draws the same mask as the whole array."""
-    u = lambda a: jnp.asarray(a).astype(jnp.uint32)   # noqa: E731
-    q_BT = jnp.broadcast_to(u(q_T), (rows_B.shape[0], q_T.shape[-1]))
-    k_BS = jnp.broadcast_to(u(k_S), (rows_B.shape[0], k_S.shape[-1]))
-    h_BN = _mix(_mix(words[0] + u(rows_B)[:, None]) ^ (u(heads_N)[None, :] + words[1]))
-    h_BNT = _mix(h_BN[:, :, None] ^ q_BT[:, None, :])
-    bits = _mix(h_BNT[..., None] + _mix(k_BS ^ words[1])[:, None, None, :])
-    return bits >= jnp.uint32(min(int(rate * 2 ** 32), 2 ** 32 - 1))
 
 
 def _mask(T, S, causal, sliding_window, segment_ids, q_offset=None):

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain.models.attention import dropout_keep, key_words
+from jaxtrain.ops import dropout_keep, key_words
 from jaxtrain.parallel.sharding import active_layout, nested_mesh, spec_for
 
 NEG = -1e30   # a masked score: finite, so fully masked blocks merge away without NaN
@@ -123,7 +123,7 @@ def _visible(q_pos, k_pos, q_seg, k_seg, causal: bool, window):
 class Dropout(NamedTuple):
     """Attention dropout inside the shard_map: the rate, the key's words and this device's
     global batch rows [B] and heads [N] (with the tokens' indices they pick the mask of
-    :func:`jaxtrain.models.attention.dropout_keep`, the unsplit attention's)."""
+    :func:`jaxtrain.ops.dropout_keep`, the unsplit attention's)."""
     rate: float
     words: jax.Array
     rows: jax.Array

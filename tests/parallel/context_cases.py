@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxtrain.models.attention import dot_product_attention, key_words
+from jaxtrain.models.attention import dot_product_attention
+from jaxtrain.ops import key_words
 from jaxtrain.parallel import context
 from kernels.flash_attention import BlockSizes
 
