@@ -935,6 +935,20 @@ def pipeline_parallel(c: Context):
         if on(c.get(key)):
             c.error(f"not implemented yet: pipeline_model_parallel_size "
                     f"{c.get('pipeline_model_parallel_size')} with {c.where(key)} ({what})")
+    if c.get("pipeline_model_parallel_layout") and c.get("mtp_num_layers"):
+        from jaxtrain.config.errors import ConfigError
+        from jaxtrain.parallel.stages import mtp_standalone
+        try:
+            rank = mtp_standalone(c.values, c.get("pipeline_model_parallel_size"))
+        except ConfigError:
+            rank = None   # the pipeline plan names the unparsable layout
+        if bool(c.get("mtp_standalone")) != (rank is not None):   # Megatron: from the layout
+            c.set("mtp_standalone", rank is not None)
+        if rank is not None:
+            c.warnings.append(f"{c.where('pipeline_model_parallel_layout')} places the MTP "
+                              f"layers on pipeline rank {rank} (Megatron's mtp_standalone); "
+                              f"jaxtrain runs them with the output layer on the last rank, the "
+                              f"same computation placed with the loss")
     fsdp = [k for k in ("use_torch_fsdp2", "parallel.fsdp") if c.get(k)]
     if c.get("data_parallel_sharding_strategy") == "optim_grads_params" and (
             c.get("use_megatron_fsdp") or c.chosen("data_parallel_sharding_strategy")):

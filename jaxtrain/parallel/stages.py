@@ -7,6 +7,9 @@ s = c·p + r is chunk c of rank r (Megatron's interleaving). The split, first ru
 - ``pipeline_model_parallel_layout`` (Megatron's layout language): stages separated by ``|``,
   ``E`` the embedding (first stage), ``t`` a decoder layer, ``L`` the loss (last stage), ``m``
   an MTP layer; ``x*n`` and ``(...)*n`` repeat, commas are cosmetic. The stage count / p gives v.
+  The MTP layers (mtp_num_layers of them, all in the last stage of one rank) run with the
+  output layer on the last rank; a layout that gives them another rank (Megatron's
+  mtp_standalone) is accepted and they still run there.
 - ``decoder_pipeline_manual_split_list`` (Primus): layers per rank (length p; each rank's
   share split evenly over its chunks) or per stage (length p·v).
 - Otherwise Megatron's rule: ``decoder_first/last_pipeline_num_layers`` fix the first/last
@@ -53,7 +56,7 @@ def parse_layout(text: str) -> list[str]:
     return s.split("|")
 
 
-def _from_layout(text: str, num_layers: int, p: int) -> tuple[int, ...]:
+def _from_layout(text: str, num_layers: int, p: int, mtp_layers: int = 0) -> tuple[int, ...]:
     stages = parse_layout(text)
     if len(stages) % p:
         raise ConfigError(f"pipeline_model_parallel_layout {text!r} has {len(stages)} stages, "
@@ -65,14 +68,42 @@ def _from_layout(text: str, num_layers: int, p: int) -> tuple[int, ...]:
     if not flat.endswith("L") or flat.count("L") != 1:
         raise ConfigError(f"pipeline_model_parallel_layout {text!r}: the loss L must come once, "
                           f"last")
-    if "m" in flat:
-        raise ConfigError(f"pipeline_model_parallel_layout {text!r} places MTP layers (m); "
-                          f"not implemented yet: multi-token prediction with pipeline parallelism")
+    _check_mtp(text, stages, p, mtp_layers)
     counts = tuple(st.count("t") for st in stages)
     if sum(counts) != num_layers:
         raise ConfigError(f"pipeline_model_parallel_layout {text!r} places {sum(counts)} "
                           f"decoder layers (t); the model has num_layers {num_layers}")
     return counts
+
+
+def _check_mtp(text: str, stages: list[str], p: int, mtp_layers: int):
+    """Megatron's rules for the MTP layers (m) of a layout: mtp_num_layers of them, after every
+    decoder layer, all in one stage that is the last of its rank."""
+    flat = "".join(stages)
+    where = f"pipeline_model_parallel_layout {text!r}"
+    if flat.count("m") != mtp_layers:
+        raise ConfigError(f"{where} places {flat.count('m')} MTP layers (m); mtp_num_layers is "
+                          f"{mtp_layers}")
+    if not mtp_layers:
+        return
+    if "t" in flat[flat.index("m"):]:
+        raise ConfigError(f"{where}: the MTP layers (m) must come after every decoder layer (t)")
+    holders = [i for i, st in enumerate(stages) if "m" in st]
+    v = len(stages) // p
+    if len(holders) > 1 or holders[0] // p != v - 1:
+        raise ConfigError(f"{where}: the MTP layers (m) must all sit in one stage, the last "
+                          f"virtual stage of its rank (as in Megatron)")
+
+
+def mtp_standalone(cfg, p: int) -> int | None:
+    """Megatron's mtp_standalone: the rank other than the last whose stage the layout gives
+    the MTP layers, else None (the executor runs them with the output layer on the last
+    rank either way)."""
+    layout = cfg.get("pipeline_model_parallel_layout")
+    if not layout or not cfg.get("mtp_num_layers"):
+        return None
+    ranks = {i % p for i, st in enumerate(parse_layout(layout)) if "m" in st} - {p - 1}
+    return min(ranks) if ranks else None
 
 
 def _even(n: int, parts: int, what: str) -> list[int]:
@@ -85,7 +116,7 @@ def stage_layers(cfg, num_layers: int, p: int, v: int) -> tuple[int, ...]:
     """Decoder layers per stage (p·v stages, in stage order) for the knobs of ``cfg``."""
     layout = cfg.get("pipeline_model_parallel_layout")
     if layout:
-        counts = _from_layout(layout, num_layers, p)
+        counts = _from_layout(layout, num_layers, p, cfg.get("mtp_num_layers") or 0)
         if len(counts) != p * v:
             raise ConfigError(f"pipeline_model_parallel_layout gives {len(counts) // p} stages "
                               f"per rank; the virtual pipeline size says {v}")

@@ -129,6 +129,8 @@ LAYOUTS = {
                 "moe_layer_freq=1"],
 }
 LAYOUTS["mtp_moe_pp2"] = [*LAYOUTS["mtp_moe"], PP2]
+# a layout giving the MTP layers rank 0's last stage (Megatron's mtp_standalone)
+LAYOUTS["mtp_pp2_standalone"] = [*MTP, PP2, "pipeline_model_parallel_layout=Et|tt|tmm|L"]
 # global_aux_loss over MoE MTP layers: the head carries their counts across microbatches
 LAYOUTS["mtp_moe_global"] = [*MTP, *MOE_GLOBAL, "moe_layer_freq=1"]
 LAYOUTS["mtp_moe_global_pp2"] = [*LAYOUTS["mtp_moe_global"], PP2, "micro_batch_size=2"]

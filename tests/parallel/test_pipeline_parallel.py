@@ -9,6 +9,7 @@ checkpoints moving between pipeline sizes, and the CLI.
 """
 import collections
 import json
+import re
 import subprocess
 import sys
 
@@ -47,10 +48,30 @@ def test_layout_language_expands_repeats_and_groups():
 @pytest.mark.parametrize("layout,match", [
     ("Etx|tL", "does not parse"), ("tE|tL", "embedding E must come once, first"),
     ("Et|tL|L", "not a multiple"), ("Et|tt", "loss L must come once"),
-    ("Et|ttL", "places 3 decoder layers"), ("Et|tmL", "MTP")])
+    ("Et|ttL", "places 3 decoder layers"), ("Et|tmL", "places 1 MTP layers")])
 def test_bad_layout_strings_name_the_key(layout, match):
     with pytest.raises(ConfigError, match=match):
         stages.stage_layers({"pipeline_model_parallel_layout": layout}, 4, 2, 1)
+
+
+@pytest.mark.parametrize("layout,match", [
+    ("Ett|ttmL", "places 1 MTP layers (m); mtp_num_layers is 2"),
+    ("Ett|ttL", "places 0 MTP layers"),
+    ("Ett|tmmtL", "after every decoder layer"),
+    ("Et|tm|tmt|L", "after every decoder layer"),
+    ("Et|tt|t|mmL", None), ("Et|tt|tmm|L", None),
+    ("Etmm|tt|tt|L", "after every decoder layer"),
+    ("Et|tt|tm|mL", "all sit in one stage")])
+def test_layout_mtp_layers_follow_megatrons_rules(layout, match):
+    """m: mtp_num_layers of them after every decoder layer, in one stage, the last virtual
+    stage of its rank; on another rank than the last it is Megatron's mtp_standalone."""
+    knobs = {"pipeline_model_parallel_layout": layout, "mtp_num_layers": 2}
+    if match is not None:
+        with pytest.raises(ConfigError, match=re.escape(match)):
+            stages.stage_layers(knobs, 4, 2, 2 if layout.count("|") == 3 else 1)
+        return
+    assert sum(stages.stage_layers(knobs, 4, 2, 2)) == 4
+    assert stages.mtp_standalone(knobs, 2) == (0 if layout == "Et|tt|tmm|L" else None)
 
 
 @pytest.mark.parametrize("knobs,layers,p,v,want", [
@@ -535,10 +556,12 @@ def test_multi_token_prediction_pipelines_like_one_stage(tmp_path):
     MoE (the MTP layer's router statistics and expert bias included): PP 2 and PP 2 x VPP 2 x
     TP 2 train with PP 1's losses, grad norms, per-depth MTP losses and balancing loss; with
     global_aux_loss the head rank carries the MTP layers' counts across microbatches (without
-    them the global balancing loss moves by ~2e-4)."""
-    runs = _worker(tmp_path, "train:mtp,mtp_pp2,mtp_pp2_vpp2_tp2,mtp_moe,mtp_moe_pp2,"
-                   "mtp_moe_global,mtp_moe_global_pp2")[0]
-    for ref, names in (("mtp", ("mtp_pp2", "mtp_pp2_vpp2_tp2")), ("mtp_moe", ("mtp_moe_pp2",)),
+    them the global balancing loss moves by ~2e-4); a layout placing the MTP layers on rank 0
+    (Megatron's mtp_standalone) runs them with the output layer, as PP 1 does."""
+    runs = _worker(tmp_path, "train:mtp,mtp_pp2,mtp_pp2_vpp2_tp2,mtp_pp2_standalone,mtp_moe,"
+                   "mtp_moe_pp2,mtp_moe_global,mtp_moe_global_pp2")[0]
+    for ref, names in (("mtp", ("mtp_pp2", "mtp_pp2_vpp2_tp2", "mtp_pp2_standalone")),
+                       ("mtp_moe", ("mtp_moe_pp2",)),
                        ("mtp_moe_global", ("mtp_moe_global_pp2",))):
         want = runs[ref]
         assert all(d > 0 for row in want["mtp_losses"] for d in row)

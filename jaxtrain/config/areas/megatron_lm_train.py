@@ -52,7 +52,10 @@ KNOBS = [
       reason="as overlap_p2p_comm: XLA schedules the collective-permutes of every phase the "
       "same way"),
     K("mtp_standalone", "bool", False, "The MTP layers sit in their own virtual pipeline stage "
-      "(normally derived from the pipeline layout).", _L, issue=24),
+      "(normally derived from the pipeline layout).", _L, MAPPED,
+      "Megatron derives it from pipeline_model_parallel_layout (MTP layers on a rank other "
+      "than the last) to exchange stage outputs of varying shape; jaxtrain reads the layout "
+      "itself and runs the MTP modules with the output layer on the last rank"),
     K("overlap_dispatch_backward_with_experts_wgrad", "bool", False, "Compute expert weight "
       "gradients on a side stream so they overlap the dispatch all-to-all of the backward "
       "pass.", _L, INERT, _STREAMS),
