@@ -927,6 +927,20 @@ _PIPELINE_NOT_YET = {
 }
 
 
+def deferred_wgrad(c: Context):
+    """Megatron's checks on defer_embedding_wgrad_compute (which changes nothing here)."""
+    if not c.get("defer_embedding_wgrad_compute"):
+        return
+    if c.get("pipeline_model_parallel_size", 1) <= 1:
+        c.error(f"{c.where('defer_embedding_wgrad_compute')} defers work to the pipeline flush; "
+                f"it needs pipeline_model_parallel_size > 1 (as in Megatron)")
+    if not c.get("gradient_accumulation_fusion", True):
+        c.error(f"{c.where('defer_embedding_wgrad_compute')} needs gradient_accumulation_fusion "
+                f"(as in Megatron)")
+    if c.get("wgrad_deferral_limit", 0) < 0:
+        c.error(f"{c.where('wgrad_deferral_limit')} must be at least 0 (0: every microbatch)")
+
+
 def pipeline_parallel(c: Context):
     """Pipeline parallelism with what its executor does not run yet, refused by name."""
     if c.get("pipeline_model_parallel_size", 1) <= 1:
@@ -964,8 +978,8 @@ RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULE
          softmax_type, positions, checkpoint_format, precision, tensor_parallel,
          pgs_context_parallel, context_and_experts, model_shape, learning_rate, iterations,
          batch, moe_router, flex_dispatcher, upcycling, pgs, evaluate_only, context_parallel,
-         pipeline_parallel, gated_delta_net, hybrid_models, gemma4_global_layers, small_gemma4,
-         multi_token_prediction, short_convolutions)
+         pipeline_parallel, deferred_wgrad, gated_delta_net, hybrid_models,
+         gemma4_global_layers, small_gemma4, multi_token_prediction, short_convolutions)
 
 
 def apply(c: Context):

@@ -84,9 +84,13 @@ def _non_default(knob):
     return "something-else"
 
 
+# what a knob needs beside it to be valid at all (the upstream's own checks)
+_COMPANIONS = {"defer_embedding_wgrad_compute": ["pipeline_model_parallel_size=2"]}
+
+
 def _set(key, value):
     text = json.dumps(value) if not isinstance(value, str) else value
-    return load_config(None, [f"{key}={text}"])
+    return load_config(None, [*_COMPANIONS.get(key, []), f"{key}={text}"])
 
 
 @pytest.mark.parametrize("status", [PLANNED, REJECTED])

@@ -583,3 +583,17 @@ def test_lfm2_short_convolutions_pipeline_like_one_stage(tmp_path):
     for key in ("losses", "grad_norms"):
         assert runs["lfm_pp2_vpp2_tp2"][key] == pytest.approx(runs["lfm"][key], rel=2e-6), key
     assert runs["lfm_pp2_vpp2_tp2"]["mesh"]["pipeline"] == 2
+
+
+def test_deferred_output_layer_wgrad_keeps_megatrons_checks(write, cli):
+    """defer_embedding_wgrad_compute changes nothing in this executor (the output layer's
+    gradients already run beside the other ranks' ops); Megatron's checks on it hold."""
+    for extra, code, says in (
+            ("pipeline_model_parallel_size: 2\ndefer_embedding_wgrad_compute: true\n"
+             "wgrad_deferral_limit: 2\n", 0, ""),
+            ("defer_embedding_wgrad_compute: true\n", 2, "needs pipeline_model_parallel_size"),
+            ("pipeline_model_parallel_size: 2\ndefer_embedding_wgrad_compute: true\n"
+             "gradient_accumulation_fusion: false\n", 2, "needs gradient_accumulation_fusion")):
+        path = write("run.yml", DRY + extra)
+        got, _, err = cli(path, "--dry-run", "--world-size", "8")
+        assert got == code and says in err, err

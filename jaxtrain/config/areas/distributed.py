@@ -1,6 +1,11 @@
 """Distributed runtime: process setup, data-parallel gradient/parameter sync, FSDP and ZeRO."""
 from jaxtrain.config.knob import HONORED, INERT, MAPPED, REJECTED, Alias, K
 
+_HEAD_IN_TICK = ("jaxtrain's pipeline executor computes the output layer's gradients on every "
+                 "rank in the tick of the last stage's forward, beside the other ranks' ops "
+                 "(a tick lasts as long as its slowest rank), so there is no flush latency "
+                 "for deferred weight GEMMs to hide; the gradients are the same either way")
+
 _DP_SHARDING = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 _BACKENDS = ("nccl", "gloo")
 _SHARP_GROUPS = ("dp", "dp_replica")
@@ -195,9 +200,9 @@ KNOBS = [
       reason="pipeline transfers are XLA collective-permutes over the pipeline axis; there is no "
       "custom ring-exchange kernel to pick"),
     K("defer_embedding_wgrad_compute", "bool", False, "Postpone the output-layer weight-gradient "
-      "GEMMs to the pipeline flush.", "megatron"),
+      "GEMMs to the pipeline flush.", "megatron", INERT, _HEAD_IN_TICK),
     K("wgrad_deferral_limit", "int", 0, "Microbatches whose output-layer weight gradients are "
-      "deferred; 0 means all.", "megatron"),
+      "deferred; 0 means all.", "megatron", INERT, _HEAD_IN_TICK),
     K("account_for_embedding_in_pipeline_split", "bool", False, "Count the input embedding as one "
       "layer when splitting layers over pipeline stages.", "megatron", status=HONORED),
     K("account_for_loss_in_pipeline_split", "bool", False, "Count the loss as one layer when "

@@ -356,7 +356,7 @@ KNOBS = [
     K("delay_offload_until_cuda_graph", "bool", False, "Start fine-grained offloads only when "
       "the captured CUDA graph runs.", _L, INERT, _CUDA_GRAPH),
     K("delta_offload_bytes_across_pp_ranks", "int", 0, "Difference in offloaded bytes between "
-      "consecutive pipeline stages, to balance memory.", _L, issue=24),
+      "consecutive pipeline stages, to balance memory.", _L),
     K("activation_offload_fraction", "float", 1.0, "Share of eligible offload groups that are "
       "actually offloaded.", _L),
     K("fine_grained_offloading_max_inflight_offloads", "int", None, "Most offloads per module "
