@@ -14,7 +14,10 @@ Schedules without a split backward run B and W together (cost B + W).
 Beside the simulation, the columns ``ticks`` and ``slots`` come from the program the executor
 compiles (jaxtrain.parallel.pipeline.lower, one layer per stage): its tick count, and the
 stage inputs its buffers hold per rank at most (what the compiled step allocates; one slot is
-one microbatch's [b, T, D] input of a chunk).
+one microbatch's [b, T, D] input of a chunk). ``tick-step`` is that program's length with each
+tick as long as its slowest op, and ``lockstep`` its length when the ranks run in lockstep
+(context parallelism inside the stages: every op kind of a tick runs on every rank, so a tick
+lasts the sum of its kinds' costs); ``cp-cost`` is their ratio.
 """
 from __future__ import annotations
 
@@ -37,6 +40,19 @@ def published(name: str, p: int, m: int, v: int, f: float, b: float, w: float) -
     return None
 
 
+def tick_costs(prog, f: float, b: float, w: float) -> tuple[float, float]:
+    """(the program's length with each tick as long as its slowest op, its length in lockstep:
+    each tick as long as the sum of the op kinds some rank runs in it)."""
+    cost = {"F": f, "BW": b + w, "Bx": b, "W": w}
+    kinds = [k for k, _ in prog.branches]
+    plain = locked = 0.0
+    for row in prog.rows[:, :, 0]:
+        used = {kinds[i] for i in row if i}
+        plain += max((cost[k] for k in used), default=0.0)
+        locked += sum(cost[k] for k in used)
+    return plain, locked
+
+
 def main(argv=None) -> int:
     from jaxtrain.models import ModelConfig
     from jaxtrain.parallel import pipeline
@@ -53,7 +69,7 @@ def main(argv=None) -> int:
     p, m, v = args.ranks, args.microbatches, args.chunks
     print(f"{p} ranks, {m} microbatches, costs F={f} B={b} W={w}")
     print(f"{'schedule':<18}{'bubble':>8}{'worst':>8}{'published':>11}{'step':>8}{'memory':>8}"
-          f"{'ticks':>7}{'slots':>7}")
+          f"{'ticks':>7}{'slots':>7}{'tick-step':>11}{'lockstep':>10}{'cp-cost':>9}")
     for name in S.SCHEDULES:
         try:
             sched = S.build(name, p, m, v, costs=(f, b, w))
@@ -66,9 +82,11 @@ def main(argv=None) -> int:
         cfg = ModelConfig(num_layers=stages, hidden_size=8, num_attention_heads=1,
                           ffn_hidden_size=8, vocab_size=8)
         prog = pipeline.lower(sched, cfg, tuple((s, s + 1) for s in range(stages)))
+        plain, locked = tick_costs(prog, f, b, w)
         print(f"{name:<18}{t.bubble_fraction:>8.3f}{max(t.bubble):>8.3f}"
               f"{'' if ref is None else f'{ref:.3f}':>11}{t.makespan:>8.1f}"
-              f"{max(t.peak_memory):>8.1f}{prog.ticks:>7}{prog.x_slots:>7}")
+              f"{max(t.peak_memory):>8.1f}{prog.ticks:>7}{prog.x_slots:>7}"
+              f"{plain:>11.1f}{locked:>10.1f}{locked / plain:>9.2f}")
         if name == args.table:
             print(sched.table())
     return 0

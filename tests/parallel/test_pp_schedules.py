@@ -96,3 +96,27 @@ def test_a_table_that_waits_on_itself_is_refused():
 def test_table_text():
     assert S.build("1f1b", 2, 2).table() == "rank 0: F0 F1 B0 B1\nrank 1: F0 B0 F1 B1"
     assert S.build("1f1b-interleaved", 2, 2, 2).table().startswith("rank 0: F0.0 F1.0 F0.1")
+
+
+def test_lockstep_cost_of_context_parallel_stages():
+    """benchmarks/pp_schedules.py's tick costs of the compiled program: in lockstep (context
+    parallelism inside the stages) GPipe's ticks hold one op kind each, so nothing changes;
+    1F1B's steady state runs F and B in one tick, which then costs their sum."""
+    import sys
+
+    from jaxtrain.models import ModelConfig
+    from jaxtrain.parallel import pipeline
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from pp_schedules import tick_costs
+
+    cfg = ModelConfig(num_layers=4, hidden_size=8, num_attention_heads=1, ffn_hidden_size=8,
+                      vocab_size=8)
+    costs = {}
+    for name in ("gpipe", "1f1b"):
+        prog = pipeline.lower(S.build(name, 4, 8, 1), cfg, tuple((s, s + 1) for s in range(4)))
+        costs[name] = tick_costs(prog, 1.0, 2.0, 0.0)
+    assert costs["gpipe"][0] == costs["gpipe"][1] == (8 + 3) * 3.0
+    plain, locked = costs["1f1b"]
+    assert locked > plain and locked <= plain * 1.5
