@@ -126,7 +126,7 @@ def test_mesh_keys_map_refuse_and_check_the_device_count():
 @pytest.mark.parametrize("key, value, words", [
     ("opt_type", "muon", "contrib Muon"), ("compile_topology", "v5e-256", "compiles for"),
     ("gcs_metrics", "true", "Cloud Storage"), ("enable_emergency_checkpoint", "true", "emergency"),
-    ("checkpoint_storage_use_ocdbt", "false", "OCDBT"), ("mesh_axes", "[data]", "leaves out")])
+    ("mesh_axes", "[data]", "leaves out")])
 def test_refused_keys_name_the_reason(key, value, words):
     with pytest.raises(ConfigError, match=words):
         load_config("base.yml", [f"{key}={value}"])
