@@ -85,7 +85,8 @@ def _cp(variant, q, k, v, seg, sinks, case, cp=4, host=True, **options):
     return np.asarray(out)[:, np.argsort(order)]
 
 
-@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "p2p_kernel"])
+@pytest.mark.parametrize("variant", [v if v in ("p2p", "a2a") else pytest.param(
+    v, marks=pytest.mark.slow) for v in VARIANTS if v != "p2p_kernel"])
 def test_dropout_draws_the_one_device_mask(variant):
     """Attention dropout: every block drops the probabilities the unsplit attention drops with
     the same key (the mask hashes global rows, heads and token indices); forward and, for the
