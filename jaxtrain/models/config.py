@@ -211,6 +211,9 @@ class ModelConfig:
     mamba_chunk_size: int = 128
     mamba_norm_epsilon: float = 1e-5
     mamba_dt_floor: float = 0.0
+    # the dtype the states entering each chunk are stored in during training (Megatron's
+    # mamba_training_ssm_states_dtype); None: the compute dtype, as Megatron's params dtype
+    mamba_state_dtype: str | None = None
     # Multi-token prediction (DeepSeek-V3, Megatron's mtp_num_layers; see mtp.py): the extra
     # prediction depths (0: none), the weight of their mean loss, and one module for every
     # depth instead of one each (mtp_use_repeated_layer)

@@ -341,7 +341,9 @@ def _hybrid_fields(cfg) -> dict:
                **{k: cfg[k] for k in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
                                       "mamba_num_heads", "mamba_chunk_size",
                                       "mamba_conv_kernel_dim", "mamba_norm_epsilon")},
-               mamba_dt_floor=float(cfg["mamba_time_step_floor"]))
+               mamba_dt_floor=float(cfg["mamba_time_step_floor"]),
+               mamba_state_dtype={"fp32": "float32", "bf16": "bfloat16"}.get(
+                   cfg["mamba_training_ssm_states_dtype"]))
     if "G" in main:
         out.update({k: cfg[k] for k in ("linear_conv_kernel_dim", "linear_key_head_dim",
                                         "linear_value_head_dim", "linear_num_key_heads",
@@ -411,6 +413,7 @@ def _nope_fields(cfg) -> dict:
 # ModelConfig fields read from a knob of another name: a config's problem names the knob.
 _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "gdn_chunk_size",
                 "hybrid_layers": "hybrid_layer_pattern", "mamba_dt_floor": "mamba_time_step_floor",
+                "mamba_state_dtype": "mamba_training_ssm_states_dtype",
                 "mtp_repeated_layer": "mtp_use_repeated_layer",
                 "short_conv_kernel": "conv_L_cache", "short_conv_layers": "lfm_layer_types",
                 "linear_attention_layers": "linear_attention_freq",

@@ -89,7 +89,9 @@ def mamba_block(p: dict, x, ctx: dict, cfg, cache=None):
     dt = jnp.maximum(jax.nn.softplus(dt + p["dt_bias"].astype(jnp.float32)), cfg.mamba_dt_floor)
     A = -jnp.exp(p["A_log"].astype(jnp.float32))
     y, final = chunked_ssd(xs, dt, A, Bm, Cm, segment_ids=seg, chunk_size=cfg.mamba_chunk_size,
-                           initial_state=None if cache is None else cache["state"])
+                           initial_state=None if cache is None else cache["state"],
+                           state_dtype=None if cache is not None else (
+                               cfg.mamba_state_dtype or cfg.compute_dtype))
     y = y.astype(jnp.float32) + xs.astype(jnp.float32) * p["D"].astype(jnp.float32)[:, None]
     y = constrain(gated_group_norm(p["norm"], y, z, cfg), "act_batch", "act_seq", "act_heads",
                   "act_kv")

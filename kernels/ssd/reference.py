@@ -57,12 +57,14 @@ def recurrent_ssd(x, dt, A, Bm, Cm, *, segment_ids=None, initial_state=None):
 
 
 def chunked_ssd(x, dt, A, Bm, Cm, *, segment_ids=None, initial_state=None,
-                chunk_size: int = 128):
+                chunk_size: int = 128, state_dtype=None):
     """The recurrence a chunk at a time: within a chunk the outputs are a masked, decayed
     C.B^T "attention" over the chunk plus the decayed read of the state entering it; a scan
     carries the state across chunks. Arguments and results as :func:`recurrent_ssd`; T need
     not divide by ``chunk_size`` (the tail is padded with tokens of zero step, which change
-    nothing)."""
+    nothing). ``state_dtype``: the states entering each chunk are stored in it (mamba_ssm's
+    ``state_dtype``, Megatron's mamba_training_ssm_states_dtype); the carry across chunks
+    stays float32."""
     Bsz, T, H, P = x.shape
     dtype, N = x.dtype, Bm.shape[-1]
     x, dt, a, Bm, Cm = _prepare(x, dt, A, Bm, Cm)
@@ -108,6 +110,8 @@ def chunked_ssd(x, dt, A, Bm, Cm, *, segment_ids=None, initial_state=None,
         return S * carry_k[..., None, None] + written_k, S
 
     S, entering = jax.lax.scan(step, S0, (written, carry))
+    if state_dtype is not None:
+        entering = entering.astype(state_dtype).astype(jnp.float32)
     y = y_in + jnp.einsum("kblgn,kbgrpn->kblgrp", Cm, entering) * from_start[..., None]
     y = jnp.moveaxis(y, 0, 1).reshape(Bsz, K * C, H, P)[:, :T]
     return y.astype(dtype), S.reshape(Bsz, H, P, N)

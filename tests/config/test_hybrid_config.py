@@ -165,6 +165,28 @@ def test_mamba_knobs_reach_the_model():
     assert abstract(cfg)["mamba_layers"]["mamba"]["conv_x"].shape[0] == 3
 
 
+def test_training_ssm_states_dtype_reaches_the_scan():
+    """mamba_training_ssm_states_dtype bf16 in an fp32 model rounds the states entering each
+    chunk (training only); unset follows the compute dtype (Megatron's params dtype)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxtrain.models import forward, init
+
+    base = ["model_type=mamba", "num_layers=2", "mamba_num_heads=4", "mamba_chunk_size=4",
+            "hidden_dropout=0", "attention_dropout=0"]
+    plain, bf16 = model(base), model([*base, "mamba_training_ssm_states_dtype=bf16"])
+    assert plain.mamba_state_dtype is None and bf16.mamba_state_dtype == "bfloat16"
+    assert model([*base, "mamba_training_ssm_states_dtype=fp32"]).mamba_state_dtype == "float32"
+    params = init(plain, jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 16)))
+    rng = jax.random.key(1)
+    out = {name: np.asarray(forward(params, tokens, cfg, deterministic=False, rng=rng))
+           for name, cfg in (("plain", plain), ("bf16", bf16))}
+    assert 0 < np.abs(out["bf16"] - out["plain"]).max() < 0.05 * np.abs(out["plain"]).max()
+
+
 def test_moe_statistics_count_the_moe_sublayers_only():
     """The train step's MoE accumulator holds one row per E sublayer (not per layer)."""
     from jaxtrain.models.moe.step import moe_layer_ids, zero_stats

@@ -96,3 +96,18 @@ def test_recurrence_matches_transformers_step():
         state, t(x[:, 0]), t(dt[:, 0])[..., None].expand(-1, -1, P),
         t(A)[:, None, None].expand(-1, P, N), t(Bm[:, 0]), t(Cm[:, 0]))
     assert _rel(y[:, 0], out.numpy()) < 1e-5 and _rel(s, state.numpy()) < 1e-5
+
+
+def test_state_dtype_rounds_the_states_entering_each_chunk():
+    """mamba_ssm's state_dtype (Megatron's mamba_training_ssm_states_dtype): the states read at
+    each chunk's start are stored in it, the carry across chunks and the final state stay
+    float32; float32 changes nothing."""
+    args = _inputs(6)
+    y32, s32 = chunked_ssd(*args, chunk_size=4)
+    y_f, s_f = reference.chunked_ssd(*args, chunk_size=4, state_dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(y_f), np.asarray(y32))
+    y16, s16 = reference.chunked_ssd(*args, chunk_size=4, state_dtype=jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(s16), np.asarray(s32))
+    assert 1e-5 < _rel(y16, y32) < 3e-2
+    one, _ = reference.chunked_ssd(*args, chunk_size=T, state_dtype=jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(one), np.asarray(chunked_ssd(*args, chunk_size=T)[0]))

@@ -211,7 +211,7 @@ KNOBS = [
       "chooses between PyTorch/Triton implementations of the same Mamba math; jaxtrain would "
       "compile its own"),
     K("mamba_training_ssm_states_dtype", "str", None, "Dtype of the inter-chunk SSM states kept "
-      "in Mamba training; null follows the activation dtype.", _L, issue=25,
+      "in Mamba training; null follows the activation dtype.", _L, HONORED,
       choices=("fp32", "bf16")),
     K("gdp_num_householder", "int", 3, "Householder reflections per token in Gated Delta Product "
       "layers.", _L, issue=25),
