@@ -385,7 +385,9 @@ class _Watch:
 def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, logger
           ) -> tuple[int, int]:
     """Steps ``first``..``steps``; validates every eval_interval steps; saves every
-    save_interval steps, at exits and at the end. Returns (last step, samples consumed)."""
+    save_interval steps, at exits and at the end. MaxText's target_eval_loss ends the run
+    after the evaluation that reaches it (with that step's due checkpoint, and no final
+    save or evaluation, as MaxText's StopTraining). Returns (last step, samples consumed)."""
     tcfg, steps, data, watch = run.tcfg, run.steps, run.data, report.watch
     start, pending = time.perf_counter(), None
     sizes = None
@@ -399,7 +401,7 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
                               tcfg.micro_batch_size * tcfg.data_parallel_size)
     batches = global_batches(data, tcfg, seed=tcfg.seed, batch_size=sizes, consumed=consumed,
                              rows=run.layout.local_rows(run.rows))
-    it, exiting, first_batch = first - 1, False, None
+    it, exiting, reached, first_batch = first - 1, False, False, None
     for it in range(first, steps + 1):
         with watch.timers("batch", level=1):
             batch = first_batch or run.put_batch(next(batches))
@@ -430,6 +432,8 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
             row = evaluator.run(state.params, it, quant_state=state.quant_state)
             watch.log.write_eval({"step": it, **row})
             ckpt.track_best(state.params, it, row)
+            target = tcfg.target_eval_loss
+            reached = bool(target) and row.get("val_loss", float("inf")) <= target
         if run.averaging is not None:   # after the step's evaluation, before its checkpoint
             state = dataclasses.replace(state, params=run.averaging.merge_due(it, state.params))
         with watch.timers("save-checkpoint", level=1):
@@ -445,6 +449,10 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
         if tcfg.manual_gc and tcfg.manual_gc_interval and it % tcfg.manual_gc_interval == 0:
             gc.collect()
         elapsed_min = (time.perf_counter() - start) / 60
+        if reached:
+            logger.info("target_eval_loss %s reached at step %d (evaluation loss %.4f): "
+                        "training stops", tcfg.target_eval_loss, it, row["val_loss"])
+            break
         if tcfg.exit_interval and it % tcfg.exit_interval == 0:
             logger.info("exit_interval %d reached at step %d", tcfg.exit_interval, it)
             exiting = True
@@ -460,6 +468,8 @@ def _loop(run: Setup, state, first, consumed, ckpt, evaluator, report, stop, log
             break
     if pending is not None:
         report.finish(*pending, force=True)
+    if reached:
+        return it, consumed
     if it >= first and (exiting or ckpt.ccfg.save_last):
         ckpt.maybe_save(it, state, consumed, force=True, extra=_extra(evaluator, ckpt),
                         items=_items(run))

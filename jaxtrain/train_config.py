@@ -137,6 +137,7 @@ class TrainConfig:
     seed: int
     eval_interval: int | None = None
     eval_iters: int | tuple[int, ...] = 0
+    target_eval_loss: float = 0.0    # MaxText: stop once an evaluation's loss reaches it
     full_validation: bool = False
     multiple_validation_sets: bool = False
     skip_train: bool = False
@@ -234,6 +235,7 @@ class TrainConfig:
             manual_gc_interval=cfg["manual_gc_interval"], seed=cfg["seed"],
             eval_interval=cfg["eval_interval"] or None, eval_iters=eval_iters,
             full_validation=cfg["full_validation"],
+            target_eval_loss=float(cfg["target_eval_loss"] or 0.0),
             multiple_validation_sets=cfg["multiple_validation_sets"],
             skip_train=cfg["skip_train"], manual_gc_eval=cfg["manual_gc_eval"],
             reuse_example_batch=bool(cfg["reuse_example_batch"]),

@@ -209,3 +209,17 @@ def test_reuse_example_batch_reads_one_batch(tmp_path, monkeypatch):
     read.clear()
     loop.train(config(tmp_path / "b", "train_iters=4"))
     assert len(read) >= 4
+
+
+def test_target_eval_loss_stops_after_the_evaluation_that_reaches_it(tmp_path):
+    """MaxText's target_eval_loss: the first evaluation at or under it ends the run (its
+    step's due checkpoint kept, no final save); 0 never stops early."""
+    ck = tmp_path / "ck"
+    args = ["train_iters=6", "eval_interval=2", "eval_iters=1", "save_interval=2", f"save={ck}"]
+    loop.train(config(tmp_path / "high", *args, "target_eval_loss=100"))
+    got = [json.loads(line) for line in (ck / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in got if "val_loss" in r] == [2]
+    assert max(r["step"] for r in got) == 2
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step")) == ["step_2"]
+    loop.train(config(tmp_path / "off", "train_iters=6", "eval_interval=2", "eval_iters=1"))
+    assert max(r["step"] for r in rows(tmp_path / "off")) == 6

@@ -175,7 +175,7 @@ KNOBS = [
     K("eval_start_step", "int", 0, "Run periodic evaluation only from this step on, counting "
       "eval_interval from it.", _MT, issue=None),
     K("target_eval_loss", "float", 0.0, "Stop training once the evaluation loss reaches this "
-      "value; 0 never stops early.", _MT, issue=None),
+      "value; 0 never stops early.", _MT, HONORED),
     K("abort_on_nan_loss", "bool", True, "Stop training when the loss is NaN.", _MT, issue=None,
       reason="jaxtrain stops on a NaN or infinite loss or gradient norm through "
       "check_for_nan_in_loss_and_grad; a separate switch for NaN losses is not built"),
