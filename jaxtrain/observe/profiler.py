@@ -7,6 +7,10 @@ The window, in the loop's 1-based step numbers:
 - MaxText ``profiler: xplane`` (its default in MaxText files, or when set): after skipping
   ``skip_first_n_steps_for_profiler`` steps of this run, ``profiler_steps`` steps.
 
+MaxText's ``profiler: nsys`` brackets the same window with ``cudaProfilerStart`` /
+``cudaProfilerStop`` of ``libcudart.so`` (for ``nsys profile --capture-range=cudaProfilerApi``)
+instead of a jax trace; without that library it warns and profiles nothing, as MaxText does.
+
 Only processes in ``profile_ranks`` trace. Traces are ``jax.profiler`` traces under
 ``<run dir>/profile/plugins/profile/<time>/``: ``<host>.xplane.pb`` for TensorBoard/XProf, a
 gzipped Chrome trace, and with ``profiler_perfetto_trace`` a ``perfetto_trace.json.gz``.
@@ -17,6 +21,7 @@ or annotated. Megatron's torch-profiler switches map to ``jax.profiler.ProfileOp
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import pathlib
 
@@ -38,8 +43,10 @@ class ProfileWindow:
     """Starts a trace before step ``first`` and stops it after step ``last`` (inclusive)."""
 
     def __init__(self, first: int | None, last: int | None, trace_dir: pathlib.Path,
-                 options=None, perfetto: bool = False, server_port: int | None = None):
+                 options=None, perfetto: bool = False, server_port: int | None = None,
+                 nsys: bool = False):
         self.first, self.last = first, last
+        self.nsys, self._cudart = nsys, None
         self.trace_dir = pathlib.Path(trace_dir)
         self.options = options if options is not None else profile_options(False, True)
         self.perfetto = perfetto
@@ -57,7 +64,7 @@ class ProfileWindow:
         this run (after a resume), from which MaxText counts its skipped steps."""
         trace_dir = pathlib.Path(run_dir) / TRACE_DIR
         port = SERVER_PORT + process_index if cfg["run_workload_inspector_server"] else None
-        maxtext_on = cfg["profiler"] == "xplane"
+        maxtext_on = cfg["profiler"] in ("xplane", "nsys")
         first = last = None
         if process_index in (cfg["profile_ranks"] or ()) or cfg["upload_all_profiler_results"]:
             if cfg["profile"]:
@@ -68,7 +75,8 @@ class ProfileWindow:
         options = profile_options(
             python_tracer=cfg["use_pytorch_profiler"] and cfg["torch_profiler_with_stack"],
             host_activity=not cfg["disable_profiler_activity_cpu"])
-        return cls(first, last, trace_dir, options, cfg["profiler_perfetto_trace"], port)
+        return cls(first, last, trace_dir, options, cfg["profiler_perfetto_trace"], port,
+                   nsys=cfg["profiler"] == "nsys" and not cfg["profile"])
 
     @property
     def active(self) -> bool:
@@ -79,11 +87,14 @@ class ProfileWindow:
         """Call before dispatching ``step``: starts the trace at the window's first step and
         opens the step's annotation inside the window."""
         if self.active and step == self.first and not self.tracing:
-            self.trace_dir.mkdir(parents=True, exist_ok=True)
-            jax.profiler.start_trace(str(self.trace_dir), create_perfetto_trace=self.perfetto,
-                                     profiler_options=self.options)
-            self.tracing = True
-            log.info("profiling steps %d-%d into %s", self.first, self.last, self.trace_dir)
+            if self.nsys:
+                self._cuda_profiler("cudaProfilerStart")
+            else:
+                self.trace_dir.mkdir(parents=True, exist_ok=True)
+                jax.profiler.start_trace(str(self.trace_dir), create_perfetto_trace=self.perfetto,
+                                         profiler_options=self.options)
+                self.tracing = True
+                log.info("profiling steps %d-%d into %s", self.first, self.last, self.trace_dir)
         if self.tracing:
             self._annotation = jax.profiler.StepTraceAnnotation("train", step_num=step)
             self._annotation.__enter__()
@@ -111,6 +122,25 @@ class ProfileWindow:
             self.server_port = None
 
     def _stop(self):
+        if self.nsys:
+            self._cuda_profiler("cudaProfilerStop")
+            return
         jax.profiler.stop_trace()
         self.tracing = False
         log.info("profile written under %s", self.trace_dir)
+
+    def _cuda_profiler(self, call: str):
+        """profiler: nsys: start or stop the CUDA profiler's capture range."""
+        if self._cudart is None and call == "cudaProfilerStart":
+            try:
+                self._cudart = ctypes.cdll.LoadLibrary("libcudart.so")
+            except OSError as e:
+                log.warning("profiler nsys: cannot load libcudart.so (%s); nothing is profiled",
+                            e)
+                return
+        if self._cudart is None:
+            return
+        getattr(self._cudart, call)()
+        self.tracing = call == "cudaProfilerStart"
+        log.info("profiler nsys: %s at step %s", call,
+                 self.first if self.tracing else self.last)

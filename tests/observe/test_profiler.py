@@ -5,7 +5,6 @@ import socket
 
 import jax
 import jax.numpy as jnp
-import pytest
 
 from jaxtrain.observe import ProfileWindow, profiler
 
@@ -89,6 +88,39 @@ def test_maxtext_window(cfg, tmp_path):
     assert ProfileWindow.from_config(cfg("profiler=xplane"), tmp_path).active
 
 
+def test_maxtext_nsys_brackets_the_window_with_the_cuda_profiler(cfg, tmp_path, monkeypatch,
+                                                                   caplog):
+    """profiler: nsys calls libcudart's cudaProfilerStart before the window's first step and
+    cudaProfilerStop after its last (no jax trace); without the library it warns and runs."""
+    calls = _spy(monkeypatch)
+    events = []
+
+    class Cudart:
+        def cudaProfilerStart(self):
+            events.append("start")
+
+        def cudaProfilerStop(self):
+            events.append("stop")
+
+    monkeypatch.setattr(profiler.ctypes.cdll, "LoadLibrary",
+                        lambda name: Cudart() if name == "libcudart.so" else None)
+    knobs = ("framework=maxtext", "profiler=nsys", "skip_first_n_steps_for_profiler=1",
+             "profiler_steps=2")
+    window = ProfileWindow.from_config(cfg(*knobs), tmp_path)
+    assert (window.first, window.last) == (2, 3)
+    _run(window, 5)
+    assert events == ["start", "stop"] and "start" not in calls
+    assert not (tmp_path / "profile").exists()
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(profiler.ctypes.cdll, "LoadLibrary", missing)
+    with caplog.at_level("WARNING", logger="jaxtrain.observe"):
+        _run(ProfileWindow.from_config(cfg(*knobs), tmp_path), 5)
+    assert "cannot load libcudart.so" in caplog.text and events == ["start", "stop"]
+
+
 def _host_names(window):
     return {e.get("name", "") for e in _trace_events(window) if e.get("ph") == "X"}
 
@@ -122,13 +154,6 @@ def test_a_run_ending_inside_the_window_still_writes_the_trace(cfg, tmp_path):
                                            "profile_step_end=10"), tmp_path)
     _run(window, 3)
     assert not window.tracing and _files(window, ".xplane.pb")
-
-
-def test_nsys_is_not_built_yet(cfg):
-    from jaxtrain.config import ConfigError
-
-    with pytest.raises(ConfigError, match="profiler = 'nsys'"):
-        cfg("profiler=nsys")
 
 
 def test_workload_inspector_server_accepts_connections(cfg, tmp_path, monkeypatch):

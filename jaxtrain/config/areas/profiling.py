@@ -38,8 +38,7 @@ KNOBS = [
 
     # MaxText profiler
     K("profiler", "str", "", "Profiler to run: xplane (jax.profiler trace), nsys (CUDA "
-      "profiler range) or empty for none.", "maxtext", HONORED, choices=_PROFILERS,
-      planned_values={"nsys": None}),
+      "profiler range) or empty for none.", "maxtext", HONORED, choices=_PROFILERS),
     K("skip_first_n_steps_for_profiler", "int", 3, "Steps run before profiling starts, to keep "
       "compilation and warm-up out of the trace.", "maxtext", HONORED),
     K("profiler_steps", "int", 1, "How many steps a profile covers after it begins.", "maxtext",
