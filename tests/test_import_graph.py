@@ -37,6 +37,8 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     # Config loading and the dry run's translation stay free of JAX (a test checks that the HF
     # translation does not import it); the MoE layer-frequency parser lives in the models.
     ("jaxtrain.config.rules", "jaxtrain.models.moe"): LAZY + " (config loading)",
+    # The pipeline layout language is parsed in parallel.stages, which reads config.errors.
+    ("jaxtrain.config.rules", "jaxtrain.parallel.stages"): "parallel.stages imports config",
     # parallel/ is start-up code importable without JAX (flags are computed and written before
     # the backend starts); only ddp_num_buckets's parameter count needs the model package.
     ("jaxtrain.parallel.xla_flags", "jaxtrain.models.config"): LAZY + " (start-up)",

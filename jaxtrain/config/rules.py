@@ -16,6 +16,7 @@ from jaxtrain.config.resolved import DEFAULT_ORIGIN, is_default
 from jaxtrain.config.areas.checkpoint import TORCH_FORMATS, TORCH_FORMATS_REASON
 from jaxtrain.config.batch_schedule import parse_step_schedule
 from jaxtrain.config.dialects.maxtext_rules import MAXTEXT_RULES
+from jaxtrain.config.errors import ConfigError
 
 DERIVED = "derived"
 
@@ -950,7 +951,6 @@ def pipeline_parallel(c: Context):
             c.error(f"not implemented yet: pipeline_model_parallel_size "
                     f"{c.get('pipeline_model_parallel_size')} with {c.where(key)} ({what})")
     if c.get("pipeline_model_parallel_layout") and c.get("mtp_num_layers"):
-        from jaxtrain.config.errors import ConfigError
         from jaxtrain.parallel.stages import mtp_standalone
         try:
             rank = mtp_standalone(c.values, c.get("pipeline_model_parallel_size"))

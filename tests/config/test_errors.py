@@ -17,7 +17,7 @@ CASES = {
     "wrong type list": ("run.yml", "recompute_layer_ids: 3\n", [], "expected a list"),
     "bad choice": ("run.yml", GOOD, ["lr_decay_style=cosinus"], "'cosinus' is not one of"),
     "bad level": ("run.yml", "stderr_sink_level: LOUD\n", [], "'LOUD' is not one of: DEBUG"),
-    "bad choice": ("run.yml", GOOD, ["stderr_sink_level=LOUD"], "stderr_sink_level"),
+    "bad level cli": ("run.yml", GOOD, ["stderr_sink_level=LOUD"], "stderr_sink_level"),
     "fp16 and bf16": ("run.yml", "fp16: true\nbf16: true\n", [], "fp16 and bf16 are exclusive"),
     "min_lr above lr": ("run.yml", "lr: 1.0e-5\nmin_lr: 1.0e-4\n", [], "min_lr (0.0001) must not exceed lr"),
     "heads vs tp": ("run.yml", "num_attention_heads: 6\ntensor_model_parallel_size: 4\n", [],
@@ -47,7 +47,7 @@ CASES = {
                              "teachers.big must be a mapping"),
     "cli not override": ("run.yml", GOOD, ["lr"], "'lr' is not an override"),
     "cli flag needs value": ("run.yml", GOOD, ["--lr"], "--lr needs a value"),
-    "planned value": ("run.yml", "profiler: nsys\n", [], "not implemented yet: profiler"),
+    "planned value": ("run.yml", "optimizer: lion\n", [], "not implemented yet: optimizer"),
 }
 
 

@@ -108,12 +108,11 @@ def test_parameter_count_matches_the_published_size(name, published, source):
 
 def test_gpt3_175b_parameter_count():
     # Brown et al. 2020, Table 2.1: 175.0B. MaxText's gpt3-175b has 16384 learned positions (the
-    # paper's 2048), 0.1% more. The file also sets target_eval_loss, a training key jaxtrain
-    # does not build yet, so the status gate is skipped for the count.
-    cfg, m = resolve("gpt3-175b", enforce_status=False)
+    # paper's 2048), 0.1% more. The file also sets target_eval_loss (2.69), which ends its run
+    # early.
+    cfg, m = resolve("gpt3-175b")
     assert abs(count(m) / 175.0e9 - 1) < 0.01
-    with pytest.raises(ConfigError, match="target_eval_loss"):
-        resolve("gpt3-175b")
+    assert cfg["target_eval_loss"] == 2.69
 
 
 def _mla_moe_count(V, D, L, dense_layers, F, heads, q_lora, kv_lora, nope, rope, v, E, Fe,
