@@ -239,9 +239,7 @@ class Checkpointer(Restoring):
         self._seal(block=True)
 
     def close(self):
-        """Wait for pending saves to finish, then release the managers."""
-        for manager in self._writers.values():
-            manager.wait_until_finished()
+        """Wait for pending saves to finish (and seal them), then release the managers."""
         self._seal(block=True)
         for manager in [*self._writers.values(), *self._readers.values()]:
             manager.wait_until_finished()

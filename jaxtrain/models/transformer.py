@@ -165,6 +165,7 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
         q = q / layer_number.astype(q.dtype)
         scale = scale * layer_number.astype(jnp.float32)
     drop = not ctx["deterministic"] and cfg.attention_dropout > 0
+    drop_rng = _need(rng, "attention dropout") if drop else None
 
     layout = active_layout()
     ring = q_offset is None and cp.model_layout(cfg) is not None
@@ -175,14 +176,13 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
         def run(window):
             if ring:   # context parallelism: the sequence split over the mesh's context axis
                 return _context_parallel(layout, q, k, v, ctx, segments, layer_number, sinks,
-                                         window, cfg, scale,
-                                         _need(rng, "attention dropout") if drop else None)
+                                         window, cfg, scale, drop_rng)
             return attention(
                 q, k, v, impl=impl, causal=True, segment_ids=segments,
                 sliding_window=window, softcap=cfg.attn_logit_softcapping, scale=scale,
                 softmax_fp32=cfg.attention_softmax_in_fp32,
                 dropout_rate=cfg.attention_dropout if drop else 0.0,
-                dropout_rng=_need(rng, "attention dropout") if drop else None,
+                dropout_rng=drop_rng,
                 sinks=sinks, block_sizes=cfg.flash_block_sizes, q_offset=q_offset)
 
         return _with_layer_window(run, layer_number - 1, k.shape[1], cfg, impl)

@@ -393,23 +393,24 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             """(loss, its gradient for x and the head's parameters, x scale, per-depth MTP
             losses, the MTP layers' router statistics) of the last stage's output x.
             ``moe_state``: global_aux_loss's counts before microbatch ``mb`` (MTP layers)."""
+            _, ctx = context(micro, rng, moe_state=moe_state)   # token order, MTP layers
+
             def loss_fn(x, h):
-                hidden = final_hidden(h, x, context(micro, rng)[1], cfg)
+                hidden = final_hidden(h, x, ctx, cfg)
                 loss = hidden_loss(h, hidden, micro["targets"], w, cfg, num_chunks=num_chunks,
                                    half_precision=half_precision, objective=objective,
                                    grad_in_forward=True)
                 if not depths:
                     return loss, (loss, jnp.zeros((0,), jnp.float32), None)
-                return mtp_objective(h, hidden, micro, loss, mtp_w[mb], rng, moe_state)
+                return mtp_objective(h, hidden, micro, ctx, loss, mtp_w[mb])
             (_, (loss, per_depth, stats)), (dx, dh) = jax.value_and_grad(
                 loss_fn, argnums=(0, 1), has_aux=True)(x, head)
             return loss, (dx * scale).astype(dt), jax.tree.map(
                 lambda g: (g * scale).astype(accum_dtype), dh), per_depth, stats
 
-        def mtp_objective(h, hidden, micro, loss, w_DBT, rng, moe_state):
+        def mtp_objective(h, hidden, micro, ctx, loss, w_DBT):
             """The main loss plus the MTP modules' (jaxtrain.models.mtp) as the unpipelined
             step adds them, with (loss, per-depth losses, their router statistics)."""
-            _, ctx = context(micro, rng, moe_state=moe_state)
             per_depth, stats = mtp_loss(h, hidden, micro, ctx, list(w_DBT), cfg,
                                         num_chunks=num_chunks, half_precision=half_precision,
                                         grad_in_forward=True)
