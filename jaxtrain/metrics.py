@@ -233,6 +233,8 @@ class MetricsLog:
                  f"loss {r['loss']:.4f}", f"lr {r['lr']:.3e}"]
         if r.get("grad_norm") is not None:
             parts.append(f"grad_norm {r['grad_norm']:.3f}")
+        if r.get("indexer_loss") is not None:   # DeepSeek sparse attention (Megatron logs it)
+            parts.append(f"indexer loss {r['indexer_loss']:.4e}")
         parts.append(f"step {r['step_time_s'] * 1e3:.0f} ms")
         if self.throughput:
             parts += [f"{r['tokens_per_s']:.0f} tok/s (avg {r['tokens_per_s_avg']:.0f})",

@@ -36,7 +36,7 @@ from jaxtrain import release
 from jaxtrain import seco
 from jaxtrain import spikes
 from jaxtrain.loss import model_loss
-from jaxtrain.models import moe, mtp
+from jaxtrain.models import dsa, moe, mtp
 from jaxtrain.models import params as model_params
 from jaxtrain.models import quant_state as model_quant_state
 from jaxtrain.optim import freeze
@@ -206,7 +206,7 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         if model_cfg.mtp_num_layers:   # each microbatch's MTP depths' token weights
             mtp_MDBT = jax.vmap(lambda micro, w: jnp.stack(_mtp_weights(
                 micro, w, tcfg, M, model_cfg.mtp_num_layers)))(batch, weights_MBT)
-        gst, gsh, loss, moe_sum, qst, mtp_sum = pipeline.accumulate(
+        gst, gsh, loss, moe_sum, qst, mtp_sum, kl_sum = pipeline.accumulate(
             prog, layout, model_cfg, stacks=stacks, shared=shared, batch=batch,
             weights_MBT=weights_MBT, step_rng=step_rng, scale=scale,
             num_chunks=tcfg.loss_chunks, half_precision=tcfg.half_precision_loss,
@@ -219,6 +219,8 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             qstate = pipeline.unstage(qst, qstate, model_cfg, prog.schedule, prog.bounds)
         extra = ({} if mtp_sum is None else   # the step divides extras by the microbatch count
                  {f"mtp_{k}_loss": v * M for k, v in enumerate(mtp_sum, 1)})
+        if kl_sum is not None:
+            extra.update(dsa.metrics(kl_sum, model_cfg))
         return grads, loss, moe_sum, qstate, extra
 
     def micro_loss(params, qstate, micro, weights_BT, rng, moe_state, scale, num_micro,
@@ -235,8 +237,9 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
                 moe_state=moe_state, rng=rng, num_chunks=tcfg.loss_chunks,
                 half_precision=tcfg.half_precision_loss, embed_noise=tcfg.embed_noise)
             lm = lm / num_micro
+            stats, indexer, extra = _indexer_terms(stats, num_micro, extra)
             aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
-            return (lm + aux) * scale, (lm, stats, extra)
+            return (lm + aux + indexer) * scale, (lm, stats, extra)
         mtp_weights = (_mtp_weights(micro, weights_BT, tcfg, num_micro,
                                     model_cfg.mtp_num_layers)
                        if model_cfg.mtp_num_layers else None)
@@ -259,8 +262,18 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
             stats = stats or None
         else:
             mtp_objective = 0.0
+        stats, indexer, extra = _indexer_terms(stats, num_micro, extra)
         aux = 0.0 if stats is None else jnp.sum(stats["objective"]) / num_micro
-        return (lm + aux + mtp_objective) * scale, (lm, stats, extra)
+        return (lm + aux + mtp_objective + indexer) * scale, (lm, stats, extra)
+
+    def _indexer_terms(stats, num_micro, extra):
+        """(stats without the DSA indexers' KL, their objective averaged over microbatches,
+        ``extra`` with the microbatch's ``indexer_loss`` metric)."""
+        stats, kl = dsa.pop(stats)
+        if kl is None:
+            return stats, 0.0, extra
+        return stats, dsa.loss_weight(model_cfg) * kl / num_micro, {
+            **extra, **dsa.metrics(kl, model_cfg)}
 
     def step(state: TrainState, batch: dict, frozen: dict | None = None):
         """``frozen``: parameter trees held beside the state, never trained ({"base": the
@@ -327,6 +340,8 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         extra0 = (dpo.zero_metrics() if tcfg.dpo is not None else
                   {f"mtp_{k}_loss": jnp.float32(0.0)
                    for k in range(1, model_cfg.mtp_num_layers + 1)})
+        if dsa.trains_indexer(model_cfg):
+            extra0["indexer_loss"] = jnp.float32(0.0)
         micros = (batch, weights_MBT, jnp.arange(M))
         moe0 = moe.zero_stats(model_cfg)
 

@@ -174,6 +174,36 @@ def gated_delta_net(c: Context):
                     f"layers): {reason}")
 
 
+def sparse_attention(c: Context):
+    """DeepSeek sparse attention (experimental_attention_variant dsa or MaxText's use_indexer):
+    what does not run it yet, refused by name."""
+    by = ("use_indexer" if c.get("use_indexer") else "experimental_attention_variant dsa"
+          if c.get("experimental_attention_variant") == "dsa" else None)
+    if by is None:
+        return
+    if c.get("use_indexer") and c.get("experimental_attention_variant") == "dsa":
+        c.error(f"{c.where('use_indexer')} and {c.where('experimental_attention_variant')} both "
+                "switch on DeepSeek sparse attention (MaxText's and Megatron's names); set one")
+    feature = f"DeepSeek sparse attention ({by})"
+    _not_yet(c, feature, (
+        ("context_parallel_size", "the indexer ranks every earlier key of the whole sequence, "
+                                  "which context parallelism splits"),
+        ("memory.seco", "SeCO's chunk-wise step does not carry the indexer's keys"),
+        *_ONE_STACK))
+    loss = (c.get("indexer_loss_scaling_factor") if by == "use_indexer"
+            else c.get("dsa_indexer_loss_coeff")) or 0
+    if loss <= 0:
+        return
+    feature += " with its indexer loss"
+    if c.get("mtp_num_layers"):
+        c.error(f"not implemented yet: mtp_num_layers {c.get('mtp_num_layers')} with {feature}: "
+                "the multi-token-prediction layers do not return the indexer's loss")
+    _not_yet(c, feature, (
+        ("dpo.enabled", "DPO's policy forward does not train the indexer"),
+        ("calculate_per_token_loss", "the indexer's loss is averaged over each microbatch's "
+                                     "rows, not summed per token")))
+
+
 def hybrid_models(c: Context):
     """Megatron's hybrid stack (model_type mamba/hybrid): Mamba heads and groups split whole
     over TP (Megatron's asserts); what does not run its layers yet, refused."""
@@ -978,7 +1008,7 @@ RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULE
          softmax_type, positions, checkpoint_format, precision, tensor_parallel,
          pgs_context_parallel, context_and_experts, model_shape, learning_rate, iterations,
          batch, moe_router, flex_dispatcher, upcycling, pgs, evaluate_only, context_parallel,
-         pipeline_parallel, deferred_wgrad, gated_delta_net, hybrid_models,
+         pipeline_parallel, deferred_wgrad, gated_delta_net, sparse_attention, hybrid_models,
          gemma4_global_layers, small_gemma4, multi_token_prediction, short_convolutions)
 
 

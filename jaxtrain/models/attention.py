@@ -21,7 +21,7 @@ ATTENTION_IMPLS = ("xla", "flash", "cudnn")
 def attention(q, k, v, *, impl: str = "xla", causal: bool = True, segment_ids=None,
               sliding_window=None, softcap: float | None = None, scale=None,
               softmax_fp32: bool = True, dropout_rate: float = 0.0, dropout_rng=None,
-              sinks=None, block_sizes=None, q_offset=None):
+              sinks=None, block_sizes=None, q_offset=None, keep=None):
     """Attention of q [B,T,N,H] over k [B,S,K,H], v [B,S,K,Hv] -> [B,T,N,Hv] by ``impl``.
 
     Arguments mean what they mean for `dot_product_attention`. "flash" and "cudnn" take a
@@ -31,19 +31,21 @@ def attention(q, k, v, *, impl: str = "xla", causal: bool = True, segment_ids=No
     runs the Pallas interpreter when the default backend is the CPU; ``block_sizes`` (a
     `kernels.flash_attention.BlockSizes`) tunes it. "cudnn" receives segment ids as a dense
     [B,1,T,S] mask (cuDNN's packed layout is not reachable through `jax.nn`), so it costs
-    O(B*T*S) memory when sequences are packed. ``q_offset`` (decoding over a KV cache) is
-    "xla" only.
+    O(B*T*S) memory when sequences are packed. ``q_offset`` (decoding over a KV cache) and
+    ``keep`` (a boolean [B,T,S] of keys each query may see besides the other masks: DSA's
+    selection) are "xla" only.
     """
     if impl == "xla":
         return dot_product_attention(
             q, k, v, causal=causal, segment_ids=segment_ids, sliding_window=sliding_window,
             softcap=softcap, scale=scale, softmax_fp32=softmax_fp32,
-            dropout_rate=dropout_rate, dropout_rng=dropout_rng, sinks=sinks, q_offset=q_offset)
+            dropout_rate=dropout_rate, dropout_rng=dropout_rng, sinks=sinks, q_offset=q_offset,
+            keep=keep)
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention impl {impl!r} is not one of {ATTENTION_IMPLS}")
-    if q_offset is not None:
-        raise ValueError(f"attention impl {impl!r} takes no q_offset (KV-cache decoding); "
-                         "use 'xla'")
+    if q_offset is not None or keep is not None:
+        raise ValueError(f"attention impl {impl!r} takes no q_offset (KV-cache decoding) or "
+                         "keep mask (sparse attention); use 'xla'")
     if dropout_rate > 0.0:
         raise ValueError(f"attention impl {impl!r} has no attention dropout; use 'xla'")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -79,7 +81,7 @@ def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
                           sliding_window=None, softcap: float | None = None,
                           scale: float | None = None, softmax_fp32: bool = True,
                           dropout_rate: float = 0.0, dropout_rng=None, sinks=None,
-                          q_offset=None):
+                          q_offset=None, keep=None):
     """Grouped-query attention: q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv] -> [B,T,N,Hv] in q's dtype.
 
     causal: key s is visible to query t only if s <= t (q and k aligned at the end when T < S).
@@ -107,6 +109,9 @@ def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
     if softcap:
         scores_BKGTS = jnp.tanh(scores_BKGTS / softcap) * softcap
     mask = _mask(T, S, causal, sliding_window, segment_ids, q_offset)   # broadcasts to BKGTS
+    if keep is not None:
+        keep_B11TS = keep[:, None, None]
+        mask = keep_B11TS if mask is None else mask & keep_B11TS
     if mask is not None:
         scores_BKGTS = jnp.where(mask, scores_BKGTS, jnp.finfo(acc).min)
     if sinks is None:
@@ -124,6 +129,11 @@ def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
                                 0).astype(v.dtype)
     out_BTKGHv = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v, preferred_element_type=acc)
     return out_BTKGHv.reshape(B, T, N, Hv).astype(q.dtype)
+
+
+def visible(T: int, S: int, segment_ids=None, q_offset=None):
+    """Boolean [B|1,T,S]: the keys each query sees causally within its segment."""
+    return _mask(T, S, True, None, segment_ids, q_offset)[:, 0, 0]
 
 
 def _mask(T, S, causal, sliding_window, segment_ids, q_offset=None):

@@ -235,6 +235,23 @@ class ModelConfig:
     # epsilon of the q/kv latent norms (Hugging Face's DeepSeek-V3 and Kimi Linear fix 1e-6);
     # None: norm_epsilon (Megatron)
     mla_latent_norm_epsilon: float | None = None
+    # DeepSeek sparse attention (DeepSeek-V3.2; models/dsa.py) on every MLA layer: indexer heads
+    # (0: off) and width, keys kept per query, RoPE on interleaved pairs instead of halves,
+    # ReLU on the head scores, the key LayerNorm's epsilon (None: norm_epsilon), exact top-k
+    # (ties to the earlier key) or every key scoring at least the k-th, XLA's approximate top-k
+    # with this recall (None: exact); the indexer's KL loss weight (0: not trained), over the
+    # selected keys only, and averaged over layers instead of summed (MaxText)
+    dsa_index_heads: int = 0
+    dsa_index_head_dim: int = 128
+    dsa_index_topk: int = 2048
+    dsa_rope_interleaved: bool = False
+    dsa_scoring_relu: bool = True
+    dsa_k_norm_epsilon: float | None = None
+    dsa_exact_topk: bool = True
+    dsa_approx_topk_recall: float | None = None
+    dsa_loss_coeff: float = 0.0
+    dsa_sparse_loss: bool = False
+    dsa_loss_layer_mean: bool = False
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"
@@ -371,6 +388,9 @@ class ModelConfig:
               "must be positive")
         if self.multi_latent_attention:
             self._validate_mla(check)
+        check(not self.dsa_index_heads or self.multi_latent_attention,
+              "experimental_attention_variant",
+              "dsa (DeepSeek sparse attention) needs multi_latent_attention")
         check(not self.mla_nope or self.multi_latent_attention, "mla_nope",
               "leaves multi-latent attention unrotated, and the model has none")
         if self.has_global_shape:
@@ -457,6 +477,19 @@ class ModelConfig:
             check(getattr(self, name) > 0, name, "must be positive")
         check(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank",
               "must be positive or None (queries projected directly)")
+        if self.dsa_index_heads:
+            self._validate_dsa(check)
+
+    def _validate_dsa(self, check):
+        """DeepSeek sparse attention: indexer shapes, and what it is not built with."""
+        for name in ("dsa_index_heads", "dsa_index_head_dim", "dsa_index_topk"):
+            check(getattr(self, name) > 0, name, "must be positive")
+        check(self.dsa_index_head_dim >= self.qk_pos_emb_head_dim, "dsa_indexer_head_dim",
+              f"{self.dsa_index_head_dim} is narrower than its RoPE part qk_pos_emb_head_dim "
+              f"{self.qk_pos_emb_head_dim}")
+        check(self.dsa_loss_coeff >= 0, "dsa_indexer_loss_coeff", "must not be negative")
+        check(self.sliding_window is None, "sliding_window",
+              "not built with DeepSeek sparse attention")
 
     def _validate_global(self, check):
         """Gemma 4's global layers: a RoPE model of softmax layers, the query heads in whole

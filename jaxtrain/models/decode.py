@@ -68,6 +68,9 @@ def init_cache(cfg, batch: int, max_len: int, *, dtype=None) -> dict:
     Hv = cfg.v_head_dim if cfg.multi_latent_attention else cfg.kv_channels
     cache = _kv_arrays(cfg, (groups.count("attn"), batch, max_len), cfg.num_kv_heads,
                        cfg.head_dim, Hv, dt)
+    if cfg.dsa_index_heads:   # DeepSeek sparse attention: the indexer's keys per layer
+        cache["index_k"] = jnp.zeros((groups.count("attn"), batch, max_len,
+                                      cfg.dsa_index_head_dim), dt)
     if "global" in groups:   # Gemma 4's global layers: their own head count and width
         K, H = cfg.attention_shape(wide=True)
         cache["global"] = _kv_arrays(cfg, (groups.count("global"), batch, max_len), K, H, H,
@@ -165,7 +168,8 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
         return (*_load(c, cfg, k.dtype), c) if attend_cache else (k, v, c)
 
     ctx = {"segment_ids": segments, "deterministic": True, "rng": None, "rope": rope,
-           "moe_state": None, "kv_cache": kv_cache, "positions": positions}
+           "moe_state": None, "kv_cache": kv_cache, "positions": positions,
+           "cache_start": start}
     if cfg.per_layer_input_size:
         ctx["per_layer_inputs"] = per_layer.inputs(params, tokens, x, cfg)
     if attend_cache:

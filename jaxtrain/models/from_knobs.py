@@ -155,7 +155,8 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         init_method_xavier_uniform=cfg["init_method_xavier_uniform"],
         apply_query_key_layer_scaling=cfg["apply_query_key_layer_scaling"],
         attention_softmax_in_fp32=softmax_fp32,
-        **_sink_fields(cfg), **_mla_fields(cfg), **_linear_fields(cfg), **_nope_fields(cfg),
+        **_sink_fields(cfg), **_mla_fields(cfg), **_dsa_fields(cfg), **_linear_fields(cfg),
+        **_nope_fields(cfg),
         **hybrid, **_mtp_fields(cfg), **_short_conv_fields(cfg),
         attention_output_gate=cfg["attention_output_gate"],
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
@@ -649,6 +650,44 @@ def _mla_fields(cfg: Mapping[str, Any]) -> dict:
                 qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"], v_head_dim=cfg["v_head_dim"],
                 mla_nope=bool(cfg["mla_nope"]),
                 mla_latent_norm_epsilon=cfg["mla_latent_norm_epsilon"])
+
+
+def _dsa_fields(cfg: Mapping[str, Any]) -> dict:
+    """DeepSeek sparse attention: Megatron's experimental_attention_variant dsa (dsa_indexer_*
+    knobs; the indexer losses of the layers summed) or MaxText's use_indexer (indexer_* knobs;
+    averaged over layers, a key norm of epsilon 1e-6 as Flax's LayerNorm)."""
+    megatron, maxtext = cfg["experimental_attention_variant"] == "dsa", cfg["use_indexer"]
+    if not (megatron or maxtext):
+        return {}
+    if megatron and maxtext:
+        raise ConfigError("experimental_attention_variant dsa and use_indexer both switch on "
+                          "DeepSeek sparse attention (Megatron's and MaxText's names); set one")
+    if not cfg["multi_latent_attention"]:
+        raise ConfigError(f"{'use_indexer' if maxtext else 'experimental_attention_variant dsa'}"
+                          ": DeepSeek sparse attention is built on multi-latent attention; set "
+                          "multi_latent_attention (MaxText: attention_type mla)")
+    if maxtext:
+        recall = cfg["indexer_approx_top_k_recall"] if cfg["indexer_use_approx_top_k"] else None
+        return dict(dsa_index_heads=cfg["indexer_n_heads"],
+                    dsa_index_head_dim=cfg["indexer_head_dim"],
+                    dsa_index_topk=cfg["indexer_topk"], dsa_k_norm_epsilon=1e-6,
+                    dsa_exact_topk=cfg["indexer_mask_exact_topk"],
+                    dsa_approx_topk_recall=recall,
+                    dsa_loss_coeff=float(cfg["indexer_loss_scaling_factor"]),
+                    dsa_sparse_loss=cfg["indexer_sparse_training"], dsa_loss_layer_mean=True)
+    missing = [k for k in ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk")
+               if cfg[k] is None]
+    if missing:
+        raise ConfigError(f"experimental_attention_variant dsa needs {', '.join(missing)} (the "
+                          "indexer's heads, head width and keys kept per query)")
+    return dict(dsa_index_heads=cfg["dsa_indexer_n_heads"],
+                dsa_index_head_dim=cfg["dsa_indexer_head_dim"],
+                dsa_index_topk=cfg["dsa_indexer_topk"],
+                dsa_rope_interleaved=cfg["dsa_indexer_rope_interleaved"],
+                dsa_scoring_relu=cfg["dsa_indexer_scoring_relu"],
+                dsa_k_norm_epsilon=cfg["dsa_indexer_k_norm_epsilon"],
+                dsa_loss_coeff=float(cfg["dsa_indexer_loss_coeff"] or 0.0),
+                dsa_sparse_loss=cfg["dsa_indexer_use_sparse_loss"])
 
 
 _REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",

@@ -67,7 +67,8 @@ def rope_pairs(x, cos, sin):
 
 
 def mla_qkv(p: dict, x, ctx: dict, cfg):
-    """(q [B,T,N,Hn+P], k [B,T,N,Hn+P], v [B,T,N,Hv]) from x [B,T,D], RoPE applied.
+    """(q [B,T,N,Hn+P], k [B,T,N,Hn+P], v [B,T,N,Hv], the query latent [B,T,Rq] or x without
+    one) from x [B,T,D], RoPE applied (the latent is what the DSA indexer reads).
 
     The down projections are tagged ``mla_q``/``mla_kv``, the up projections ``query_proj``,
     ``key_proj`` and ``value_proj``; with ``mla_up_proj`` in ``recompute_modules`` the up
@@ -106,4 +107,4 @@ def mla_qkv(p: dict, x, ctx: dict, cfg):
     q = constrain(q, "act_batch", "act_seq", "act_heads", "act_kv")
     k = constrain(k, "act_batch", "act_seq", "act_heads", "act_kv")
     v = constrain(v, "act_batch", "act_seq", "act_heads", "act_kv")
-    return q, k, v
+    return q, k, v, q_in

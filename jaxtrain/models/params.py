@@ -56,6 +56,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from jaxtrain.models import per_layer
+from jaxtrain.models.dsa import indexer_specs
 from jaxtrain.models.mla import mla_specs
 from jaxtrain.models.linear_attention import linear_attention_specs
 from jaxtrain.models.mamba import mamba_specs
@@ -95,6 +96,8 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         attn["q_norm"], attn["k_norm"] = _norm(cfg, H), _norm(cfg, H)
     if cfg.multi_latent_attention:
         attn = mla_specs(cfg)
+        if cfg.dsa_index_heads:   # DeepSeek sparse attention's indexer (models/dsa.py)
+            attn["indexer"] = indexer_specs(cfg)
     if cfg.attention_sinks:   # fp32 whatever weight_dtype is, zero-initialised (Primus)
         attn["sinks"] = ParamSpec((N,), jnp.float32, ("q_heads",), _zeros)
     if cfg.attention_output_gate:

@@ -17,9 +17,11 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxtrain.models import dsa
 from jaxtrain.models import layers as L
 from jaxtrain.models import per_layer
 from jaxtrain.models.attention import attention
+from jaxtrain.models.attention import visible as attention_visible
 from jaxtrain.models.linear_attention import linear_attention_block
 from jaxtrain.models.mamba import mamba_block
 from jaxtrain.models.short_conv import short_conv_block
@@ -47,36 +49,81 @@ def _need(rng, what):
 
 
 def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg, cache=None):
-    """Self-attention over x [B,T,D] -> [B,T,D] (before the residual add).
+    """Self-attention over x [B,T,D] -> (out [B,T,D] before the residual add, cache, the DSA
+    indexer's KL or None).
 
     Decoding (decode.py) passes this layer's KV ``cache``: ``ctx['kv_cache'](cache, k, v)``
     stores the step's keys and values and returns (keys, values to attend over, new cache);
-    the result is then (out, new cache).
+    otherwise the cache comes back None.
 
     KV sharing (Gemma 4 small): a layer whose ``ctx['shared_kv']`` holds (keys, values)
     attends over them instead of its own; with ``ctx['kv_role'] == 'store'`` the layer's
     cache (``{}`` in training) comes back with ``shared_kv``: the keys and values it attended
     over, for the sharing layers after it.
+
+    DeepSeek sparse attention (``p`` has ``indexer``): each query attends to the keys the
+    indexer selects (models/dsa.py); in training with ``dsa_loss_coeff`` the indexer's KL
+    comes back third.
     """
     shared = ctx.get("shared_kv")
-    q, k, v, scale = project_qkv(p, x, _layer_rope(ctx, layer_number, cfg), cfg, shared)
+    lctx = _layer_rope(ctx, layer_number, cfg)
+    q, k, v, scale, q_latent = project_qkv(p, x, lctx, cfg, shared)
+    index_k = None   # decoding a DSA layer: the indexer's cached keys
     if shared is None and "kv_cache" in ctx:
+        if cache and "index_k" in cache:
+            cache = dict(cache)
+            index_k = cache.pop("index_k")
         k, v, cache = ctx["kv_cache"](cache, k, v)
     gate = (L.dense(x, p["wg"], None, "btd,dnh->btnh", "query_gate_proj", cfg)
             if "wg" in p else None)
-    out = attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, scale, gate)
+    keep = kl = None
+    if "indexer" in p:
+        keep, kl, index_k = _sparse_selection(p["indexer"], x, q_latent, q, k, lctx,
+                                              layer_number, cfg, scale, index_k)
+    out = attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, scale, gate, keep)
+    if index_k is not None:
+        cache = {**cache, "index_k": index_k}
     if ctx.get("kv_role") == "store":
         cache = {**cache, "shared_kv": (k, v)}
-    return out if cache is None else (out, cache)
+    return out, cache, kl
+
+
+def _sparse_selection(p: dict, x, q_latent, q, k, ctx: dict, layer_number, cfg, scale,
+                      index_k=None):
+    """(keys kept [B,T,S] or None when every visible key is, the indexer's KL or None, the
+    updated indexer key cache or None) of a DSA layer. The indexer reads detached inputs; its
+    KL is computed in training only. Decoding passes the layer's cached indexer keys
+    ``index_k`` [B,S,Di]; this step's are written at ``ctx['cache_start']``."""
+    T, S = q.shape[1], k.shape[1]
+    train = dsa.trains_indexer(cfg) and not ctx["deterministic"]
+    if S <= cfg.dsa_index_topk and not train and index_k is None:
+        return None, None, None
+    iq, ik, w = dsa.index_qkw(p, jax.lax.stop_gradient(x), jax.lax.stop_gradient(q_latent),
+                              ctx.get("rope"), cfg)
+    if index_k is not None:
+        index_k = jax.lax.dynamic_update_slice_in_dim(index_k, ik.astype(index_k.dtype),
+                                                      ctx["cache_start"], axis=1)
+        if S == index_k.shape[1]:   # attending over the cache (else: only this step's keys)
+            ik = index_k
+    if S <= cfg.dsa_index_topk and not train:
+        return None, None, index_k
+    visible = jnp.broadcast_to(attention_visible(T, S, _layer_segments(ctx, layer_number, cfg),
+                                                 ctx.get("q_offset")), (q.shape[0], T, S))
+    scores = dsa.index_scores(iq, ik, w, cfg)
+    keep = dsa.select(jax.lax.stop_gradient(scores), visible, cfg)
+    kl = (dsa.indexer_kl(scores, q, k, visible, keep, scale, cfg.dsa_sparse_loss)
+          if train else None)
+    return (None if S <= cfg.dsa_index_topk else keep), kl, index_k
 
 
 def project_qkv(p: dict, x, ctx: dict, cfg, shared=None):
-    """(q [B,T,N,H], k [B,T,K,H], v [B,T,K,Hv], softmax scale) from x [B,T,D]: the projections,
-    q/k norms and RoPE (MLA: `mla_qkv`, K = N). ``shared`` (k, v): an earlier layer's keys
-    and values, already normed and rotated (KV sharing); only q is projected."""
+    """(q [B,T,N,H], k [B,T,K,H], v [B,T,K,Hv], softmax scale, MLA's query latent or None)
+    from x [B,T,D]: the projections, q/k norms and RoPE (MLA: `mla_qkv`, K = N). ``shared``
+    (k, v): an earlier layer's keys and values, already normed and rotated (KV sharing); only
+    q is projected."""
     if cfg.multi_latent_attention:
-        q, k, v = mla_qkv(p, x, ctx, cfg)
-        return q, k, v, cfg.mla_softmax_scale
+        q, k, v, q_latent = mla_qkv(p, x, ctx, cfg)
+        return q, k, v, cfg.mla_softmax_scale, q_latent
     q = L.dense(x, p["wq"], p.get("bq"), "btd,dnh->btnh", "query_proj", cfg)
     q = constrain(q, "act_batch", "act_seq", "act_heads", "act_kv")
     rope = cfg.position_embedding_type == "rope"
@@ -100,7 +147,7 @@ def project_qkv(p: dict, x, ctx: dict, cfg, shared=None):
         q = L.apply_rope(q, *ctx["rope"], cfg)
     if cfg.attn_temperature_tuning and cfg.no_rope_layers is not None:
         q = _temperature(q, ctx, cfg)
-    return q, k, v, (cfg.query_pre_attn_scalar or q.shape[-1]) ** -0.5
+    return q, k, v, (cfg.query_pre_attn_scalar or q.shape[-1]) ** -0.5, None
 
 
 def _qk_norm(p: dict, q, k, ctx: dict, cfg):
@@ -152,13 +199,15 @@ def _layer_rope(ctx: dict, layer_number, cfg) -> dict:
     return {**ctx, "nope": nope, "rope": (jnp.where(nope, 1.0, cos), jnp.where(nope, 0.0, sin))}
 
 
-def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scale, gate=None):
+def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scale, gate=None,
+                       keep=None):
     """Core attention (this layer's window, the sinks in ``p``) and the output projection.
     ``ctx['q_offset']`` (decoding: the cache position of q's first token) selects the xla
     attention with that offset. ``gate`` [B,T,N,H] (attention_output_gate): the attention
-    output is multiplied by its sigmoid before the projection."""
+    output is multiplied by its sigmoid before the projection. ``keep`` [B,T,S]: the keys each
+    query may see (DSA's selection; the xla attention)."""
     q_offset = ctx.get("q_offset")
-    impl = cfg.attention_impl if q_offset is None else "xla"
+    impl = cfg.attention_impl if q_offset is None and keep is None else "xla"
     # Query-key layer scaling guards fp16 scores from overflow; the fused kernels accumulate
     # q.k in fp32 with a static scale, so only the xla path needs it (same math either way).
     if cfg.apply_query_key_layer_scaling and impl == "xla":
@@ -183,7 +232,7 @@ def attend_and_project(p: dict, q, k, v, ctx: dict, layer_number, rng, cfg, scal
                 softmax_fp32=cfg.attention_softmax_in_fp32,
                 dropout_rate=cfg.attention_dropout if drop else 0.0,
                 dropout_rng=drop_rng,
-                sinks=sinks, block_sizes=cfg.flash_block_sizes, q_offset=q_offset)
+                sinks=sinks, block_sizes=cfg.flash_block_sizes, q_offset=q_offset, keep=keep)
 
         return _with_layer_window(run, layer_number - 1, k.shape[1], cfg, impl)
 
@@ -273,8 +322,9 @@ def _with_layer_window(run, i, kv_len: int, cfg, impl: str):
 
 def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     """One pre-norm layer on the residual stream x [B,T,D]; i is the 0-based layer index.
-    An MoE layer (``p`` has ``moe`` for ``mlp``) returns (x, router statistics). With a KV
-    ``cache`` (decoding; see `attention_block`) it returns (x, statistics or None, new cache)."""
+    An MoE layer (``p`` has ``moe`` for ``mlp``) returns (x, router statistics); a DSA layer
+    whose indexer trains adds its KL to them under ``dsa``. With a KV ``cache`` (decoding; see
+    `attention_block`) it returns (x, statistics or None, new cache)."""
     x = checkpoint_name(constrain(x, "act_batch", "act_layer_seq", "act_embed"),
                         "decoder_layer_input")
     x_in = x   # what a parallel-residual MLP reads (GPT-NeoX)
@@ -284,8 +334,9 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     norm = _maybe_remat(lambda q, y: L.norm(q, y, cfg), "layernorm" in cfg.recompute_modules)
     mlp = _maybe_remat(lambda q, y: L.mlp(q, y, cfg), "mlp" in cfg.recompute_modules)
 
+    kl = None
     if "attn" in p or any(key in p for _, key, _ in RECURRENT):
-        x, cache = _mixer_half(p, x, i, ctx, cfg, cache, norm, sub, det)
+        x, cache, kl = _mixer_half(p, x, i, ctx, cfg, cache, norm, sub, det)
     stats = None
     if "mlp" in p or "moe" in p:
         mlp_in = x_in if cfg.parallel_residual else x
@@ -308,6 +359,8 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     if "layer_scalar" in p:   # Gemma 4: a checkpoint constant, so no gradient reaches it
         out = out * jax.lax.stop_gradient(p["layer_scalar"]).astype(out.dtype)
     out = constrain(out, *RESIDUAL)
+    if kl is not None:
+        stats = {**(stats or {}), "dsa": kl}
     if cache is not None:
         return out, stats, cache
     return out if stats is None else (out, stats)
@@ -321,8 +374,9 @@ RECURRENT = (("linear", "linear_attn", linear_attention_block), ("mamba", "mamba
 
 def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
     """The token-mixing half of layer i (softmax attention, Gated DeltaNet, Mamba or a short
-    convolution) with its norms and residual add: (x, cache)."""
+    convolution) with its norms and residual add: (x, cache, the DSA indexer's KL or None)."""
     h = norm(p["attn_norm"], x) if cfg.pre_norm else x
+    kl = None
     recurrent = [(n, key, block) for n, key, block in RECURRENT if key in p]
     if recurrent:
         (name, key, block), = recurrent
@@ -335,9 +389,8 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
         with jax.named_scope("attention"):
             kv = (None if cache is None else
                   {n: c for n, c in cache.items() if n not in [r[0] for r in RECURRENT]})
-            a = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, kv)
+            a, kv, kl = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, kv)
         if cache is not None:
-            a, kv = a
             cache = {**cache, **kv}
     if cfg.post_attention_norm:
         a = norm(p["post_attn_norm"], a)
@@ -346,7 +399,7 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
          ).astype(cfg.residual_dtype)
-    return x, cache
+    return x, cache, kl
 
 
 def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
@@ -483,13 +536,16 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
     ``layers`` (lo, hi): only those layers (a pipeline stage; ``stacks`` then hold just
     theirs, in order); ``shift`` (may be traced) is added to every layer index, so stages of the
     same shape share one traced body. The keys and values of KV sharing's storing layers
-    (their blocks run once) reach the sharing layers after them as arguments of their blocks."""
+    (their blocks run once) reach the sharing layers after them as arguments of their blocks.
+    In training with DSA indexer loss the stats carry ``dsa``: the indexers' KL summed over
+    the layers (models/dsa.py)."""
     kinds = layer_kinds(cfg)
     stores = store_kinds(cfg)
     axes = {k: layer_axes(cfg, k) for k in stacks}
     used = dict.fromkeys(stacks, 0)
     collected = []
     shared = {}
+    kl_total = jnp.float32(0.0)   # the DSA indexers' KL summed over the layers
 
     def layer(kind, p, h, i, store, u, kv):
         with jax.named_scope("decoder_layer"):
@@ -502,13 +558,15 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
         return (*out, {}) if isinstance(out, tuple) else (out, None, {})
 
     def unit(unit_kinds, unit_stores, ps, h, ids, us, kv):
-        stats, stored = [], {}
+        stats, stored, kl = [], {}, jnp.float32(0.0)
         for j, (kind, p) in enumerate(zip(unit_kinds, ps)):
             h, s, new = layer(kind, p, h, ids[j], unit_stores[j], None if us is None else us[j],
                               kv)
+            s, layer_kl = dsa.pop(s)
+            kl = kl if layer_kl is None else kl + layer_kl
             stats += [] if s is None else [s]
             stored.update(new)
-        return h, stats, stored
+        return h, stats, kl, stored
 
     for blk in _layer_blocks(cfg, *(layers or (0, None))):
         size = blk.units * blk.group
@@ -529,7 +587,7 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
         def step(h, xs, sig=sig, sig_stores=sig_stores, blk=blk, kv=dict(shared)):
             pb, ib, ub = xs
             cursor = dict.fromkeys(pb, 0)
-            stats, stored = [], {}
+            stats, stored, kl = [], {}, jnp.float32(0.0)
             for u in range(blk.units):
                 part = slice(u * blk.group, (u + 1) * blk.group)
                 ps = []
@@ -539,24 +597,29 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
                 fn = functools.partial(unit, sig[part], sig_stores[part])
                 if blk.policy is not NO_REMAT:
                     fn = jax.checkpoint(fn, policy=blk.policy, prevent_cse=not cfg.scan_layers)
-                h, s, new = fn(ps, h, ib[part], None if ub is None else ub[part], kv)
+                h, s, unit_kl, new = fn(ps, h, ib[part], None if ub is None else ub[part], kv)
                 stats += s
+                kl = kl + unit_kl
                 stored.update(new)
-            return h, (_stack(stats), stored)
+            return h, (_stack(stats), kl, stored)
 
         if cfg.scan_layers:
-            x, (ys, stored) = jax.lax.scan(step, x, (params, idx, us))
+            x, (ys, kls, stored) = jax.lax.scan(step, x, (params, idx, us))
         else:
-            outs, stored = [], {}
+            outs, kls, stored = [], [], {}
             for r in range(blk.reps):
-                x, (y, new) = step(x, jax.tree.map(lambda a: a[r], (params, idx, us)))
+                x, (y, kl, new) = step(x, jax.tree.map(lambda a: a[r], (params, idx, us)))
                 outs.append(y)
+                kls.append(kl)
                 stored = jax.tree.map(lambda a: a[None], new)
             ys = _stack(outs) if outs[0] is not None else None
         shared.update(jax.tree.map(lambda a: a[0], stored))   # storing blocks run once
+        kl_total = kl_total + jnp.sum(jnp.asarray(kls))
         if ys is not None:
             collected.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), ys))
     stats = jax.tree.map(lambda *a: jnp.concatenate(a), *collected) if collected else None
+    if dsa.trains_indexer(cfg) and not ctx["deterministic"]:
+        stats = {**(stats or {}), "dsa": kl_total}
     return x, stats
 
 

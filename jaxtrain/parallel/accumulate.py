@@ -28,7 +28,8 @@ def local_axes(layout, model_cfg, tcfg, has_moe: bool, has_quant_state: bool
     if layout is None or has_moe or has_quant_state or layout.mcfg.stage >= 3:
         return ()
     if tcfg.dpo is not None or tcfg.objective.weighted or tcfg.seco_chunk or getattr(
-            model_cfg, "mtp_num_layers", 0):   # metrics beside the loss: the general path
+            model_cfg, "mtp_num_layers", 0) or getattr(model_cfg, "dsa_loss_coeff", 0):
+        # metrics beside the loss (DPO, MTP, the DSA indexer's): the general path
         return ()
     shape = layout.mesh_shape
     if any(n > 1 for a, n in shape.items() if a not in BATCH_AXES):

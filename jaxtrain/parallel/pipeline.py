@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxtrain.fused_ce import head_params
 from jaxtrain.loss import hidden_loss, mtp_loss
-from jaxtrain.models import quant_state
+from jaxtrain.models import dsa, quant_state
 from jaxtrain.models.params import STACKS
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.models.spec import MOE_STACKS, layer_kinds
@@ -246,11 +246,13 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                embed_noise: float = 0.0, moe0=None, qstate=None, qon=None, objective=None,
                mtp_weights_MDBT=None):
     """(stage gradients {stack: [p, v, n_max, ...]}, shared gradients, Σ loss, Σ MoE
-    statistics, the stages' quantization state, Σ per-depth MTP losses [D] or None) of the
-    step's microbatches run by ``prog``. ``mtp_weights_MDBT``: each microbatch's
-    multi-token-prediction token weights (jaxtrain.step); the MTP modules run with the output
-    layer after the last stage, adding mtp_loss_scaling_factor times the mean over depths (and
-    an MoE MTP layer's router objective) to the loss they differentiate.
+    statistics, the stages' quantization state, Σ per-depth MTP losses [D] or None, Σ over
+    microbatches and layers of the DSA indexers' KL or None) of the step's microbatches run by
+    ``prog``; the indexers' objective joins each stage's loss as in the unpipelined step.
+    ``mtp_weights_MDBT``: each microbatch's multi-token-prediction token weights
+    (jaxtrain.step); the MTP modules run with the output layer after the last stage, adding
+    mtp_loss_scaling_factor times the mean over depths (and an MoE MTP layer's router
+    objective) to the loss they differentiate.
     ``qstate`` / ``qon``: the delayed-scaling state and first_last_layers_bf16 switches
     (:mod:`jaxtrain.models.quant_state`) split as :func:`stage_params`, or None; a stage's
     weight-gradient op (W, or the whole backward) moves its layers' state on, so each stage
@@ -298,18 +300,22 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                             moe_state=moe_state)
 
     def layers_fn(st: int, shift, on, moe_state, sp, q, x, micro, rng):
-        """((stage output, its MoE objective / M), router statistics or None)."""
+        """((stage output, its MoE and DSA indexer objectives / M), (router statistics or
+        None, the stage's DSA indexer KL or None))."""
         _, ctx = context(micro, rng, moe_state=moe_state)
         y, stats = _run_layers(quant_state.attach_stacks(sp, cfg, q, on), x, ctx, cfg,
                                layers=bounds[st], shift=shift)
+        stats, kl = dsa.pop(stats)
         aux = jnp.float32(0.0) if stats is None else jnp.sum(stats["objective"]) / M
-        return (y, aux), stats
+        if kl is not None:
+            aux = aux + dsa.loss_weight(cfg) * kl / M
+        return (y, aux), (stats, kl)
 
     def make_branch(kind: str, st: int):
         n = _layer_counts(cfg, bounds, st)
 
         def branch(carry, row, x_in, micro, rng, sp_all, on_all, scale):
-            xbuf, gbuf, gst, moe, qst, hist = carry
+            xbuf, gbuf, gst, moe, qst, hist, ind = carry
             c, gs, shift = row[2], row[4], row[5]
             moe_state = earlier(hist, row[1])
 
@@ -320,7 +326,8 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             sp, q = mine(sp_all), mine(qst)
             f = functools.partial(layers_fn, st, shift, mine(on_all), moe_state)
             if kind == "F":
-                (y, _), stats = f(sp, q, x_in, micro, rng)
+                (y, _), (stats, kl) = f(sp, q, x_in, micro, rng)
+                ind = ind if kl is None else ind + kl
                 if stats is not None:
                     moe = jax.tree.map(lambda acc, s: jax.lax.dynamic_update_slice_in_dim(
                         acc, jax.lax.dynamic_slice_in_dim(acc, row[7], s.shape[0]) + s,
@@ -328,7 +335,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                 if hist is not None and stats is not None:
                     hist = hist.at[row[1]].set(jax.lax.dynamic_update_slice_in_dim(
                         hist[row[1]], stats["aux_counts"], row[7], 0))
-                return (xbuf, gbuf, gst, moe, qst, hist), y.astype(x_in.dtype)
+                return (xbuf, gbuf, gst, moe, qst, hist, ind), y.astype(x_in.dtype)
             cot = (gbuf[gs], scale)
             if kind == "Bx":
                 _, vjp, _ = jax.vjp(lambda x: f(sp, q, x, micro, rng), x_in, has_aux=True)
@@ -347,7 +354,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             if qst is not None:
                 qst = {k: jax.tree.map(lambda acc, new: acc.at[c, :n[k]].set(new), qst[k],
                                        dq[k]) if k in dq else qst[k] for k in qst}
-            return (xbuf, gbuf, gst, moe, qst, hist), dx.astype(x_in.dtype)
+            return (xbuf, gbuf, gst, moe, qst, hist, ind), dx.astype(x_in.dtype)
 
         return branch
 
@@ -419,7 +426,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             return total, (loss, per_depth, stats)
 
         def tick(carry, xs):
-            xbuf, gbuf, gst, gsh, loss, moe, qst, hist, mtp_sum = carry
+            xbuf, gbuf, gst, gsh, loss, moe, qst, hist, mtp_sum, ind = carry
             rows_t, recv_t, flags_t = xs
             row, rcv = rows_t[rank], recv_t[rank]
             mb = row[1]
@@ -428,8 +435,8 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             x_emb, embed_vjp = jax.vjp(lambda e: context(micro, rng, e)[0].astype(dt), emb)
             x_in = jnp.where(row[6] == 1, x_emb, xbuf[row[3]])
             args = (row, x_in, micro, rng, sp_all, on_all, scale)
-            (xbuf, gbuf, gst, moe, qst, hist), out = run_op(
-                rows_t[:, 0], row[0], (xbuf, gbuf, gst, moe, qst, hist), args)
+            (xbuf, gbuf, gst, moe, qst, hist, ind), out = run_op(
+                rows_t[:, 0], row[0], (xbuf, gbuf, gst, moe, qst, hist, ind), args)
             # the output layer and loss after the last stage's forward (its gradient kept in
             # the stage's gradient slot), the embedding's backward after the first stage's
             mtp_rows = None if moe is None or not depths else jax.tree.map(
@@ -466,28 +473,29 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                     out, AXIS, [(i, (i + shift) % p) for i in range(p)])
                 xbuf = xbuf.at[rcv[ch, 0]].set(got)
                 gbuf = gbuf.at[rcv[ch, 1]].set(got)
-            return (xbuf, gbuf, gst, gsh, loss, moe, qst, hist, mtp_sum), None
+            return (xbuf, gbuf, gst, gsh, loss, moe, qst, hist, mtp_sum, ind), None
 
         # global_aux_loss: each microbatch's counts per MoE layer, written by the stages' F
         hist = (jnp.zeros((M, *moe["aux_counts"].shape), jnp.float32)
                 if moe is not None and "aux_counts" in moe else None)
         carry = (xbuf, gbuf, gst, gsh, jnp.float32(0.0), moe, qst, hist,
-                 jnp.zeros((depths,), jnp.float32))
-        (_, _, gst, gsh, loss, moe, qst, _, mtp_sum), _ = jax.lax.scan(
+                 jnp.zeros((depths,), jnp.float32), jnp.float32(0.0))
+        (_, _, gst, gsh, loss, moe, qst, _, mtp_sum, ind), _ = jax.lax.scan(
             tick, carry, (rows, recv, flags))
-        gsh, loss, moe, mtp_sum = jax.lax.psum((gsh, loss, moe, mtp_sum), AXIS)
-        return jax.tree.map(lambda a: a[None], (gst, qst)) + (gsh, loss, moe, mtp_sum)
+        gsh, loss, moe, mtp_sum, ind = jax.lax.psum((gsh, loss, moe, mtp_sum, ind), AXIS)
+        return jax.tree.map(lambda a: a[None], (gst, qst)) + (gsh, loss, moe, mtp_sum, ind)
 
     spec = P(AXIS)
     staged = lambda tree: jax.tree.map(lambda _: spec, tree)  # noqa: E731
-    gst, qst, gsh, loss, moe, mtp_sum = jax.shard_map(
+    gst, qst, gsh, loss, moe, mtp_sum, ind = jax.shard_map(
         run, mesh=layout.mesh,
         in_specs=(staged(stacks), P(), P(), staged(qstate), staged(qon), P(), P(), P(), P(),
                   P(), P(), P(), P()),
-        out_specs=(staged(stacks), staged(qstate), P(), P(), P(), P()),
+        out_specs=(staged(stacks), staged(qstate), P(), P(), P(), P(), P()),
         axis_names={AXIS}, check_vma=False)(
             stacks, shared, moe0, qstate, qon, batch, weights_MBT, step_rng,
             jnp.asarray(scale, jnp.float32), jnp.asarray(prog.rows), jnp.asarray(prog.recv),
             jnp.asarray(prog.flags),
             mtp_weights_MDBT if depths else jnp.zeros((0,), jnp.float32))
-    return gst, gsh, loss, moe, qst, (mtp_sum if depths else None)
+    return (gst, gsh, loss, moe, qst, (mtp_sum if depths else None),
+            ind if dsa.trains_indexer(cfg) else None)

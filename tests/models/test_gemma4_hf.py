@@ -70,6 +70,7 @@ def test_parity_and_round_trip(case, tmp_path):
     assert cfg.global_kv_channels == 16
 
 
+@pytest.mark.slow
 def test_small_models_share_keys_and_values(tmp_path):
     """E2B-like: the sharing layers are stacks of their own without key/value weights (their
     MLP twice as wide), the storing layers are the last sliding and last global layer before
@@ -207,6 +208,7 @@ def test_greedy_decode_matches_transformers(case, tmp_path):
     check_greedy_decode(_model(case, tmp_path / "hf"), tmp_path / "hf")
 
 
+@pytest.mark.slow
 def test_small_model_left_padded_decode(tmp_path):
     _model("small_e4b_like", tmp_path / "hf")
     check_left_padded_decode(*reversed(from_hf(tmp_path / "hf")))

@@ -50,6 +50,7 @@ def test_greedy_decode_matches_transformers(tmp_path):
     check_greedy_decode(_model("moe", tmp_path / "hf"), tmp_path / "hf")
 
 
+@pytest.mark.slow
 def test_packed_documents_and_left_padded_decoding(tmp_path):
     _model("dense_q_lora", tmp_path / "hf")
     cfg, params = from_hf(tmp_path / "hf")

@@ -78,6 +78,7 @@ def test_mtp_knobs_in_training(tmp_path):
     assert abstract(cfg)["mtp"]["eh_proj"].shape == (64, 1, 32)   # [2D, depths, D]
 
 
+@pytest.mark.slow
 def test_factor_zero_leaves_the_main_gradients_of_the_plain_model():
     """With mtp_loss_scaling_factor 0 the decoder's gradients are those of the model without
     MTP (the MTP modules only read it)."""

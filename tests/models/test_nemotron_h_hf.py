@@ -112,6 +112,7 @@ def test_chunk_size_does_not_change_the_model():
         assert max_diff(forward(p, tokens(), other), ref) <= 1e-5
 
 
+@pytest.mark.slow
 def test_left_padded_prompts_decode_as_alone(tmp_path):
     _model("nemotron_h", tmp_path)
     cfg, params = from_hf(tmp_path)

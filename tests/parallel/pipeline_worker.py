@@ -135,6 +135,15 @@ LAYOUTS["mtp_pp2_standalone"] = [*MTP, PP2, "pipeline_model_parallel_layout=Et|t
 LAYOUTS["mtp_moe_global"] = [*MTP, *MOE_GLOBAL, "moe_layer_freq=1"]
 LAYOUTS["mtp_moe_global_pp2"] = [*LAYOUTS["mtp_moe_global"], PP2, "micro_batch_size=2"]
 LAYOUTS["lfm"] = LFM
+# DeepSeek sparse attention: 4 of the 8 tokens kept per query, the indexer's KL loss trained
+DSA = ["multi_latent_attention=true", "group_query_attention=false", "q_lora_rank=16",
+       "kv_lora_rank=16", "qk_head_dim=8", "qk_pos_emb_head_dim=8", "v_head_dim=8",
+       "experimental_attention_variant=dsa", "dsa_indexer_n_heads=4", "dsa_indexer_head_dim=16",
+       "dsa_indexer_topk=4", "dsa_indexer_loss_coeff=0.1", "init_method_std=0.3"]
+LAYOUTS |= {"dsa": DSA, "dsa_tp2": [*DSA, "tensor_model_parallel_size=2"],
+            "dsa_pp2": [*DSA, PP2],
+            "dsa_pp2_vpp2_tp2": [*DSA, PP2, "virtual_pipeline_model_parallel_size=2",
+                                 "tensor_model_parallel_size=2"]}
 LAYOUTS["lfm_pp2_vpp2_tp2"] = [*LFM, PP2, "virtual_pipeline_model_parallel_size=2",
                                "tensor_model_parallel_size=2"]
 LAYOUTS |= {
@@ -261,7 +270,7 @@ def grads(name: str) -> dict:
 
         sp, shared = split(params)
         with layout.activations():
-            gst, gsh, loss, _, _, _ = pipeline.accumulate(
+            gst, gsh, loss, _, _, _, _ = pipeline.accumulate(
                 prog, layout, cfg, stacks=sp, shared=shared, batch=batch, weights_MBT=w,
                 step_rng=rng, scale=1.0, num_chunks=1, half_precision=False,
                 accum_dtype=jnp.float32, moe0=moe.zero_stats(cfg))
@@ -301,7 +310,8 @@ def train(workdir: pathlib.Path, name: str) -> dict:
     run = loop.build(cfg, jax.devices(), materialize=False)
     stack = next(k for k in ("layers", "attention_layers", "moe_layers", "conv_layers")
                  if k in run.shardings.params)
-    spec = run.shardings.params[stack]["attn"]["wq"].spec
+    attn = run.shardings.params[stack]["attn"]
+    spec = attn.get("wq", attn.get("wq_b")).spec
     loop.train(cfg, devices=jax.devices())
     rows = (_rows(workdir / name) if not delayed else   # saving: the run directory is ckpt
             [json.loads(r) for r in (ckpt / "metrics.jsonl").read_text().splitlines()])
@@ -318,6 +328,7 @@ def train(workdir: pathlib.Path, name: str) -> dict:
             "moe_aux_loss": [r.get("moe_aux_loss") for r in rows],
             "moe_global_aux_loss": [r.get("moe_global_aux_loss") for r in rows],
             "mtp_losses": [[r.get("mtp_1_loss"), r.get("mtp_2_loss")] for r in rows],
+            "indexer_loss": [r.get("indexer_loss") for r in rows],
             "wq_spec": [list(a) if isinstance(a, tuple) else a for a in spec],
             "mesh": dict(run.layout.mesh.shape)}
 

@@ -296,6 +296,7 @@ def test_mamba_hybrid_splits_its_heads_without_changing_the_losses(tmp_path):
         assert "tensor" in json.dumps(spec), leaf
 
 
+@pytest.mark.slow
 def test_small_gemma4_splits_without_changing_the_losses(tmp_path):
     """Gemma 4 small (per-layer inputs, KV sharing, double-wide MLPs) under TP 2 with SP, FSDP
     and each layer recomputed trains with the one-device losses; the per-layer gates split over

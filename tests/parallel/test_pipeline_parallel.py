@@ -576,6 +576,19 @@ def test_multi_token_prediction_pipelines_like_one_stage(tmp_path):
 
 
 @pytest.mark.slow
+def test_deepseek_sparse_attention_pipelines_like_one_stage(tmp_path):
+    """DeepSeek sparse attention with its indexer loss (experimental_attention_variant dsa,
+    dsa_indexer_loss_coeff 0.1; 4 of 8 keys kept): TP 2, PP 2 and PP 2 x VPP 2 x TP 2 train
+    with one device's losses, grad norms and indexer losses."""
+    runs = _worker(tmp_path, "train:dsa,dsa_tp2,dsa_pp2,dsa_pp2_vpp2_tp2")[0]
+    want = runs["dsa"]
+    assert all(v > 0 for v in want["indexer_loss"])
+    for name in ("dsa_tp2", "dsa_pp2", "dsa_pp2_vpp2_tp2"):
+        for key in ("losses", "grad_norms", "indexer_loss"):
+            assert runs[name][key] == pytest.approx(want[key], rel=2e-6), (name, key)
+
+
+@pytest.mark.slow
 def test_lfm2_short_convolutions_pipeline_like_one_stage(tmp_path):
     """LFM2's layers (short convolutions with biases, attention, MoE after the first layer)
     under PP 2 x VPP 2 x TP 2 train with PP 1's losses and grad norms."""

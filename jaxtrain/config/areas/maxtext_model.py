@@ -42,6 +42,8 @@ _DEEPSEEK = "decoder_block deepseek; refused with the other blocks, which do not
 _REMAT = ("remat_policy custom: MaxText's checkpoint name for {what}; jaxtrain's layer does not "
           "tag that tensor yet, so only remat (recompute) is available")
 _REMAT_CHOICES = ("remat", "device", "offload")
+_INDEXER = ("DeepSeek sparse attention on every multi-latent attention layer (models/dsa.py; "
+            "from_knobs._dsa_fields)")
 
 KNOBS = [
     # --- size and shape details of other blocks ---
@@ -138,26 +140,29 @@ KNOBS = [
     K("moba_topk", "int", 8, "MoBA: chunks each query selects.", _MT, issue=None),
 
     # --- DeepSeek sparse attention (V3.2 indexer) ---
-    _family("use_indexer", "bool", False, "DeepSeek V3.2 sparse attention: a light indexer "
-            "scores past tokens and each query attends to its top-k of them.",
-            "DeepSeek V3.2 MLA with indexer"),
-    _family("indexer_head_dim", "int", 128, "Indexer: width of its query/key heads.",
-            "DeepSeek V3.2 indexer"),
-    _family("indexer_n_heads", "int", 64, "Indexer: number of its query heads.",
-            "DeepSeek V3.2 indexer"),
-    _family("indexer_topk", "int", 2048, "Indexer: tokens each query keeps.",
-            "DeepSeek V3.2 indexer"),
-    _family("indexer_use_approx_top_k", "bool", False, "Indexer: pick the top-k with the "
-            "approximate (TPU) top-k instead of the exact one.", "DeepSeek V3.2 indexer"),
-    _family("indexer_approx_top_k_recall", "float", 0.95, "Indexer: recall target of the "
-            "approximate top-k.", "DeepSeek V3.2 indexer"),
-    _family("indexer_mask_exact_topk", "bool", True, "Indexer: break ties so that exactly k "
-            "tokens stay visible; false thresholds and may keep more.", "DeepSeek V3.2 indexer"),
-    _family("indexer_sparse_training", "bool", False, "Indexer loss over the top-k tokens with "
-            "the indexer input detached (sparse stage); false: over all tokens (dense warm-up).",
-            "DeepSeek V3.2 indexer"),
-    _family("indexer_loss_scaling_factor", "float", 0.0, "Weight of the indexer's KL loss "
-            "against the main attention; 0 adds none.", "DeepSeek V3.2 indexer"),
+    K("use_indexer", "bool", False, "DeepSeek V3.2 sparse attention: a light indexer scores past "
+      "tokens and each query attends to its top-k of them.", _MT, HONORED, _INDEXER + "; "
+      "refused with experimental_attention_variant dsa, Megatron's switch for it"),
+    K("indexer_head_dim", "int", 128, "Indexer: width of its query/key heads.", _MT, HONORED,
+      _INDEXER),
+    K("indexer_n_heads", "int", 64, "Indexer: number of its query heads.", _MT, HONORED,
+      _INDEXER),
+    K("indexer_topk", "int", 2048, "Indexer: tokens each query keeps.", _MT, HONORED, _INDEXER),
+    K("indexer_use_approx_top_k", "bool", False, "Indexer: pick the top-k with the approximate "
+      "(TPU) top-k instead of the exact one.", _MT, HONORED, _INDEXER + ": lax.approx_max_k "
+      "(exact off TPU)"),
+    K("indexer_approx_top_k_recall", "float", 0.95, "Indexer: recall target of the approximate "
+      "top-k.", _MT, HONORED, _INDEXER + ": approx_max_k's recall_target"),
+    K("indexer_mask_exact_topk", "bool", True, "Indexer: break ties so that exactly k tokens "
+      "stay visible; false thresholds and may keep more.", _MT, HONORED, _INDEXER),
+    K("indexer_sparse_training", "bool", False, "Indexer loss over the top-k tokens with the "
+      "indexer input detached (sparse stage); false: over all tokens (dense warm-up).", _MT,
+      HONORED, _INDEXER + ": the KL over the selected keys only (the indexer's inputs are "
+      "detached in both stages)"),
+    K("indexer_loss_scaling_factor", "float", 0.0, "Weight of the indexer's KL loss against the "
+      "main attention; 0 adds none.", _MT, HONORED, _INDEXER + ": the layers' KL averaged, "
+      "times this, joins the objective (also when the sequence is no longer than indexer_topk, "
+      "where MaxText's indexer is bypassed and gets no gradient)"),
     K("mla_qk_head_chunk_size", "int", 0, "Compute the indexer's query-key product a chunk of "
       "heads at a time to save memory; 0 does all heads at once.", _MT, INERT,
       "a memory/time trade-off of how the product is evaluated; " + _NO_VALUE_CHANGE),

@@ -16,6 +16,8 @@ _MTP = ("multi-token prediction (models/mtp.py; train step: step._mtp_weights; u
         "pipeline parallelism the modules run with the output layer after the last stage)")
 _GDN = ("with experimental_attention_variant gdn: the Gated DeltaNet layers "
         "(models/linear_attention.py)")
+_DSA = ("with experimental_attention_variant dsa: DeepSeek sparse attention on every "
+        "multi-latent attention layer (models/dsa.py)")
 _GDN_ALIAS = "MaxText's name for it in its qwen3_next and qwen3_5 blocks"
 # Megatron-LM arguments that MaxText's base.yml has too; MaxText files default to base.yml's value.
 _LM = ("megatron-lm", "maxtext")
@@ -65,8 +67,9 @@ KNOBS = [
       "gdn/gdn2 (Gated DeltaNet linear attention) or dsa (DeepSeek sparse attention); "
       "gated_delta_net is the old name of gdn.", _LP, HONORED,
       "gdn: Gated DeltaNet layers (models/linear_attention.py, kernels/gated_delta) where "
-      "linear_attention_freq says", choices=("gdn", "gdn2", "dsa", "gated_delta_net"),
-      planned_values={"gdn2": 25, "dsa": 25}),
+      "linear_attention_freq says; dsa: the DeepSeek-V3.2 indexer on every multi-latent "
+      "attention layer (models/dsa.py)", choices=("gdn", "gdn2", "dsa", "gated_delta_net"),
+      planned_values={"gdn2": 25}),
     K("flash_attention_version", "int", None, "Pin the FlashAttention generation (2, 3 or 4) of "
       "the training and inference attention; null lets each path pick.", _L, INERT,
       "selects among CUDA FlashAttention library generations; jaxtrain's attention kernels are "
@@ -149,31 +152,36 @@ KNOBS = [
 
     # --- DeepSeek sparse attention (DSA) indexer ---
     K("dsa_indexer_n_heads", "int", None, "Heads of the DeepSeek sparse-attention indexer that "
-      "scores which earlier tokens each query attends to.", _L),
-    K("dsa_indexer_head_dim", "int", None, "Width of each DSA indexer head.", _L),
+      "scores which earlier tokens each query attends to.", _L, HONORED, _DSA),
+    K("dsa_indexer_head_dim", "int", None, "Width of each DSA indexer head.", _L, HONORED, _DSA),
     K("dsa_indexer_topk", "int", None, "Tokens each query keeps from the DSA indexer's ranking.",
-      _L),
+      _L, HONORED, _DSA + "; a query with fewer visible keys keeps them all"),
     K("dsa_indexer_topk_freq", "int", 1, "Compute the DSA top-k every N layers and share it with "
-      "the layers in between; 1 computes it in every layer.", _L),
+      "the layers in between; 1 computes it in every layer.", _L, issue=25),
     K("dsa_indexer_skip_topk_offset", "int", 0, "Layer offset of the cross-layer top-k sharing "
-      "(dsa_indexer_topk_freq).", _L),
+      "(dsa_indexer_topk_freq).", _L, issue=25),
     K("dsa_indexer_loss_coeff", "float", None, "Weight of the KL loss that trains the DSA indexer "
-      "to match the attention distribution; 0 turns it off.", _L),
+      "to match the attention distribution; 0 turns it off.", _L, HONORED, _DSA + ": each "
+      "layer's KL(summed attention probabilities || indexer softmax), a mean over the "
+      "microbatch's rows, times this, summed over layers into the objective; logged as "
+      "indexer_loss (the layers' mean)"),
     K("dsa_indexer_use_sparse_loss", "bool", False, "Compute the DSA indexer loss only over the "
-      "selected top-k tokens.", _L),
+      "selected top-k tokens.", _L, HONORED, _DSA + ": both distributions of the KL restricted "
+      "to the selected keys"),
     K("dsa_kernel_backend", "str", "none", "Fused DSA kernels to use: none, tilelang or cudnn; "
       "other layouts fall back to PyTorch.", _L, INERT, _KERNEL,
       choices=("none", "tilelang", "cudnn")),
     K("dsa_indexer_rope_interleaved", "bool", False, "Apply the DSA indexer's rotary embedding to "
-      "interleaved channel pairs, as MLA does.", _L),
+      "interleaved channel pairs, as MLA does.", _L, HONORED, _DSA),
     K("dsa_indexer_rotate_activation", "bool", True, "Hadamard-rotate indexer queries and keys "
-      "before scoring.", _L),
+      "before scoring.", _L, INERT, "an orthonormal rotation of both queries and keys leaves "
+      "every indexer score unchanged; Megatron needs it for its FP8 scoring kernels only"),
     K("dsa_indexer_scoring_relu", "bool", True, "Apply ReLU to the indexer's query-key scores "
-      "before weighting them per head.", _L),
+      "before weighting them per head.", _L, HONORED, _DSA),
     K("dsa_indexer_k_norm_epsilon", "float", None, "Epsilon of the indexer key LayerNorm; null "
-      "uses the model's norm epsilon.", _L),
+      "uses the model's norm epsilon.", _L, HONORED, _DSA),
     K("dsa_indexer_k_norm_fp32", "bool", False, "Run the indexer key LayerNorm on float32 "
-      "inputs.", _L),
+      "inputs.", _L, INERT, "jaxtrain's norms compute in float32 whatever their input dtype"),
 
     # --- linear attention (Gated DeltaNet) and hybrid models ---
     K("linear_attention_freq", "int|list[int]|str", None, "Mix of linear-attention and softmax "

@@ -55,11 +55,12 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "max_position_embeddings": 131072, "query_pre_attn_scalar": 256,
                             "hidden_activation": "gelu_pytorch_tanh"}}
 FAMILIES = (LLAMA_LIKE + ("phi3", "smollm3", "granite", "gpt2", "gpt_neox", "deepseek_v3",
+                          "deepseek_v32",
                           "kimi_linear", "gpt_oss") + MOE + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4
             + ("nemotron_h", "mamba2", "lfm2", "lfm2_moe", "granitemoehybrid") + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("gemma3n", "gemma3n_text",
-           "deepseek_v2", "deepseek_v32", "deepseek_v4", "kimi_k2", "olmo",
+           "deepseek_v2", "deepseek_v4", "kimi_k2", "olmo",
            "phi", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "jamba", "starcoder2",
            "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
@@ -513,6 +514,36 @@ def _deepseek_v3(hf: dict) -> dict:
     if not math.isclose(theirs, ours, rel_tol=1e-9):
         raise bad("rope_parameters", rp, "the softmax scale's mscale_all_dim needs YaRN with "
                   "both mscale and mscale_all_dim (and no other attention_factor)")
+    return out
+
+
+def _deepseek_v32(hf: dict) -> dict:
+    """DeepSeek-V3.2: DeepSeek-V3 (always with a query latent and interleaved MLA RoPE) plus
+    the sparse-attention indexer on every layer (index_n_heads x index_head_dim, index_topk
+    keys kept; half-split RoPE, ReLU scores, a LayerNorm of epsilon 1e-6 on its key). Missing
+    fields take DeepseekV32Config's defaults; mlp_layer_types may place the MoE layers."""
+    defaults = dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                    moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
+                    n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5,
+                    kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
+                    qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8,
+                    max_position_embeddings=163840, rms_norm_eps=1e-6, index_topk=2048,
+                    index_head_dim=128, index_n_heads=64, first_k_dense_replace=3)
+    hf = {**defaults, **{k: v for k, v in hf.items() if v is not None}}
+    hf.pop("rope_interleave", None)   # the class has no such field: MLA always interleaves
+    n = hf["num_hidden_layers"]
+    mlp = hf.get("mlp_layer_types") or ["dense" if i < hf["first_k_dense_replace"] else "sparse"
+                                        for i in range(n)]
+    if sorted(set(mlp) - {"dense", "sparse"}) or len(mlp) != n:
+        raise bad("mlp_layer_types", mlp, f"expected {n} entries of dense or sparse")
+    out = _deepseek_v3({**hf, "first_k_dense_replace": n})
+    if "sparse" in mlp:
+        out.update(_deepseek_moe({**hf, "first_k_dense_replace": 0}))
+        out["moe_layer_freq"] = [int(t == "sparse") for t in mlp]
+    out.update(experimental_attention_variant="dsa", dsa_indexer_n_heads=hf["index_n_heads"],
+               dsa_indexer_head_dim=hf["index_head_dim"], dsa_indexer_topk=hf["index_topk"],
+               dsa_indexer_k_norm_epsilon=1e-6, dsa_indexer_rope_interleaved=False,
+               dsa_indexer_scoring_relu=True)
     return out
 
 
@@ -1195,7 +1226,7 @@ def text_config(hf: dict) -> dict:
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     **{f: _llama for f in LLAMA_LIKE + MOE}, "phi3": _phi3, "smollm3": _smollm3,
     "granite": _granite, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
-    "deepseek_v3": _deepseek_v3, "kimi_linear": _kimi_linear,
+    "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32, "kimi_linear": _kimi_linear,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
     **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,
     "nemotron_h": _nemotron_h, "mamba2": _mamba2, "lfm2": _lfm2, "lfm2_moe": _lfm2,

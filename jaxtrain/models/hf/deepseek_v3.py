@@ -4,6 +4,8 @@ then MoE layers: sigmoid scores, experts chosen on score + e_score_correction_bi
 expert_bias leaf) within the best topk_group of n_group groups (a group scored by the sum of its
 top-2 biased scores), the unbiased scores of the chosen experts renormalised and scaled by
 routed_scaling_factor, gating in fp32, plus n_shared_experts always-on shared experts.
+DeepSeek-V3.2 (``deepseek_v32``) adds the sparse-attention indexer to every layer
+(``self_attn.indexer.{wq_b,wk,k_norm,weights_proj}``; models/dsa.py).
 
 Legend: D hidden, N heads, Hn/Hv the no-RoPE q/k and value head widths, Hq = Hn + P, P the RoPE
 width, Rkv the kv latent rank.
@@ -23,13 +25,15 @@ from jaxtrain.models.moe import group_score_topk, moe_pattern
 from jaxtrain.models.params import layer_slots, layer_tree
 from jaxtrain.models.spec import MOE_STACK
 
-ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
+ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
 EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 MLP_NAMES = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
 
 
 def picks(cfg: ModelConfig) -> str | None:
-    return "deepseek_v3" if cfg.multi_latent_attention else None
+    if not cfg.multi_latent_attention:
+        return None
+    return "deepseek_v32" if cfg.dsa_index_heads else "deepseek_v3"
 
 
 # ---------------------------------------------------------------- tensors in
@@ -104,6 +108,13 @@ def mla_in(t: Tensors, pre: str, cfg, q_order=None, kv_order=None) -> dict:
     attn.update(wkv_a=kv_a if kv_order is None else kv_a[:, kv_order],
                 kv_a_norm={"scale": t(pre + "kv_a_layernorm.weight")},
                 wk_b=kv_b[..., :Hn], wv_b=kv_b[..., Hn:], wo=w("o_proj").reshape(N, Hv, D))
+    if cfg.dsa_index_heads:
+        ix = pre + "indexer."
+        attn["indexer"] = {
+            "wq_b": w("indexer.wq_b").reshape(-1, cfg.dsa_index_heads, cfg.dsa_index_head_dim),
+            "wk": w("indexer.wk"),
+            "k_norm": {"scale": t(ix + "k_norm.weight"), "bias": t(ix + "k_norm.bias")},
+            "weights_proj": w("indexer.weights_proj")}
     return attn
 
 
@@ -122,6 +133,13 @@ def mla_out(a: dict, pre: str, cfg) -> dict[str, np.ndarray]:
     out[pre + "kv_a_layernorm.weight"] = norm_scale(a["kv_a_norm"], cfg)
     out[pre + "kv_b_proj.weight"] = hf_linear(np.concatenate([a["wk_b"], a["wv_b"]], -1))
     out[pre + "o_proj.weight"] = np.asarray(a["wo"]).reshape(-1, cfg.hidden_size).T
+    if "indexer" in a:
+        ix = a["indexer"]
+        out[pre + "indexer.wq_b.weight"] = hf_linear(ix["wq_b"])
+        out[pre + "indexer.wk.weight"] = hf_linear(ix["wk"])
+        out[pre + "indexer.k_norm.weight"] = np.asarray(ix["k_norm"]["scale"])
+        out[pre + "indexer.k_norm.bias"] = np.asarray(ix["k_norm"]["bias"])
+        out[pre + "indexer.weights_proj.weight"] = hf_linear(ix["weights_proj"])
     return out
 
 
@@ -186,9 +204,24 @@ def problems(cfg: ModelConfig, family: str = "deepseek_v3") -> dict:
             cfg.mla_latent_norm_epsilon or cfg.norm_epsilon, 1e-6),
         "yarn_mscale_all_dim": not math.isclose(
             hf_softmax, mscale(cfg.yarn_scaling_factor, cfg.yarn_mscale_all_dim)),
-        **gemma_problems(cfg), **llama4_problems(cfg),
+        **gemma_problems(cfg), **llama4_problems(cfg), **_dsa_problems(cfg, family),
     }
     return out if cfg.moe is None else {**out, **_moe_problems(cfg)}
+
+
+def _dsa_problems(cfg: ModelConfig, family: str) -> dict:
+    """DeepSeek-V3 has no indexer; V3.2's scores half-split RoPE with ReLU, a 1e-6 key norm
+    and the exact top-k (the indexer's training knobs are not checked)."""
+    if family != "deepseek_v32":
+        return {"dsa_index_heads": bool(cfg.dsa_index_heads)}
+    eps = cfg.norm_epsilon if cfg.dsa_k_norm_epsilon is None else cfg.dsa_k_norm_epsilon
+    return {"dsa_index_heads": not cfg.dsa_index_heads,
+            "q_lora_rank": cfg.q_lora_rank is None,
+            "dsa_rope_interleaved": cfg.dsa_rope_interleaved,
+            "dsa_scoring_relu": not cfg.dsa_scoring_relu,
+            "dsa_k_norm_epsilon": not math.isclose(eps, 1e-6),
+            "dsa_exact_topk": not cfg.dsa_exact_topk,
+            "dsa_approx_topk_recall": cfg.dsa_approx_topk_recall is not None}
 
 
 def _moe_problems(cfg: ModelConfig) -> dict:
@@ -219,10 +252,13 @@ def config(cfg: ModelConfig, family: str = "deepseek_v3") -> dict:
             "intermediate_size": cfg.ffn_hidden_size, **_moe_config(cfg),
             "q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank,
             "qk_nope_head_dim": cfg.qk_head_dim, "qk_rope_head_dim": cfg.qk_pos_emb_head_dim,
-            "v_head_dim": cfg.v_head_dim, "rope_interleave": True, "attention_bias": False,
+            "v_head_dim": cfg.v_head_dim, "attention_bias": False,
+            **({} if family == "deepseek_v32" else {"rope_interleave": True}),
             "max_position_embeddings": cfg.max_position_embeddings,
             "rms_norm_eps": cfg.norm_epsilon, "hidden_act": ACT_HF[cfg.activation],
-            "attention_dropout": cfg.attention_dropout, **rope_config(cfg)}
+            "attention_dropout": cfg.attention_dropout, **rope_config(cfg),
+            **({"index_n_heads": cfg.dsa_index_heads, "index_head_dim": cfg.dsa_index_head_dim,
+                "index_topk": cfg.dsa_index_topk} if family == "deepseek_v32" else {})}
 
 
 def _moe_config(cfg: ModelConfig) -> dict:
