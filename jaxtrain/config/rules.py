@@ -185,6 +185,10 @@ def sparse_attention(c: Context):
         c.error(f"{c.where('use_indexer')} and {c.where('experimental_attention_variant')} both "
                 "switch on DeepSeek sparse attention (MaxText's and Megatron's names); set one")
     feature = f"DeepSeek sparse attention ({by})"
+    if (c.get("dsa_indexer_topk_freq") or 1) > 1 and c.get("mtp_num_layers"):
+        c.error(f"not implemented yet: mtp_num_layers {c.get('mtp_num_layers')} with "
+                f"{c.where('dsa_indexer_topk_freq')}: the multi-token-prediction layers do not "
+                "take part in index sharing")
     _not_yet(c, feature, (
         ("context_parallel_size", "the indexer ranks every earlier key of the whole sequence, "
                                   "which context parallelism splits"),

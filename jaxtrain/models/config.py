@@ -252,6 +252,9 @@ class ModelConfig:
     dsa_loss_coeff: float = 0.0
     dsa_sparse_loss: bool = False
     dsa_loss_layer_mean: bool = False
+    # per layer, True: the layer has no indexer and attends to the keys the last computing layer
+    # before it selected (GLM-5's index sharing, Megatron's dsa_indexer_topk_freq); None: none
+    dsa_shared_layers: tuple[bool, ...] | None = None
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"
@@ -325,6 +328,9 @@ class ModelConfig:
         if self.linear_attention_layers is not None:
             layers = tuple(bool(b) for b in self.linear_attention_layers)
             put("linear_attention_layers", layers if any(layers) else None)
+        if self.dsa_shared_layers is not None:
+            layers = tuple(bool(b) for b in self.dsa_shared_layers)
+            put("dsa_shared_layers", layers if any(layers) else None)
         if self.short_conv_layers is not None:
             layers = tuple(bool(b) for b in self.short_conv_layers)
             put("short_conv_layers", layers if any(layers) else None)
@@ -388,6 +394,9 @@ class ModelConfig:
               "must be positive")
         if self.multi_latent_attention:
             self._validate_mla(check)
+        check(self.dsa_shared_layers is None or self.dsa_index_heads, "dsa_indexer_topk_freq",
+              "index sharing needs DeepSeek sparse attention (experimental_attention_variant "
+              "dsa)")
         check(not self.dsa_index_heads or self.multi_latent_attention,
               "experimental_attention_variant",
               "dsa (DeepSeek sparse attention) needs multi_latent_attention")
@@ -490,6 +499,11 @@ class ModelConfig:
         check(self.dsa_loss_coeff >= 0, "dsa_indexer_loss_coeff", "must not be negative")
         check(self.sliding_window is None, "sliding_window",
               "not built with DeepSeek sparse attention")
+        shared = self.dsa_shared_layers
+        if shared is not None:
+            check(len(shared) == self.num_layers and not shared[0], "dsa_indexer_topk_freq",
+                  f"index sharing needs one entry per layer ({self.num_layers}) and a first "
+                  "layer that computes its own selection")
 
     def _validate_global(self, check):
         """Gemma 4's global layers: a RoPE model of softmax layers, the query heads in whole

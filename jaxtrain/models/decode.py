@@ -201,6 +201,10 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
     by_group.update({g: cache[g] for g in _GROUPS if g in cache})
     cache_used = dict.fromkeys(by_group, 0)
     pieces = {g: [] for g in by_group}
+    B, T = x.shape[:2]
+    S = by_group["attn"]["k"].shape[2] if "q_offset" in ctx else T
+    sel = (jnp.zeros((B, T, S), bool)   # DSA index sharing: the last layer's selection
+           if cfg.dsa_shared_layers and S > cfg.dsa_index_topk else None)
     for off, period, reps in _periodic_runs(list(zip(kinds, stores))):
         sig = kinds[off:off + period]
         sig_stores = stores[off:off + period] if reps == 1 else (None,) * period
@@ -221,7 +225,8 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
         idx = jnp.arange(off, off + reps * period).reshape(reps, period)
         us = per_layer_slices(ctx, off, period, reps)
 
-        def step(h, xs, sig=sig, groups=groups, sig_stores=sig_stores, kv=dict(shared)):
+        def step(carry, xs, sig=sig, groups=groups, sig_stores=sig_stores, kv=dict(shared)):
+            h, sel = carry
             pb, cb, ib, ub = xs
             cursor = dict.fromkeys(list(pb) + list(cb), 0)
             out = {g: [] for g in cb}
@@ -234,30 +239,36 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
                 if g is not None:
                     cursor[g] += 1
 
-                def call(p, h, layer_cache, i, u, kv, kind=kind, g=g, store=store):
+                def call(p, h, layer_cache, i, u, kv, sel, kind=kind, g=g, store=store):
                     layer_cache = ({} if g is None else {g: layer_cache} if g in _STATES
                                    else layer_cache)
                     lctx = layer_context(ctx, kind, i, store, u, kv, cfg)
+                    if sel is not None:
+                        lctx = {**lctx, "dsa_keep": sel}
                     return decoder_layer(gather_weights(p, axes[kind]), h, i, lctx, cfg,
                                          cache=layer_cache)
 
                 if remat:
                     call = jax.checkpoint(call, policy=jax.checkpoint_policies.nothing_saveable)
-                h, _, c = call(p, h, layer_cache, ib[j], None if ub is None else ub[j], kv)
+                h, stats, c = call(p, h, layer_cache, ib[j], None if ub is None else ub[j], kv,
+                                   sel)
+                if stats and stats.get("dsa_keep") is not None:
+                    sel = stats["dsa_keep"]
                 if store:
                     c = dict(c)
                     stored[store] = c.pop("shared_kv")
                 if g is not None:
                     out[g].append(c[g] if g in _STATES else c)
-            return h, ({g: jax.tree.map(lambda *a: jnp.stack(a), *cs_) for g, cs_ in out.items()},
-                       stored)
+            return (h, sel), ({g: jax.tree.map(lambda *a: jnp.stack(a), *cs_)
+                               for g, cs_ in out.items()}, stored)
 
         if cfg.scan_layers:
-            x, (ys, stored) = jax.lax.scan(step, x, (ps, cs, idx, us))
+            (x, sel), (ys, stored) = jax.lax.scan(step, (x, sel), (ps, cs, idx, us))
         else:
             outs = []
             for r in range(reps):
-                x, (y, new) = step(x, jax.tree.map(lambda a: a[r], (ps, cs, idx, us)))
+                (x, sel), (y, new) = step((x, sel),
+                                          jax.tree.map(lambda a: a[r], (ps, cs, idx, us)))
                 outs.append(y)
                 stored = jax.tree.map(lambda a: a[None], new)
             ys = jax.tree.map(lambda *a: jnp.stack(a), *outs)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxtrain.models.spec import ParamSpec, _linear_init, _ones, _zeros
 
@@ -94,7 +95,8 @@ def index_scores(q, k, w, cfg):
 def select(scores, visible, cfg):
     """Boolean [B,T,S]: the keys each query keeps, the top ``dsa_index_topk`` of its visible
     keys by score (ties to the earlier key; without ``dsa_exact_topk`` every key scoring at
-    least the k-th is kept, as MaxText's threshold mask). All visible keys when S <= k."""
+    least the k-th is kept, as MaxText's threshold mask). All visible keys when S <= k. The
+    k-th score per query is tagged ``indexer_cutoff_threshold`` (remat_policy custom)."""
     k = cfg.dsa_index_topk
     if scores.shape[-1] <= k:
         return visible
@@ -103,7 +105,7 @@ def select(scores, visible, cfg):
         top, _ = jax.lax.approx_max_k(masked, k, recall_target=cfg.dsa_approx_topk_recall)
     else:
         top, _ = jax.lax.top_k(masked, k)
-    cut = top[..., -1:]
+    cut = checkpoint_name(top[..., -1:], "indexer_cutoff_threshold")
     if not cfg.dsa_exact_topk:
         return visible & (masked >= cut)
     above, tie = masked > cut, masked == cut
@@ -137,13 +139,14 @@ def trains_indexer(cfg) -> bool:
     return bool(cfg.dsa_index_heads) and cfg.dsa_loss_coeff > 0
 
 
-def pop(stats):
-    """(the layers' statistics without the indexer's, Σ over layers of the indexer KL or
-    None): the KL travels in the statistics under ``dsa`` from `transformer._run_layers`."""
-    if not stats or "dsa" not in stats:
+def pop(stats, key: str = "dsa"):
+    """(the layers' statistics without ``key``, its value or None): the indexers' KL travels
+    in the statistics under ``dsa`` (from `transformer._run_layers`, summed over layers), a
+    layer's selection for index sharing under ``dsa_keep``."""
+    if not stats or key not in stats:
         return stats, None
-    rest = {k: v for k, v in stats.items() if k != "dsa"}
-    return rest or None, stats["dsa"]
+    rest = {k: v for k, v in stats.items() if k != key}
+    return rest or None, stats[key]
 
 
 def metrics(kl_sum, cfg) -> dict:

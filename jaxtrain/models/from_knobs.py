@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 from jaxtrain.config import complete
 from jaxtrain.config.activations import megatron_activation, mlp_from_activations
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.config.patterns import dsa_shared_pattern
 from jaxtrain.models.moe.config import MoEConfig, moe_pattern, parse_layer_freq
 from jaxtrain.models.spec import linear_pattern, window_pattern
 from jaxtrain.quant.config import from_config as quant_config
@@ -680,7 +681,12 @@ def _dsa_fields(cfg: Mapping[str, Any]) -> dict:
     if missing:
         raise ConfigError(f"experimental_attention_variant dsa needs {', '.join(missing)} (the "
                           "indexer's heads, head width and keys kept per query)")
-    return dict(dsa_index_heads=cfg["dsa_indexer_n_heads"],
+    try:
+        shared = dsa_shared_pattern(cfg["dsa_indexer_topk_freq"],
+                                    cfg["dsa_indexer_skip_topk_offset"], cfg["num_layers"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return dict(dsa_index_heads=cfg["dsa_indexer_n_heads"], dsa_shared_layers=shared,
                 dsa_index_head_dim=cfg["dsa_indexer_head_dim"],
                 dsa_index_topk=cfg["dsa_indexer_topk"],
                 dsa_rope_interleaved=cfg["dsa_indexer_rope_interleaved"],
@@ -691,7 +697,8 @@ def _dsa_fields(cfg: Mapping[str, Any]) -> dict:
 
 
 _REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",
-                       "qkv_proj", "context", "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo")
+                       "qkv_proj", "context", "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo",
+                       "indexer_cutoff_threshold")
 
 
 # pgs train.gradient_checkpointing -> remat_policy (pgs's selective keeps attention outputs and

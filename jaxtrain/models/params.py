@@ -61,8 +61,9 @@ from jaxtrain.models.mla import mla_specs
 from jaxtrain.models.linear_attention import linear_attention_specs
 from jaxtrain.models.mamba import mamba_specs
 from jaxtrain.models.short_conv import short_conv_specs
-from jaxtrain.models.spec import (CONV_STACKS, DENSE_STACK, FFN_ONLY_STACKS, GLOBAL_STACKS,
-                                  KV_SHARED_STACKS, LINEAR_STACKS, MAMBA_STACK,
+from jaxtrain.models.spec import (CONV_STACKS, DENSE_STACK, DSA_SHARED_STACKS,
+                                  FFN_ONLY_STACKS, GLOBAL_STACKS, KV_SHARED_STACKS,
+                                  LINEAR_STACKS, MAMBA_STACK,
                                   MIXER_ONLY_STACKS, MOE_STACKS, STACKS, Init, ParamSpec,
                                   _is_spec, _leaf_key, _linear_init, _norm, _zeros, layer_kinds,
                                   layer_slots)
@@ -96,7 +97,7 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         attn["q_norm"], attn["k_norm"] = _norm(cfg, H), _norm(cfg, H)
     if cfg.multi_latent_attention:
         attn = mla_specs(cfg)
-        if cfg.dsa_index_heads:   # DeepSeek sparse attention's indexer (models/dsa.py)
+        if cfg.dsa_index_heads and kind not in DSA_SHARED_STACKS:   # DSA's indexer (dsa.py)
             attn["indexer"] = indexer_specs(cfg)
     if cfg.attention_sinks:   # fp32 whatever weight_dtype is, zero-initialised (Primus)
         attn["sinks"] = ParamSpec((N,), jnp.float32, ("q_heads",), _zeros)

@@ -90,6 +90,9 @@ LINEAR_STACK, LINEAR_MOE_STACK = "linear_layers", "linear_moe_layers"
 GLOBAL_STACK, GLOBAL_MOE_STACK = "global_layers", "global_moe_layers"
 # Gemma 4 small's KV-sharing layers (no key/value projections), sliding-window or global
 SHARED_STACK, GLOBAL_SHARED_STACK = "kv_shared_layers", "global_kv_shared_layers"
+# DeepSeek sparse attention layers that reuse an earlier layer's key selection (GLM-5's index
+# sharing; no indexer of their own), with a dense or an MoE FFN
+DSA_SHARED_STACK, DSA_SHARED_MOE_STACK = "dsa_shared_layers", "dsa_shared_moe_layers"
 # LFM2's gated short-convolution layers, with a dense or an MoE FFN
 CONV_STACK, CONV_MOE_STACK = "conv_layers", "conv_moe_layers"
 # Hybrid models (ModelConfig.hybrid_layers, Megatron's hybrid_layer_pattern): a layer is one
@@ -100,8 +103,10 @@ HYBRID_STACKS = {"M": MAMBA_STACK, "*": ATTENTION_STACK, "G": GDN_STACK, "-": ML
                  "E": MOE_MLP_STACK}
 STACKS = (DENSE_STACK, MOE_STACK, LINEAR_STACK, LINEAR_MOE_STACK, GLOBAL_STACK,
           GLOBAL_MOE_STACK, SHARED_STACK, GLOBAL_SHARED_STACK, CONV_STACK, CONV_MOE_STACK,
-          *HYBRID_STACKS.values())
-MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK, GLOBAL_MOE_STACK, CONV_MOE_STACK, MOE_MLP_STACK)
+          DSA_SHARED_STACK, DSA_SHARED_MOE_STACK, *HYBRID_STACKS.values())
+MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK, GLOBAL_MOE_STACK, CONV_MOE_STACK, MOE_MLP_STACK,
+              DSA_SHARED_MOE_STACK)
+DSA_SHARED_STACKS = (DSA_SHARED_STACK, DSA_SHARED_MOE_STACK)
 CONV_STACKS = (CONV_STACK, CONV_MOE_STACK)
 LINEAR_STACKS = (LINEAR_STACK, LINEAR_MOE_STACK, GDN_STACK)
 GLOBAL_STACKS = (GLOBAL_STACK, GLOBAL_MOE_STACK, GLOBAL_SHARED_STACK)
@@ -178,8 +183,9 @@ def layer_kinds(cfg) -> tuple[str, ...]:
     """The stack each layer's parameters live in: 'layers' (dense), 'moe_layers', and for
     Gated DeltaNet layers 'linear_layers' / 'linear_moe_layers', for Gemma 4's global layers
     'global_layers' / 'global_moe_layers', for Gemma 4 small's KV-sharing layers
-    'kv_shared_layers' / 'global_kv_shared_layers'; a hybrid model's by its symbols
-    (HYBRID_STACKS)."""
+    'kv_shared_layers' / 'global_kv_shared_layers', for DeepSeek sparse attention layers that
+    reuse an earlier layer's selection 'dsa_shared_layers' / 'dsa_shared_moe_layers'; a hybrid
+    model's by its symbols (HYBRID_STACKS)."""
     pattern = getattr(cfg, "hybrid_layers", None)
     if pattern is not None:
         return tuple(HYBRID_STACKS[c] for c in pattern)
@@ -187,6 +193,10 @@ def layer_kinds(cfg) -> tuple[str, ...]:
                         getattr(cfg, "linear_attention_layers", None),
                         getattr(cfg, "global_layers", None),
                         getattr(cfg, "short_conv_layers", None))
+    dsa_shared = getattr(cfg, "dsa_shared_layers", None)
+    if dsa_shared:   # DeepSeek sparse attention's index sharing: layers without an indexer
+        kinds = tuple((DSA_SHARED_MOE_STACK if k == MOE_STACK else DSA_SHARED_STACK) if on else k
+                      for k, on in zip(kinds, dsa_shared))
     shared = getattr(cfg, "kv_shared_layers", 0)
     first = len(kinds) - shared
     return kinds[:first] + tuple(GLOBAL_SHARED_STACK if k == GLOBAL_STACK else SHARED_STACK

@@ -49,8 +49,7 @@ def _need(rng, what):
 
 
 def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg, cache=None):
-    """Self-attention over x [B,T,D] -> (out [B,T,D] before the residual add, cache, the DSA
-    indexer's KL or None).
+    """Self-attention over x [B,T,D] -> (out [B,T,D] before the residual add, cache, extras).
 
     Decoding (decode.py) passes this layer's KV ``cache``: ``ctx['kv_cache'](cache, k, v)``
     stores the step's keys and values and returns (keys, values to attend over, new cache);
@@ -62,8 +61,9 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg, cache=None):
     over, for the sharing layers after it.
 
     DeepSeek sparse attention (``p`` has ``indexer``): each query attends to the keys the
-    indexer selects (models/dsa.py); in training with ``dsa_loss_coeff`` the indexer's KL
-    comes back third.
+    indexer selects (models/dsa.py); the extras hold the indexer's KL (``dsa``, training with
+    ``dsa_loss_coeff``) and, with index sharing, the selection (``dsa_keep``) that the layers
+    without an indexer after it attend with (their ``ctx['dsa_keep']``).
     """
     shared = ctx.get("shared_kv")
     lctx = _layer_rope(ctx, layer_number, cfg)
@@ -76,16 +76,17 @@ def attention_block(p: dict, x, ctx: dict, layer_number, rng, cfg, cache=None):
         k, v, cache = ctx["kv_cache"](cache, k, v)
     gate = (L.dense(x, p["wg"], None, "btd,dnh->btnh", "query_gate_proj", cfg)
             if "wg" in p else None)
-    keep = kl = None
+    keep, extras = ctx.get("dsa_keep"), {}
     if "indexer" in p:
         keep, kl, index_k = _sparse_selection(p["indexer"], x, q_latent, q, k, lctx,
                                               layer_number, cfg, scale, index_k)
+        extras = {"dsa": kl, "dsa_keep": keep if cfg.dsa_shared_layers else None}
     out = attend_and_project(p, q, k, v, ctx, layer_number, rng, cfg, scale, gate, keep)
     if index_k is not None:
         cache = {**cache, "index_k": index_k}
     if ctx.get("kv_role") == "store":
         cache = {**cache, "shared_kv": (k, v)}
-    return out, cache, kl
+    return out, cache, {n: e for n, e in extras.items() if e is not None}
 
 
 def _sparse_selection(p: dict, x, q_latent, q, k, ctx: dict, layer_number, cfg, scale,
@@ -323,7 +324,8 @@ def _with_layer_window(run, i, kv_len: int, cfg, impl: str):
 def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     """One pre-norm layer on the residual stream x [B,T,D]; i is the 0-based layer index.
     An MoE layer (``p`` has ``moe`` for ``mlp``) returns (x, router statistics); a DSA layer
-    whose indexer trains adds its KL to them under ``dsa``. With a KV ``cache`` (decoding; see
+    adds `attention_block`'s extras to them (its KL under ``dsa``, its selection under
+    ``dsa_keep``). With a KV ``cache`` (decoding; see
     `attention_block`) it returns (x, statistics or None, new cache)."""
     x = checkpoint_name(constrain(x, "act_batch", "act_layer_seq", "act_embed"),
                         "decoder_layer_input")
@@ -334,9 +336,9 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     norm = _maybe_remat(lambda q, y: L.norm(q, y, cfg), "layernorm" in cfg.recompute_modules)
     mlp = _maybe_remat(lambda q, y: L.mlp(q, y, cfg), "mlp" in cfg.recompute_modules)
 
-    kl = None
+    extras = {}
     if "attn" in p or any(key in p for _, key, _ in RECURRENT):
-        x, cache, kl = _mixer_half(p, x, i, ctx, cfg, cache, norm, sub, det)
+        x, cache, extras = _mixer_half(p, x, i, ctx, cfg, cache, norm, sub, det)
     stats = None
     if "mlp" in p or "moe" in p:
         mlp_in = x_in if cfg.parallel_residual else x
@@ -359,8 +361,8 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     if "layer_scalar" in p:   # Gemma 4: a checkpoint constant, so no gradient reaches it
         out = out * jax.lax.stop_gradient(p["layer_scalar"]).astype(out.dtype)
     out = constrain(out, *RESIDUAL)
-    if kl is not None:
-        stats = {**(stats or {}), "dsa": kl}
+    if extras:
+        stats = {**(stats or {}), **extras}
     if cache is not None:
         return out, stats, cache
     return out if stats is None else (out, stats)
@@ -374,9 +376,9 @@ RECURRENT = (("linear", "linear_attn", linear_attention_block), ("mamba", "mamba
 
 def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
     """The token-mixing half of layer i (softmax attention, Gated DeltaNet, Mamba or a short
-    convolution) with its norms and residual add: (x, cache, the DSA indexer's KL or None)."""
+    convolution) with its norms and residual add: (x, cache, `attention_block`'s extras)."""
     h = norm(p["attn_norm"], x) if cfg.pre_norm else x
-    kl = None
+    extras = {}
     recurrent = [(n, key, block) for n, key, block in RECURRENT if key in p]
     if recurrent:
         (name, key, block), = recurrent
@@ -389,7 +391,7 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
         with jax.named_scope("attention"):
             kv = (None if cache is None else
                   {n: c for n, c in cache.items() if n not in [r[0] for r in RECURRENT]})
-            a, kv, kl = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, kv)
+            a, kv, extras = attention_block(p["attn"], h, ctx, i + 1, sub(1), cfg, kv)
         if cache is not None:
             cache = {**cache, **kv}
     if cfg.post_attention_norm:
@@ -399,7 +401,7 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
          ).astype(cfg.residual_dtype)
-    return x, cache, kl
+    return x, cache, extras
 
 
 def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
@@ -546,10 +548,14 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
     collected = []
     shared = {}
     kl_total = jnp.float32(0.0)   # the DSA indexers' KL summed over the layers
+    lo_layer = (layers or (0, None))[0]
+    sel = _shared_selection(x, cfg, lo_layer)   # DSA index sharing: the last selection
 
-    def layer(kind, p, h, i, store, u, kv):
+    def layer(kind, p, h, i, store, u, kv, sel):
         with jax.named_scope("decoder_layer"):
             lctx = layer_context(ctx, kind, i, store, u, kv, cfg)
+            if sel is not None:
+                lctx = {**lctx, "dsa_keep": sel}
             out = decoder_layer(gather_weights(p, axes[kind]), h, i, lctx, cfg,
                                 cache={} if store else None)
         if store:
@@ -557,16 +563,18 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
             return h, s, {store: cache["shared_kv"]}
         return (*out, {}) if isinstance(out, tuple) else (out, None, {})
 
-    def unit(unit_kinds, unit_stores, ps, h, ids, us, kv):
+    def unit(unit_kinds, unit_stores, ps, h, ids, us, kv, sel):
         stats, stored, kl = [], {}, jnp.float32(0.0)
         for j, (kind, p) in enumerate(zip(unit_kinds, ps)):
             h, s, new = layer(kind, p, h, ids[j], unit_stores[j], None if us is None else us[j],
-                              kv)
+                              kv, sel)
             s, layer_kl = dsa.pop(s)
+            s, keep = dsa.pop(s, "dsa_keep")
             kl = kl if layer_kl is None else kl + layer_kl
+            sel = sel if keep is None else keep
             stats += [] if s is None else [s]
             stored.update(new)
-        return h, stats, kl, stored
+        return h, stats, kl, stored, sel
 
     for blk in _layer_blocks(cfg, *(layers or (0, None))):
         size = blk.units * blk.group
@@ -584,7 +592,8 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
         idx = jnp.arange(blk.start, blk.start + blk.reps * size).reshape(blk.reps, size) + shift
         us = per_layer_slices(ctx, blk.start + shift, size, blk.reps)
 
-        def step(h, xs, sig=sig, sig_stores=sig_stores, blk=blk, kv=dict(shared)):
+        def step(carry, xs, sig=sig, sig_stores=sig_stores, blk=blk, kv=dict(shared)):
+            h, sel = carry
             pb, ib, ub = xs
             cursor = dict.fromkeys(pb, 0)
             stats, stored, kl = [], {}, jnp.float32(0.0)
@@ -597,18 +606,20 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
                 fn = functools.partial(unit, sig[part], sig_stores[part])
                 if blk.policy is not NO_REMAT:
                     fn = jax.checkpoint(fn, policy=blk.policy, prevent_cse=not cfg.scan_layers)
-                h, s, unit_kl, new = fn(ps, h, ib[part], None if ub is None else ub[part], kv)
+                h, s, unit_kl, new, sel = fn(ps, h, ib[part], None if ub is None else ub[part],
+                                             kv, sel)
                 stats += s
                 kl = kl + unit_kl
                 stored.update(new)
-            return h, (_stack(stats), kl, stored)
+            return (h, sel), (_stack(stats), kl, stored)
 
         if cfg.scan_layers:
-            x, (ys, kls, stored) = jax.lax.scan(step, x, (params, idx, us))
+            (x, sel), (ys, kls, stored) = jax.lax.scan(step, (x, sel), (params, idx, us))
         else:
             outs, kls, stored = [], [], {}
             for r in range(blk.reps):
-                x, (y, kl, new) = step(x, jax.tree.map(lambda a: a[r], (params, idx, us)))
+                (x, sel), (y, kl, new) = step((x, sel),
+                                              jax.tree.map(lambda a: a[r], (params, idx, us)))
                 outs.append(y)
                 kls.append(kl)
                 stored = jax.tree.map(lambda a: a[None], new)
@@ -621,6 +632,20 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
     if dsa.trains_indexer(cfg) and not ctx["deterministic"]:
         stats = {**(stats or {}), "dsa": kl_total}
     return x, stats
+
+
+def _shared_selection(x, cfg, first: int):
+    """The initial selection [B,T,T] (False) that DSA index sharing carries from layer to layer
+    when keys are selected (T > dsa_index_topk), else None; a layer range must start with a
+    layer that computes its own (a pipeline stage: stages.plan checks)."""
+    shared = cfg.dsa_shared_layers
+    if not shared or x.shape[1] <= cfg.dsa_index_topk:
+        return None
+    if shared[first]:
+        raise ValueError(f"layer {first + 1} reuses an earlier layer's DSA selection, and its "
+                         "layer range starts there")
+    B, T = x.shape[:2]
+    return jnp.zeros((B, T, T), bool)
 
 
 def embed(params: dict, tokens, cfg):

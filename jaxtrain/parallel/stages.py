@@ -33,6 +33,7 @@ import dataclasses
 import re
 
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.config.patterns import dsa_shared_pattern
 from jaxtrain.parallel import schedules as sched
 
 _LAYER_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
@@ -305,6 +306,7 @@ def plan(cfg, num_layers: int, microbatches: int | tuple[int, ...]) -> PipelineP
                           f"schedule; the {name} schedule runs one chunk per rank")
     v = v or 1
     counts = stage_layers(cfg, num_layers, p, v)
+    _check_index_sharing(cfg, num_layers, counts)
     group = cfg.get("microbatch_group_size_per_vp_stage") if v > 1 else None
     costs = tuple(_cost(cfg, k) for k in ("pp_cost_f", "pp_cost_b", "pp_cost_w"))
     v_limit = {"zb": None, "half": p, "min": max(1, (2 * p + 2) // 3)}.get(v_mem) \
@@ -329,6 +331,25 @@ def plan(cfg, num_layers: int, microbatches: int | tuple[int, ...]) -> PipelineP
             raise ConfigError(f"pipeline schedule {name} with {p} stages and {m} "
                               f"microbatches{ramp}: {e}") from None
     return out
+
+
+def _check_index_sharing(cfg, num_layers: int, counts):
+    """DeepSeek sparse attention's index sharing passes a layer's key selection to the layers
+    after it, never across stages: each stage must start with a layer computing its own
+    (Megatron's rule)."""
+    if cfg.get("experimental_attention_variant") != "dsa":
+        return
+    freq, offset = cfg.get("dsa_indexer_topk_freq") or 1, cfg.get(
+        "dsa_indexer_skip_topk_offset") or 0
+    if freq == 1:
+        return
+    shared = dsa_shared_pattern(freq, offset, num_layers)
+    starts = [lo + 1 for lo, hi in bounds(counts) if hi > lo and shared[lo]]
+    if starts:
+        raise ConfigError(f"pipeline stages starting at layer(s) {starts} would reuse the DSA "
+                          f"selection of a layer on another stage (dsa_indexer_topk_freq {freq}, "
+                          f"dsa_indexer_skip_topk_offset {offset}); split the layers so that "
+                          "each stage starts with a layer computing its own")
 
 
 def _max_mem(cfg, p: int, name: str) -> tuple[float, ...] | None:

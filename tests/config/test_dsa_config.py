@@ -48,6 +48,8 @@ def test_maxtext_knobs_build_the_indexer():
     assert not cfg.dsa_exact_topk and cfg.dsa_approx_topk_recall == 0.9
     assert cfg.dsa_k_norm_epsilon == 1e-6   # Flax's LayerNorm default
     assert model("use_indexer=true").dsa_approx_topk_recall is None
+    remat = model("use_indexer=true", "remat_policy=custom", "indexer_cutoff_threshold=offload")
+    assert ("indexer_cutoff_threshold", "offload") in remat.remat_tensors
 
 
 def _count(m):
@@ -69,12 +71,54 @@ def test_maxtext_deepseek32_file_adds_the_indexers_to_deepseek3(monkeypatch, tmp
     (["dsa_indexer_loss_coeff=0.1", "mtp_num_layers=1"], "mtp_num_layers 1"),
     (["dsa_indexer_loss_coeff=0.1", "calculate_per_token_loss=true"],
      "calculate_per_token_loss"),
-    (["dsa_indexer_topk_freq=2"], "dsa_indexer_topk_freq"),
+    (["dsa_indexer_topk_freq=2", "mtp_num_layers=1"], "mtp_num_layers 1"),
     (["use_indexer=true"], "use_indexer"),
 ])
 def test_refused_by_name(args, names):
     with pytest.raises(ConfigError, match=names):
         load_config(None, [*MLA, *DSA, *args])
+
+
+@pytest.mark.parametrize("freq, offset, shared", [
+    (1, 0, None), (2, 0, (False, True, False, True, False, True)),
+    (2, 1, (False, True, False, True, False, True)),
+    (3, 2, (False, False, True, True, False, True)),
+    (2, 5, (False,) * 5 + (True,))])
+def test_index_sharing_follows_megatrons_layer_rule(freq, offset, shared):
+    """Megatron's is_dsa_skip_topk_layer: 1-based layer L reuses an earlier selection unless
+    max(L - max(offset, 1), 0) is a multiple of dsa_indexer_topk_freq."""
+    cfg = model(*DSA, "num_layers=6", f"dsa_indexer_topk_freq={freq}",
+                f"dsa_indexer_skip_topk_offset={offset}")
+    assert cfg.dsa_shared_layers == shared
+    if shared:
+        tree = abstract(cfg)
+        assert "indexer" not in tree["dsa_shared_layers"]["attn"]
+        assert tree["dsa_shared_layers"]["attn"]["wq_b"].shape[1] == sum(shared)
+
+
+def test_index_sharing_matches_megatron_core():
+    from tests.megatron_ref import megatron_core
+    megatron_core()
+    from megatron.core.transformer.experimental_attention_variant import dsa as mdsa
+    if not hasattr(mdsa, "is_dsa_skip_topk_layer"):
+        pytest.skip("this megatron-core has no DSA index sharing")
+    for freq in (1, 2, 3):
+        for offset in (0, 1, 2, 4):
+            cfg = model(*DSA, "num_layers=7", f"dsa_indexer_topk_freq={freq}",
+                        f"dsa_indexer_skip_topk_offset={offset}")
+            want = tuple(mdsa.is_dsa_skip_topk_layer(n, offset, freq) for n in range(1, 8))
+            assert (cfg.dsa_shared_layers or (False,) * 7) == want
+
+
+def test_pipeline_stages_start_on_a_computing_layer():
+    from jaxtrain.parallel.stages import plan
+
+    args = [*MLA, *DSA, "num_layers=4", "dsa_indexer_topk_freq=2",
+            "pipeline_model_parallel_size=2"]
+    # offset 1: layers 1 and 3 compute, so the second stage (layers 3-4) starts on one
+    assert plan(load_config(None, [*args, "dsa_indexer_skip_topk_offset=1"]), 4, 4) is not None
+    with pytest.raises(ConfigError, match=r"stages starting at layer\(s\) \[3\]"):
+        plan(load_config(None, [*args, "dsa_indexer_skip_topk_offset=2"]), 4, 4)
 
 
 def test_needs_its_sizes_and_multi_latent_attention():

@@ -110,6 +110,17 @@ PRESETS += [
     ("lfm2_1.2B", lambda: tr.Lfm2Config(hidden_size=2048, num_hidden_layers=16,
                                         intermediate_size=12288, layer_types=_LFM1), 1.17e9),
 ]
+# DeepSeek-V3.2 (the real checkpoint's YaRN; the model card's 685B include the 14B
+# multi-token-prediction layer, not built: 671B as DeepSeek-V3 plus 0.85B of indexers) and GLM-5
+# (transformers' GlmMoeDsaConfig defaults; Z.ai: 744B total, 40B active)
+_DSV32_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+               "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+               "mscale": 1.0, "mscale_all_dim": 1.0}
+PRESETS += [
+    ("deepseek_v32_671B", lambda: tr.DeepseekV32Config(rope_parameters=_DSV32_YARN),
+     671e9 + 61 * (1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64)),
+    ("glm5_744B_A40B", lambda: tr.GlmMoeDsaConfig(), 744e9),
+]
 # Fields the preset's run settles, not the architecture (Megatron pads the vocabulary; HF
 # files never do; MoE run settings such as the balancing loss).
 RUN = ("dtype", "weight_dtype", "attention_impl", "attention_softmax_in_fp32", "vocab_size",

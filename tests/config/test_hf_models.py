@@ -61,6 +61,12 @@ CASES = {
         **_YARN, "mscale": 1.0, "mscale_all_dim": 1.0, "truncate": True}),
     "deepseek_v3_plain_rope": lambda: tr.DeepseekV3Config(**{**_DS, "n_group": 1,
                                                              "topk_group": 1}),
+    "deepseek_v32": lambda: tr.DeepseekV32Config(**{**_DS, "n_group": 1, "topk_group": 1},
+                                                 index_topk=8, index_head_dim=16,
+                                                 index_n_heads=2),
+    "glm_moe_dsa": lambda: tr.GlmMoeDsaConfig(**{**_DS, "n_group": 1, "topk_group": 1},
+                                              index_topk=8, index_head_dim=16,
+                                              index_n_heads=2, index_topk_freq=2),
     "gpt_oss": lambda: tr.GptOssConfig(**_OSS),
     "gpt_oss_windows_everywhere": lambda: tr.GptOssConfig(
         **_OSS, layer_types=["sliding_attention"] * 4),

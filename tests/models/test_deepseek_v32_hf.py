@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 import transformers as tr
-from model_helpers import VOCAB, check_packed_sequences, max_diff, random_params, tokens
+from model_helpers import (VOCAB, check_left_padded_decode, check_packed_sequences, max_diff,
+                           random_params, tokens)
 from test_hf import _hf_logits, _randomize, check_greedy_decode, check_parity_and_round_trip
 
 from jaxtrain.models import ModelConfig, forward, from_hf
@@ -45,10 +46,12 @@ def test_greedy_decode_matches_transformers(tmp_path):
     check_greedy_decode(_model(tmp_path / "hf"), tmp_path / "hf")
 
 
-def test_packed_documents_select_within_their_own(tmp_path):
-    _model(tmp_path / "hf", first_k_dense_replace=3)
+@pytest.mark.slow
+def test_packed_documents_and_left_padded_decoding_select_within_their_own(tmp_path):
+    _model(tmp_path / "hf", first_k_dense_replace=3, index_topk=3)
     cfg, params = from_hf(tmp_path / "hf")
     check_packed_sequences(params, cfg, tol=2e-5)
+    check_left_padded_decode(params, cfg)
 
 
 def _cfg(**changes):
@@ -146,17 +149,17 @@ def _losses(cfg, params):
 def test_the_loss_trains_only_the_indexer_and_the_main_loss_never_reaches_it():
     cfg = _cfg(dsa_loss_coeff=0.1)
     params = random_params(cfg)
-    main, kl = _losses(cfg, params)(params)
+    main, kl = jax.jit(_losses(cfg, params))(params)
     assert float(kl) > 0
-    g_main = jax.grad(lambda p: _losses(cfg, p)(p)[0])(params)
-    g_kl = jax.grad(lambda p: _losses(cfg, p)(p)[1])(params)
+    g_main = jax.jit(jax.grad(lambda p: _losses(cfg, p)(p)[0]))(params)
+    g_kl = jax.jit(jax.grad(lambda p: _losses(cfg, p)(p)[1]))(params)
     indexer = lambda g: g["layers"]["attn"]["indexer"]  # noqa: E731
     rest = lambda g: {**g["layers"], "attn": {  # noqa: E731
         k: v for k, v in g["layers"]["attn"].items() if k != "indexer"}}
     assert all(float(jnp.abs(x).max()) == 0 for x in jax.tree.leaves(indexer(g_main)))
     assert all(float(jnp.abs(x).max()) == 0 for x in jax.tree.leaves(rest(g_kl)))
     assert all(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(indexer(g_kl)))
-    sparse = _losses(cfg.replace(dsa_sparse_loss=True), params)(params)[1]
+    sparse = jax.jit(_losses(cfg.replace(dsa_sparse_loss=True), params))(params)[1]
     assert abs(float(sparse) - float(kl)) > 1e-4
     off = hidden_states(params, tokens(), _cfg(), deterministic=False,
                         rng=jax.random.PRNGKey(0), with_moe_stats=True)[1]
@@ -176,3 +179,48 @@ def test_hf_logits_show_the_selection(tmp_path):
     model = _model(tmp_path / "hf")
     wide = _model(tmp_path / "wide", index_topk=64)
     assert max_diff(_hf_logits(model, tokens()), _hf_logits(wide, tokens())) > 1e-2
+
+
+@pytest.mark.parametrize("mode, saved", [("device", True), ("remat", False)])
+def test_custom_remat_places_the_indexer_cutoff(mode, saved, capsys):
+    """MaxText's indexer_cutoff_threshold: the k-th score per query is a named tensor the
+    custom policy keeps (device) or recomputes (remat)."""
+    from jax.ad_checkpoint import print_saved_residuals
+
+    cfg = _cfg(scan_layers=False, remat_policy="custom",
+               remat_tensors=(("indexer_cutoff_threshold", mode),))
+    print_saved_residuals(lambda p: forward(p, tokens(), cfg).sum(), random_params(cfg))
+    assert ("named 'indexer_cutoff_threshold'" in capsys.readouterr().out) == saved
+
+
+_GLM = dict(_BASE, num_hidden_layers=5, index_topk_freq=2, index_skip_topk_offset=2,
+            rms_norm_eps=1e-5)
+
+
+def _glm(path, seed=0, **changes):
+    cfg = tr.GlmMoeDsaConfig(**{**_GLM, **changes}, attn_implementation="eager")
+    model = _randomize(tr.GlmMoeDsaForCausalLM(cfg).eval(), seed)
+    model.save_pretrained(path)
+    return model
+
+
+def test_glm5_index_sharing_parity_round_trip_and_decode(tmp_path):
+    """GLM-5: interleaved RoPE in the indexer; layers 1, 2, 4 ("full") select their keys,
+    3 and 5 ("shared") attend with the selection of the full layer before them."""
+    model = _glm(tmp_path / "hf")
+    assert model.config.indexer_types == ["full", "full", "shared", "full", "shared"]
+    cfg = check_parity_and_round_trip(model, tmp_path)
+    assert cfg.dsa_shared_layers == (False, False, True, False, True)
+    assert cfg.dsa_rope_interleaved
+    check_greedy_decode(model, tmp_path / "hf")
+
+
+def test_glm5_sharing_layers_have_no_indexer(tmp_path):
+    """The sharing layers live in stacks of their own without indexer parameters; the parity
+    test above (16 tokens, 5 kept) fails if they attend to every key instead of the selection
+    of the full layer before them."""
+    _glm(tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    assert "indexer" not in params["dsa_shared_moe_layers"]["attn"]
+    assert "indexer" in params["moe_layers"]["attn"]
+    assert params["dsa_shared_moe_layers"]["attn"]["wq_b"].shape[1] == 2   # layers 3 and 5

@@ -105,7 +105,7 @@ def test_gpt_oss_attention_parity():
             xt = torch.tensor(x)
             ref = layer(xt, rotary(xt, pos_t), mask)[0].numpy()
         p = jax.tree.map(lambda a: jnp.take(a, i, cfg.param_scan_axis), params["layers"]["attn"])
-        ours = attention_block(p, jnp.asarray(x), ctx, jnp.int32(i + 1), None, cfg)
+        ours = attention_block(p, jnp.asarray(x), ctx, jnp.int32(i + 1), None, cfg)[0]
         assert max_diff(ours, ref) <= 1e-4, (i, max_diff(ours, ref))
 
 

@@ -143,7 +143,10 @@ DSA = ["multi_latent_attention=true", "group_query_attention=false", "q_lora_ran
 LAYOUTS |= {"dsa": DSA, "dsa_tp2": [*DSA, "tensor_model_parallel_size=2"],
             "dsa_pp2": [*DSA, PP2],
             "dsa_pp2_vpp2_tp2": [*DSA, PP2, "virtual_pipeline_model_parallel_size=2",
-                                 "tensor_model_parallel_size=2"]}
+                                 "tensor_model_parallel_size=2"],
+            # index sharing: layers 2 and 4 attend with the selection of layers 1 and 3
+            "dsa_shared": [*DSA, "dsa_indexer_topk_freq=2", "dsa_indexer_skip_topk_offset=1"]}
+LAYOUTS["dsa_shared_pp2"] = [*LAYOUTS["dsa_shared"], PP2]
 LAYOUTS["lfm_pp2_vpp2_tp2"] = [*LFM, PP2, "virtual_pipeline_model_parallel_size=2",
                                "tensor_model_parallel_size=2"]
 LAYOUTS |= {

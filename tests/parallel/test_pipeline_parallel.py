@@ -579,13 +579,18 @@ def test_multi_token_prediction_pipelines_like_one_stage(tmp_path):
 def test_deepseek_sparse_attention_pipelines_like_one_stage(tmp_path):
     """DeepSeek sparse attention with its indexer loss (experimental_attention_variant dsa,
     dsa_indexer_loss_coeff 0.1; 4 of 8 keys kept): TP 2, PP 2 and PP 2 x VPP 2 x TP 2 train
-    with one device's losses, grad norms and indexer losses."""
-    runs = _worker(tmp_path, "train:dsa,dsa_tp2,dsa_pp2,dsa_pp2_vpp2_tp2")[0]
-    want = runs["dsa"]
-    assert all(v > 0 for v in want["indexer_loss"])
-    for name in ("dsa_tp2", "dsa_pp2", "dsa_pp2_vpp2_tp2"):
-        for key in ("losses", "grad_norms", "indexer_loss"):
-            assert runs[name][key] == pytest.approx(want[key], rel=2e-6), (name, key)
+    with one device's losses, grad norms and indexer losses; with index sharing (layers 2 and
+    4 reuse the selection of 1 and 3) PP 2 trains as one stage."""
+    runs = _worker(tmp_path, "train:dsa,dsa_tp2,dsa_pp2,dsa_pp2_vpp2_tp2,dsa_shared,"
+                   "dsa_shared_pp2")[0]
+    for ref, names in (("dsa", ("dsa_tp2", "dsa_pp2", "dsa_pp2_vpp2_tp2")),
+                       ("dsa_shared", ("dsa_shared_pp2",))):
+        want = runs[ref]
+        assert all(v > 0 for v in want["indexer_loss"])
+        for name in names:
+            for key in ("losses", "grad_norms", "indexer_loss"):
+                assert runs[name][key] == pytest.approx(want[key], rel=2e-6), (name, key)
+    assert runs["dsa_shared"]["losses"] != pytest.approx(runs["dsa"]["losses"], rel=1e-4)
 
 
 @pytest.mark.slow

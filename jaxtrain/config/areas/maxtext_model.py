@@ -365,6 +365,11 @@ KNOBS = [
       "(recomputed, kept on the device, or offloaded to host).", _MT, INERT,
       "jaxtrain projects keys and values separately (key_proj, value_proj), so no fused kv_proj "
       "tensor exists to place", choices=_REMAT_CHOICES),
+    K("indexer_cutoff_threshold", "str", "remat", "remat_policy custom: where the "
+      "sparse-attention indexer's cutoff (each query's k-th score) goes (recomputed, kept on the "
+      "device, or offloaded to host).", _MT, HONORED, "a checkpoint name in models/dsa.py's "
+      "selection, saved or offloaded by the custom policy (models/remat.py)",
+      choices=_REMAT_CHOICES),
     *[K(name, "str", "remat", f"remat_policy custom: where {what} goes (recomputed, kept on the "
         "device, or offloaded to host).", _MT, choices=_REMAT_CHOICES, issue=issue,
         reason=_REMAT.format(what=what))
@@ -377,7 +382,6 @@ KNOBS = [
           ("mla_q", "MLA's query up-projection", 26),
           ("mla_kv", "MLA's key/value up-projection", 26),
           ("attention_out", "the attention output", 26),
-          ("indexer_cutoff_threshold", "the sparse-attention indexer's cutoff", _FAMILIES),
           ("engram", "the Engram branch output", _FAMILIES))],
 
     # --- model code path ---

@@ -157,9 +157,13 @@ KNOBS = [
     K("dsa_indexer_topk", "int", None, "Tokens each query keeps from the DSA indexer's ranking.",
       _L, HONORED, _DSA + "; a query with fewer visible keys keeps them all"),
     K("dsa_indexer_topk_freq", "int", 1, "Compute the DSA top-k every N layers and share it with "
-      "the layers in between; 1 computes it in every layer.", _L, issue=25),
+      "the layers in between; 1 computes it in every layer.", _L, HONORED, _DSA + ": the "
+      "sharing layers have no indexer (stacks dsa_shared_layers / dsa_shared_moe_layers) and "
+      "attend with the last computing layer's selection; pipeline stages must start on a "
+      "computing layer"),
     K("dsa_indexer_skip_topk_offset", "int", 0, "Layer offset of the cross-layer top-k sharing "
-      "(dsa_indexer_topk_freq).", _L, issue=25),
+      "(dsa_indexer_topk_freq).", _L, HONORED, _DSA + ": 1-based layer L computes its own "
+      "selection when max(L - max(offset, 1), 0) is a multiple of dsa_indexer_topk_freq"),
     K("dsa_indexer_loss_coeff", "float", None, "Weight of the KL loss that trains the DSA indexer "
       "to match the attention distribution; 0 turns it off.", _L, HONORED, _DSA + ": each "
       "layer's KL(summed attention probabilities || indexer softmax), a mean over the "

@@ -33,6 +33,7 @@ import pathlib
 from typing import Any, Callable
 
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.config.patterns import dsa_shared_pattern
 
 KEY = "model.name_or_path"
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
@@ -55,7 +56,7 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "max_position_embeddings": 131072, "query_pre_attn_scalar": 256,
                             "hidden_activation": "gelu_pytorch_tanh"}}
 FAMILIES = (LLAMA_LIKE + ("phi3", "smollm3", "granite", "gpt2", "gpt_neox", "deepseek_v3",
-                          "deepseek_v32",
+                          "deepseek_v32", "glm_moe_dsa",
                           "kimi_linear", "gpt_oss") + MOE + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4
             + ("nemotron_h", "mamba2", "lfm2", "lfm2_moe", "granitemoehybrid") + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
@@ -517,19 +518,26 @@ def _deepseek_v3(hf: dict) -> dict:
     return out
 
 
-def _deepseek_v32(hf: dict) -> dict:
+_DSV32_DEFAULTS = dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                      moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
+                      n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5,
+                      kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
+                      qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8,
+                      max_position_embeddings=163840, rms_norm_eps=1e-6, index_topk=2048,
+                      index_head_dim=128, index_n_heads=64, first_k_dense_replace=3)
+# GlmMoeDsaConfig's defaults where they differ from DeepSeek-V3.2's
+_GLM_DSA_DEFAULTS = dict(vocab_size=154880, hidden_size=6144, intermediate_size=12288,
+                         num_hidden_layers=78, num_attention_heads=64, q_lora_rank=2048,
+                         v_head_dim=256, qk_nope_head_dim=192, n_group=1, topk_group=1,
+                         max_position_embeddings=202752, rms_norm_eps=1e-5, index_n_heads=32)
+
+
+def _deepseek_v32(hf: dict, defaults: dict | None = None) -> dict:
     """DeepSeek-V3.2: DeepSeek-V3 (always with a query latent and interleaved MLA RoPE) plus
     the sparse-attention indexer on every layer (index_n_heads x index_head_dim, index_topk
     keys kept; half-split RoPE, ReLU scores, a LayerNorm of epsilon 1e-6 on its key). Missing
     fields take DeepseekV32Config's defaults; mlp_layer_types may place the MoE layers."""
-    defaults = dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
-                    moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
-                    n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5,
-                    kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
-                    qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8,
-                    max_position_embeddings=163840, rms_norm_eps=1e-6, index_topk=2048,
-                    index_head_dim=128, index_n_heads=64, first_k_dense_replace=3)
-    hf = {**defaults, **{k: v for k, v in hf.items() if v is not None}}
+    hf = {**_DSV32_DEFAULTS, **(defaults or {}), **{k: v for k, v in hf.items() if v is not None}}
     hf.pop("rope_interleave", None)   # the class has no such field: MLA always interleaves
     n = hf["num_hidden_layers"]
     mlp = hf.get("mlp_layer_types") or ["dense" if i < hf["first_k_dense_replace"] else "sparse"
@@ -544,6 +552,36 @@ def _deepseek_v32(hf: dict) -> dict:
                dsa_indexer_head_dim=hf["index_head_dim"], dsa_indexer_topk=hf["index_topk"],
                dsa_indexer_k_norm_epsilon=1e-6, dsa_indexer_rope_interleaved=False,
                dsa_indexer_scoring_relu=True)
+    return out
+
+
+def _glm_moe_dsa(hf: dict) -> dict:
+    """GLM-5 (GLM-MoE-DSA): DeepSeek-V3.2 with interleaved RoPE in the indexer and index
+    sharing: indexer_types marks each layer "full" (its own indexer) or "shared" (the last full
+    layer's selection), by default from index_topk_freq / index_skip_topk_offset (2) or
+    index_topk_pattern; the pattern must be one Megatron's dsa_indexer_topk_freq /
+    dsa_indexer_skip_topk_offset give."""
+    n = hf.get("num_hidden_layers", _GLM_DSA_DEFAULTS["num_hidden_layers"])
+    types = hf.get("indexer_types")
+    pattern = hf.get("index_topk_pattern")
+    if types is None and pattern is not None:
+        types = ([{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str)
+                 else list(pattern))
+    if types is None:
+        freq = max(hf.get("index_topk_freq", 1), 1)
+        offset = hf.get("index_skip_topk_offset", 2)
+        types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    if len(types) != n or set(types) - {"full", "shared"}:
+        raise bad("indexer_types", types, f"expected {n} entries of full or shared")
+    shared = tuple(t == "shared" for t in types)
+    found = next(((f, o) for f in range(1, n + 1) for o in range(n + 1)
+                  if dsa_shared_pattern(f, o, n) == shared), None)
+    if found is None:
+        raise bad("indexer_types", types, "not a pattern of one full layer every N layers after "
+                  "an offset (Megatron's dsa_indexer_topk_freq / dsa_indexer_skip_topk_offset)")
+    out = _deepseek_v32(hf, _GLM_DSA_DEFAULTS)
+    out.update(dsa_indexer_rope_interleaved=True, dsa_indexer_topk_freq=found[0],
+               dsa_indexer_skip_topk_offset=found[1])
     return out
 
 
@@ -1226,7 +1264,8 @@ def text_config(hf: dict) -> dict:
 _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     **{f: _llama for f in LLAMA_LIKE + MOE}, "phi3": _phi3, "smollm3": _smollm3,
     "granite": _granite, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
-    "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32, "kimi_linear": _kimi_linear,
+    "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32, "glm_moe_dsa": _glm_moe_dsa,
+    "kimi_linear": _kimi_linear,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
     **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,
     "nemotron_h": _nemotron_h, "mamba2": _mamba2, "lfm2": _lfm2, "lfm2_moe": _lfm2,

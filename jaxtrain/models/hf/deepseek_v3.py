@@ -5,7 +5,9 @@ expert_bias leaf) within the best topk_group of n_group groups (a group scored b
 top-2 biased scores), the unbiased scores of the chosen experts renormalised and scaled by
 routed_scaling_factor, gating in fp32, plus n_shared_experts always-on shared experts.
 DeepSeek-V3.2 (``deepseek_v32``) adds the sparse-attention indexer to every layer
-(``self_attn.indexer.{wq_b,wk,k_norm,weights_proj}``; models/dsa.py).
+(``self_attn.indexer.{wq_b,wk,k_norm,weights_proj}``; models/dsa.py); GLM-5 (``glm_moe_dsa``)
+rotates the indexer's RoPE on interleaved pairs and keeps an indexer only on its "full" layers
+(``indexer_types``), the "shared" ones attending with the last full layer's selection.
 
 Legend: D hidden, N heads, Hn/Hv the no-RoPE q/k and value head widths, Hq = Hn + P, P the RoPE
 width, Rkv the kv latent rank.
@@ -23,9 +25,11 @@ from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, experts_in, exp
                                        output_head, rope_config, stacks)
 from jaxtrain.models.moe import group_score_topk, moe_pattern
 from jaxtrain.models.params import layer_slots, layer_tree
-from jaxtrain.models.spec import MOE_STACK
+from jaxtrain.models.spec import DSA_SHARED_STACKS, MOE_STACKS
 
-ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
+ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM",
+                 "glm_moe_dsa": "GlmMoeDsaForCausalLM"}
+DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
 EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 MLP_NAMES = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
 
@@ -33,7 +37,10 @@ MLP_NAMES = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
 def picks(cfg: ModelConfig) -> str | None:
     if not cfg.multi_latent_attention:
         return None
-    return "deepseek_v32" if cfg.dsa_index_heads else "deepseek_v3"
+    if not cfg.dsa_index_heads:
+        return "deepseek_v3"
+    glm = cfg.dsa_shared_layers is not None or cfg.dsa_rope_interleaved
+    return "glm_moe_dsa" if glm else "deepseek_v32"
 
 
 # ---------------------------------------------------------------- tensors in
@@ -76,9 +83,10 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict) -> dict:
         pre = f"model.layers.{i}."
         w = lambda n: t(pre + n + ".weight").T  # noqa: E731  HF Linear [out, in] -> [in, out]
         tree = {"attn_norm": {"scale": t(pre + "input_layernorm.weight")},
-                "attn": mla_in(t, pre + "self_attn.", cfg, q_order, kv_order),
+                "attn": mla_in(t, pre + "self_attn.", cfg, q_order, kv_order,
+                               indexer=slots[i] not in DSA_SHARED_STACKS),
                 "mlp_norm": {"scale": t(pre + "post_attention_layernorm.weight")}}
-        if slots[i] == MOE_STACK:
+        if slots[i] in MOE_STACKS:
             return {**tree, "moe": moe_in(t, pre + "mlp.", cfg)}
         return {**tree, "mlp": {ours: w(f"mlp.{theirs}") for ours, theirs in MLP_NAMES}}
 
@@ -90,10 +98,11 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict) -> dict:
                                 "final_norm": {"scale": t("model.norm.weight")}})
 
 
-def mla_in(t: Tensors, pre: str, cfg, q_order=None, kv_order=None) -> dict:
+def mla_in(t: Tensors, pre: str, cfg, q_order=None, kv_order=None, indexer=True) -> dict:
     """One multi-latent attention tree from the projections under ``pre`` (``self_attn.``);
     ``q_order`` / ``kv_order``: channel orders of the query heads and of the kv down
-    projection's output (identity when None)."""
+    projection's output (identity when None); ``indexer``: the layer has a DSA indexer (with
+    ``cfg.dsa_index_heads``)."""
     D, N, Hn, Hv = cfg.hidden_size, cfg.num_attention_heads, cfg.qk_head_dim, cfg.v_head_dim
     Hq, Rkv = cfg.head_dim, cfg.kv_lora_rank
     q_order = np.arange(Hq) if q_order is None else q_order
@@ -108,7 +117,7 @@ def mla_in(t: Tensors, pre: str, cfg, q_order=None, kv_order=None) -> dict:
     attn.update(wkv_a=kv_a if kv_order is None else kv_a[:, kv_order],
                 kv_a_norm={"scale": t(pre + "kv_a_layernorm.weight")},
                 wk_b=kv_b[..., :Hn], wv_b=kv_b[..., Hn:], wo=w("o_proj").reshape(N, Hv, D))
-    if cfg.dsa_index_heads:
+    if cfg.dsa_index_heads and indexer:
         ix = pre + "indexer."
         attn["indexer"] = {
             "wq_b": w("indexer.wq_b").reshape(-1, cfg.dsa_index_heads, cfg.dsa_index_head_dim),
@@ -211,13 +220,16 @@ def problems(cfg: ModelConfig, family: str = "deepseek_v3") -> dict:
 
 def _dsa_problems(cfg: ModelConfig, family: str) -> dict:
     """DeepSeek-V3 has no indexer; V3.2's scores half-split RoPE with ReLU, a 1e-6 key norm
-    and the exact top-k (the indexer's training knobs are not checked)."""
-    if family != "deepseek_v32":
+    and the exact top-k, on every layer; GLM-5's interleaved RoPE, with index sharing (the
+    indexer's training knobs are not checked)."""
+    if family not in DSA_FAMILIES:
         return {"dsa_index_heads": bool(cfg.dsa_index_heads)}
     eps = cfg.norm_epsilon if cfg.dsa_k_norm_epsilon is None else cfg.dsa_k_norm_epsilon
+    glm = family == "glm_moe_dsa"
     return {"dsa_index_heads": not cfg.dsa_index_heads,
             "q_lora_rank": cfg.q_lora_rank is None,
-            "dsa_rope_interleaved": cfg.dsa_rope_interleaved,
+            "dsa_rope_interleaved": cfg.dsa_rope_interleaved != glm,
+            "dsa_shared_layers": cfg.dsa_shared_layers is not None and not glm,
             "dsa_scoring_relu": not cfg.dsa_scoring_relu,
             "dsa_k_norm_epsilon": not math.isclose(eps, 1e-6),
             "dsa_exact_topk": not cfg.dsa_exact_topk,
@@ -253,12 +265,23 @@ def config(cfg: ModelConfig, family: str = "deepseek_v3") -> dict:
             "q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank,
             "qk_nope_head_dim": cfg.qk_head_dim, "qk_rope_head_dim": cfg.qk_pos_emb_head_dim,
             "v_head_dim": cfg.v_head_dim, "attention_bias": False,
-            **({} if family == "deepseek_v32" else {"rope_interleave": True}),
+            **({} if family in DSA_FAMILIES else {"rope_interleave": True}),
             "max_position_embeddings": cfg.max_position_embeddings,
             "rms_norm_eps": cfg.norm_epsilon, "hidden_act": ACT_HF[cfg.activation],
             "attention_dropout": cfg.attention_dropout, **rope_config(cfg),
-            **({"index_n_heads": cfg.dsa_index_heads, "index_head_dim": cfg.dsa_index_head_dim,
-                "index_topk": cfg.dsa_index_topk} if family == "deepseek_v32" else {})}
+            **_dsa_config(cfg, family)}
+
+
+def _dsa_config(cfg: ModelConfig, family: str) -> dict:
+    """The indexer's config.json entries (GLM-5: which layers have one)."""
+    if family not in DSA_FAMILIES:
+        return {}
+    out = {"index_n_heads": cfg.dsa_index_heads, "index_head_dim": cfg.dsa_index_head_dim,
+           "index_topk": cfg.dsa_index_topk}
+    if family == "glm_moe_dsa":
+        shared = cfg.dsa_shared_layers or (False,) * cfg.num_layers
+        out["indexer_types"] = ["shared" if s else "full" for s in shared]
+    return out
 
 
 def _moe_config(cfg: ModelConfig) -> dict:

@@ -16,7 +16,7 @@ from jaxtrain.models.hf.common import (ACT_HF, Adapter, Tensors, dense_problems,
                                        hf_linear, norm_scale, output_head, rope_config,
                                        rope_permutation, size_config, stacks)
 from jaxtrain.models.params import layer_slots, layer_tree
-from jaxtrain.models.spec import MOE_STACK
+from jaxtrain.models.spec import MOE_STACKS
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -61,7 +61,7 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict | None = None,
             attn["bo"] = t(pre + "self_attn.o_proj.bias")
         tree = {"attn_norm": {"scale": t(pre + "input_layernorm.weight")}, "attn": attn,
                 "mlp_norm": {"scale": t(pre + "post_attention_layernorm.weight")}}
-        if slots[i] == MOE_STACK:
+        if slots[i] in MOE_STACKS:
             return {**tree, "moe": moe_in(t, pre, cfg)}
         mlp = {ours: w(f"mlp.{theirs}") for ours, theirs in MLP_NAMES}
         if cfg.add_bias_linear:
