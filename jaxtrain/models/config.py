@@ -578,11 +578,12 @@ class ModelConfig:
               "has MoE layers (E) and the model has no MoE settings")
         check("E" in pattern or self.moe is None, "hybrid_layers",
               "has no MoE layers (E) but the model has MoE settings")
-        for name in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
-                     "mamba_conv_kernel_dim", "mamba_chunk_size"):
-            check(getattr(self, name) > 0, name, "must be positive")
-        check(self.mamba_heads % self.mamba_num_groups == 0, "mamba_num_groups",
-              f"{self.mamba_num_groups} does not divide the {self.mamba_heads} Mamba heads")
+        if "M" in pattern:   # the Mamba sizes matter only with Mamba layers
+            for name in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
+                         "mamba_conv_kernel_dim", "mamba_chunk_size"):
+                check(getattr(self, name) > 0, name, "must be positive")
+            check(self.mamba_heads % self.mamba_num_groups == 0, "mamba_num_groups",
+                  f"{self.mamba_num_groups} does not divide the {self.mamba_heads} Mamba heads")
         for name, on in (("linear_attention_freq", self.linear_attention_layers is not None),
                          ("parallel_residual", self.parallel_residual),
                          ("apply_residual_connection_post_layernorm",

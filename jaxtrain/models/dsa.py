@@ -14,6 +14,10 @@ averaged over the rows of the microbatch, is summed over layers times ``dsa_loss
 (MaxText averages over layers: ``dsa_loss_layer_mean``). ``dsa_sparse_loss`` restricts both
 distributions to the selected keys.
 
+Index sharing (GLM-5, Megatron's dsa_indexer_topk_freq; ``ModelConfig.dsa_shared_layers``):
+some layers have no indexer and attend with the selection of the last layer before them that
+computed one (transformer._run_layers carries it).
+
 Megatron's Hadamard rotation of q and k is orthonormal (scores unchanged) and only serves its
 FP8 scoring; it is not applied here.
 

@@ -326,9 +326,21 @@ def _hybrid_fields(cfg) -> dict:
         raise ConfigError(f"hybrid_layer_pattern {pattern!r}: its '|' pipeline cuts are not "
                           "followed (jaxtrain cuts stages by layer counts); remove them")
     main = main.replace("|", "")
-    if "D" in main:
-        raise ConfigError(f"not implemented yet: hybrid_layer_pattern {pattern!r} has DSA "
-                          "layers (D); planned for issue #25 (model families)")
+    if "D" in main:   # DeepSeek sparse attention layers: every attention layer of the model
+        if "+" in main or "*" in main:
+            raise ConfigError(f"not implemented yet: hybrid_layer_pattern {pattern!r} mixes DSA "
+                              "(D) with other attention layers; jaxtrain gives DeepSeek sparse "
+                              "attention to every attention layer of a model")
+        if not (cfg["multi_latent_attention"]
+                and cfg["experimental_attention_variant"] == "dsa"):
+            raise ConfigError(f"hybrid_layer_pattern {pattern!r}: 'D' (DSA) layers need "
+                              "multi_latent_attention and experimental_attention_variant dsa "
+                              "(with its dsa_indexer_* sizes), as in Megatron")
+        if (cfg["dsa_indexer_topk_freq"] or 1) > 1:
+            raise ConfigError(f"not implemented yet: dsa_indexer_topk_freq "
+                              f"{cfg['dsa_indexer_topk_freq']} with the hybrid stack's DSA "
+                              f"layers ({pattern!r})")
+        main = main.replace("D", "*")
     if "+" in main:   # Megatron's MLA symbol; jaxtrain builds one attention kind per model
         if "*" in main or not cfg["multi_latent_attention"]:
             raise ConfigError(f"hybrid_layer_pattern {pattern!r}: '+' (MLA) layers need "

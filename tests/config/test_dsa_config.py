@@ -126,3 +126,29 @@ def test_needs_its_sizes_and_multi_latent_attention():
         model("experimental_attention_variant=dsa")
     with pytest.raises(ConfigError, match="multi_latent_attention"):
         ModelConfig.from_config(load_config(None, [*MLA, *DSA, "multi_latent_attention=false"]))
+
+
+def test_hybrid_dsa_layers_equal_the_plain_dsa_model():
+    """Megatron's hybrid 'D' symbol (test_dsa_gpt_mamba_equivalence): "D-D-" builds the DSA
+    model's two layers as four sublayers, with the same logits."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxtrain.models import forward
+    from jaxtrain.models.params import init
+
+    args = [*DSA, "dsa_indexer_topk=4", "ffn_hidden_size=96", "seq_length=16"]
+    plain = model(*args)
+    hybrid = model(*args, "hybrid_layer_pattern=D-D-", "num_layers=4")
+    assert hybrid.hybrid_layers == "*-*-" and hybrid.dsa_index_heads == 4
+    params = jax.tree.map(lambda a: a * 10, init(plain, jax.random.PRNGKey(0)))
+    layers = params["layers"]
+    mixer = ("attn_norm", "attn")
+    remapped = {**{k: v for k, v in params.items() if k != "layers"},
+                "attention_layers": {k: layers[k] for k in mixer},
+                "mlp_layers": {k: v for k, v in layers.items() if k not in mixer}}
+    toks = jnp.asarray(np.random.RandomState(0).randint(0, 128, (2, 16)))
+    np.testing.assert_allclose(forward(remapped, toks, hybrid), forward(params, toks, plain),
+                               atol=2e-5)
+    with pytest.raises(ConfigError, match="mixes DSA"):
+        model(*args, "hybrid_layer_pattern=D+D-", "num_layers=4")

@@ -26,11 +26,16 @@ _BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_interme
              bos_token_id=1, eos_token_id=2)
 
 
-def _model(path, seed=0, **changes):
-    cfg = tr.DeepseekV32Config(**{**_BASE, **changes}, attn_implementation="eager")
-    model = _randomize(tr.DeepseekV32ForCausalLM(cfg).eval(), seed)
+def _saved(config_cls, model_cls, kw, path, seed=0):
+    """The transformers model of config ``kw``, randomized and saved to ``path``."""
+    model = _randomize(model_cls(config_cls(**kw, attn_implementation="eager")).eval(), seed)
     model.save_pretrained(path)
     return model
+
+
+def _model(path, seed=0, **changes):
+    return _saved(tr.DeepseekV32Config, tr.DeepseekV32ForCausalLM, {**_BASE, **changes}, path,
+                  seed)
 
 
 def test_parity_and_round_trip(tmp_path):
@@ -198,10 +203,7 @@ _GLM = dict(_BASE, num_hidden_layers=5, index_topk_freq=2, index_skip_topk_offse
 
 
 def _glm(path, seed=0, **changes):
-    cfg = tr.GlmMoeDsaConfig(**{**_GLM, **changes}, attn_implementation="eager")
-    model = _randomize(tr.GlmMoeDsaForCausalLM(cfg).eval(), seed)
-    model.save_pretrained(path)
-    return model
+    return _saved(tr.GlmMoeDsaConfig, tr.GlmMoeDsaForCausalLM, {**_GLM, **changes}, path, seed)
 
 
 def test_glm5_index_sharing_parity_round_trip_and_decode(tmp_path):

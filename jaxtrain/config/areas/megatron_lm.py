@@ -207,8 +207,10 @@ KNOBS = [
     K("hybrid_layer_pattern", "str", None, "Per-layer type string of a hybrid model: M Mamba, G "
       "Gated DeltaNet, * attention, D DSA, - MLP, E MoE; '|' marks pipeline cuts, '/' MTP "
       "layers.", _LP, HONORED, _HYBRID + "; one layer per symbol, each a single sublayer with "
-      "its own pre-norm (M, *, G, - and E are built; D and MTP layers after '/' are refused "
-      "as not implemented; '|' cuts are accepted only without pipeline parallelism)",
+      "its own pre-norm (M, *, +, G, D, - and E are built, D as multi-latent attention with "
+      "experimental_attention_variant dsa and no other attention symbol beside it; MTP layers "
+      "after '/' are refused as not implemented; '|' cuts are accepted only without pipeline "
+      "parallelism)",
       aliases=(Alias("hybrid_override_pattern", ("megatron-lm", "primus"),
                      note="the former name; Megatron-LM forwards it to hybrid_layer_pattern"),)),
     K("mamba_state_dim", "int", 128, "Size of the recurrent state of each Mamba head.", _LP,
