@@ -252,6 +252,9 @@ class ModelConfig:
     dsa_loss_coeff: float = 0.0
     dsa_sparse_loss: bool = False
     dsa_loss_layer_mean: bool = False
+    # heads per chunk when summing the indexer's scores and the indexer loss's attention target
+    # (MaxText's mla_qk_head_chunk_size): less memory, the same values; 0: all heads at once
+    dsa_head_chunk: int = 0
     # per layer, True: the layer has no indexer and attends to the keys the last computing layer
     # before it selected (GLM-5's index sharing, Megatron's dsa_indexer_topk_freq); None: none
     dsa_shared_layers: tuple[bool, ...] | None = None
@@ -499,6 +502,11 @@ class ModelConfig:
         check(self.dsa_loss_coeff >= 0, "dsa_indexer_loss_coeff", "must not be negative")
         check(self.sliding_window is None, "sliding_window",
               "not built with DeepSeek sparse attention")
+        C = self.dsa_head_chunk
+        check(C >= 0 and (not C or self.dsa_index_heads % C == 0
+                          and self.num_attention_heads % C == 0), "mla_qk_head_chunk_size",
+              f"{C} must divide the indexer's heads ({self.dsa_index_heads}) and the attention "
+              f"heads ({self.num_attention_heads})")
         shared = self.dsa_shared_layers
         if shared is not None:
             check(len(shared) == self.num_layers and not shared[0], "dsa_indexer_topk_freq",

@@ -88,12 +88,30 @@ def index_qkw(p: dict, x, q_in, rope, cfg):
 
 def index_scores(q, k, w, cfg):
     """Scores [B,T,S] in float32 (no mask) of queries q [B,T,Hi,Di] with head weights w over
-    keys k [B,S,Di]: the weighted sum over heads of (ReLU'd) q.k."""
-    logits = jnp.einsum("bthd,bsd->bths", q, k.astype(q.dtype),
-                        preferred_element_type=jnp.float32)
-    if cfg.dsa_scoring_relu:
-        logits = jax.nn.relu(logits)
-    return jnp.einsum("bths,bth->bts", logits, w)
+    keys k [B,S,Di]: the weighted sum over heads of (ReLU'd) q.k. With ``dsa_head_chunk`` the
+    heads are summed a chunk at a time (recomputed in the backward), so no [B,T,Hi,S] tensor
+    is made whole."""
+    def chunk(q, w):
+        logits = jnp.einsum("bthd,bsd->bths", q, k.astype(q.dtype),
+                            preferred_element_type=jnp.float32)
+        if cfg.dsa_scoring_relu:
+            logits = jax.nn.relu(logits)
+        return jnp.einsum("bths,bth->bts", logits, w)
+
+    return _over_head_chunks(chunk, (q, w), q.shape[2], cfg.dsa_head_chunk)
+
+
+def _over_head_chunks(fn, per_head, heads: int, size: int):
+    """Σ over chunks of ``size`` heads of fn(*arrays sliced to the chunk's heads, axis 2);
+    all heads at once when ``size`` is 0 or covers them."""
+    if not size or size >= heads:
+        return fn(*per_head)
+    split = [jnp.moveaxis(a.reshape(*a.shape[:2], heads // size, size, *a.shape[3:]), 2, 0)
+             for a in per_head]
+    body = jax.checkpoint(lambda acc, xs: (acc + fn(*xs), None))
+    first = jax.eval_shape(fn, *(a[0] for a in split))
+    out, _ = jax.lax.scan(body, jnp.zeros(first.shape, first.dtype), tuple(split))
+    return out
 
 
 def select(scores, visible, cfg):
@@ -117,15 +135,21 @@ def select(scores, visible, cfg):
     return visible & (above | (tie & (jnp.cumsum(tie, -1) <= room)))
 
 
-def indexer_kl(scores, q, k, visible, selected, scale: float, sparse: bool):
+def indexer_kl(scores, q, k, visible, selected, scale: float, sparse: bool,
+               head_chunk: int = 0):
     """Mean over the B*T rows of KL(target || softmax(scores)): the target is the main
-    attention's probabilities (q [B,T,N,H], k [B,S,N,H], detached) summed over heads and
-    renormalised; ``sparse``: both restricted to the ``selected`` keys."""
+    attention's probabilities (q [B,T,N,H], k [B,S,N,H], detached) summed over heads (a chunk
+    of ``head_chunk`` heads at a time) and renormalised; ``sparse``: both restricted to the
+    ``selected`` keys."""
     q, k = jax.lax.stop_gradient(q), jax.lax.stop_gradient(k)
     keep = selected if sparse else visible
-    att = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * scale
-    att = jnp.where(keep[:, None], att, -jnp.inf)
-    probs = jnp.where(keep[:, None], jax.nn.softmax(att, -1), 0.0).sum(1)
+
+    def head_probs(q, k):   # the heads' attention probabilities, summed
+        att = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * scale
+        att = jnp.where(keep[:, None], att, -jnp.inf)
+        return jnp.where(keep[:, None], jax.nn.softmax(att, -1), 0.0).sum(1)
+
+    probs = _over_head_chunks(head_probs, (q, k), q.shape[2], head_chunk)
     target = probs / jnp.maximum(probs.sum(-1, keepdims=True), _EPS)
     logp = jax.nn.log_softmax(jnp.where(keep, scores, -jnp.inf), -1)
     terms = jnp.where(keep, target * (jnp.log(jnp.maximum(target, _EPS)) - logp), 0.0)

@@ -687,7 +687,8 @@ def _dsa_fields(cfg: Mapping[str, Any]) -> dict:
                     dsa_exact_topk=cfg["indexer_mask_exact_topk"],
                     dsa_approx_topk_recall=recall,
                     dsa_loss_coeff=float(cfg["indexer_loss_scaling_factor"]),
-                    dsa_sparse_loss=cfg["indexer_sparse_training"], dsa_loss_layer_mean=True)
+                    dsa_sparse_loss=cfg["indexer_sparse_training"], dsa_loss_layer_mean=True,
+                    dsa_head_chunk=cfg["mla_qk_head_chunk_size"])
     missing = [k for k in ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk")
                if cfg[k] is None]
     if missing:

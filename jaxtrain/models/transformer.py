@@ -112,8 +112,8 @@ def _sparse_selection(p: dict, x, q_latent, q, k, ctx: dict, layer_number, cfg, 
                                                  ctx.get("q_offset")), (q.shape[0], T, S))
     scores = dsa.index_scores(iq, ik, w, cfg)
     keep = dsa.select(jax.lax.stop_gradient(scores), visible, cfg)
-    kl = (dsa.indexer_kl(scores, q, k, visible, keep, scale, cfg.dsa_sparse_loss)
-          if train else None)
+    kl = (dsa.indexer_kl(scores, q, k, visible, keep, scale, cfg.dsa_sparse_loss,
+                         cfg.dsa_head_chunk) if train else None)
     return (None if S <= cfg.dsa_index_topk else keep), kl, index_k
 
 

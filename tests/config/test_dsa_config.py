@@ -48,6 +48,7 @@ def test_maxtext_knobs_build_the_indexer():
     assert not cfg.dsa_exact_topk and cfg.dsa_approx_topk_recall == 0.9
     assert cfg.dsa_k_norm_epsilon == 1e-6   # Flax's LayerNorm default
     assert model("use_indexer=true").dsa_approx_topk_recall is None
+    assert model("use_indexer=true", "mla_qk_head_chunk_size=2").dsa_head_chunk == 2
     remat = model("use_indexer=true", "remat_policy=custom", "indexer_cutoff_threshold=offload")
     assert ("indexer_cutoff_threshold", "offload") in remat.remat_tensors
 

@@ -226,3 +226,29 @@ def test_glm5_sharing_layers_have_no_indexer(tmp_path):
     assert "indexer" not in params["dsa_shared_moe_layers"]["attn"]
     assert "indexer" in params["moe_layers"]["attn"]
     assert params["dsa_shared_moe_layers"]["attn"]["wq_b"].shape[1] == 2   # layers 3 and 5
+
+
+@pytest.mark.slow
+def test_head_chunks_give_the_same_values_with_less_memory():
+    """MaxText's mla_qk_head_chunk_size: the indexer's scores and the loss's attention target
+    summed a chunk of heads at a time: equal loss and gradients, a smaller working set."""
+    cfg = _cfg(dsa_loss_coeff=0.1, dsa_index_heads=8, dsa_index_topk=8, num_attention_heads=8,
+               max_position_embeddings=128)
+    params = random_params(cfg)
+    toks = tokens(seq=96)
+
+    def loss(cfg):
+        def fn(p):
+            hidden, stats = hidden_states(p, toks, cfg, deterministic=False,
+                                          rng=jax.random.PRNGKey(0), with_moe_stats=True)
+            return jnp.mean(hidden ** 2) + dsa.pop(stats)[1]
+        return jax.jit(jax.value_and_grad(fn))
+
+    whole, chunked = loss(cfg), loss(cfg.replace(dsa_head_chunk=2))
+    (a, ga), (b, gb) = whole(params), chunked(params)
+    assert float(a) == pytest.approx(float(b), rel=1e-5)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6), ga, gb)
+
+    def temp(f):
+        return f.lower(params).compile().memory_analysis().temp_size_in_bytes
+    assert temp(chunked) < 0.8 * temp(whole)

@@ -164,8 +164,9 @@ KNOBS = [
       "times this, joins the objective (also when the sequence is no longer than indexer_topk, "
       "where MaxText's indexer is bypassed and gets no gradient)"),
     K("mla_qk_head_chunk_size", "int", 0, "Compute the indexer's query-key product a chunk of "
-      "heads at a time to save memory; 0 does all heads at once.", _MT, INERT,
-      "a memory/time trade-off of how the product is evaluated; " + _NO_VALUE_CHANGE),
+      "heads at a time to save memory; 0 does all heads at once.", _MT, HONORED, _INDEXER +
+      ": the indexer's scores and its loss's attention target summed a chunk of heads at a "
+      "time under lax.scan (recomputed in the backward); the same values, less memory"),
 
     # --- MLA extras ---
     K("use_sliced_mla_proj", "bool", False, "MLA: slice the projection weights before the "
