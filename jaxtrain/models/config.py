@@ -494,8 +494,11 @@ class ModelConfig:
 
     def _validate_dsa(self, check):
         """DeepSeek sparse attention: indexer shapes, and what it is not built with."""
-        for name in ("dsa_index_heads", "dsa_index_head_dim", "dsa_index_topk"):
-            check(getattr(self, name) > 0, name, "must be positive")
+        for name, knob in (("dsa_index_heads", "dsa_indexer_n_heads"),
+                           ("dsa_index_head_dim", "dsa_indexer_head_dim"),
+                           ("dsa_index_topk", "dsa_indexer_topk")):
+            check(getattr(self, name) > 0, knob, "must be positive (MaxText: indexer_n_heads, "
+                  "indexer_head_dim, indexer_topk)")
         check(self.dsa_index_head_dim >= self.qk_pos_emb_head_dim, "dsa_indexer_head_dim",
               f"{self.dsa_index_head_dim} is narrower than its RoPE part qk_pos_emb_head_dim "
               f"{self.qk_pos_emb_head_dim}")

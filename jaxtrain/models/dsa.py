@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxtrain.models.mla import rope_pairs
 from jaxtrain.models.spec import ParamSpec, _linear_init, _ones, _zeros
 
 _EPS = 1e-10   # Megatron's clamp of the target before its log and of the L1 normaliser
@@ -54,10 +55,13 @@ def indexer_specs(cfg) -> dict:
 
 def _rope(x, cos, sin, interleaved: bool):
     """RoPE on the first 2*cos.shape[-1] channels of x [B,T,n,Di] (the rest pass through):
-    halves (x1, x2) rotated, or interleaved pairs (output in the pairs' split layout)."""
+    halves (x1, x2) rotated, or interleaved pairs as MLA rotates them (`mla.rope_pairs`)."""
     P = 2 * cos.shape[-1]
-    r, rest = x[..., :P].astype(jnp.float32), x[..., P:]
-    x1, x2 = (r[..., 0::2], r[..., 1::2]) if interleaved else (r[..., :P // 2], r[..., P // 2:])
+    r, rest = x[..., :P], x[..., P:]
+    if interleaved:
+        return jnp.concatenate([rope_pairs(r, cos, sin), rest], -1)
+    r = r.astype(jnp.float32)
+    x1, x2 = r[..., :P // 2], r[..., P // 2:]
     c, s = cos[:, :, None], sin[:, :, None]
     rot = jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1).astype(x.dtype)
     return jnp.concatenate([rot, rest], -1)
