@@ -28,6 +28,8 @@ of the last layer's kind, whose attention adds a score term), and the output lay
 more per depth. Each Mamba-2 layer adds 6 * (C (G N + H P) + 2 H P N): within a chunk the
 C.B^T scores (G groups of state width N) and their product with the H heads' inputs of width
 P, across chunks the state's write and read (H P N each).
+Hyper-connections (n streams): each half's mapping [nD, 2n+R] counts as a weight, and each half
+adds 3 * (4 n D + 2 n^2 D) for reading the streams, mixing them and spreading its output.
 """
 from __future__ import annotations
 
@@ -39,8 +41,9 @@ import time
 import jax
 import numpy as np
 
+from jaxtrain.models.hyper import mixing_flops
 from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, LINEAR_STACKS, MAMBA_STACK,
-                                  layer_kinds)
+                                  MIXER_ONLY_STACKS, layer_kinds)
 from jaxtrain.observe.progress import Rate, format_duration
 
 # Layer stacks without softmax attention (no score term)
@@ -79,8 +82,10 @@ def flop_terms(model_cfg, params) -> tuple[float, float]:
     kinds = layer_kinds(model_cfg)
     linear = sum(k in LINEAR_STACKS for k in kinds)
     attn = sum(c for c, _ in _score_terms(model_cfg))
+    halves = sum(1 if k in MIXER_ONLY_STACKS + FFN_ONLY_STACKS else 2 for k in kinds)
     return (6.0 * n_active + linear_mixing_flops(model_cfg) * linear
-            + mamba_mixing_flops(model_cfg) * kinds.count(MAMBA_STACK), float(attn))
+            + mamba_mixing_flops(model_cfg) * kinds.count(MAMBA_STACK)
+            + 3.0 * mixing_flops(model_cfg) * halves, float(attn))
 
 
 def flops_per_token(model_cfg, params, seq_length: int) -> float:

@@ -58,6 +58,7 @@ import jax.numpy as jnp
 
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.loss import row_losses
+from jaxtrain.models import hyper
 from jaxtrain.models import layers as L
 from jaxtrain.models.decode import cached_layers
 from jaxtrain.models.params import DENSE_STACK, layer_kinds
@@ -131,11 +132,11 @@ def _chunk(params, kv, tokens, positions, targets, weights, start, rng, cfg, *, 
     ctx = {"segment_ids": None, "deterministic": not train, "rng": rng, "rope": rope,
            "moe_state": None, "kv_cache": kv_cache, "q_offset": start, "positions": positions,
            "kv_positions": jnp.arange(kv["k"].shape[2], dtype=jnp.int32)[None]}
-    x, own = cached_layers(params, x, kv, ctx, cfg, None, remat=offload)
+    x, own = cached_layers(params, hyper.expand(x, cfg), kv, ctx, cfg, None, remat=offload)
     own = jax.tree.map(lambda a, b: a.astype(b.dtype), own, kv)
     if not with_loss:
         return jnp.float32(0.0), own
-    hidden = L.norm(params["final_norm"], x, cfg)
+    hidden = L.norm(params["final_norm"], hyper.contract(x, cfg), cfg)
     sums, _ = row_losses(params, hidden, targets, weights, cfg, half_precision=half_precision,
                          objective=objective)
     return jnp.sum(sums), own

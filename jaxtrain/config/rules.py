@@ -245,6 +245,19 @@ def _not_yet(c: Context, feature: str, reasons) -> None:
             c.error(f"not implemented yet: {name} with {feature}: {why}")
 
 
+def hyper_connections(c: Context):
+    """Manifold-constrained hyper-connections (mhc_expansion_rate > 1 or enable_mhc_connections):
+    what does not carry several residual streams yet, refused by name."""
+    by = next((c.where(k) for k in ("mhc_expansion_rate", "enable_mhc_connections")
+               if c.get(k) not in (None, False, 1)), None)
+    if by is None:
+        return
+    _not_yet(c, f"hyper-connections ({by})", (
+        ("pipeline_model_parallel_size", "the stages send one residual stream between them"),
+        ("mtp_num_layers", "the multi-token-prediction modules read one stream"),
+        *_ONE_STACK))
+
+
 def small_gemma4(c: Context):
     """Gemma 4 small's per-layer inputs and KV sharing: what does not run them yet, refused."""
     on = [k for k in ("hidden_size_per_layer_input", "num_kv_shared_layers") if c.get(k)]
@@ -1013,7 +1026,8 @@ RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULE
          pgs_context_parallel, context_and_experts, model_shape, learning_rate, iterations,
          batch, moe_router, flex_dispatcher, upcycling, pgs, evaluate_only, context_parallel,
          pipeline_parallel, deferred_wgrad, gated_delta_net, sparse_attention, hybrid_models,
-         gemma4_global_layers, small_gemma4, multi_token_prediction, short_convolutions)
+         gemma4_global_layers, small_gemma4, multi_token_prediction, short_convolutions,
+         hyper_connections)
 
 
 def apply(c: Context):

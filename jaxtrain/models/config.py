@@ -33,7 +33,7 @@ ROPE_TYPES = ("rope", "yarn")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "quick_gelu", "squared_relu", "relu")
 RECOMPUTE_METHODS = ("uniform", "block")
-RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "mla_up_proj")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "mla_up_proj", "mhc")
 MOE_RECOMPUTE_MODULES = ("moe", "moe_act", "shared_experts")
 REMAT_TENSOR_MODES = ("remat", "device", "offload")
 
@@ -258,6 +258,14 @@ class ModelConfig:
     # per layer, True: the layer has no indexer and attends to the keys the last computing layer
     # before it selected (GLM-5's index sharing, Megatron's dsa_indexer_topk_freq); None: none
     dsa_shared_layers: tuple[bool, ...] | None = None
+    # Manifold-constrained hyper-connections (models/hyper.py): residual streams (1: the plain
+    # residual), Sinkhorn rounds, MaxText's mHC-lite (permutation mixtures), the convention
+    # ("deepseek": MaxText / DeepSeek-V4, "megatron": Megatron-LM) and the gates' initial value
+    hc_streams: int = 1
+    hc_sinkhorn_iters: int = 20
+    hc_lite: bool = False
+    hc_style: str = "deepseek"
+    hc_init_gate: float = 0.01
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"
@@ -407,6 +415,8 @@ class ModelConfig:
               "leaves multi-latent attention unrotated, and the model has none")
         if self.has_global_shape:
             self._validate_global(check)
+        if self.hc_streams != 1:
+            self._validate_hyper(check, choice)
         check(self.logits_scaling > 0, "logits_scaling", "must be positive (logits are "
               "divided by it)")
         check(not self.parallel_residual or (
@@ -471,6 +481,8 @@ class ModelConfig:
                   "need the MoE/MLA model)")
         check("mla_up_proj" not in self.recompute_modules or self.multi_latent_attention,
               "recompute_modules", "'mla_up_proj' needs multi_latent_attention")
+        check("mhc" not in self.recompute_modules or self.hc_streams > 1, "recompute_modules",
+              "'mhc' needs hyper-connections (enable_mhc_connections)")
 
     def _validate_mla(self, check):
         """Megatron's MLA rules: no GQA, RoPE only on the pos-emb slice, no q/k/v biases."""
@@ -515,6 +527,27 @@ class ModelConfig:
             check(len(shared) == self.num_layers and not shared[0], "dsa_indexer_topk_freq",
                   f"index sharing needs one entry per layer ({self.num_layers}) and a first "
                   "layer that computes its own selection")
+
+    def _validate_hyper(self, check, choice):
+        check(self.hc_streams > 1, "hc_streams", "must be 1 (the plain residual) or more "
+              "streams (MaxText mhc_expansion_rate, Megatron mhc_num_residual_streams)")
+        choice("hc_style", ("deepseek", "megatron"))
+        check(self.hc_sinkhorn_iters > 0, "hc_sinkhorn_iters", "must be positive (MaxText "
+              "sinkhorn_iterations, Megatron mhc_sinkhorn_iterations)")
+        check(not self.hc_lite or self.hc_style == "deepseek", "hc_lite",
+              "mHC-lite (enable_mhc_lite) is MaxText's; Megatron's mHC has no such mode")
+        check(not self.hc_lite or self.hc_streams <= 6, "hc_lite",
+              f"mixes all {self.hc_streams}! permutations; keep mhc_expansion_rate at 6 or less")
+        for name, on, why in (
+                ("parallel_residual", self.parallel_residual, "adds both sublayers at once"),
+                ("apply_residual_connection_post_layernorm",
+                 self.apply_residual_connection_post_layernorm, "adds the normed input"),
+                ("per_layer_input_size", self.per_layer_input_size,
+                 "adds Gemma 4's per-layer inputs to one stream"),
+                ("layer_scalar", self.layer_scalar, "scales Gemma 4's one stream"),
+                ("mtp_num_layers", self.mtp_num_layers,
+                 "multi-token prediction modules read one stream")):
+            check(not on, name, f"is not built with hyper-connections (mHC): its layer {why}")
 
     def _validate_global(self, check):
         """Gemma 4's global layers: a RoPE model of softmax layers, the query heads in whole

@@ -49,7 +49,7 @@ from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.mamba import init_cache as mamba_cache
 from jaxtrain.models.short_conv import init_cache as conv_cache
-from jaxtrain.models import per_layer
+from jaxtrain.models import hyper, per_layer
 from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, GLOBAL_STACKS,
                                   KV_SHARED_STACKS, LINEAR_STACKS, MAMBA_STACK)
 from jaxtrain.models.transformer import (RECURRENT, RESIDUAL, _periodic_runs, decoder_layer,
@@ -177,8 +177,9 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
         kv_at = jnp.arange(cache["k"].shape[2], dtype=jnp.int32)[None]
         ctx["kv_positions"] = kv_at if pad is None else jnp.maximum(kv_at - pad_B1, 0)
     layers_cache = {n: a for n, a in cache.items() if n != "length"}
-    x, layers_cache = cached_layers(params, x, layers_cache, ctx, cfg, quant_state)
-    hidden = L.norm(params["final_norm"], x[:, -1:], cfg)
+    x, layers_cache = cached_layers(params, hyper.expand(x, cfg), layers_cache, ctx, cfg,
+                                    quant_state)
+    hidden = L.norm(params["final_norm"], hyper.contract(x[:, -1:], cfg), cfg)
     logits = logits_head(params, hidden, cfg)[:, 0]
     return logits, {**layers_cache, "length": start + T}
 

@@ -157,7 +157,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         apply_query_key_layer_scaling=cfg["apply_query_key_layer_scaling"],
         attention_softmax_in_fp32=softmax_fp32,
         **_sink_fields(cfg), **_mla_fields(cfg), **_dsa_fields(cfg), **_linear_fields(cfg),
-        **_nope_fields(cfg),
+        **_nope_fields(cfg), **_hyper_fields(cfg),
         **hybrid, **_mtp_fields(cfg), **_short_conv_fields(cfg),
         attention_output_gate=cfg["attention_output_gate"],
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
@@ -441,7 +441,10 @@ _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "g
                 "per_layer_input_size": "hidden_size_per_layer_input",
                 "per_layer_vocab_size": "vocab_size_per_layer_input",
                 "kv_shared_layers": "num_kv_shared_layers",
-                "double_wide_shared_mlp": "use_double_wide_mlp"}
+                "double_wide_shared_mlp": "use_double_wide_mlp",
+                "hc_streams": "mhc_expansion_rate / mhc_num_residual_streams",
+                "hc_sinkhorn_iters": "sinkhorn_iterations / mhc_sinkhorn_iterations",
+                "hc_lite": "enable_mhc_lite", "hc_style": "enable_mhc_connections"}
 
 
 def _knob_message(text: str) -> str:
@@ -707,6 +710,33 @@ def _dsa_fields(cfg: Mapping[str, Any]) -> dict:
                 dsa_k_norm_epsilon=cfg["dsa_indexer_k_norm_epsilon"],
                 dsa_loss_coeff=float(cfg["dsa_indexer_loss_coeff"] or 0.0),
                 dsa_sparse_loss=cfg["dsa_indexer_use_sparse_loss"])
+
+
+def _hyper_fields(cfg: Mapping[str, Any]) -> dict:
+    """Manifold-constrained hyper-connections (models/hyper.py): MaxText's
+    mhc_expansion_rate > 1 (its convention, with sinkhorn_iterations and enable_mhc_lite) or
+    Megatron's enable_mhc_connections (mhc_num_residual_streams, mhc_sinkhorn_iterations,
+    mhc_init_gating_factor)."""
+    maxtext, megatron = cfg["mhc_expansion_rate"] != 1, bool(cfg["enable_mhc_connections"])
+    if maxtext and megatron:
+        raise ConfigError("mhc_expansion_rate and enable_mhc_connections both switch on "
+                          "hyper-connections (MaxText's and Megatron's conventions); set one")
+    other = ({"mhc_sinkhorn_iterations": 20, "mhc_init_gating_factor": 0.01} if maxtext else
+             {"sinkhorn_iterations": 20, "enable_mhc_lite": False} if megatron else {})
+    for key, default in other.items():
+        if cfg[key] != default:
+            raise ConfigError(f"{key} belongs to the other dialect's hyper-connections than "
+                              f"{'mhc_expansion_rate' if maxtext else 'enable_mhc_connections'}"
+                              " switches on; it would be ignored")
+    if maxtext:
+        return dict(hc_streams=cfg["mhc_expansion_rate"], hc_style="deepseek",
+                    hc_sinkhorn_iters=cfg["sinkhorn_iterations"],
+                    hc_lite=bool(cfg["enable_mhc_lite"]))
+    if megatron:
+        return dict(hc_streams=cfg["mhc_num_residual_streams"], hc_style="megatron",
+                    hc_sinkhorn_iters=cfg["mhc_sinkhorn_iterations"],
+                    hc_init_gate=float(cfg["mhc_init_gating_factor"]))
+    return {}
 
 
 _REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",

@@ -26,6 +26,7 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
             wk/wv/bk/bv/k_norm/v_norm, the MLP 2F wide with double_wide_shared_mlp
     per_layer_embedding, per_layer_projection, per_layer_norm; per layer ple_gate, ple_proj,
             ple_norm: Gemma 4 small's per-layer inputs (per_layer.py)
+            attn_hc, mlp_hc {w, b, alpha, norm}: hyper-connections of each half (hyper.py)
     mtp: the multi-token-prediction modules (``cfg.mtp_num_layers``; one with
             mtp_repeated_layer), each leaf stacked over them: enorm, hnorm, final_norm
             {scale}, eh_proj [2D,D], layer (a layer tree of the last layer's stack)
@@ -55,7 +56,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from jaxtrain.models import per_layer
+from jaxtrain.models import hyper, per_layer
 from jaxtrain.models.dsa import indexer_specs
 from jaxtrain.models.mla import mla_specs
 from jaxtrain.models.linear_attention import linear_attention_specs
@@ -114,12 +115,15 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
              else {"attn": attn})
     ffn = {"moe": _moe_specs(cfg)} if kind in MOE_STACKS else {"mlp": _mlp_specs(cfg, F)}
     halves = []
+    streams = cfg.hc_streams > 1   # hyper-connections: each half mixes the streams (hyper.py)
     if kind not in FFN_ONLY_STACKS:
         halves.append(({"attn_norm": _norm(cfg, D)} if cfg.pre_norm else {}) | mixer
-                      | ({"post_attn_norm": _norm(cfg, D)} if cfg.post_attention_norm else {}))
+                      | ({"post_attn_norm": _norm(cfg, D)} if cfg.post_attention_norm else {})
+                      | ({"attn_hc": hyper.specs(cfg)} if streams else {}))
     if kind not in MIXER_ONLY_STACKS:
         halves.append(({"mlp_norm": _norm(cfg, D)} if cfg.pre_norm else {}) | ffn
-                      | ({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {}))
+                      | ({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {})
+                      | ({"mlp_hc": hyper.specs(cfg)} if streams else {}))
     scalar = ({"layer_scalar": ParamSpec((1,), dt, (None,), jax.nn.initializers.ones)}
               if cfg.layer_scalar else {})
     extra = per_layer.layer_specs(cfg) | scalar

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxtrain.models import dsa
+from jaxtrain.models import dsa, hyper
 from jaxtrain.models import layers as L
 from jaxtrain.models import per_layer
 from jaxtrain.models.attention import attention
@@ -322,12 +322,14 @@ def _with_layer_window(run, i, kv_len: int, cfg, impl: str):
 
 
 def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
-    """One pre-norm layer on the residual stream x [B,T,D]; i is the 0-based layer index.
+    """One pre-norm layer on the residual stream x [B,T,D] (with hyper-connections the streams
+    [B,T,n,D], models/hyper.py); i is the 0-based layer index.
     An MoE layer (``p`` has ``moe`` for ``mlp``) returns (x, router statistics); a DSA layer
     adds `attention_block`'s extras to them (its KL under ``dsa``, its selection under
     ``dsa_keep``). With a KV ``cache`` (decoding; see
     `attention_block`) it returns (x, statistics or None, new cache)."""
-    x = checkpoint_name(constrain(x, "act_batch", "act_layer_seq", "act_embed"),
+    streams = cfg.hc_streams > 1
+    x = checkpoint_name(constrain(x, *(hyper.STREAMS if streams else RESIDUAL)),
                         "decoder_layer_input")
     x_in = x   # what a parallel-residual MLP reads (GPT-NeoX)
     rng = jax.random.fold_in(ctx["rng"], i) if ctx["rng"] is not None else None
@@ -335,17 +337,27 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     det = ctx["deterministic"]
     norm = _maybe_remat(lambda q, y: L.norm(q, y, cfg), "layernorm" in cfg.recompute_modules)
     mlp = _maybe_remat(lambda q, y: L.mlp(q, y, cfg), "mlp" in cfg.recompute_modules)
+    collapse = _maybe_remat(lambda q, y: hyper.collapse(q, y, cfg), "mhc" in cfg.recompute_modules)
+
+    def add(x, half, branch, resid):
+        """The residual add of a half: onto ``resid``, or into the streams x by its mHC."""
+        if streams:
+            return hyper.merge(half, x, branch).astype(cfg.residual_dtype)
+        return (resid + branch).astype(cfg.residual_dtype)
 
     extras = {}
     if "attn" in p or any(key in p for _, key, _ in RECURRENT):
-        x, cache, extras = _mixer_half(p, x, i, ctx, cfg, cache, norm, sub, det)
+        u, half = collapse(p["attn_hc"], x) if streams else (x, None)
+        a, resid, cache, extras = _mixer_half(p, u, i, ctx, cfg, cache, norm, sub, det)
+        x = add(x, half, a, resid)
     stats = None
     if "mlp" in p or "moe" in p:
-        mlp_in = x_in if cfg.parallel_residual else x
-        h = norm(p["mlp_norm"], mlp_in) if cfg.pre_norm else mlp_in
+        u, half = collapse(p["mlp_hc"], x) if streams else (x_in if cfg.parallel_residual
+                                                              else x, None)
+        h = norm(p["mlp_norm"], u) if cfg.pre_norm else u
         with jax.named_scope("mlp"):
             if "moe" in p:
-                m, stats = _moe(p["moe"], h, x, i, ctx, sub(4), cfg)
+                m, stats = _moe(p["moe"], h, u if streams else x, i, ctx, sub(4), cfg)
             else:
                 m = mlp(p["mlp"], h)
         if cfg.post_mlp_norm:
@@ -353,14 +365,14 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
         if cfg.residual_multiplier != 1.0:
             m = m * jnp.asarray(cfg.residual_multiplier, m.dtype)
         resid = h if cfg.apply_residual_connection_post_layernorm else x
-        m = constrain(m, *RESIDUAL)
-        x = (resid + L.dropout(m, cfg.hidden_dropout, sub(3), det)).astype(cfg.residual_dtype)
+        m = L.dropout(constrain(m, *RESIDUAL), cfg.hidden_dropout, sub(3), det)
+        x = add(x, half, m, resid)
     if "ple_gate" in p:   # Gemma 4 small: this layer's per-layer input
         x = per_layer.block(p, x, ctx["per_layer_input"], cfg)
     out = x
     if "layer_scalar" in p:   # Gemma 4: a checkpoint constant, so no gradient reaches it
         out = out * jax.lax.stop_gradient(p["layer_scalar"]).astype(out.dtype)
-    out = constrain(out, *RESIDUAL)
+    out = constrain(out, *(hyper.STREAMS if streams else RESIDUAL))
     if extras:
         stats = {**(stats or {}), **extras}
     if cache is not None:
@@ -376,7 +388,8 @@ RECURRENT = (("linear", "linear_attn", linear_attention_block), ("mamba", "mamba
 
 def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
     """The token-mixing half of layer i (softmax attention, Gated DeltaNet, Mamba or a short
-    convolution) with its norms and residual add: (x, cache, `attention_block`'s extras)."""
+    convolution) on its input x [B,T,D], with its norms: (its output after dropout, what that
+    is added to, cache, `attention_block`'s extras)."""
     h = norm(p["attn_norm"], x) if cfg.pre_norm else x
     extras = {}
     recurrent = [(n, key, block) for n, key, block in RECURRENT if key in p]
@@ -399,9 +412,8 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
     if cfg.residual_multiplier != 1.0:   # Granite
         a = a * jnp.asarray(cfg.residual_multiplier, a.dtype)
     resid = h if cfg.apply_residual_connection_post_layernorm else x
-    x = (resid + L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det)
-         ).astype(cfg.residual_dtype)
-    return x, cache, extras
+    return (L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det), resid, cache,
+            extras)
 
 
 def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
@@ -720,7 +732,8 @@ def forward(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
 def layer_inputs(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
                  deterministic: bool = True, rng=None, moe_state=None,
                  embed_noise: float = 0.0, with_embedding: bool = True):
-    """(x, ctx): the residual stream [B,T,D] entering the first layer (None without
+    """(x, ctx): the residual stream [B,T,D] ([B,T,n,D] with hyper-connections) entering the
+    first layer (None without
     ``with_embedding``: a pipeline stage after the first) and the context every layer reads
     (RoPE tables, segments, dropout, context parallelism's token order). Arguments as
     :func:`hidden_states`."""
@@ -754,7 +767,7 @@ def layer_inputs(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
     emb_rng = jax.random.fold_in(rng, cfg.num_layers) if rng is not None else None
     x = L.dropout(constrain(x, *RESIDUAL), cfg.hidden_dropout, emb_rng, deterministic
                   ).astype(cfg.residual_dtype)
-    return x, ctx
+    return hyper.expand(x, cfg), ctx
 
 
 def layer_stacks(params: dict, cfg) -> dict:
@@ -764,9 +777,10 @@ def layer_stacks(params: dict, cfg) -> dict:
 
 
 def final_hidden(params: dict, x, ctx: dict, cfg):
-    """The last layer's output x normed by the final norm, in the tokens' natural order."""
+    """The last layer's output x (its streams contracted, with hyper-connections) normed by the
+    final norm, in the tokens' natural order."""
     with jax.named_scope("final_norm"):
-        hidden = L.norm(params["final_norm"], x, cfg)
+        hidden = L.norm(params["final_norm"], hyper.contract(x, cfg), cfg)
     lay = ctx.get("reordered")
     return hidden if lay is None else lay.undo(hidden)
 

@@ -341,12 +341,15 @@ KNOBS = [
       "gated_delta); the result is the same for any length, the cost is not"),
     K("use_qk_norm_in_gdn", "bool", True, "Gated DeltaNet: L2-normalise queries and keys inside "
       "the delta rule.", _MT, HONORED, "kernels/gated_delta l2_qk"),
-    _family("mhc_expansion_rate", "int", 1, "Manifold-constrained hyper-connections: parallel "
-            "residual streams per layer; 1 is the plain residual.", "DeepSeek V4 mHC"),
-    _family("sinkhorn_iterations", "int", 20, "mHC: Sinkhorn-Knopp iterations that make the "
-            "stream-mixing matrix doubly stochastic.", "DeepSeek V4 mHC"),
-    _family("enable_mhc_lite", "bool", False, "mHC-lite: build the mixing matrix as a convex "
-            "combination of permutations instead of Sinkhorn iterations.", "DeepSeek V4 mHC"),
+    K("mhc_expansion_rate", "int", 1, "Manifold-constrained hyper-connections: parallel "
+      "residual streams per layer; 1 is the plain residual.", _MT, HONORED,
+      "MaxText's (DeepSeek's) convention of models/hyper.py: learned-scale norm, softmax-start "
+      "Sinkhorn, the streams summed at the end"),
+    K("sinkhorn_iterations", "int", 20, "mHC: Sinkhorn-Knopp iterations that make the "
+      "stream-mixing matrix doubly stochastic.", _MT, HONORED, "hyper._sinkhorn's rounds"),
+    K("enable_mhc_lite", "bool", False, "mHC-lite: build the mixing matrix as a convex "
+      "combination of permutations instead of Sinkhorn iterations.", _MT, HONORED,
+      "softmax weights over the n! permutation matrices (models/hyper.py)"),
     _family("engram_layers", "list[int]", [], "DeepSeek Engram: layers that get an n-gram "
             "hash-memory branch; empty disables it.", "DeepSeek Engram"),
     _family("engram_max_ngram_size", "int", 3, "Engram: largest n of the hashed n-grams "

@@ -255,13 +255,19 @@ KNOBS = [
 
     # --- manifold-constrained hyper-connections (mHC) ---
     K("enable_mhc_connections", "bool", False, "Replace the residual stream with several mixed "
-      "streams (manifold-constrained hyper-connections).", _L),
-    K("mhc_num_residual_streams", "int", 4, "Number of parallel residual streams of mHC.", _L),
+      "streams (manifold-constrained hyper-connections).", _L, HONORED,
+      "Megatron's convention of models/hyper.py (unweighted norm, exp-start Sinkhorn, mean of "
+      "the streams at the end)"),
+    K("mhc_num_residual_streams", "int", 4, "Number of parallel residual streams of mHC.", _L,
+      HONORED, "the streams' axis n of models/hyper.py"),
     K("mhc_sinkhorn_iterations", "int", 20, "Sinkhorn-Knopp iterations that make the mHC mixing "
-      "matrix doubly stochastic.", _L),
-    K("mhc_init_gating_factor", "float", 0.01, "Initial value of the mHC gating factor.", _L),
+      "matrix doubly stochastic.", _L, HONORED, "row/column rounds of hyper._sinkhorn"),
+    K("mhc_init_gating_factor", "float", 0.01, "Initial value of the mHC gating factor.", _L,
+      HONORED, "initial value of each half's three gates (alpha)"),
     K("mhc_recompute_layer_num", "int", None, "Layers per mHC recompute block; null puts all "
-      "layers of the stack in one block.", _L),
+      "layers of the stack in one block.", _L, INERT,
+      "groups Megatron's discard-and-recompute of mHC outputs, a memory schedule; the values are "
+      "the same. jaxtrain recomputes mHC per layer with recompute_modules mhc"),
 
     # --- MoE ---
     K("moe_shared_expert_gate", "bool", False, "Scale the shared expert's output by a learned "
@@ -348,10 +354,10 @@ KNOBS = [
 
     # --- recompute, chunking and activation offloading ---
     K("recompute_modules", "list[str]", None, "Submodules selective recompute reruns in backward "
-      "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts); null means "
+      "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts, mhc); null means "
       "core_attn.", (_L, "primus"), HONORED,
       choices=("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
-               "shared_experts")),
+               "shared_experts", "mhc")),
     K("mlp_chunks_for_training", "int", 1, "Run the MLP over this many sequence chunks in "
       "training to cap its activation memory.", _L),
     K("cpu_offloading_num_layers", "int", 0, "Number of transformer layers whose activations are "

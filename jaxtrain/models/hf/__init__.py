@@ -120,8 +120,9 @@ def hf_family(cfg: ModelConfig) -> str:
 
 
 def check_exportable(cfg: ModelConfig, family: str):
-    """ValueError naming the ModelConfig fields ``family`` has no equivalent for."""
-    check(adapter(family).problems(cfg, family), family)
+    """ValueError naming the ModelConfig fields ``family`` has no equivalent for (no family
+    jaxtrain writes has hyper-connections' several residual streams)."""
+    check({"hc_streams": cfg.hc_streams > 1, **adapter(family).problems(cfg, family)}, family)
 
 
 _check_exportable = check_exportable   # the name checkpoint.py and older callers use
