@@ -839,4 +839,4 @@ def _moe(cfg, etp, tp, turbo, dispatcher, factor, activation, glu_limit):
         per_layer_logging=cfg["moe_per_layer_logging"],
         expert_tensor_parallel=etp in (None, tp),
         router_bias=bool(cfg["add_bias_linear"]),   # Megatron: the router is a linear layer
-        activation=activation, glu_limit=glu_limit)
+        activation=activation, glu_limit=glu_limit, latent_size=cfg["moe_latent_size"])

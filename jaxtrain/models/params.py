@@ -14,7 +14,9 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
                   wg [D,N,H] (attention_output_gate); layer_scalar [1] (Gemma 4, not trained)
     moe_layers: the MoE layers (``cfg.moe``), as ``layers`` but with ``moe`` for ``mlp``:
             moe  {router {w [D,E], bias [E], expert_bias [E] (fp32, not trained)},
-                  experts {wi_0/wi_1 or wi [E,D,Fe], wo [E,Fe,D], bi_* [E,Fe], bo [E,D]},
+                  experts {wi_0/wi_1 or wi [E,D,Fe], wo [E,Fe,D], bi_* [E,Fe], bo [E,D]}
+                  (D: the latent width with moe.latent_size, then also latent_in {w [D,Dl],
+                  b} and latent_out {w [Dl,D], b} around them),
                   shared {as mlp, with the shared expert's width}, shared_gate [D,1],
                   experts_norm/experts_post_norm/shared_post_norm (branch_norms);
                   router scale [D] (router_input_norm), expert_scale [E] (per_expert_scale)}
@@ -164,14 +166,21 @@ def _moe_specs(cfg) -> dict:
     if m.expert_bias:
         router["expert_bias"] = ParamSpec((E,), jnp.float32, (None,), _zeros)
     names = ("_0", "_1") if cfg.gated_linear_unit else ("",)
-    experts = {f"wi{n}": ParamSpec((E, D, F), dt, ("exp", "embed", "mlp"), _expert_init(cfg))
+    De = m.latent_size or D   # the width the routed experts work in
+    experts = {f"wi{n}": ParamSpec((E, De, F), dt, ("exp", "embed", "mlp"), _expert_init(cfg))
                for n in names}
-    experts["wo"] = ParamSpec((E, F, D), dt, ("exp", "mlp", "embed"),
+    experts["wo"] = ParamSpec((E, F, De), dt, ("exp", "mlp", "embed"),
                               _expert_init(cfg, output_layer=True))
     if cfg.add_bias_linear:
         experts.update({f"bi{n}": ParamSpec((E, F), dt, ("exp", "mlp"), _zeros) for n in names})
-        experts["bo"] = ParamSpec((E, D), dt, ("exp", "embed"), _zeros)
+        experts["bo"] = ParamSpec((E, De), dt, ("exp", "embed"), _zeros)
     tree = {"router": router, "experts": experts}
+    if m.latent_size:   # Megatron's fc1/fc2_latent_proj around the routed experts
+        for name, shape, axes, out in (("latent_in", (D, De), ("embed", None), False),
+                                       ("latent_out", (De, D), (None, "embed"), True)):
+            tree[name] = {"w": ParamSpec(shape, dt, axes, _linear_init(cfg, 0, 1, out))}
+            if cfg.add_bias_linear:
+                tree[name]["b"] = ParamSpec(shape[1:], dt, axes[1:], _zeros)
     if m.shared_expert_size:
         tree["shared"] = _mlp_specs(cfg, m.shared_expert_size)
     if m.shared_expert_gate:

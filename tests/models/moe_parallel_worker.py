@@ -26,7 +26,8 @@ VARIANTS = {"dropless": {}, "alltoall": dict(dispatcher="alltoall"),
             "position": dict(capacity_factor=0.5, drop_policy="position"),
             "etp1": dict(expert_tensor_parallel=False),
             "fp8": {}, "fp8_alltoall": dict(dispatcher="alltoall"),
-            "fp8_padded": dict(capacity_factor=1.0, pad_to_capacity=True)}
+            "fp8_padded": dict(capacity_factor=1.0, pad_to_capacity=True),
+            "latent": dict(latent_size=16, dispatcher="alltoall")}
 # fp8 variants: hybrid delayed scaling with its state (the new state is compared too)
 FP8 = QuantConfig("delayed", "e4m3", "e4m3", "e5m2", history_len=4)
 MESHES = {"dp8": dict(data=8), "ep2": dict(data=4, expert=2), "ep4": dict(data=2, expert=4),

@@ -63,3 +63,12 @@ def test_fp8_expert_gemms_match_data_parallel(variant):
     got = _worker([f"{variant}:{m}" for m in ["dp8", "ep2", "ep4"]])
     for m in ("ep2", "ep4"):
         _close(got[f"{variant}:{m}"], got[f"{variant}:dp8"], f"{variant}:{m}")
+
+
+def test_latent_experts_match_data_parallel():
+    """Megatron's latent MoE (moe_latent_size): the routed experts work in the projected width
+    under expert and tensor parallelism with data parallelism's results."""
+    got = _worker([f"latent:{m}" for m in ["dp8", "ep2", "ep4", "tp2", "ep2_tp2"]])
+    for m in ("ep2", "ep4"):
+        _close(got[f"latent:{m}"], got["latent:dp8"], f"latent:{m}")
+    _close(got["latent:ep2_tp2"], got["latent:tp2"], "latent:ep2_tp2")

@@ -27,6 +27,11 @@ CASES = {
         tr.NemotronHConfig, tr.NemotronHForCausalLM,
         {**_NH, **_MOE,
          "layers_block_type": ["mamba", "moe", "attention", "moe", "mamba", "mlp"]}),
+    # Nemotron 3 Super/Ultra: the routed experts work in a narrower latent space
+    "nemotron_h_latent_moe": (
+        tr.NemotronHConfig, tr.NemotronHForCausalLM,
+        {**_NH, **_MOE, "moe_latent_size": 12,
+         "layers_block_type": ["mamba", "moe", "attention", "moe"]}),
     # transformers never ties NemotronH's output layer, whatever the config says
     "nemotron_h_tie_flag": (tr.NemotronHConfig, tr.NemotronHForCausalLM,
                             {**_NH, "tie_word_embeddings": True,

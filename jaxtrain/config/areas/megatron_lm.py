@@ -278,7 +278,9 @@ KNOBS = [
       "models/moe/block.py: the token times its probability enters the expert, whose output "
       "is added with weight 1 (Llama 4); top-1 routing only, as Megatron asserts"),
     K("moe_latent_size", "int", None, "Width of a latent bottleneck the routed experts run in "
-      "(projected down before dispatch, up after); null keeps model width.", _LP),
+      "(projected down before dispatch, up after); null keeps model width.", _LP, HONORED,
+      "models/moe/block.py: latent_in/latent_out around the routed experts; the router and the "
+      "shared expert read the full-width token"),
     K("moe_router_quantile_balancing_ema", "float", 0.0, "EMA coefficient of the per-expert bias "
       "of quantile balancing; 0 replaces it with each batch's quantile.", _L),
     K("moe_router_force_biased", "float", None, "Benchmarking: add random normal bias of this std "

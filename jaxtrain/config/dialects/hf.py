@@ -1032,7 +1032,7 @@ def _nemotron_h(hf: dict) -> dict:
         raise bad("num_nextn_predict_layers", hf["num_nextn_predict_layers"],
                   "multi-token-prediction layers are not built yet (planned)")
     for field, value in (("attention_bias", False), ("mlp_bias", False),
-                         ("moe_latent_size", None), ("sliding_window", None)):
+                         ("sliding_window", None)):
         if hf.get(field, value) != value:
             raise bad(field, hf[field], f"NemotronH with {field} is not built")
     act = hf.get("mlp_hidden_act", "relu2")
@@ -1059,6 +1059,7 @@ def _nemotron_h(hf: dict) -> dict:
             raise bad("n_group", groups, f"HF scores a group by its top-{HF_GROUP_SCORE_TOPK} "
                       f"experts; a group of {experts // groups} has fewer")
         out.update(num_experts=experts, moe_router_topk=k,
+                   moe_latent_size=hf.get("moe_latent_size"),
                    moe_ffn_hidden_size=hf.get("moe_intermediate_size", 7688),
                    moe_router_score_function="sigmoid", moe_router_dtype="fp32",
                    moe_router_enable_expert_bias=True)

@@ -121,8 +121,11 @@ def hf_family(cfg: ModelConfig) -> str:
 
 def check_exportable(cfg: ModelConfig, family: str):
     """ValueError naming the ModelConfig fields ``family`` has no equivalent for (no family
-    jaxtrain writes has hyper-connections' several residual streams)."""
-    check({"hc_streams": cfg.hc_streams > 1, **adapter(family).problems(cfg, family)}, family)
+    jaxtrain writes has hyper-connections' several residual streams; only NemotronH has a
+    latent MoE)."""
+    latent = cfg.moe is not None and bool(cfg.moe.latent_size) and family != "nemotron_h"
+    check({"hc_streams": cfg.hc_streams > 1, "moe.latent_size": latent,
+           **adapter(family).problems(cfg, family)}, family)
 
 
 _check_exportable = check_exportable   # the name checkpoint.py and older callers use

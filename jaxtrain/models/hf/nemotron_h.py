@@ -6,7 +6,9 @@ A Mamba-2 mixer's ``in_proj`` rows are [z (H*P), x (H*P), B (G*N), C (G*N), dt (
 depthwise ``conv1d`` [x | B | C, 1, W] (with a bias); jaxtrain keeps each part apart
 (mamba.py). The published checkpoints name the trunk ``backbone.`` (transformers renames it
 ``model.`` on load; both are read, ``backbone.`` is written) and NemotronH's experts one by one
-(``experts.{e}.up_proj``; the fused [E, F, D] form is read too).
+(``experts.{e}.up_proj``; the fused [E, F, D] form is read too). Latent MoE (Nemotron 3
+Super/Ultra's ``moe_latent_size``): ``fc1_latent_proj`` / ``fc2_latent_proj`` around the experts,
+which work in that width.
 
 Legend: D hidden, H Mamba heads, P head width, G groups, N state width, W convolution width,
 E experts, F expert width.
@@ -24,6 +26,7 @@ from jaxtrain.models.params import layer_slots, layer_tree
 ARCHITECTURES = {"nemotron_h": "NemotronHForCausalLM", "mamba2": "Mamba2ForCausalLM"}
 _LAYER_TYPES = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 _MLP = (("wi", "up_proj"), ("wo", "down_proj"))
+_LATENT = (("latent_in", "fc1_latent_proj"), ("latent_out", "fc2_latent_proj"))
 
 
 def picks(cfg: ModelConfig) -> str | None:
@@ -90,6 +93,8 @@ def _moe_in(t: Tensors, pre: str, cfg) -> dict:
             "experts": experts}
     if cfg.moe.shared_expert_size:
         tree["shared"] = {ours: t(f"{pre}shared_experts.{n}.weight").T for ours, n in _MLP}
+    if cfg.moe.latent_size:
+        tree.update({ours: {"w": t(f"{pre}{n}.weight").T} for ours, n in _LATENT})
     return tree
 
 
@@ -144,6 +149,8 @@ def tensors(params: dict, cfg: ModelConfig, family: str = "nemotron_h") -> dict[
             if "shared" in e:
                 out.update({f"{m}shared_experts.{n}.weight": hf_linear(e["shared"][ours])
                             for ours, n in _MLP})
+            out.update({f"{m}{n}.weight": np.asarray(e[ours]["w"]).T for ours, n in _LATENT
+                        if ours in e})
     out.update(ends_out(params, cfg, embedding="backbone.embeddings.weight",
                         final_norm="backbone.norm_f.weight"))
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
@@ -202,7 +209,8 @@ def config(cfg: ModelConfig, family: str = "nemotron_h") -> dict:
                    moe_shared_expert_intermediate_size=m.shared_expert_size or 0,
                    n_shared_experts=1 if m.shared_expert_size else 0,
                    n_group=groups, topk_group=m.group_topk or groups,
-                   norm_topk_prob=m.topk > 1, routed_scaling_factor=m.topk_scaling_factor or 1.0)
+                   norm_topk_prob=m.topk > 1, routed_scaling_factor=m.topk_scaling_factor or 1.0,
+                   moe_latent_size=m.latent_size)
     return out
 
 

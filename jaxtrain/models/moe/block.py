@@ -29,7 +29,7 @@ def _routed_local(p, x_btD, xr_btD, rand_btE, prev, steps, cfg, train, comm: Com
     random logits or None) -> (y [b, t, D], stats)."""
     m = cfg.moe
     b, t, D = x_btD.shape
-    logits_NE = _gate(p["router"], xr_btD.reshape(b * t, D), m, cfg)
+    logits_NE = _gate(p["router"], xr_btD.reshape(b * t, -1), m, cfg)
     probs_Nk, idx_Nk, keep_Nk, slots, stats = route(
         logits_NE, m, train=train,
         bias=p["router"].get("expert_bias") if m.expert_bias else None,
@@ -53,9 +53,11 @@ def _routed_local(p, x_btD, xr_btD, rand_btE, prev, steps, cfg, train, comm: Com
 def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
               prev_steps=None, router_input=None):
     """The MoE FFN on x [B, T, D] -> (y [B, T, D], stats); ``p`` holds router, experts and
-    optionally shared (the always-on expert). ``rng`` feeds input jitter and
-    random-logit forced balancing; ``prev_*`` carry global_aux_loss's running counts;
-    ``router_input`` [B, T, D]: what the router reads when it is not x (Gemma 4)."""
+    optionally shared (the always-on expert) and latent_in / latent_out (Megatron's latent MoE:
+    the router and the shared expert read x, the routed experts its projection into
+    ``moe.latent_size``, and their combined output is projected back). ``rng`` feeds input
+    jitter and random-logit forced balancing; ``prev_*`` carry global_aux_loss's running
+    counts; ``router_input`` [B, T, D]: what the router reads when it is not x (Gemma 4)."""
     m = cfg.moe
     x_BTD = constrain(x, "act_batch", "act_seq", "act_embed")
     B, T, D = x_BTD.shape
@@ -70,13 +72,19 @@ def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
     rand_BTE = (jax.random.normal(jax.random.fold_in(key, 1), (B, T, m.num_experts),
                                   jnp.float32) if m.force_balancing == "uniform" else None)
     routed = {"router": p["router"], "experts": p["experts"]}
+    xe_BTD = x_BTD   # what the routed experts take: with a latent space, x projected into it
+    if "latent_in" in p:
+        xe_BTD = constrain(_latent(p["latent_in"], x_BTD, "latent_in", cfg), "act_batch",
+                           "act_seq", "act_embed")
     layout = active_layout()
     if layout is None or layout.mesh.size == 1:
-        y_BTD, stats = _routed_local(routed, x_BTD, xr_BTD, rand_BTE, prev_aux_counts,
+        y_BTD, stats = _routed_local(routed, xe_BTD, xr_BTD, rand_BTE, prev_aux_counts,
                                      prev_steps, cfg, train, LOCAL)
     else:
-        y_BTD, stats = _sharded(layout, routed, x_BTD, xr_BTD, rand_BTE, prev_aux_counts,
+        y_BTD, stats = _sharded(layout, routed, xe_BTD, xr_BTD, rand_BTE, prev_aux_counts,
                                 prev_steps, cfg, train, spec_for)
+    if "latent_out" in p:
+        y_BTD = _latent(p["latent_out"], y_BTD, "latent_out", cfg)
     if "shared" in p:
         shared = L.mlp
         if "shared_experts" in cfg.recompute_modules:
@@ -88,6 +96,11 @@ def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
             s_BTD = jax.nn.sigmoid(gate_BT1).astype(s_BTD.dtype) * s_BTD
         y_BTD = y_BTD + s_BTD.astype(y_BTD.dtype)
     return y_BTD, stats
+
+
+def _latent(p: dict, x, name: str, cfg):
+    """A latent projection (Megatron's fc1/fc2_latent_proj): x @ w (+ b)."""
+    return L.dense(x, p["w"], p.get("b"), "btd,de->bte", name, cfg)
 
 
 def _axes(entry) -> tuple[str, ...]:

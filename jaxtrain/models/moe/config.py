@@ -96,6 +96,7 @@ class MoEConfig:
     expert_tensor_parallel: bool = True
     activation: str | None = None
     glu_limit: float | None = None
+    latent_size: int | None = None
 
     def __post_init__(self):
         def put(name, value):
@@ -130,6 +131,10 @@ class MoEConfig:
                 out.append(msg)
 
         need(E >= 1, f"num_experts {E} must be positive")
+        need(self.latent_size is None or self.latent_size > 0,
+             f"moe_latent_size {self.latent_size} must be positive (null: no latent space)")
+        need(self.latent_size is None or not self.branch_norms,
+             "moe_latent_size: Gemma 4's branch norms are not built with a latent space")
         need(not self.shared_expert_gate or self.shared_expert_size,
              "moe_shared_expert_gate gates the shared expert, and "
              "moe_shared_expert_intermediate_size gives none")
