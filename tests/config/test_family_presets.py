@@ -77,10 +77,12 @@ SMALL_GEMMA4 = [
 PRESETS += [(name, hf, None) for name, hf in SMALL_GEMMA4]
 # Megatron's hybrid stack (patterns from Megatron-LM's confs for these models) and Mamba-2;
 # published sizes: Nemotron-H 8B counts 8.10B (its card rounds to 8B), Nemotron 3 Nano 31.6B,
-# mamba2-370m 368M
+# Nemotron 3 Super 120B (latent MoE; jaxtrain counts 120.67B), mamba2-370m 368M
 _NH = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 _NH8 = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 _NANO = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+_SUPER = ("MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*"
+          "EMEMEMEME")
 PRESETS += [
     ("nemotron_h_8B", lambda: tr.NemotronHConfig(
         hidden_size=4096, layers_block_type=[_NH[c] for c in _NH8], intermediate_size=21504,
@@ -94,6 +96,13 @@ PRESETS += [
         n_routed_experts=128, num_experts_per_tok=6, moe_intermediate_size=1856,
         moe_shared_expert_intermediate_size=3712, n_group=1, topk_group=1,
         routed_scaling_factor=2.5, max_position_embeddings=8192), 31.6e9),
+    ("nemotron3_super_120B_A12B", lambda: tr.NemotronHConfig(
+        hidden_size=4096, layers_block_type=[_NH[c] for c in _SUPER], intermediate_size=2688,
+        num_attention_heads=32, num_key_value_heads=2, head_dim=128, mamba_num_heads=128,
+        mamba_head_dim=64, n_groups=8, ssm_state_size=128, vocab_size=131072,
+        n_routed_experts=512, num_experts_per_tok=22, moe_intermediate_size=2688,
+        moe_shared_expert_intermediate_size=5376, moe_latent_size=1024, n_group=1,
+        topk_group=1, routed_scaling_factor=5.0, max_position_embeddings=8192), 120e9),
     ("mamba2_370M", lambda: tr.Mamba2Config(
         hidden_size=1024, num_hidden_layers=48, num_heads=32, head_dim=64, n_groups=1,
         state_size=128, vocab_size=50288, tie_word_embeddings=True), 0.368e9),
