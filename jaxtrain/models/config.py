@@ -188,6 +188,9 @@ class ModelConfig:
     # "gdn" (Gated DeltaNet: a decay per head) or "kda" (Kimi Delta Attention: a decay per key
     # channel and low-rank gate projections; linear_attention.py)
     linear_attention_kind: str = "gdn"
+    # the short causal convolution of q/k/v (False: SiLU only and no convolution; Primus's
+    # use_short_conv)
+    linear_short_conv: bool = True
     # LFM2's gated short convolutions (models/short_conv.py): the layers that mix tokens with
     # them instead of attention (one bool per layer; None: none), the convolution's width and
     # whether its projections and convolution have biases
@@ -427,6 +430,9 @@ class ModelConfig:
               f"{self.v_norm!r} is not one of (None, 'plain', 'scaled')")
         if self.linear_attention_layers is not None or "G" in (self.hybrid_layers or ""):
             self._validate_linear(check, choice)
+        else:
+            check(self.linear_short_conv, "linear_short_conv", "turns off the short "
+                  "convolution of Gated DeltaNet layers, and the model has none")
         if self.hybrid_layers is not None:
             self._validate_hybrid(check)
         if self.kv_shared_layers or self.per_layer_input_size:

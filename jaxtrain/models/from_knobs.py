@@ -181,6 +181,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         per_layer_vocab_size=cfg["vocab_size_per_layer_input"] or None,
         kv_shared_layers=int(cfg["num_kv_shared_layers"] or 0),
         double_wide_shared_mlp=bool(cfg["use_double_wide_mlp"]),
+        linear_short_conv=bool(cfg["use_short_conv"]),
         attention_impl=attention_impl, cp_comm_type=_cp_comm_type(cfg),
         cp_a2a_size=_cp_a2a_size(cfg), cp_reorder=_cp_reorder(cfg),
         dtype=dtype, weight_dtype=_weight_dtype(cfg, dtype),
@@ -444,7 +445,8 @@ _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "g
                 "double_wide_shared_mlp": "use_double_wide_mlp",
                 "hc_streams": "mhc_expansion_rate / mhc_num_residual_streams",
                 "hc_sinkhorn_iters": "sinkhorn_iterations / mhc_sinkhorn_iterations",
-                "hc_lite": "enable_mhc_lite", "hc_style": "enable_mhc_connections"}
+                "hc_lite": "enable_mhc_lite", "hc_style": "enable_mhc_connections",
+                "linear_short_conv": "use_short_conv"}
 
 
 def _knob_message(text: str) -> str:

@@ -2,6 +2,7 @@
 gdn): the linear-attention layers of hybrid models, in place of softmax attention.
 
     q, k, v = silu(causal_conv(x W_q|k|v))        short depthwise convolution over time
+                                                  (linear_short_conv False: silu(x W) alone)
     beta = sigmoid(x W_b),  g = -exp(A_log) * softplus(x W_a + dt_bias)     per value head
     o = gated_delta_rule(q, k, v, g, beta)        kernels/gated_delta (state reset per segment)
     out = (rmsnorm(o) * w_norm * silu(x W_z)) W_o
@@ -65,10 +66,11 @@ def linear_attention_specs(cfg) -> dict:
     proj = lambda *s: ParamSpec((D, *s), dt, ("embed", "q_heads", "kv")[:len(s) + 1],  # noqa
                                 _linear_init(cfg, 0, tuple(range(1, len(s) + 1))))
     conv = lambda H, Dh: ParamSpec((W, H, Dh), dt, (None, "q_heads", "kv"), _conv_init)  # noqa
+    convs = ({"conv_q": conv(Hk, Dk), "conv_k": conv(Hk, Dk), "conv_v": conv(Hv, Dv)}
+             if cfg.linear_short_conv else {})
     tree = {
         "wq": proj(Hk, Dk), "wk": proj(Hk, Dk), "wv": proj(Hv, Dv), "wz": proj(Hv, Dv),
-        "wb": proj(Hv), "wa": proj(Hv),
-        "conv_q": conv(Hk, Dk), "conv_k": conv(Hk, Dk), "conv_v": conv(Hv, Dv),
+        "wb": proj(Hv), "wa": proj(Hv), **convs,
         "A_log": ParamSpec((Hv,), jnp.float32, ("q_heads",), _a_log_init),
         "dt_bias": ParamSpec((Hv,), jnp.float32, ("q_heads",), _dt_bias_init),
         "norm": {"scale": ParamSpec((Dv,), dt, ("norm",), _ones)},
@@ -160,9 +162,12 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
     q, k, v, z = (constrain(t, "act_batch", "act_seq", "act_heads", "act_kv")
                   for t in (q, k, v, z))
     conv_state = {} if cache is None else cache
-    (q, sq), (k, sk), (v, sv) = (
-        causal_conv(t, p["conv_" + n], seq, conv_state.get("conv_" + n))
-        for t, n in zip((q, k, v), "qkv"))
+    if cfg.linear_short_conv:
+        (q, sq), (k, sk), (v, sv) = (
+            causal_conv(t, p["conv_" + n], seq, conv_state.get("conv_" + n))
+            for t, n in zip((q, k, v), "qkv"))
+    else:   # Primus's use_short_conv false: SiLU alone, nothing to carry
+        q, k, v = (jax.nn.silu(t.astype(jnp.float32)).astype(t.dtype) for t in (q, k, v))
     beta = jax.nn.sigmoid(b)
     rate = jnp.exp(p["A_log"].astype(jnp.float32))
     g = -(rate[:, None] if kda else rate) * jax.nn.softplus(a + p["dt_bias"].astype(jnp.float32))
@@ -175,6 +180,8 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
     out = L.dense(o, p["wo"], None, "bthk,hkd->btd", "out_proj", cfg)
     if cache is None:
         return out
+    if not cfg.linear_short_conv:
+        return out, {"state": state}
     sq, sk, sv = last_sequence_inputs((sq, sk, sv), seq)
     return out, {"conv_q": sq, "conv_k": sk, "conv_v": sv, "state": state}
 
@@ -205,7 +212,9 @@ def init_cache(cfg, batch: int, dtype) -> dict:
     W = cfg.linear_conv_kernel_dim
     Hk, Hv, Dk, Dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                       cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+    state = {"state": jnp.zeros((Lyr, batch, Hv, Dk, Dv), jnp.float32)}
+    if not cfg.linear_short_conv:
+        return state
     return {"conv_q": jnp.zeros((Lyr, batch, W - 1, Hk, Dk), dtype),
             "conv_k": jnp.zeros((Lyr, batch, W - 1, Hk, Dk), dtype),
-            "conv_v": jnp.zeros((Lyr, batch, W - 1, Hv, Dv), dtype),
-            "state": jnp.zeros((Lyr, batch, Hv, Dk, Dv), jnp.float32)}
+            "conv_v": jnp.zeros((Lyr, batch, W - 1, Hv, Dv), dtype), **state}

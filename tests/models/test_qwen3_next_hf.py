@@ -274,3 +274,35 @@ def test_the_decode_cache_keeps_keys_for_softmax_layers_and_state_for_linear_one
     cache = init_cache(cfg, 2, 12)
     assert cache["k"].shape[0] == cache["v"].shape[0] == 1
     assert {a.shape[0] for a in jax.tree.leaves(cache["linear"])} == {3}
+
+
+def test_use_short_conv_false_drops_the_convolution():
+    """Primus's use_short_conv false: no conv_q/k/v, q/k/v are silu of their projections (the
+    model then equals one whose convolution passes the current token through unchanged), the
+    decoding cache carries the state alone, and no Hugging Face family can hold it."""
+    from jaxtrain.models import abstract, to_hf
+    from jaxtrain.models.decode import init_cache
+    from test_decode import _greedy_by_forward
+
+    cfg = _knobs(use_short_conv=False)
+    assert not cfg.linear_short_conv
+    lin = abstract(cfg)["linear_layers"]["linear_attn"]
+    assert not {"conv_q", "conv_k", "conv_v"} & set(lin)
+    with_conv = cfg.replace(linear_short_conv=True)
+    params = random_params(cfg, seed=3)
+    identity = jax.tree.map(lambda a: a, random_params(with_conv, seed=3))
+    for n in "qkv":   # tap W-1 (the current token) 1, the earlier taps 0
+        w = identity["linear_layers"]["linear_attn"][f"conv_{n}"]
+        identity["linear_layers"]["linear_attn"][f"conv_{n}"] = jnp.zeros_like(w).at[-1].set(1)
+    toks = tokens()
+    assert max_diff(forward(params, toks, cfg), forward(identity, toks, with_conv)) <= 1e-5
+    assert max_diff(forward(params, toks, cfg), forward(random_params(with_conv, seed=3), toks,
+                                                        with_conv)) > 1e-3
+    assert set(init_cache(cfg, 1, 8)["linear"]) == {"state"}
+    prompt = tokens(2, 5)
+    got, _ = generate(params, cfg, prompt, 4, return_logits=True)
+    np.testing.assert_array_equal(np.asarray(got), _greedy_by_forward(params, cfg, prompt, 4)[0])
+    with pytest.raises(ValueError, match="linear_short_conv"):
+        to_hf(params, cfg, "/nonexistent")
+    with pytest.raises(ValueError, match="use_short_conv"):
+        _knobs(use_short_conv=False, experimental_attention_variant=None)

@@ -133,7 +133,9 @@ KNOBS = [
       "Primus's spelling of Megatron's --disable-mamba-mem-eff-path, a choice between PyTorch "
       "implementations of the same Mamba math"),
     K("use_short_conv", "bool", True, "Gated DeltaNet: apply the short causal convolution to q/k/v "
-      "(false: SiLU only).", _P, issue=25),
+      "(false: SiLU only).", _P, HONORED,
+      "models/linear_attention.py: false drops conv_q/k/v (and their decoding state); q, k, v "
+      "are silu of their projections"),
     K("use_fla_data", "bool", None, "Order training samples as flash-linear-attention's training "
       "scripts do, for comparison runs.", _P),
     K("fla_cache_dir", "str", None, "Cache directory of the FLA-ordered dataset.", _P),
