@@ -43,7 +43,7 @@ import numpy as np
 
 from jaxtrain.models.hyper import mixing_flops
 from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, LINEAR_STACKS, MAMBA_STACK,
-                                  MIXER_ONLY_STACKS, layer_kinds)
+                                  MIXER_ONLY_STACKS, layer_kinds, mtp_layer_kinds)
 from jaxtrain.observe.progress import Rate, format_duration
 
 # Layer stacks without softmax attention (no score term)
@@ -80,9 +80,11 @@ def flop_terms(model_cfg, params) -> tuple[float, float]:
             size *= 1 + getattr(model_cfg, "mtp_num_layers", 0)
         n_active += size
     kinds = layer_kinds(model_cfg)
+    halves = sum(1 if k in MIXER_ONLY_STACKS + FFN_ONLY_STACKS else 2 for k in kinds)
+    if getattr(model_cfg, "mtp_hybrid_layers", None):   # a hybrid model's MTP sublayers
+        kinds += mtp_layer_kinds(model_cfg) * model_cfg.mtp_num_layers
     linear = sum(k in LINEAR_STACKS for k in kinds)
     attn = sum(c for c, _ in _score_terms(model_cfg))
-    halves = sum(1 if k in MIXER_ONLY_STACKS + FFN_ONLY_STACKS else 2 for k in kinds)
     return (6.0 * n_active + linear_mixing_flops(model_cfg) * linear
             + mamba_mixing_flops(model_cfg) * kinds.count(MAMBA_STACK)
             + 3.0 * mixing_flops(model_cfg) * halves, float(attn))
@@ -112,8 +114,11 @@ def _score_terms(cfg) -> list[tuple[float, int | None]]:
         limits = [w for w in (cfg.window_of_layer(i),
                               None if chunk is None or cfg.is_nope(i) else chunk) if w]
         out.append((6.0 * cfg.num_attention_heads * width, min(limits) if limits else None))
-    if out and kinds[-1] not in _NO_SCORES:
-        out += [out[-1]] * getattr(cfg, "mtp_num_layers", 0)   # MTP layers: the last one's
+    mtp = [k for k in mtp_layer_kinds(cfg) if k not in _NO_SCORES]
+    if mtp and getattr(cfg, "mtp_num_layers", 0):   # MTP layers: the last one's shape
+        term = out[-1] if out and kinds[-1] not in _NO_SCORES else (
+            6.0 * cfg.num_attention_heads * (cfg.head_dim + v_dim), None)
+        out += [term] * (len(mtp) * cfg.mtp_num_layers)
     return out
 
 

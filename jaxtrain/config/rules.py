@@ -290,7 +290,8 @@ _MTP_NOT_YET = {
 
 def multi_token_prediction(c: Context):
     """Megatron's multi-token prediction; what it does not run with yet, refused by name."""
-    depth = c.get("mtp_num_layers") or 0
+    pattern = str(c.get("hybrid_layer_pattern") or "")
+    depth = c.get("mtp_num_layers") or len([p for p in pattern.split("/")[1:] if p])
     if depth <= 0:
         return
     if c.dialect == "maxtext":
@@ -306,9 +307,15 @@ def multi_token_prediction(c: Context):
             "quantization") in _DELAYED_MAXTEXT:
         c.error("not implemented yet: delayed-scaling FP8 with multi-token prediction (the "
                 "MTP layers keep no amax history); use fp8_recipe tensorwise or blockwise")
-    if c.get("model_type") in ("mamba", "hybrid") or c.get("hybrid_layer_pattern"):
-        c.error("not implemented yet: mtp_num_layers with a hybrid model (Megatron gives its "
-                "MTP layers a pattern after '/' in hybrid_layer_pattern)")
+    hybrid = (c.get("model_type") in ("mamba", "hybrid") or c.get("is_hybrid_model")
+              or pattern)
+    if hybrid and "/" not in pattern and not c.get("mtp_hybrid_override_pattern"):
+        c.error(f"{c.where('mtp_num_layers')}: a hybrid model's MTP layers are the pattern "
+                "after '/' in hybrid_layer_pattern (e.g. 'M*M*/*E/*E'; or the older "
+                "mtp_hybrid_override_pattern); give it")
+    if hybrid and c.get("pipeline_model_parallel_size", 1) > 1:
+        c.error(f"not implemented yet: pipeline_model_parallel_size "
+                f"{c.get('pipeline_model_parallel_size')} with a hybrid model's MTP layers")
 
 
 def short_convolutions(c: Context):

@@ -25,7 +25,7 @@ from jaxtrain.models import from_knobs
 from jaxtrain.models.attention import ATTENTION_IMPLS
 from jaxtrain.models.moe.config import moe_pattern
 from jaxtrain.models.remat import REMAT_POLICIES
-from jaxtrain.models.spec import MOE_STACKS, layer_kinds
+from jaxtrain.models.spec import HYBRID_STACKS, MOE_STACKS, layer_kinds
 from jaxtrain.quant.kvcache import KV_QUANT_AXES, KV_QUANT_DTYPES
 
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
@@ -223,6 +223,9 @@ class ModelConfig:
     mtp_num_layers: int = 0
     mtp_loss_scaling_factor: float = 0.1
     mtp_repeated_layer: bool = False
+    # a hybrid model's MTP module: the sublayers of each depth as hybrid_layers' symbols
+    # (Megatron's pattern after '/'); None: one layer of the last layer's kind
+    mtp_hybrid_layers: str | None = None
     # Multi-latent attention (DeepSeek-V2/V3, Megatron MLA; see mla.py). q/k heads are
     # qk_head_dim + qk_pos_emb_head_dim wide, values v_head_dim; qk_layernorm puts a norm on the
     # q and kv latents (Megatron's spec; DeepSeek checkpoints have them).
@@ -447,6 +450,17 @@ class ModelConfig:
                 check(not on, name, "is not built together with LFM2's short-convolution "
                       "layers (lfm_layer_types)")
         check(self.mtp_num_layers >= 0, "mtp_num_layers", "must be 0 (off) or positive")
+        if self.hybrid_layers is not None and self.mtp_num_layers:
+            mtp = self.mtp_hybrid_layers
+            check(bool(mtp) and set(mtp) <= set(HYBRID_STACKS), "hybrid_layer_pattern",
+                  f"a hybrid model's MTP layers are the pattern after '/' (got {mtp!r}; "
+                  f"symbols {''.join(HYBRID_STACKS)})")
+            check(not self.mtp_repeated_layer, "mtp_use_repeated_layer",
+                  "not implemented yet with a hybrid model's MTP layers")
+        check(self.mtp_hybrid_layers is None or (self.hybrid_layers is not None
+                                                 and self.mtp_num_layers > 0),
+              "hybrid_layer_pattern", "MTP layers after '/' need a hybrid model and "
+              "mtp_num_layers")
         if self.mtp_num_layers and self.mtp_repeated_layer and self.moe is not None:
             check(layer_kinds(self)[-1] not in MOE_STACKS, "mtp_use_repeated_layer",
                   "not implemented yet with an MoE layer last (the repeated MTP module would be "

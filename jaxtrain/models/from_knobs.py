@@ -131,6 +131,8 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         hidden_dropout = attention_dropout = 0.0
 
     hybrid = _hybrid_fields(cfg)
+    depths = hybrid.pop("mtp_num_layers", None)   # a hybrid pattern's MTP depths (Megatron
+    mtp = _mtp_fields(cfg if depths is None else {**cfg, "mtp_num_layers": depths})   # infers)
     fields = dict(
         num_layers=cfg["num_layers"], hidden_size=h, num_attention_heads=heads,
         num_query_groups=groups, kv_channels=cfg["kv_channels"],
@@ -158,7 +160,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         attention_softmax_in_fp32=softmax_fp32,
         **_sink_fields(cfg), **_mla_fields(cfg), **_dsa_fields(cfg), **_linear_fields(cfg),
         **_nope_fields(cfg), **_hyper_fields(cfg),
-        **hybrid, **_mtp_fields(cfg), **_short_conv_fields(cfg),
+        **hybrid, **mtp, **_short_conv_fields(cfg),
         attention_output_gate=cfg["attention_output_gate"],
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
         attn_logit_softcapping=cfg["attn_logit_softcapping"] or None,
@@ -319,10 +321,7 @@ def _hybrid_fields(cfg) -> dict:
     elif pattern is None:
         pattern = pattern_from_ratios(n, float(cfg["hybrid_attention_ratio"]),
                                       float(cfg["hybrid_mlp_ratio"]))
-    main, *mtp = str(pattern).split("/")
-    if any(mtp):
-        raise ConfigError(f"not implemented yet: hybrid_layer_pattern {pattern!r} has "
-                          "multi-token-prediction layers after '/'; MTP is planned")
+    main, mtp = _mtp_pattern(str(pattern), cfg)
     if "|" in main and (cfg["pipeline_model_parallel_size"] or 1) > 1:
         raise ConfigError(f"hybrid_layer_pattern {pattern!r}: its '|' pipeline cuts are not "
                           "followed (jaxtrain cuts stages by layer counts); remove them")
@@ -352,6 +351,16 @@ def _hybrid_fields(cfg) -> dict:
                           f"num_layers is {n}; they must agree")
     if spec is not None and _PRIMUS_SPECS[name] == "G":   # Primus's GDN stacks: M slots are GDN
         main = main.replace("M", "G")
+    if mtp is not None:
+        mtp_pattern, depths = mtp
+        if "+" in mtp_pattern and cfg["multi_latent_attention"]:
+            mtp_pattern = mtp_pattern.replace("+", "*")
+        if spec is not None and _PRIMUS_SPECS[name] == "G":
+            mtp_pattern = mtp_pattern.replace("M", "G")
+        bad = sorted(set(mtp_pattern) - set("M*G-E"))
+        if bad:
+            raise ConfigError(f"hybrid_layer_pattern {pattern!r}: the MTP layers after '/' "
+                              f"use {bad}; jaxtrain builds M, *, G, - and E there")
     out = dict(hybrid_layers=main,
                **{k: cfg[k] for k in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
                                       "mamba_num_heads", "mamba_chunk_size",
@@ -359,7 +368,9 @@ def _hybrid_fields(cfg) -> dict:
                mamba_dt_floor=float(cfg["mamba_time_step_floor"]),
                mamba_state_dtype={"fp32": "float32", "bf16": "bfloat16"}.get(
                    cfg["mamba_training_ssm_states_dtype"]))
-    if "G" in main:
+    if mtp is not None:
+        out.update(mtp_hybrid_layers=mtp_pattern, mtp_num_layers=depths)
+    if "G" in main + (out.get("mtp_hybrid_layers") or ""):
         out.update({k: cfg[k] for k in ("linear_conv_kernel_dim", "linear_key_head_dim",
                                         "linear_value_head_dim", "linear_num_key_heads",
                                         "linear_num_value_heads")},
@@ -369,6 +380,23 @@ def _hybrid_fields(cfg) -> dict:
     if spec is not None and cfg["multi_latent_attention"]:
         out["qk_layernorm"] = True   # Primus's hybrid MLA spec norms both latents always
     return out
+
+
+def _mtp_pattern(pattern: str, cfg) -> tuple[str, tuple[str, int] | None]:
+    """(the main pattern, (the MTP pattern, its depths) or None) of a unified
+    hybrid_layer_pattern "main/mtp/mtp..." (Megatron's: every depth the same pattern; the
+    depths set mtp_num_layers). The legacy mtp_hybrid_override_pattern joins it as Megatron
+    converts it: one copy per mtp_num_layers."""
+    legacy, depth = cfg["mtp_hybrid_override_pattern"], cfg["mtp_num_layers"] or 0
+    if legacy and depth and "/" not in pattern:
+        pattern = pattern + "/" + "/".join([legacy] * depth)
+    main, *mtp = pattern.split("/")
+    if not any(mtp):
+        return main, None
+    if len(set(mtp)) > 1:
+        raise ConfigError(f"hybrid_layer_pattern {pattern!r}: every MTP depth after '/' must "
+                          f"have the same pattern (Megatron's rule); got {mtp}")
+    return main, (mtp[0], len(mtp))
 
 
 def _short_conv_fields(cfg) -> dict:

@@ -11,9 +11,10 @@ A shift stays within its packed sequence: a position whose source lies past the 
 another sequence reads token 0 and leaves the loss (Megatron's roll_tensor); the layers attend
 within the original segments, with the original positions' RoPE. The k-th layer is of the last
 decoder layer's kind and is layer num_layers + k (per-layer patterns such as windows: the last
-layer's). The train step weighs loss_k like the main loss, over its own tokens, and adds
-mtp_loss_scaling_factor times the mean over depths to the objective (jaxtrain.step); the
-reported loss stays the main one. Parameters: params.py's ``mtp`` tree.
+layer's); a hybrid model's is the sequence of sublayers its pattern names after '/', layers
+num_layers + (k-1)·P + n for its P sublayers. The train step weighs loss_k like the main loss,
+over its own tokens, and adds mtp_loss_scaling_factor times the mean over depths to the
+objective (jaxtrain.step); the reported loss stays the main one. Parameters: params.py's ``mtp`` tree.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxtrain.models import layers as L
-from jaxtrain.models.params import layer_axes, layer_kinds
+from jaxtrain.models.params import layer_axes
+from jaxtrain.models.spec import mtp_layer_kinds
 from jaxtrain.models.remat import NO_REMAT, checkpoint_policy
 from jaxtrain.models.transformer import decoder_layer, embed
 from jaxtrain.parallel.sharding import gather_weights
@@ -46,21 +48,21 @@ def sequences(segment_ids, tokens):
 
 
 def mtp_hidden_states(params: dict, hidden, tokens, ctx: dict, cfg):
-    """(the D modules' hidden states, a list of [B,T,D]; their MoE statistics stacked [D, ...]
-    or None) after the decoder's final-normed ``hidden``. ``ctx``: the decoder layers' context
-    (transformer.layer_inputs; its segments and positions are the batch's)."""
-    kind = layer_kinds(cfg)[-1]
-    axes = layer_axes(cfg, kind)
+    """(the D modules' hidden states, a list of [B,T,D]; their MoE statistics stacked [D·m, ...]
+    (depth-major, m MoE sublayers per depth) or None) after the decoder's final-normed
+    ``hidden``. ``ctx``: the decoder layers' context (transformer.layer_inputs; its segments and
+    positions are the batch's)."""
+    kinds = mtp_layer_kinds(cfg)
     seq = sequences(ctx.get("segment_ids"), tokens)
     policy = checkpoint_policy(cfg)
-    layer_ctx = {**ctx, "stack": kind}   # global_aux_loss's moe_state has the MTP rows too
 
-    def layer(p, x, i):
-        out = decoder_layer(gather_weights(p, axes), x, i, layer_ctx, cfg)
+    def layer(p, x, i, kind):
+        lctx = {**ctx, "stack": kind}   # global_aux_loss's moe_state has the MTP rows too
+        out = decoder_layer(gather_weights(p, layer_axes(cfg, kind)), x, i, lctx, cfg)
         return out if isinstance(out, tuple) else (out, None)
 
     if policy is not NO_REMAT:
-        layer = jax.checkpoint(layer, policy=policy)
+        layer = jax.checkpoint(layer, policy=policy, static_argnums=(3,))
     h, outs, stats = hidden, [], []
     for k in range(1, cfg.mtp_num_layers + 1):
         j = 0 if cfg.mtp_repeated_layer else k - 1
@@ -73,10 +75,13 @@ def mtp_hidden_states(params: dict, hidden, tokens, ctx: dict, cfg):
                              shift_left(ctx["positions"], k, seq), axis=0)
         x = jnp.concatenate([L.norm(p["enorm"], e, cfg), L.norm(p["hnorm"], h, cfg)], -1)
         x = L.dense(x, p["eh_proj"], None, "btd,de->bte", "mtp_proj", cfg)
+        x = x.astype(cfg.residual_dtype)
+        inner = ([p["layer"]] if "layer" in p else
+                 [p["layers"][str(n)] for n in range(len(kinds))])
         with jax.named_scope(f"mtp_{k}"):
-            x, s = layer(p["layer"], x.astype(cfg.residual_dtype),
-                         jnp.int32(cfg.num_layers + k - 1))
+            for n, (kind, q) in enumerate(zip(kinds, inner)):
+                x, s = layer(q, x, jnp.int32(cfg.num_layers + (k - 1) * len(kinds) + n), kind)
+                stats += [] if s is None else [s]
         h = L.norm(p["final_norm"], x, cfg)
         outs.append(h)
-        stats += [] if s is None else [s]
     return outs, (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)

@@ -31,7 +31,8 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
             attn_hc, mlp_hc {w, b, alpha, norm}: hyper-connections of each half (hyper.py)
     mtp: the multi-token-prediction modules (``cfg.mtp_num_layers``; one with
             mtp_repeated_layer), each leaf stacked over them: enorm, hnorm, final_norm
-            {scale}, eh_proj [2D,D], layer (a layer tree of the last layer's stack)
+            {scale}, eh_proj [2D,D], layer (a layer tree of the last layer's stack; a hybrid
+            model's: layers {"0", "1", ...}, one per symbol of its MTP pattern)
     conv_layers, conv_moe_layers: LFM2's, as layers / moe_layers with a gated short
             convolution ``short_conv`` (short_conv.py) for ``attn``
     hybrid models (``cfg.hybrid_layers``): one half of a layer each, with its norms:
@@ -69,7 +70,7 @@ from jaxtrain.models.spec import (CONV_STACKS, DENSE_STACK, DSA_SHARED_STACKS,
                                   LINEAR_STACKS, MAMBA_STACK,
                                   MIXER_ONLY_STACKS, MOE_STACKS, STACKS, Init, ParamSpec,
                                   _is_spec, _leaf_key, _linear_init, _norm, _zeros, layer_kinds,
-                                  layer_slots)
+                                  layer_slots, mtp_layer_kinds)
 
 
 def _layer_specs(cfg, kind: str = "layers") -> dict:
@@ -191,15 +192,18 @@ def _moe_specs(cfg) -> dict:
     return tree
 
 
-def _mtp_specs(cfg, kind: str) -> dict:
+def _mtp_specs(cfg) -> dict:
     """One multi-token-prediction module (mtp.py): the embedding's and the hidden state's
     norms, their joint projection [2D, D] (embedding rows first), a decoder layer of the last
-    layer's kind and its output norm."""
+    layer's kind (``layer``; a hybrid model's: the sublayers of its MTP pattern, ``layers``
+    {"0": ..., "1": ...}) and its output norm."""
     D = cfg.hidden_size
+    kinds = mtp_layer_kinds(cfg)
+    inner = ({"layers": {str(j): _layer_specs(cfg, k) for j, k in enumerate(kinds)}}
+             if cfg.mtp_hybrid_layers else {"layer": _layer_specs(cfg, kinds[0])})
     return {"enorm": _norm(cfg, D), "hnorm": _norm(cfg, D), "final_norm": _norm(cfg, D),
             "eh_proj": ParamSpec((2 * D, D), cfg.param_dtype, ("mlp", "embed"),
-                                 _linear_init(cfg, 0, 1)),
-            "layer": _layer_specs(cfg, kind)}
+                                 _linear_init(cfg, 0, 1)), **inner}
 
 
 def layer_tree(params: dict, cfg, i: int) -> dict:
@@ -225,7 +229,7 @@ def param_specs(cfg) -> dict:
     if cfg.mtp_num_layers:
         depths = 1 if cfg.mtp_repeated_layer else cfg.mtp_num_layers
         tree["mtp"] = jax.tree.map(lambda s: s.stacked(depths, cfg.param_scan_axis),
-                                   _mtp_specs(cfg, kinds[-1]), is_leaf=_is_spec)
+                                   _mtp_specs(cfg), is_leaf=_is_spec)
     if cfg.position_embedding_type == "learned_absolute":
         tree["position_embedding"] = ParamSpec((cfg.max_position_embeddings, D), dt,
                                                (None, "embed"), _linear_init(cfg, 1, 0))

@@ -203,6 +203,15 @@ def layer_kinds(cfg) -> tuple[str, ...]:
                                  for k in kinds[first:])
 
 
+def mtp_layer_kinds(cfg) -> tuple[str, ...]:
+    """The stacks of the sublayers of one multi-token-prediction depth: a hybrid model's MTP
+    pattern (``mtp_hybrid_layers``), else one layer of the last layer's kind."""
+    pattern = getattr(cfg, "mtp_hybrid_layers", None)
+    if pattern:
+        return tuple(HYBRID_STACKS[c] for c in pattern)
+    return (layer_kinds(cfg)[-1],)
+
+
 def layer_slots(cfg) -> tuple[tuple[str, int], ...]:
     """(stack, index in that stack) of each layer."""
     seen = {k: 0 for k in STACKS}

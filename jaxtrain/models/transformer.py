@@ -27,6 +27,7 @@ from jaxtrain.models.mamba import mamba_block
 from jaxtrain.models.short_conv import short_conv_block
 from jaxtrain.models.mla import mla_qkv
 from jaxtrain.models.moe import moe_block, moe_layer_ids
+from jaxtrain.models.moe.step import mtp_layer_count
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.spec import GLOBAL_SHARED_STACK, GLOBAL_STACKS, KV_SHARED_STACKS
 from jaxtrain.models.quant_state import attach as attach_quant_state
@@ -425,7 +426,7 @@ def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
     prev = steps = None
     if state is not None:   # the row of layer i (an MTP layer's after the decoder's)
         rows = dict(map(reversed, enumerate(moe_layer_ids(cfg))))
-        row = jnp.asarray([rows.get(j, 0) for j in range(cfg.num_layers + cfg.mtp_num_layers)])
+        row = jnp.asarray([rows.get(j, 0) for j in range(cfg.num_layers + mtp_layer_count(cfg))])
         prev, steps = state["aux_counts"][row[i]], state["steps"]
     train = not ctx["deterministic"]
 

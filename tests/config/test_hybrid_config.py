@@ -111,7 +111,7 @@ def test_primus_mamba_preset_with_its_stack_spec(write):
      "jaxtrain reads the hybrid stack specs"),
     (["num_layers=2", "spec=[megatron.core.models.gpt.gpt_layer_specs,x]"],
      "names a PyTorch module spec"),
-    (["hybrid_layer_pattern=M*M*/MM"], "multi-token-prediction layers after '/'"),
+    (["hybrid_layer_pattern=M*M*/MM/M*"], "every MTP depth after '/' must have the same"),
     (["hybrid_layer_pattern=MD"], "layers need multi_latent_attention and experimental"),
     (["hybrid_layer_pattern=MX"], "the symbols are M (Mamba)"),
     (["hybrid_layer_pattern=M*", "num_layers=3"], "names 2 layers and num_layers is 3"),

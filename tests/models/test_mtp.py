@@ -107,7 +107,7 @@ def test_factor_zero_leaves_the_main_gradients_of_the_plain_model():
     (["context_parallel_size=2"], "with multi-token prediction"),
     (["fp8=hybrid", "fp8_recipe=delayed"], "delayed-scaling FP8 with multi-token"),
     (["plugins.dft=true"], "token-weighting objectives"),
-    (["hybrid_layer_pattern=M*"], "mtp_num_layers with a hybrid model"),
+    (["hybrid_layer_pattern=M*"], "a hybrid model's MTP layers are the pattern after '/'"),
     (["num_experts=4", "moe_router_topk=2", "mtp_use_repeated_layer=true"],
      "mtp_use_repeated_layer: not implemented yet with an MoE layer last"),
 ])

@@ -14,7 +14,8 @@ import sys
 
 import jax
 
-jax.config.update("jax_num_cpu_devices", 8)
+if __name__ == "__main__":   # its own process; a test importing TINY must not set devices
+    jax.config.update("jax_num_cpu_devices", 8)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

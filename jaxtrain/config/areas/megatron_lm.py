@@ -148,7 +148,9 @@ KNOBS = [
     K("mtp_hsm", "bool", False, "Hidden-state mixing: at each MTP depth every token draws its "
       "input from the main hidden state or an earlier depth's output (training, 2+ depths).", _L),
     K("mtp_hybrid_override_pattern", "str", None, "Old per-layer pattern for the MTP layers of a "
-      "hybrid model; hybrid_layer_pattern now carries it after a '/'.", _L, issue=25),
+      "hybrid model; hybrid_layer_pattern now carries it after a '/'.", _L, HONORED,
+      "joined to hybrid_layer_pattern as Megatron converts it (one copy per mtp_num_layers "
+      "depth); each depth's sublayers run in models/mtp.py"),
 
     # --- DeepSeek sparse attention (DSA) indexer ---
     K("dsa_indexer_n_heads", "int", None, "Heads of the DeepSeek sparse-attention indexer that "

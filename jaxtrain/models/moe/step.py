@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxtrain.models.moe.config import LOSS_METRICS, NON_TRAINABLE
-from jaxtrain.models.spec import MOE_STACKS, layer_kinds
+from jaxtrain.models.spec import MOE_STACKS, layer_kinds, mtp_layer_kinds
 
 
 def trainable(tree):
@@ -48,8 +48,14 @@ def update_expert_bias(params: dict, counts, cfg) -> dict:
     moe_kinds = [k for k in layer_kinds(cfg) if k in MOE_STACKS]
     out = dict(params)
     extra = delta_LE[len(moe_kinds):]   # the multi-token-prediction layers' rows
-    if extra.shape[0]:
+    if extra.shape[0] and "layer" in params["mtp"]:
         out["mtp"] = _add_expert_bias(params["mtp"], "layer", extra, cfg)
+    elif extra.shape[0]:   # a hybrid model's: depth-major rows of its MoE sublayers
+        subs = [str(n) for n, k in enumerate(mtp_layer_kinds(cfg)) if k in MOE_STACKS]
+        inner = params["mtp"]["layers"]
+        for r, n in enumerate(subs):
+            inner = _add_expert_bias(inner, n, extra[r::len(subs)], cfg)
+        out["mtp"] = {**params["mtp"], "layers": inner}
     for stack in MOE_STACKS:
         if stack not in params:
             continue
@@ -91,9 +97,16 @@ def moe_layer_ids(cfg) -> tuple[int, ...]:
     """Global indices of the MoE layers, in the order their statistics are stacked."""
     kinds = layer_kinds(cfg)
     ids = tuple(i for i, kind in enumerate(kinds) if kind in MOE_STACKS)
-    if getattr(cfg, "mtp_num_layers", 0) and kinds[-1] in MOE_STACKS:   # MTP layers after
-        ids += tuple(range(cfg.num_layers, cfg.num_layers + cfg.mtp_num_layers))
+    mtp = mtp_layer_kinds(cfg)   # MTP layers after: num_layers + (k-1)·P + n, depth-major
+    for k in range(getattr(cfg, "mtp_num_layers", 0)):
+        ids += tuple(cfg.num_layers + k * len(mtp) + n for n, kind in enumerate(mtp)
+                     if kind in MOE_STACKS)
     return ids
+
+
+def mtp_layer_count(cfg) -> int:
+    """The layers (sublayers of a hybrid model) of all multi-token-prediction depths."""
+    return getattr(cfg, "mtp_num_layers", 0) * len(mtp_layer_kinds(cfg))
 
 
 def zero_stats(cfg):
