@@ -330,8 +330,10 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     ``dsa_keep``). With a KV ``cache`` (decoding; see
     `attention_block`) it returns (x, statistics or None, new cache)."""
     streams = cfg.hc_streams > 1
-    x = checkpoint_name(constrain(x, *(hyper.STREAMS if streams else RESIDUAL)),
-                        "decoder_layer_input")
+    layer_input = ("act_batch", "act_layer_seq", "act_embed")   # what full recompute saves
+    if streams:
+        layer_input = (*layer_input[:2], None, layer_input[2])
+    x = checkpoint_name(constrain(x, *layer_input), "decoder_layer_input")
     x_in = x   # what a parallel-residual MLP reads (GPT-NeoX)
     rng = jax.random.fold_in(ctx["rng"], i) if ctx["rng"] is not None else None
     sub = (lambda n: jax.random.fold_in(rng, n)) if rng is not None else (lambda n: None)

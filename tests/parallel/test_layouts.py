@@ -88,14 +88,19 @@ def test_gradients_are_reduced_once_per_step_not_per_microbatch(more):
     assert found["loop_found"] and found["in_loop"] > 0, found
 
 
+def _run(got, name) -> dict:
+    """Run ``name`` of ``got``: the ``got`` fixture (a function) or a fixture's dict."""
+    return got(name) if callable(got) else got[name]
+
+
 def _param(got, name, path=WQ):
-    return got(name)["params"][path]
+    return _run(got, name)["params"][path]
 
 
 def _opt(got, name, path=WQ):
     """Specs/memory of the optimizer-state leaves that mirror parameter ``path`` (Adam mu, nu)."""
-    found = [v for k, v in got(name)["opt_state"].items() if k.endswith(path)]
-    assert len(found) == 2, got(name)["opt_state"].keys()
+    found = [v for k, v in _run(got, name)["opt_state"].items() if k.endswith(path)]
+    assert len(found) == 2, _run(got, name)["opt_state"].keys()
     return found
 
 
