@@ -409,6 +409,9 @@ class ModelConfig:
               "attention_chunk_size", "must be a positive number of positions or None")
         check(self.attn_temperature_floor_scale > 0, "attn_temperature_floor_scale",
               "must be positive")
+        check(self.query_pre_attn_scalar is None or self.query_pre_attn_scalar >= 0,
+              "query_pre_attn_scalar", "must be positive (scores are scaled by its inverse "
+              "square root; 0 or null: head_dim)")
         if self.multi_latent_attention:
             self._validate_mla(check)
         check(self.dsa_shared_layers is None or self.dsa_index_heads, "dsa_indexer_topk_freq",
