@@ -14,7 +14,8 @@ decoder layer's kind and is layer num_layers + k (per-layer patterns such as win
 layer's); a hybrid model's is the sequence of sublayers its pattern names after '/', layers
 num_layers + (k-1)·P + n for its P sublayers. The train step weighs loss_k like the main loss,
 over its own tokens, and adds mtp_loss_scaling_factor times the mean over depths to the
-objective (jaxtrain.step); the reported loss stays the main one. Parameters: params.py's ``mtp`` tree.
+objective (jaxtrain.step); the reported loss stays the main one. Parameters: params.py's
+``mtp`` tree.
 """
 from __future__ import annotations
 

@@ -163,5 +163,5 @@ def to_hf(params: dict, cfg: ModelConfig, path, family: str | None = None) -> pa
     return path
 
 
-__all__ = ["ADAPTERS", "adapter", "FAMILIES", "HF_GROUP_SCORE_TOPK", "RUN_KNOBS", "check_exportable",
-           "config_from_hf", "from_hf", "hf_config", "hf_family", "to_hf"]
+__all__ = ["ADAPTERS", "adapter", "FAMILIES", "HF_GROUP_SCORE_TOPK", "RUN_KNOBS",
+           "check_exportable", "config_from_hf", "from_hf", "hf_config", "hf_family", "to_hf"]
