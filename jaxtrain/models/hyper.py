@@ -115,8 +115,8 @@ def maps(p: dict, x, cfg):
             jnp.float32)
     z = flat @ p["w"].astype(jnp.float32)
     a = p["alpha"].astype(jnp.float32)
-    gates = jnp.concatenate([jnp.full((n,), a[0]), jnp.full((n,), a[1]),
-                             jnp.full((z.shape[-1] - 2 * n,), a[2])])
+    width = z.shape[-1]
+    gates = jnp.repeat(a, np.array([n, n, width - 2 * n]), total_repeat_length=width)
     z = z * gates + p["b"].astype(jnp.float32)
     pre = jax.nn.sigmoid(z[..., :n])
     post = 2.0 * jax.nn.sigmoid(z[..., n:2 * n])

@@ -212,6 +212,11 @@ def mtp_layer_kinds(cfg) -> tuple[str, ...]:
     return (layer_kinds(cfg)[-1],)
 
 
+def mtp_layer_count(cfg) -> int:
+    """The layers (sublayers of a hybrid model) of all multi-token-prediction depths."""
+    return getattr(cfg, "mtp_num_layers", 0) * len(mtp_layer_kinds(cfg))
+
+
 def layer_slots(cfg) -> tuple[tuple[str, int], ...]:
     """(stack, index in that stack) of each layer."""
     seen = {k: 0 for k in STACKS}

@@ -27,9 +27,9 @@ from jaxtrain.models.mamba import mamba_block
 from jaxtrain.models.short_conv import short_conv_block
 from jaxtrain.models.mla import mla_qkv
 from jaxtrain.models.moe import moe_block, moe_layer_ids
-from jaxtrain.models.moe.step import mtp_layer_count
 from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
-from jaxtrain.models.spec import GLOBAL_SHARED_STACK, GLOBAL_STACKS, KV_SHARED_STACKS
+from jaxtrain.models.spec import (GLOBAL_SHARED_STACK, GLOBAL_STACKS, KV_SHARED_STACKS,
+                                  mtp_layer_count)
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.parallel import context as cp

@@ -48,14 +48,15 @@ def update_expert_bias(params: dict, counts, cfg) -> dict:
     moe_kinds = [k for k in layer_kinds(cfg) if k in MOE_STACKS]
     out = dict(params)
     extra = delta_LE[len(moe_kinds):]   # the multi-token-prediction layers' rows
-    if extra.shape[0] and "layer" in params["mtp"]:
-        out["mtp"] = _add_expert_bias(params["mtp"], "layer", extra, cfg)
-    elif extra.shape[0]:   # a hybrid model's: depth-major rows of its MoE sublayers
-        subs = [str(n) for n, k in enumerate(mtp_layer_kinds(cfg)) if k in MOE_STACKS]
-        inner = params["mtp"]["layers"]
+    if extra.shape[0]:   # depth-major rows of each depth's MoE (sub)layers
+        mtp = params["mtp"]
+        hybrid = "layers" in mtp
+        inner = mtp["layers"] if hybrid else mtp
+        subs = ([str(n) for n, k in enumerate(mtp_layer_kinds(cfg)) if k in MOE_STACKS]
+                if hybrid else ["layer"])
         for r, n in enumerate(subs):
             inner = _add_expert_bias(inner, n, extra[r::len(subs)], cfg)
-        out["mtp"] = {**params["mtp"], "layers": inner}
+        out["mtp"] = {**mtp, "layers": inner} if hybrid else inner
     for stack in MOE_STACKS:
         if stack not in params:
             continue
@@ -102,11 +103,6 @@ def moe_layer_ids(cfg) -> tuple[int, ...]:
         ids += tuple(cfg.num_layers + k * len(mtp) + n for n, kind in enumerate(mtp)
                      if kind in MOE_STACKS)
     return ids
-
-
-def mtp_layer_count(cfg) -> int:
-    """The layers (sublayers of a hybrid model) of all multi-token-prediction depths."""
-    return getattr(cfg, "mtp_num_layers", 0) * len(mtp_layer_kinds(cfg))
 
 
 def zero_stats(cfg):
