@@ -136,7 +136,7 @@ def _chunk(params, kv, tokens, positions, targets, weights, start, rng, cfg, *, 
     own = jax.tree.map(lambda a, b: a.astype(b.dtype), own, kv)
     if not with_loss:
         return jnp.float32(0.0), own
-    hidden = L.norm(params["final_norm"], hyper.contract(x, cfg), cfg)
+    hidden = L.norm(params["final_norm"], hyper.contract(x, cfg, params.get("hc_head")), cfg)
     sums, _ = row_losses(params, hidden, targets, weights, cfg, half_precision=half_precision,
                          objective=objective)
     return jnp.sum(sums), own

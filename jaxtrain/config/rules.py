@@ -403,7 +403,8 @@ def model_shape(c: Context):
         if c.values.get("ffn_hidden_size") is None:
             ffn = int(4 * hidden * 2 / 3 / 64) * 64 if c.get("swiglu") else 4 * hidden
             c.set("ffn_hidden_size", ffn)
-        if not c.get("group_query_attention") and not c.get("multi_latent_attention"):
+        v4 = c.get("model_type") == "deepseek_v4"   # one shared key/value head by design
+        if not c.get("group_query_attention") and not c.get("multi_latent_attention") and not v4:
             if c.values.get("num_query_groups") not in (None, heads) and c.explicit(
                     "num_query_groups"):
                 c.error(f"num_query_groups is set ({c.get('num_query_groups')}) but "

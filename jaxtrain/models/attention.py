@@ -131,9 +131,10 @@ def dot_product_attention(q, k, v, *, causal: bool = True, segment_ids=None,
     return out_BTKGHv.reshape(B, T, N, Hv).astype(q.dtype)
 
 
-def visible(T: int, S: int, segment_ids=None, q_offset=None):
-    """Boolean [B|1,T,S]: the keys each query sees causally within its segment."""
-    return _mask(T, S, True, None, segment_ids, q_offset)[:, 0, 0]
+def visible(T: int, S: int, segment_ids=None, q_offset=None, sliding_window=None):
+    """Boolean [B|1,T,S]: the keys each query sees causally within its segment (and its
+    window of the ``sliding_window`` most recent keys)."""
+    return _mask(T, S, True, sliding_window, segment_ids, q_offset)[:, 0, 0]
 
 
 def _mask(T, S, causal, sliding_window, segment_ids, q_offset=None):

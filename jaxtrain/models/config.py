@@ -272,6 +272,27 @@ class ModelConfig:
     hc_lite: bool = False
     hc_style: str = "deepseek"
     hc_init_gate: float = 0.01
+    # the epsilon the mappings add (or clamp with); DeepSeek-V4's learned final collapse of the
+    # streams (its HyperHead) instead of their sum or mean
+    hc_eps: float = 1e-6
+    hc_head: bool = False
+    # DeepSeek-V4 attention (models/compressed.py): per layer a KV compression ratio (0: the
+    # sliding window only; None: off), the ratio whose layers overlap their windows and pick
+    # entries with an indexer (CSA; the other nonzero ratio: HCA), the compressing layers' RoPE
+    # base, the grouped output projection (o_groups head groups, each to o_lora_rank), the
+    # indexer's heads, width and entries kept per query, and its KL loss weight (0: untrained)
+    compress_ratios: tuple[int, ...] | None = None
+    compress_sparse_ratio: int = 4
+    compress_rotary_base: float = 160000.0
+    o_groups: int = 8
+    o_lora_rank: int = 1024
+    compress_index_heads: int = 64
+    compress_index_head_dim: int = 128
+    compress_index_topk: int = 512
+    compress_index_loss_coeff: float = 0.0
+    # Clamped gated units (Megatron's activation_func_clamp_value with a plain GLU, DeepSeek-V4's
+    # swiglu_limit): act(min(gate, c)) * clip(up, -c, c) in every gated MLP and expert; None: off
+    glu_clamp: float | None = None
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"
@@ -345,6 +366,8 @@ class ModelConfig:
         if self.linear_attention_layers is not None:
             layers = tuple(bool(b) for b in self.linear_attention_layers)
             put("linear_attention_layers", layers if any(layers) else None)
+        if self.compress_ratios is not None:
+            put("compress_ratios", tuple(int(r) for r in self.compress_ratios))
         if self.dsa_shared_layers is not None:
             layers = tuple(bool(b) for b in self.dsa_shared_layers)
             put("dsa_shared_layers", layers if any(layers) else None)
@@ -426,6 +449,14 @@ class ModelConfig:
             self._validate_global(check)
         if self.hc_streams != 1:
             self._validate_hyper(check, choice)
+        check(not self.hc_head or self.hc_streams > 1, "hc_head", "collapses hyper-connection "
+              "streams, and the model has one stream (hc_mult / mhc_expansion_rate 1)")
+        check(self.hc_eps > 0, "hc_eps", "must be positive")
+        check(self.glu_clamp is None or (self.glu_clamp > 0 and self.gated_linear_unit),
+              "glu_clamp", "clamps gated units: give a positive limit with a gated MLP "
+              "(swiglu)")
+        if self.compress_ratios is not None:
+            self._validate_compressed(check)
         check(self.logits_scaling > 0, "logits_scaling", "must be positive (logits are "
               "divided by it)")
         check(not self.parallel_residual or (
@@ -568,9 +599,73 @@ class ModelConfig:
                 ("per_layer_input_size", self.per_layer_input_size,
                  "adds Gemma 4's per-layer inputs to one stream"),
                 ("layer_scalar", self.layer_scalar, "scales Gemma 4's one stream"),
-                ("mtp_num_layers", self.mtp_num_layers,
-                 "multi-token prediction modules read one stream")):
+                ("mtp_num_layers", self.mtp_num_layers and not self.hc_head,
+                 "multi-token prediction modules read one stream (DeepSeek-V4's, with the "
+                 "learned head hc_head, lift and collapse their own)")):
             check(not on, name, f"is not built with hyper-connections (mHC): its layer {why}")
+
+    def _validate_compressed(self, check):
+        """DeepSeek-V4 attention: one ratio per layer, at most one besides the sparse one, the
+        query latent and groups it needs, and none of the other attention variants."""
+        ratios, sparse = self.compress_ratios, self.compress_sparse_ratio
+        check(len(ratios) == self.num_layers, "compress_ratios",
+              f"has {len(ratios)} entries for {self.num_layers} layers")
+        check(all(r >= 0 for r in ratios), "compress_ratios", "ratios are 0 (no compression) "
+              "or positive")
+        check(sparse > 0, "compress_sparse_ratio", "must be positive")
+        heavy = sorted({r for r in ratios if r and r != sparse})
+        check(len(heavy) <= 1, "compress_ratios", f"has the heavy ratios {heavy}: one "
+              f"besides the sparse (indexed) ratio {sparse} is built")
+        N, H, P = self.num_attention_heads, self.kv_channels, self.qk_pos_emb_head_dim
+        check(self.q_lora_rank is not None and self.q_lora_rank > 0, "q_lora_rank",
+              "DeepSeek-V4 attention projects queries through a latent: give its rank")
+        check(self.num_query_groups == 1, "num_query_groups", "DeepSeek-V4 attention has one "
+              "shared key/value head (num_query_groups 1)")
+        check(0 < P <= H and P % 2 == 0, "qk_pos_emb_head_dim", f"{P}: the RoPE part of the "
+              f"{H}-wide heads must be even and fit in them")
+        check(self.o_groups > 0 and N % self.o_groups == 0, "o_groups",
+              f"{self.o_groups} must divide the {N} heads into whole groups")
+        check(self.o_lora_rank > 0, "o_lora_rank", "must be positive")
+        if sparse in ratios:
+            check(self.compress_index_heads > 0 and self.compress_index_topk > 0,
+                  "index_n_heads", "the indexer of the sparse layers needs heads and a positive "
+                  "top-k (index_n_heads, index_topk)")
+            check(self.compress_index_head_dim >= P, "index_head_dim",
+                  f"{self.compress_index_head_dim} is narrower than its RoPE part {P}")
+        check(self.compress_index_loss_coeff >= 0, "v4_indexer_distill_loss_coeff",
+              "must not be negative")
+        check(not (self.mtp_num_layers and self.compress_index_loss_coeff), "mtp_num_layers",
+              "the indexer loss (v4_indexer_distill_loss_coeff) of the MTP layers is not built")
+        check(self.position_embedding_type == "rope" and self.normalization == "RMSNorm",
+              "position_embedding_type", "DeepSeek-V4 attention takes RoPE and RMSNorm")
+        check(not self.use_rope_scaling, "use_rope_scaling",
+              "DeepSeek-V4's compressed layers take plain or YaRN RoPE")
+        check(self.attention_dropout == 0, "attention_dropout", "not built with DeepSeek-V4 "
+              "attention")
+        for name, on in (("multi_latent_attention", self.multi_latent_attention),
+                         ("qk_layernorm", self.qk_layernorm or self.qk_l2_norm),
+                         ("hybrid_layer_pattern", self.hybrid_layers is not None),
+                         ("linear_attention_freq", self.linear_attention_layers is not None),
+                         ("lfm_layer_types", self.short_conv_layers is not None),
+                         ("global_kv_channels", self.has_global_shape),
+                         ("window_attn_skip_freq", self.sliding_window_layers is not None),
+                         ("no_rope_freq", self.no_rope_layers is not None),
+                         ("attention_chunk_size", self.attention_chunk_size is not None),
+                         ("local_rotary_base", self.local_rotary_base is not None),
+                         ("attention_output_gate", self.attention_output_gate),
+                         ("attn_logit_softcapping", bool(self.attn_logit_softcapping)),
+                         ("apply_query_key_layer_scaling", self.apply_query_key_layer_scaling),
+                         ("kv_shared_layers", self.kv_shared_layers > 0),
+                         ("per_layer_input_size", self.per_layer_input_size > 0),
+                         ("quantize_kvcache", self.quantize_kvcache)):
+            check(not on, name, "is not built with DeepSeek-V4's compressed attention "
+                  "(compress_ratios)")
+
+    @property
+    def compress_dense_ratio(self) -> int:
+        """The ratio of DeepSeek-V4's heavily compressed layers (0: none)."""
+        heavy = [r for r in self.compress_ratios or () if r and r != self.compress_sparse_ratio]
+        return heavy[0] if heavy else 0
 
     def _validate_global(self, check):
         """Gemma 4's global layers: a RoPE model of softmax layers, the query heads in whole
@@ -837,7 +932,7 @@ def auto_attention_impl(cfg: ModelConfig) -> str:
     """What attention_impl='auto' becomes: the flash kernel on a GPU when it can run the
     model's attention (no attention dropout, a tuned head dim), else xla (always on CPU, where
     the kernel only runs interpreted)."""
-    if accelerator() == "cpu" or cfg.attention_dropout > 0:
+    if accelerator() == "cpu" or cfg.attention_dropout > 0 or cfg.compress_ratios is not None:
         return "xla"
     if cfg.flash_block_sizes is None and cfg.head_dim > _FLASH_MAX_HEAD_DIM:
         return "xla"
@@ -862,6 +957,9 @@ def attention_problems(cfg: ModelConfig) -> list[str]:
         problems.append(f"attention_impl={impl!r}: {name} has no {feature}; {fix}, or use "
                         f"the xla implementation ({_XLA_KNOBS}).")
 
+    if cfg.compress_ratios is not None:
+        no("DeepSeek-V4 compressed attention (compress_ratios: local keys and compressed "
+           "entries in one softmax)", "leave attention_impl at auto")
     if cfg.attention_dropout > 0:
         no(f"dropout on the attention probabilities (attention_dropout = "
            f"{cfg.attention_dropout})", "set attention_dropout to 0")

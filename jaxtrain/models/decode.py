@@ -179,7 +179,7 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
     layers_cache = {n: a for n, a in cache.items() if n != "length"}
     x, layers_cache = cached_layers(params, hyper.expand(x, cfg), layers_cache, ctx, cfg,
                                     quant_state)
-    hidden = L.norm(params["final_norm"], hyper.contract(x[:, -1:], cfg), cfg)
+    hidden = L.norm(params["final_norm"], hyper.contract(x[:, -1:], cfg, params.get("hc_head")), cfg)
     logits = logits_head(params, hidden, cfg)[:, 0]
     return logits, {**layers_cache, "length": start + T}
 

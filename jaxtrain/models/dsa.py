@@ -118,12 +118,12 @@ def _over_head_chunks(fn, per_head, heads: int, size: int):
     return out
 
 
-def select(scores, visible, cfg):
-    """Boolean [B,T,S]: the keys each query keeps, the top ``dsa_index_topk`` of its visible
-    keys by score (ties to the earlier key; without ``dsa_exact_topk`` every key scoring at
-    least the k-th is kept, as MaxText's threshold mask). All visible keys when S <= k. The
+def select(scores, visible, cfg, k: int | None = None):
+    """Boolean [B,T,S]: the keys each query keeps, the top k (``dsa_index_topk``) of its
+    visible keys by score (ties to the earlier key; without ``dsa_exact_topk`` every key scoring
+    at least the k-th is kept, as MaxText's threshold mask). All visible keys when S <= k. The
     k-th score per query is tagged ``indexer_cutoff_threshold`` (remat_policy custom)."""
-    k = cfg.dsa_index_topk
+    k = cfg.dsa_index_topk if k is None else k
     if scores.shape[-1] <= k:
         return visible
     masked = jnp.where(visible, scores, -jnp.inf)
@@ -160,14 +160,24 @@ def indexer_kl(scores, q, k, visible, selected, scale: float, sparse: bool,
     return jnp.mean(terms.sum(-1))
 
 
+def _coeff(cfg) -> float:
+    """The indexer loss weight: DSA's, or DeepSeek-V4's (compressed.py; its layers' KL is the
+    same ``dsa`` statistic)."""
+    if cfg.compress_ratios is not None:
+        return cfg.compress_index_loss_coeff
+    return cfg.dsa_loss_coeff
+
+
 def loss_weight(cfg) -> float:
     """What each layer's KL is multiplied by in the objective."""
-    per_layer = cfg.dsa_loss_coeff
+    per_layer = _coeff(cfg)
     return per_layer / cfg.num_layers if cfg.dsa_loss_layer_mean else per_layer
 
 
 def trains_indexer(cfg) -> bool:
     """Whether the forward in training computes the indexer's loss."""
+    if cfg.compress_ratios is not None:
+        return cfg.compress_sparse_ratio in cfg.compress_ratios and _coeff(cfg) > 0
     return bool(cfg.dsa_index_heads) and cfg.dsa_loss_coeff > 0
 
 
@@ -184,4 +194,4 @@ def pop(stats, key: str = "dsa"):
 def metrics(kl_sum, cfg) -> dict:
     """``indexer_loss``: the coefficient times the KL, averaged over layers (what Megatron and
     MaxText log)."""
-    return {"indexer_loss": cfg.dsa_loss_coeff * kl_sum / cfg.num_layers}
+    return {"indexer_loss": _coeff(cfg) * kl_sum / cfg.num_layers}

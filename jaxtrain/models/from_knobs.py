@@ -159,7 +159,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         apply_query_key_layer_scaling=cfg["apply_query_key_layer_scaling"],
         attention_softmax_in_fp32=softmax_fp32,
         **_sink_fields(cfg), **_mla_fields(cfg), **_dsa_fields(cfg), **_linear_fields(cfg),
-        **_nope_fields(cfg), **_hyper_fields(cfg),
+        **_nope_fields(cfg), **_hyper_fields(cfg), glu_clamp=_glu_clamp(cfg),
         **hybrid, **mtp, **_short_conv_fields(cfg),
         attention_output_gate=cfg["attention_output_gate"],
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
@@ -196,6 +196,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         recompute_num_layers=nlayers, recompute_layer_ids=layer_ids, recompute_modules=modules,
         moe=_moe_config(cfg),
     )
+    fields.update(_v4_fields(cfg))   # DeepSeek-V4's window, sinks and heads win
     _check_expert_activation(cfg, fields["moe"], fields["num_layers"])
     try:
         return cls(**fields)
@@ -599,13 +600,27 @@ def _expert_activation(cfg: Mapping[str, Any]) -> tuple[str | None, float | None
     """(MoEConfig.activation, glu_limit): GPT-OSS's clamped GLU is Megatron's quick_geglu with
     glu_linear_offset 1 and activation_func_clamp_value; other offsets or clamps are not built."""
     clamp, offset = cfg["activation_func_clamp_value"], float(cfg["glu_linear_offset"] or 0.0)
-    if clamp is None and not offset:
+    if (clamp is None or not cfg["quick_geglu"]) and not offset:   # plain: see _glu_clamp
         return None, None
     if not (cfg["quick_geglu"] and offset == 1.0 and clamp is not None and clamp > 0):
         raise ConfigError(f"activation_func_clamp_value = {clamp!r} with glu_linear_offset = "
                           f"{offset!r}: jaxtrain builds only GPT-OSS's clamped GLU (quick_geglu, "
                           f"offset 1, a positive clamp), in MoE experts")
     return "swiglu_oai", float(clamp)
+
+
+def _glu_clamp(cfg: Mapping[str, Any]) -> float | None:
+    """ModelConfig.glu_clamp: Megatron's activation_func_clamp_value on a plain gated unit (no
+    quick_geglu, no glu_linear_offset) and DeepSeek-V4's swiglu_limit (Primus sets both)."""
+    plain = cfg["activation_func_clamp_value"]
+    if cfg["quick_geglu"] or cfg["glu_linear_offset"]:
+        plain = None
+    limit = cfg["swiglu_limit"] or None
+    if plain is not None and limit is not None and float(plain) != float(limit):
+        raise ConfigError(f"activation_func_clamp_value = {plain} and swiglu_limit = {limit} both "
+                          "clamp the gated units: make them equal or set one")
+    value = limit if limit is not None else plain
+    return None if value is None else float(value)
 
 
 def _check_expert_activation(cfg: Mapping[str, Any], moe, num_layers: int) -> None:
@@ -742,11 +757,79 @@ def _dsa_fields(cfg: Mapping[str, Any]) -> dict:
                 dsa_sparse_loss=cfg["dsa_indexer_use_sparse_loss"])
 
 
+# DeepSeek-V4's keys (Primus's names; MaxText's deepseek4 and HF's deepseek_v4 translate to them)
+# with the value that leaves them off: any other needs model_type deepseek_v4.
+_V4_KEYS = {"compress_ratios": None, "index_topk": 0, "v4_indexer_distill_loss_coeff": 0.0,
+            "attn_sliding_window": 0, "attn_sink": False, "o_lora_rank": 0, "hc_mult": 1,
+            "num_hash_layers": 0}
+_V4_SPARSE_RATIO = 4   # DeepSeek-V4's compressed sparse attention (overlap + indexer)
+
+
+def parse_ratios(value, num_layers: int, mtp_layers: int) -> tuple[int, ...]:
+    """compress_ratios as a tuple of num_layers ints: a list or its string ('[0, 4, 128]');
+    entries past the decoder (the MTP layers') dropped, as Primus and Hugging Face do."""
+    if isinstance(value, str):
+        try:
+            value = [int(v) for v in value.strip().strip("[]()").split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"compress_ratios = {value!r}: give a list of ints, one per layer "
+                              "(0 none, 4 sparse, 128 heavy)") from None
+    ratios = tuple(int(v) for v in value)
+    if len(ratios) not in (num_layers, num_layers + mtp_layers):
+        raise ConfigError(f"compress_ratios has {len(ratios)} entries for {num_layers} layers "
+                          f"(and {mtp_layers} MTP layers): give one per layer")
+    return ratios[:num_layers]
+
+
+def _v4_fields(cfg: Mapping[str, Any]) -> dict:
+    """DeepSeek-V4 (model_type deepseek_v4; models/compressed.py): compressed attention per
+    compress_ratios (4: sparse, with the indexer), the window and sinks of every layer, the
+    grouped output projection, mHC with a learned final head (hc_mult) and hash-routed leading
+    MoE layers (num_hash_layers, in _moe). Its keys with another model_type are refused."""
+    if cfg["model_type"] != "deepseek_v4":
+        on = [k for k, off in _V4_KEYS.items() if cfg[k] not in (off, None)]
+        if on:
+            raise ConfigError(f"{', '.join(on)}: DeepSeek-V4's settings, and model_type is "
+                              f"{cfg['model_type']!r}; set model_type deepseek_v4 (MaxText: "
+                              "decoder_block deepseek4)")
+        return {}
+    if cfg["compress_ratios"] is None:
+        raise ConfigError("model_type deepseek_v4 needs compress_ratios (one ratio per layer: "
+                          "0 none, 4 compressed sparse attention, 128 heavily compressed)")
+    if not cfg["o_lora_rank"]:
+        raise ConfigError("model_type deepseek_v4: o_lora_rank 0 (a full-rank output projection) "
+                          "is not built; give the grouped projection's rank")
+    streams = int(cfg["hc_mult"] or 1)
+    if streams > 1 and cfg["mtp_num_layers"] and not cfg["mtp_use_separate_hc_head"]:
+        raise ConfigError("mtp_use_separate_hc_head false with hc_mult > 1: MTP layers that "
+                          "share the decoder's stream head are not built (Primus raises too)")
+    fields = dict(
+        compress_ratios=parse_ratios(cfg["compress_ratios"], cfg["num_layers"],
+                                     int(cfg["mtp_num_layers"] or 0)),
+        compress_sparse_ratio=_V4_SPARSE_RATIO,
+        compress_rotary_base=float(cfg["compress_rope_theta"]),
+        o_groups=int(cfg["o_groups"]), o_lora_rank=int(cfg["o_lora_rank"]),
+        compress_index_heads=int(cfg["index_n_heads"]),
+        compress_index_head_dim=int(cfg["index_head_dim"]),
+        compress_index_topk=int(cfg["index_topk"]),
+        compress_index_loss_coeff=float(cfg["v4_indexer_distill_loss_coeff"]),
+        sliding_window=int(cfg["attn_sliding_window"]) or None,
+        attention_sinks=bool(cfg["attn_sink"]), hc_eps=float(cfg["hc_eps"]),
+        num_query_groups=cfg["num_query_groups"] or 1, q_lora_rank=cfg["q_lora_rank"] or None,
+        qk_pos_emb_head_dim=int(cfg["qk_pos_emb_head_dim"]))
+    if streams > 1:
+        fields.update(hc_streams=streams, hc_style="deepseek", hc_head=True,
+                      hc_sinkhorn_iters=int(cfg["hc_sinkhorn_iters"]), hc_init_gate=1.0)
+    return fields
+
+
 def _hyper_fields(cfg: Mapping[str, Any]) -> dict:
     """Manifold-constrained hyper-connections (models/hyper.py): MaxText's
     mhc_expansion_rate > 1 (its convention, with sinkhorn_iterations and enable_mhc_lite) or
     Megatron's enable_mhc_connections (mhc_num_residual_streams, mhc_sinkhorn_iterations,
     mhc_init_gating_factor)."""
+    if cfg["model_type"] == "deepseek_v4":   # DeepSeek-V4's own mHC (see _v4_fields)
+        return {}
     maxtext, megatron = cfg["mhc_expansion_rate"] != 1, bool(cfg["enable_mhc_connections"])
     if maxtext and megatron:
         raise ConfigError("mhc_expansion_rate and enable_mhc_connections both switch on "
@@ -869,4 +952,5 @@ def _moe(cfg, etp, tp, turbo, dispatcher, factor, activation, glu_limit):
         per_layer_logging=cfg["moe_per_layer_logging"],
         expert_tensor_parallel=etp in (None, tp),
         router_bias=bool(cfg["add_bias_linear"]),   # Megatron: the router is a linear layer
-        activation=activation, glu_limit=glu_limit, latent_size=cfg["moe_latent_size"])
+        activation=activation, glu_limit=glu_limit, latent_size=cfg["moe_latent_size"],
+        hash_layers=int(cfg["num_hash_layers"] or 0))

@@ -12,14 +12,16 @@ them, while the streams themselves are mixed by a doubly stochastic matrix:
 
 Two conventions, ``cfg.hc_style``:
 - "deepseek" (MaxText's mhc.py, Hugging Face's DeepSeek-V4): a learned-scale RMS norm of
-  epsilon ``norm_epsilon``; pre = sigmoid + 1e-6; Sinkhorn starts from softmax(z) + 1e-6 and
-  normalises columns, then (iters - 1) row/column rounds, each adding 1e-6 to the sums; the
+  epsilon ``norm_epsilon``; pre = sigmoid + eps; Sinkhorn starts from softmax(z) + eps and
+  normalises columns, then (iters - 1) row/column rounds, each adding eps to the sums; the
   streams mix as res^T x. ``hc_lite`` (MaxText's mHC-lite) makes res a softmax-weighted sum of
   the n! permutation matrices instead. The streams are summed after the last layer.
-- "megatron" (Megatron-LM's hyper_connection.py): no norm weight, x / (|x|/sqrt(nD) + 1e-6);
+- "megatron" (Megatron-LM's hyper_connection.py): no norm weight, x / (|x|/sqrt(nD) + eps);
   pre = sigmoid; Sinkhorn starts from exp(z - max z) and runs ``iters`` row/column rounds,
-  dividing by the sums clamped at 1e-6; the streams mix as res x. They are averaged after the
+  dividing by the sums clamped at eps; the streams mix as res x. They are averaged after the
   last layer.
+eps is ``hc_eps`` (1e-6). With ``hc_head`` (DeepSeek-V4) a learned mapping weighs the streams
+at the end instead (`contract`).
 
 Parameters of one half (``attn_hc``, ``mlp_hc``): ``w`` [nD, 2n+R], ``b`` [2n+R] (zeros),
 ``alpha`` [3] (pre, post, res gates, ``hc_init_gate``), and with "deepseek" ``norm`` {scale
@@ -36,7 +38,6 @@ import numpy as np
 
 from jaxtrain.models.spec import ParamSpec, _ones, _zeros
 
-EPS = 1e-6   # the constant both conventions add or clamp with
 STREAMS = ("act_batch", "act_res_seq", None, "act_embed")   # logical axes of x [B,T,n,D]
 
 
@@ -70,11 +71,29 @@ def expand(x, cfg):
     return jnp.broadcast_to(x[:, :, None], (*x.shape[:2], cfg.hc_streams, x.shape[-1]))
 
 
-def contract(x, cfg):
-    """[B,T,n,D] -> [B,T,D] after the last layer: the streams' sum ("deepseek", MaxText) or
-    mean ("megatron")."""
+def head_specs(cfg) -> dict:
+    """DeepSeek-V4's learned final collapse (``hc_head``): ``w`` [nD, n], ``b`` [n], ``alpha``
+    [1]."""
+    n, D, dt = cfg.hc_streams, cfg.hidden_size, cfg.param_dtype
+    init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal", 0, 1)
+    return {"w": ParamSpec((n * D, n), dt, (None, None), init),
+            "b": ParamSpec((n,), dt, (None,), _zeros),
+            "alpha": ParamSpec((1,), dt, (None,), _ones)}
+
+
+def contract(x, cfg, head: dict | None = None):
+    """[B,T,n,D] -> [B,T,D] after the last layer: with ``head`` (``hc_head``) the weighted sum
+    sum_k (sigmoid(rms(flatten(x)) w alpha + b)_k + eps) x_k, else the streams' sum
+    ("deepseek", MaxText) or mean ("megatron")."""
     if cfg.hc_streams == 1:
         return x
+    if head is not None:
+        B, T, n, D = x.shape
+        flat = x.reshape(B, T, n * D).astype(jnp.float32)
+        flat = flat * jax.lax.rsqrt((flat * flat).mean(-1, keepdims=True) + cfg.norm_epsilon)
+        z = flat @ head["w"].astype(jnp.float32) * head["alpha"].astype(jnp.float32)
+        pre = jax.nn.sigmoid(z + head["b"].astype(jnp.float32)) + cfg.hc_eps
+        return jnp.einsum("btn,btnd->btd", pre, x.astype(jnp.float32)).astype(x.dtype)
     out = x.astype(jnp.float32).sum(2)
     if cfg.hc_style == "megatron":
         out = out / cfg.hc_streams
@@ -86,14 +105,14 @@ def _sinkhorn(z, cfg):
     if cfg.hc_style == "megatron":
         m = jnp.exp(z - jax.lax.stop_gradient(z.max(-1, keepdims=True)))   # rows rescale away
         for _ in range(cfg.hc_sinkhorn_iters):
-            m = m / jnp.maximum(m.sum(-1, keepdims=True), EPS)
-            m = m / jnp.maximum(m.sum(-2, keepdims=True), EPS)
+            m = m / jnp.maximum(m.sum(-1, keepdims=True), cfg.hc_eps)
+            m = m / jnp.maximum(m.sum(-2, keepdims=True), cfg.hc_eps)
         return m
-    m = jax.nn.softmax(z, axis=-1) + EPS
-    m = m / (m.sum(-2, keepdims=True) + EPS)
+    m = jax.nn.softmax(z, axis=-1) + cfg.hc_eps
+    m = m / (m.sum(-2, keepdims=True) + cfg.hc_eps)
     for _ in range(cfg.hc_sinkhorn_iters - 1):
-        m = m / (m.sum(-1, keepdims=True) + EPS)
-        m = m / (m.sum(-2, keepdims=True) + EPS)
+        m = m / (m.sum(-1, keepdims=True) + cfg.hc_eps)
+        m = m / (m.sum(-2, keepdims=True) + cfg.hc_eps)
     return m
 
 
@@ -109,7 +128,7 @@ def maps(p: dict, x, cfg):
     flat = x.reshape(B, T, n * D).astype(jnp.float32)
     ms = (flat * flat).mean(-1, keepdims=True)
     if cfg.hc_style == "megatron":
-        flat = flat / (jnp.sqrt(ms) + EPS)
+        flat = flat / (jnp.sqrt(ms) + cfg.hc_eps)
     else:
         flat = flat * jax.lax.rsqrt(ms + cfg.norm_epsilon) * p["norm"]["scale"].astype(
             jnp.float32)
@@ -127,7 +146,7 @@ def maps(p: dict, x, cfg):
         res = jnp.einsum("btp,pkm->btkm", weights, jnp.asarray(permutations(n)))
     else:
         res = _sinkhorn(z[..., 2 * n:].reshape(B, T, n, n), cfg)
-    return pre + EPS, post, jnp.swapaxes(res, -1, -2)
+    return pre + cfg.hc_eps, post, jnp.swapaxes(res, -1, -2)
 
 
 def collapse(p: dict, x, cfg):

@@ -46,7 +46,7 @@ def rope_inv_freq(cfg) -> tuple[np.ndarray, float]:
     if cfg.use_rope_scaling:
         return _llama3_scaling(inv, cfg), 1.0
     if cfg.rope_type == "yarn":
-        return _yarn(inv, cfg)
+        return yarn(inv, cfg)
     return inv, 1.0
 
 
@@ -61,8 +61,12 @@ def _llama3_scaling(inv, cfg):
     return np.where(medium, smoothed, scaled)
 
 
-def _yarn(inv, cfg):
-    R, base, factor = cfg.rotary_dim, cfg.rotary_base, cfg.yarn_scaling_factor
+def yarn(inv, cfg, R: int | None = None, base: float | None = None):
+    """(YaRN-scaled inverse frequencies, attention factor) of ``inv`` [R/2] at rotary width R
+    and ``base`` (default: the model's rotary_dim and rotary_base)."""
+    R = cfg.rotary_dim if R is None else R
+    base = cfg.rotary_base if base is None else base
+    factor = cfg.yarn_scaling_factor
     old = cfg.original_max_position_embeddings
 
     def dim_of(rotations):
@@ -169,6 +173,8 @@ def mlp(p: dict, x, cfg):
     if cfg.gated_linear_unit:
         h0 = dense(x, p["wi_0"], p.get("bi_0"), "btd,df->btf", "mlpwi_0", cfg)
         h1 = dense(x, p["wi_1"], p.get("bi_1"), "btd,df->btf", "mlpwi_1", cfg)
+        if cfg.glu_clamp is not None:   # Megatron's activation_func_clamp_value, V4's limit
+            h0, h1 = jnp.minimum(h0, cfg.glu_clamp), jnp.clip(h1, -cfg.glu_clamp, cfg.glu_clamp)
         h = activation(cfg.activation, h0) * h1
     else:
         h = activation(cfg.activation, dense(x, p["wi"], p.get("bi"), "btd,df->btf", "mlpwi", cfg))

@@ -14,14 +14,16 @@ decoder layer's kind and is layer num_layers + k (per-layer patterns such as win
 layer's); a hybrid model's is the sequence of sublayers its pattern names after '/', layers
 num_layers + (k-1)·P + n for its P sublayers. The train step weighs loss_k like the main loss,
 over its own tokens, and adds mtp_loss_scaling_factor times the mean over depths to the
-objective (jaxtrain.step); the reported loss stays the main one. Parameters: params.py's
-``mtp`` tree.
+objective (jaxtrain.step); the reported loss stays the main one. With hyper-connections and
+their learned head (DeepSeek-V4) each depth lifts its input into the streams and collapses them
+with its own head (``hc_head``) before its final norm. Parameters: params.py's ``mtp`` tree.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from jaxtrain.models import dsa, hyper
 from jaxtrain.models import layers as L
 from jaxtrain.models.params import layer_axes
 from jaxtrain.models.spec import mtp_layer_kinds
@@ -76,13 +78,14 @@ def mtp_hidden_states(params: dict, hidden, tokens, ctx: dict, cfg):
                              shift_left(ctx["positions"], k, seq), axis=0)
         x = jnp.concatenate([L.norm(p["enorm"], e, cfg), L.norm(p["hnorm"], h, cfg)], -1)
         x = L.dense(x, p["eh_proj"], None, "btd,de->bte", "mtp_proj", cfg)
-        x = x.astype(cfg.residual_dtype)
+        x = hyper.expand(x.astype(cfg.residual_dtype), cfg)
         inner = ([p["layer"]] if "layer" in p else
                  [p["layers"][str(n)] for n in range(len(kinds))])
         with jax.named_scope(f"mtp_{k}"):
             for n, (kind, q) in enumerate(zip(kinds, inner)):
                 x, s = layer(q, x, jnp.int32(cfg.num_layers + (k - 1) * len(kinds) + n), kind)
+                s = dsa.pop(dsa.pop(s)[0], "dsa_keep")[0]
                 stats += [] if s is None else [s]
-        h = L.norm(p["final_norm"], x, cfg)
+        h = L.norm(p["final_norm"], hyper.contract(x, cfg, p.get("hc_head")), cfg)
         outs.append(h)
     return outs, (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)

@@ -29,6 +29,10 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
     per_layer_embedding, per_layer_projection, per_layer_norm; per layer ple_gate, ple_proj,
             ple_norm: Gemma 4 small's per-layer inputs (per_layer.py)
             attn_hc, mlp_hc {w, b, alpha, norm}: hyper-connections of each half (hyper.py)
+    hc_head {w [nD,n], b [n], alpha [1]}: DeepSeek-V4's learned collapse of the streams
+    hash_routes [Lh,V,k] (int32, not trained): hash routing's experts per token id (moe)
+    csa_layers, csa_moe_layers, hca_layers, hca_moe_layers: DeepSeek-V4's compressing layers
+            (compressed.py; every layer's ``attn`` is that module's with compress_ratios)
     mtp: the multi-token-prediction modules (``cfg.mtp_num_layers``; one with
             mtp_repeated_layer), each leaf stacked over them: enorm, hnorm, final_norm
             {scale}, eh_proj [2D,D], layer (a layer tree of the last layer's stack; a hybrid
@@ -59,7 +63,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from jaxtrain.models import hyper, per_layer
+from jaxtrain.models import compressed, hyper, per_layer
 from jaxtrain.models.dsa import indexer_specs
 from jaxtrain.models.mla import mla_specs
 from jaxtrain.models.linear_attention import linear_attention_specs
@@ -99,6 +103,8 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         attn["q_norm"], attn["k_norm"] = _norm(cfg, N * H), _norm(cfg, K * H)
     elif cfg.qk_layernorm:
         attn["q_norm"], attn["k_norm"] = _norm(cfg, H), _norm(cfg, H)
+    if cfg.compress_ratios is not None:   # DeepSeek-V4 (compressed.py)
+        attn = compressed.specs(cfg, kind)
     if cfg.multi_latent_attention:
         attn = mla_specs(cfg)
         if cfg.dsa_index_heads and kind not in DSA_SHARED_STACKS:   # DSA's indexer (dsa.py)
@@ -201,9 +207,10 @@ def _mtp_specs(cfg) -> dict:
     kinds = mtp_layer_kinds(cfg)
     inner = ({"layers": {str(j): _layer_specs(cfg, k) for j, k in enumerate(kinds)}}
              if cfg.mtp_hybrid_layers else {"layer": _layer_specs(cfg, kinds[0])})
+    head = {"hc_head": hyper.head_specs(cfg)} if cfg.hc_head else {}
     return {"enorm": _norm(cfg, D), "hnorm": _norm(cfg, D), "final_norm": _norm(cfg, D),
             "eh_proj": ParamSpec((2 * D, D), cfg.param_dtype, ("mlp", "embed"),
-                                 _linear_init(cfg, 0, 1)), **inner}
+                                 _linear_init(cfg, 0, 1)), **inner, **head}
 
 
 def layer_tree(params: dict, cfg, i: int) -> dict:
@@ -235,7 +242,23 @@ def param_specs(cfg) -> dict:
                                                (None, "embed"), _linear_init(cfg, 1, 0))
     if cfg.untie_embeddings_and_output_weights:
         tree["output"] = ParamSpec((D, V), dt, ("embed", "vocab"), _linear_init(cfg, 0, 1))
+    if cfg.hc_head:
+        tree["hc_head"] = hyper.head_specs(cfg)
+    if cfg.moe is not None and cfg.moe.hash_layers:
+        m = cfg.moe
+        tree["hash_routes"] = ParamSpec((m.hash_layers, V, m.topk), jnp.int32,
+                                        (None, "vocab", None), _hash_init(m.num_experts))
     return tree
+
+
+def _hash_init(num_experts: int) -> Init:
+    """A random table of k distinct experts per token id (hash routing's [Lh, V, k])."""
+    def init(key, shape, dtype):
+        *lead, k = shape
+        noise = jax.random.uniform(key, (*lead, num_experts))
+        return jax.lax.top_k(noise, k)[1].astype(dtype)
+
+    return init
 
 
 def abstract(cfg) -> dict:

@@ -95,6 +95,10 @@ SHARED_STACK, GLOBAL_SHARED_STACK = "kv_shared_layers", "global_kv_shared_layers
 DSA_SHARED_STACK, DSA_SHARED_MOE_STACK = "dsa_shared_layers", "dsa_shared_moe_layers"
 # LFM2's gated short-convolution layers, with a dense or an MoE FFN
 CONV_STACK, CONV_MOE_STACK = "conv_layers", "conv_moe_layers"
+# DeepSeek-V4's compressed-attention layers (models/compressed.py): compressed sparse attention
+# (overlapping windows and an indexer) and heavily compressed attention, dense or MoE FFN
+CSA_STACK, CSA_MOE_STACK = "csa_layers", "csa_moe_layers"
+HCA_STACK, HCA_MOE_STACK = "hca_layers", "hca_moe_layers"
 # Hybrid models (ModelConfig.hybrid_layers, Megatron's hybrid_layer_pattern): a layer is one
 # sublayer, a token mixer or an FFN, each with its own pre-norm and residual add
 MAMBA_STACK, ATTENTION_STACK, GDN_STACK = "mamba_layers", "attention_layers", "gdn_layers"
@@ -103,9 +107,12 @@ HYBRID_STACKS = {"M": MAMBA_STACK, "*": ATTENTION_STACK, "G": GDN_STACK, "-": ML
                  "E": MOE_MLP_STACK}
 STACKS = (DENSE_STACK, MOE_STACK, LINEAR_STACK, LINEAR_MOE_STACK, GLOBAL_STACK,
           GLOBAL_MOE_STACK, SHARED_STACK, GLOBAL_SHARED_STACK, CONV_STACK, CONV_MOE_STACK,
-          DSA_SHARED_STACK, DSA_SHARED_MOE_STACK, *HYBRID_STACKS.values())
+          DSA_SHARED_STACK, DSA_SHARED_MOE_STACK, CSA_STACK, CSA_MOE_STACK, HCA_STACK,
+          HCA_MOE_STACK, *HYBRID_STACKS.values())
 MOE_STACKS = (MOE_STACK, LINEAR_MOE_STACK, GLOBAL_MOE_STACK, CONV_MOE_STACK, MOE_MLP_STACK,
-              DSA_SHARED_MOE_STACK)
+              DSA_SHARED_MOE_STACK, CSA_MOE_STACK, HCA_MOE_STACK)
+CSA_STACKS = (CSA_STACK, CSA_MOE_STACK)
+HCA_STACKS = (HCA_STACK, HCA_MOE_STACK)
 DSA_SHARED_STACKS = (DSA_SHARED_STACK, DSA_SHARED_MOE_STACK)
 CONV_STACKS = (CONV_STACK, CONV_MOE_STACK)
 LINEAR_STACKS = (LINEAR_STACK, LINEAR_MOE_STACK, GDN_STACK)
@@ -184,7 +191,8 @@ def layer_kinds(cfg) -> tuple[str, ...]:
     Gated DeltaNet layers 'linear_layers' / 'linear_moe_layers', for Gemma 4's global layers
     'global_layers' / 'global_moe_layers', for Gemma 4 small's KV-sharing layers
     'kv_shared_layers' / 'global_kv_shared_layers', for DeepSeek sparse attention layers that
-    reuse an earlier layer's selection 'dsa_shared_layers' / 'dsa_shared_moe_layers'; a hybrid
+    reuse an earlier layer's selection 'dsa_shared_layers' / 'dsa_shared_moe_layers', for
+    DeepSeek-V4's compressing layers 'csa_layers' / 'hca_layers' (and their MoE stacks); a hybrid
     model's by its symbols (HYBRID_STACKS)."""
     pattern = getattr(cfg, "hybrid_layers", None)
     if pattern is not None:
@@ -193,6 +201,12 @@ def layer_kinds(cfg) -> tuple[str, ...]:
                         getattr(cfg, "linear_attention_layers", None),
                         getattr(cfg, "global_layers", None),
                         getattr(cfg, "short_conv_layers", None))
+    ratios = getattr(cfg, "compress_ratios", None)
+    if ratios:   # DeepSeek-V4: the layers that compress, sparse (CSA) or heavily (HCA)
+        sparse = cfg.compress_sparse_ratio
+        kinds = tuple(k if not r else (CSA_MOE_STACK if k == MOE_STACK else CSA_STACK)
+                      if r == sparse else (HCA_MOE_STACK if k == MOE_STACK else HCA_STACK)
+                      for k, r in zip(kinds, ratios))
     dsa_shared = getattr(cfg, "dsa_shared_layers", None)
     if dsa_shared:   # DeepSeek sparse attention's index sharing: layers without an indexer
         kinds = tuple((DSA_SHARED_MOE_STACK if k == MOE_STACK else DSA_SHARED_STACK) if on else k

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxtrain.models import dsa, hyper
+from jaxtrain.models import compressed, dsa, hyper
 from jaxtrain.models import layers as L
 from jaxtrain.models import per_layer
 from jaxtrain.models.attention import attention
@@ -403,6 +403,12 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
         if cache is not None:
             a, state = a
             cache = {**cache, name: state}
+    elif cfg.compress_ratios is not None:   # DeepSeek-V4 (compressed.py)
+        if cache is not None:
+            raise ValueError("decoding DeepSeek-V4's compressed attention (compress_ratios) is "
+                             "not implemented yet")
+        with jax.named_scope("attention"):
+            a, extras = compressed.attention_block(p["attn"], h, ctx, cfg)
     else:
         with jax.named_scope("attention"):
             kv = (None if cache is None else
@@ -431,11 +437,16 @@ def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
         row = jnp.asarray([rows.get(j, 0) for j in range(cfg.num_layers + mtp_layer_count(cfg))])
         prev, steps = state["aux_counts"][row[i]], state["steps"]
     train = not ctx["deterministic"]
+    hashed = None
+    if cfg.moe.hash_layers:   # DeepSeek-V4: the first layers' experts by token id
+        first = cfg.moe.hash_layers
+        table = ctx["hash_routes"][jnp.minimum(i, first - 1)]
+        hashed = jnp.where(i < first, jnp.take(table, ctx["tokens"], axis=0), -1)
 
-    def block(p, h, x, rng, prev, steps):
+    def block(p, h, x, rng, prev, steps, hashed):
         if not cfg.moe.branch_norms:
             return moe_block(p, h, cfg, train=train, rng=rng, prev_aux_counts=prev,
-                             prev_steps=steps)
+                             prev_steps=steps, hash_experts=hashed)
         routed = {"router": p["router"], "experts": p["experts"]}
         xr = None
         if cfg.moe.router_input_norm:   # Gemma 4: unscaled RMS norm, learned scale, D^-0.5
@@ -447,7 +458,8 @@ def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
         shared = L.norm(p["shared_post_norm"], L.mlp(p["shared"], h, cfg), cfg)
         return L.norm(p["experts_post_norm"], y, cfg) + shared, stats
 
-    return _maybe_remat(block, "moe" in cfg.recompute_modules)(p, h, x, rng, prev, steps)
+    return _maybe_remat(block, "moe" in cfg.recompute_modules)(p, h, x, rng, prev, steps,
+                                                               hashed)
 
 
 class _Block(NamedTuple):
@@ -706,6 +718,8 @@ def embed_inputs(params: dict, tokens, positions, cfg):
 
 
 def _rope_tables(positions, cfg):
+    if cfg.compress_ratios is not None:   # DeepSeek-V4: (plain pair, compressed layers' pair)
+        return compressed.rope_tables(positions, cfg)
     if cfg.has_global_shape:   # Gemma 4: (global pair, sliding-window pair), unlike widths
         local = (L.local_rope_tables if cfg.local_rotary_base is not None else L.rope_tables)
         return (*L.global_rope_tables(positions, cfg), *local(positions, cfg))
@@ -752,6 +766,7 @@ def layer_inputs(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
         tokens, positions, index = lay.apply(tokens), lay.apply(positions), lay.apply(index)
         segment_ids = None if segment_ids is None else lay.apply(segment_ids)
         ctx.update(token_index=index, token_layout=lay.reorder, reordered=lay)
+    ctx.update(tokens=tokens, hash_routes=(params or {}).get("hash_routes"))
     if not with_embedding:
         ctx.update(segment_ids=segment_ids, positions=positions,
                    rope=_rope_tables(positions, cfg))
@@ -783,7 +798,8 @@ def final_hidden(params: dict, x, ctx: dict, cfg):
     """The last layer's output x (its streams contracted, with hyper-connections) normed by the
     final norm, in the tokens' natural order."""
     with jax.named_scope("final_norm"):
-        hidden = L.norm(params["final_norm"], hyper.contract(x, cfg), cfg)
+        hidden = L.norm(params["final_norm"], hyper.contract(x, cfg, params.get("hc_head")),
+                        cfg)
     lay = ctx.get("reordered")
     return hidden if lay is None else lay.undo(hidden)
 

@@ -130,6 +130,21 @@ PRESETS += [
      671e9 + 61 * (1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64)),
     ("glm5_744B_A40B", lambda: tr.GlmMoeDsaConfig(), 744e9),
 ]
+# DeepSeek-V4 (transformers' defaults are Flash's; the checkpoints' YaRN on the compressed
+# layers). Flash's card counts 284B; Pro's 1.6T includes its multi-token-prediction layer
+# (25.4B), not built: 1.573T here. The hash routes are a table of expert ids, not weights.
+_DSV4_YARN = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536}
+_DSV4_PRO = dict(num_hidden_layers=61, hidden_size=7168, num_attention_heads=128,
+                 q_lora_rank=1536, moe_intermediate_size=3072, o_groups=16, n_routed_experts=384,
+                 index_topk=1024, routed_scaling_factor=2.5,
+                 compress_ratios=[128, 128] + [4, 128] * 29 + [4, 0])
+PRESETS += [
+    ("deepseek_v4_flash_284B",
+     lambda: tr.DeepseekV4Config(rope_parameters=_DSV4_YARN,
+                                 compress_ratios=[0, 0] + [4, 128] * 20 + [4, 0]), 284e9),
+    ("deepseek_v4_pro_1.6T",
+     lambda: tr.DeepseekV4Config(rope_parameters=_DSV4_YARN, **_DSV4_PRO), 1.6e12 - 25.4e9),
+]
 # Fields the preset's run settles, not the architecture (Megatron pads the vocabulary; HF
 # files never do; MoE run settings such as the balancing loss).
 RUN = ("dtype", "weight_dtype", "attention_impl", "attention_softmax_in_fp32", "vocab_size",
@@ -171,7 +186,27 @@ def test_preset_is_the_published_model(name, hf, published):
 
 
 def _count(cfg: ModelConfig) -> int:
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(abstract(cfg)))
+    tree = abstract(cfg)
+    tree.pop("hash_routes", None)   # expert ids of hash routing, not weights
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize("name", ["deepseek_v4_flash_284B", "deepseek_v4_pro_1.6T"])
+def test_deepseek_v4_presets_count_as_transformers(name):
+    """As many weights as transformers' DeepseekV4ForCausalLM of the published config (meta
+    device): its parameters and expert-bias buffers (its tid2eid tables are our hash_routes),
+    and ours less the learned scale of the hyper-connection norm (MaxText's; transformers' has
+    none, exported folded into the mapping) and the unused expert bias of the hash-routed
+    layers."""
+    import torch
+    hf = next(p[1] for p in PRESETS if p[0] == name)
+    with torch.device("meta"):
+        model = tr.DeepseekV4ForCausalLM(hf())
+    theirs = sum(p.numel() for p in model.parameters()) + sum(
+        b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
+    cfg = _preset(name)
+    scales = 2 * cfg.num_layers * cfg.hc_streams * cfg.hidden_size
+    assert _count(cfg) - scales - cfg.moe.hash_layers * cfg.moe.num_experts == theirs
 
 
 @pytest.mark.parametrize("name, hf", SMALL_GEMMA4, ids=[p[0] for p in SMALL_GEMMA4])

@@ -58,11 +58,12 @@ KNOBS = [
       "Megatron-Core models are the default and this flag no longer selects anything; jaxtrain "
       "has a single model implementation"),
     K("model_type", "str", "gpt", "Model family to build; gpt is the decoder-only transformer "
-      "(dense, MoE or MLA), mamba and hybrid Megatron's hybrid stack (hybrid_layer_pattern).",
+      "(dense, MoE or MLA), mamba and hybrid Megatron's hybrid stack (hybrid_layer_pattern), "
+      "deepseek_v4 DeepSeek-V4 (compress_ratios).",
       "megatron", HONORED,
       choices=("gpt", "mamba", "hybrid", "deepseek_v4", "kimi_k3", "flux_schnell",
                "diffusion_model"),
-      planned_values={"deepseek_v4": 25, "kimi_k3": 25},
+      planned_values={"kimi_k3": 25},
       rejected_values={v: "diffusion models (Flux) are image generators, not language models; "
                           "jaxtrain trains decoder-only language models"
                        for v in ("flux_schnell", "diffusion_model")}),

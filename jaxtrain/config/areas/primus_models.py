@@ -21,29 +21,45 @@ _V4_KERNEL = ("picks a Triton/Gluon kernel of Primus's DeepSeek-V4 attention; XL
 _FLUX = ("a setting of Primus's Flux diffusion (image) trainer; jaxtrain trains decoder-only "
          "language models")
 _UNREAD = "Primus itself reads no key of this name, so it has no effect there either"
+_V4 = ("DeepSeek-V4 (model_type deepseek_v4; models/compressed.py, the reference semantics of "
+       "transformers' and MaxText's DeepSeek-V4; Primus's own departures - zero-filled first "
+       "sparse window, the indexer's own low-rank query, untransposed stream mixing, its YaRN "
+       "ramp - are not reproduced)")
 
 KNOBS = [
     # --- DeepSeek-V4: compressed/sparse attention ---
     K("compress_ratios", "list[int]|str", None, "DeepSeek-V4 per-layer KV compression: 0 dense, "
       "4 compressed sparse attention, 128 heavily compressed (a list or its string).", _PM,
-      doc_defaults={"maxtext": []}),
+      HONORED, _V4 + ": a ratio per layer (entries past num_layers, the MTP layers', dropped); "
+      "4 pools overlapping windows and keeps the indexer's top-k entries, another ratio pools "
+      "plain windows, 0 keeps the window only", doc_defaults={"maxtext": []}),
     K("compress_rope_theta", "float", 160000.0, "DeepSeek-V4 RoPE base of the compressed "
-      "attention layers.", _P),
+      "attention layers.", _P, HONORED, _V4 + ": the RoPE of the compressing layers' queries, "
+      "keys, entries and indexer (YaRN-scaled with rope_type yarn, no attention factor); "
+      "ratio-0 layers rotate at rotary_base"),
     K("index_topk", "int", 0, "DeepSeek-V4 indexer: compressed positions each query attends to; "
-      "0 turns the indexer off.", _P),
-    K("index_head_dim", "int", 128, "DeepSeek-V4 indexer head width.", _P),
-    K("index_n_heads", "int", 64, "DeepSeek-V4 indexer heads.", _P),
+      "0 turns the indexer off.", _P, HONORED, _V4 + ": the entries each query of a ratio-4 "
+      "layer keeps (all visible ones while it sees no more)"),
+    K("index_head_dim", "int", 128, "DeepSeek-V4 indexer head width.", _P, HONORED, _V4),
+    K("index_n_heads", "int", 64, "DeepSeek-V4 indexer heads.", _P, HONORED, _V4),
     K("use_v4_fp8_indexer", "bool", False, "Score the DeepSeek-V4 indexer's query-key products in "
       "FP8.", _P),
     K("v4_indexer_distill_loss_coeff", "float", 0.0, "Weight of the loss that distils attention "
-      "into the DeepSeek-V4 indexer; 0 turns it off.", _P),
+      "into the DeepSeek-V4 indexer; 0 turns it off.", _P, HONORED, _V4 + ": per layer "
+      "KL(heads' attention over the kept entries, summed and renormalised || the indexer's "
+      "softmax), averaged over tokens, summed over layers times this (Primus's "
+      "indexer_distill_loss); only the indexer learns from it (its inputs are detached)"),
     K("attn_sliding_window", "int", 0, "DeepSeek-V4 sliding window of the dense attention "
-      "layers, in tokens; 0 is none.", _P),
-    K("attn_sink", "bool", False, "DeepSeek-V4 learned per-head attention sink logit.", _P),
+      "layers, in tokens; 0 is none.", _P, HONORED, _V4 + ": every layer's local keys, the "
+      "window counting the query itself (Primus's i-W < j <= i)"),
+    K("attn_sink", "bool", False, "DeepSeek-V4 learned per-head attention sink logit.", _P,
+      HONORED, _V4 + ": one fp32 logit per head joins each softmax (no value)"),
     K("o_groups", "int", 8, "DeepSeek-V4 grouped output projection: head groups projected "
-      "separately.", _PM, doc_defaults={"maxtext": 0}),
+      "separately.", _PM, HONORED, _V4 + ": consecutive heads in o_groups groups, each "
+      "projected to o_lora_rank, then all to the hidden size",
+      doc_defaults={"maxtext": 0}),
     K("o_lora_rank", "int", 0, "DeepSeek-V4 low rank of the grouped output projection; 0 is full "
-      "rank.", _PM),
+      "rank.", _PM, HONORED, _V4 + "; 0 (full rank) is refused by name (not built)"),
     K("use_v4_attention_backend", "str", "triton_v1", "Kernel of DeepSeek-V4's dense and heavily "
       "compressed attention.", _P, INERT, _V4_KERNEL),
     K("use_v4_csa_attention_backend", "str", "triton_v1", "Kernel of DeepSeek-V4's compressed "
@@ -53,21 +69,29 @@ KNOBS = [
 
     # --- DeepSeek-V4: hyper-connections, MoE, MTP ---
     K("hc_mult", "int", 1, "DeepSeek-V4 manifold-constrained hyper-connections: parallel "
-      "residual streams per token; 1 is a plain residual.", _P),
+      "residual streams per token; 1 is a plain residual.", _P, HONORED, _V4 + ": the streams "
+      "of models/hyper.py in the DeepSeek convention (comb transposed, as transformers and "
+      "MaxText), collapsed at the end by a learned head (hc_head)"),
     K("hc_sinkhorn_iters", "int", 20, "Sinkhorn iterations that make the hyper-connection mixing "
-      "doubly stochastic.", _P),
-    K("hc_eps", "float", 1e-6, "Epsilon of the hyper-connection norms and Sinkhorn steps.", _P),
+      "doubly stochastic.", _P, HONORED, _V4),
+    K("hc_eps", "float", 1e-6, "Epsilon of the hyper-connection norms and Sinkhorn steps.", _P,
+      HONORED, _V4 + ": added to the read weights, the mixing matrix and its row/column sums"),
     K("hc_use_sinkhorn", "bool", True, "Project hyper-connection mixing with Sinkhorn.", _P, INERT,
       _UNREAD),
     K("use_v4_compiled_sinkhorn", "bool", False, "Run the hyper-connection Sinkhorn under "
       "torch.compile.", _P, INERT,
       "torch.compile of the same Sinkhorn loop; XLA compiles jaxtrain's step"),
     K("mtp_use_separate_hc_head", "bool", True, "DeepSeek-V4 MTP: give each depth its own "
-      "hyper-connection head.", _P),
+      "hyper-connection head.", _P, HONORED, _V4 + ": each MTP depth lifts its input into the "
+      "streams and collapses them with its own head; false is refused (Primus raises too)"),
     K("num_hash_layers", "int", 0, "DeepSeek-V4: the first N MoE layers route tokens by a hash "
-      "of the token id instead of a learned router.", _P),
+      "of the token id instead of a learned router.", _P, HONORED, _V4 + ": the first N layers "
+      "take each token's experts from a fixed random table of its id (hash_routes, k distinct "
+      "experts, not trained; loaded from a checkpoint's tid2eid), the router's scores weighing "
+      "them"),
     K("swiglu_limit", "float", 0.0, "DeepSeek-V4 clamp of SwiGLU inputs (gate and up); 0 turns "
-      "it off.", _P),
+      "it off.", _P, HONORED, "ModelConfig.glu_clamp: silu(min(gate, c)) * clip(up, -c, c) in "
+      "every gated MLP, the experts and the shared expert"),
     K("v4_grouped_experts_support_clamped_swiglu", "bool", False, "The grouped expert GEMM path "
       "applies the clamped SwiGLU itself.", _P, INERT,
       "declares what a Transformer Engine expert backend supports; jaxtrain's experts take the "

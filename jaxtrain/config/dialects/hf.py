@@ -56,12 +56,12 @@ TEXT_DEFAULTS = {"gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermed
                             "max_position_embeddings": 131072, "query_pre_attn_scalar": 256,
                             "hidden_activation": "gelu_pytorch_tanh"}}
 FAMILIES = (LLAMA_LIKE + ("phi3", "smollm3", "granite", "gpt2", "gpt_neox", "deepseek_v3",
-                          "deepseek_v32", "glm_moe_dsa",
+                          "deepseek_v32", "glm_moe_dsa", "deepseek_v4",
                           "kimi_linear", "gpt_oss") + MOE + GEMMA + OLMO + HYBRID + LLAMA4 + GEMMA4
             + ("nemotron_h", "mamba2", "lfm2", "lfm2_moe", "granitemoehybrid") + tuple(TEXT_OF))
 # Text families issue #25 (model families) is to build; their model_type values.
 PLANNED = ("gemma3n", "gemma3n_text",
-           "deepseek_v2", "deepseek_v4", "kimi_k2", "olmo",
+           "deepseek_v2", "kimi_k2", "olmo",
            "phi", "granitemoe", "glm", "glm4", "glm4_moe", "minimax",
            "cohere", "cohere2", "falcon", "falcon_h1", "mamba", "jamba", "starcoder2",
            "gptj", "bloom", "opt", "stablelm", "internlm2", "exaone", "ernie4_5",
@@ -686,6 +686,100 @@ def _deepseek_moe(hf: dict) -> dict:
     return out
 
 
+# DeepseekV4Config's defaults (DeepSeek-V4-Flash) for fields a config.json leaves out
+_DSV4_DEFAULTS = dict(vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048,
+                      num_hidden_layers=43, num_attention_heads=64, num_key_value_heads=1,
+                      head_dim=512, q_lora_rank=1024, num_experts_per_tok=6, n_routed_experts=256,
+                      n_shared_experts=1, scoring_func="sqrtsoftplus", routed_scaling_factor=1.5,
+                      max_position_embeddings=1048576, rope_theta=10000.0,
+                      compress_rope_theta=160000.0, hc_mult=4, hc_sinkhorn_iters=20,
+                      hc_eps=1e-6, swiglu_limit=10.0, sliding_window=128, o_groups=8,
+                      o_lora_rank=1024, index_n_heads=64, index_head_dim=128, index_topk=512,
+                      rms_norm_eps=1e-6, hidden_act="silu")
+_DSV4_RATIO = {"sliding_attention": 0, "compressed_sparse_attention": 4}
+
+
+def _deepseek_v4(hf: dict) -> dict:
+    """DeepSeek-V4 (model_type deepseek_v4; models/compressed.py): layer_types (or the older
+    compress_ratios) say each layer's compression; compressed sparse attention must keep
+    ratio 4 (it is what marks the indexed layers), heavily compressed any other. mlp_layer_types
+    are hash_moe layers first, then moe; the hash layers' tid2eid tables load into
+    hash_routes. The compressed layers' YaRN comes from rope_parameters (its attention factor
+    unused, as transformers forces 1)."""
+    hf = {**_DSV4_DEFAULTS, **hf}
+    n = hf["num_hidden_layers"]
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128,
+             **(hf.get("compress_rates") or {})}
+    if rates["compressed_sparse_attention"] != 4:
+        raise bad("compress_rates", rates, "compressed sparse attention is built at ratio 4")
+    if rates["heavily_compressed_attention"] in (0, 4):
+        raise bad("compress_rates", rates, "heavily compressed attention needs a ratio other "
+                  "than 0 and 4")
+    if hf.get("layer_types"):
+        ratio = {**_DSV4_RATIO,
+                 "heavily_compressed_attention": rates["heavily_compressed_attention"]}
+        ratios = [ratio[t] for t in hf["layer_types"][:n]]
+    elif hf.get("compress_ratios"):
+        ratios = list(hf["compress_ratios"][:n])
+    else:   # transformers' default: two heavy layers, then sparse and heavy in turn
+        heavy = rates["heavily_compressed_attention"]
+        ratios = [heavy] * min(n, 2) + [4 if i % 2 else heavy for i in range(max(n - 2, 0))]
+    kinds = list(hf.get("mlp_layer_types") or [])
+    hashed = (kinds.index("moe") if "moe" in kinds else len(kinds)) if kinds else hf.get(
+        "num_hash_layers", 3)
+    if kinds and any(k != "moe" for k in kinds[hashed:]):
+        raise bad("mlp_layer_types", kinds, "hash_moe layers must all come first")
+    if hf.get("scoring_func") not in ("sqrtsoftplus", "sigmoid"):
+        raise bad("scoring_func", hf.get("scoring_func"), "sqrtsoftplus or sigmoid scores are "
+                  "built (softmax scores cannot weigh hash-routed experts)")
+    if (hf.get("num_key_value_heads") or 1) != 1:
+        raise bad("num_key_value_heads", hf["num_key_value_heads"], "DeepSeek-V4 attention has "
+                  "one shared key/value head")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise bad("attention_bias", True, "DeepSeek-V4's projections have no biases")
+    partial = hf.get("partial_rotary_factor") or 64 / 512
+    rope = dict((hf.get("rope_parameters") or {}).get("compress") or {})
+    flat = {k: v for k, v in (hf.get("rope_parameters") or hf.get("rope_scaling") or {}).items()
+            if not isinstance(v, dict)}
+    rope = rope or flat
+    out = {**_rms_rope({**hf, "intermediate_size": hf["moe_intermediate_size"]},
+                       hf["max_position_embeddings"], 1e-6), **_gated(hf),
+           "model_type": "deepseek_v4", "num_layers": n, "hidden_size": hf["hidden_size"],
+           "num_attention_heads": hf["num_attention_heads"], "group_query_attention": True,
+           "num_query_groups": 1, "kv_channels": hf["head_dim"],
+           "q_lora_rank": hf["q_lora_rank"],
+           "qk_pos_emb_head_dim": int(hf["head_dim"] * partial),
+           "rotary_base": _number(hf["rope_theta"]), "rope_type": "rope",
+           "compress_ratios": ratios, "compress_rope_theta": float(hf["compress_rope_theta"]),
+           "o_groups": hf["o_groups"], "o_lora_rank": hf["o_lora_rank"],
+           "index_n_heads": hf["index_n_heads"], "index_head_dim": hf["index_head_dim"],
+           "index_topk": hf["index_topk"], "attn_sliding_window": hf["sliding_window"],
+           "attn_sink": True, "hc_mult": hf["hc_mult"],
+           "hc_sinkhorn_iters": hf["hc_sinkhorn_iters"], "hc_eps": float(hf["hc_eps"]),
+           "swiglu_limit": float(hf["swiglu_limit"] or 0.0),
+           "num_experts": hf["n_routed_experts"], "moe_router_topk": hf["num_experts_per_tok"],
+           "moe_ffn_hidden_size": hf["moe_intermediate_size"], "moe_layer_freq": 1,
+           "moe_shared_expert_intermediate_size": (hf["n_shared_experts"] or 0)
+           * hf["moe_intermediate_size"],
+           "moe_router_score_function": hf["scoring_func"], "moe_router_dtype": "fp32",
+           "moe_router_enable_expert_bias": True, "num_hash_layers": hashed}
+    if float(hf["routed_scaling_factor"]) != 1.0:
+        out["moe_router_topk_scaling_factor"] = float(hf["routed_scaling_factor"])
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "yarn":
+        original = rope.get("original_max_position_embeddings",
+                            hf.get("original_max_position_embeddings"))
+        out.update(rope_type="yarn", rotary_scaling_factor=float(rope["factor"]),
+                   original_max_position_embeddings=int(original),
+                   yarn_beta_fast=float(rope.get("beta_fast") or 32),
+                   yarn_beta_slow=float(rope.get("beta_slow") or 1),
+                   yarn_correction_range_round_to_int=bool(rope.get("truncate", True)))
+    elif kind != "default":
+        raise bad("rope_parameters.compress.rope_type", kind, "the compressed layers take "
+                  "default or yarn RoPE")
+    return out
+
+
 def _gpt_oss(hf: dict) -> dict:
     """gpt-oss: GQA with q/k/v/o biases, a learned sink per head, sliding windows on the
     ``sliding_attention`` layers, YaRN; every layer MoE: a biased router, softmax over the top-k
@@ -1266,6 +1360,7 @@ _TRANSLATIONS: dict[str, Callable[[dict], dict]] = {
     **{f: _llama for f in LLAMA_LIKE + MOE}, "phi3": _phi3, "smollm3": _smollm3,
     "granite": _granite, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
     "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32, "glm_moe_dsa": _glm_moe_dsa,
+    "deepseek_v4": _deepseek_v4,
     "kimi_linear": _kimi_linear,
     "gpt_oss": _gpt_oss, **{f: _gemma for f in GEMMA}, **{f: _olmo for f in OLMO},
     **{f: _hybrid for f in HYBRID}, "llama4_text": _llama4, "gemma4_text": _gemma4,

@@ -13,6 +13,8 @@ Families, one adapter module each (see :class:`common.Adapter`):
 - granite.py: IBM Granite 3.x (the Llama layout with embedding/attention/residual/logit scalars);
 - deepseek_v3.py: DeepSeek-V3 (multi-latent attention with YaRN; dense layers first, then MoE
   layers with group-limited sigmoid routing, e_score_correction_bias and a shared expert);
+- deepseek_v4.py: DeepSeek-V4 (compressed sparse / heavily compressed attention beside a
+  sliding window, hyper-connections, hash-routed leading MoE layers, clamped SwiGLU);
 - gpt_oss.py: gpt-oss (sinks, alternating sliding windows, biases, YaRN; biased router and
   clamped-GLU experts with biases);
 - gemma.py: Gemma, Gemma 2, Gemma 3 text ((1 + w) norms, embedding scale, sandwich norms,
@@ -55,7 +57,7 @@ from safetensors.numpy import save_file
 from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf import (deepseek_v3, gemma, gemma4, gpt2, gpt_neox, gpt_oss, granite,
+from jaxtrain.models.hf import (deepseek_v3, deepseek_v4, gemma, gemma4, gpt2, gpt_neox, gpt_oss, granite,
                                 granite_hybrid, kimi_linear, lfm2, llama, llama4, moe, nemotron_h,
                                 olmo, phi3, qwen3_next, smollm3)
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
@@ -65,7 +67,7 @@ from jaxtrain.models.params import abstract
 ADAPTERS: tuple[Adapter, ...] = (granite_hybrid.ADAPTER, nemotron_h.ADAPTER, lfm2.ADAPTER,
                                  kimi_linear.ADAPTER, qwen3_next.ADAPTER,
                                  smollm3.ADAPTER, llama4.ADAPTER, gemma4.ADAPTER,
-                                 deepseek_v3.ADAPTER,
+                                 deepseek_v4.ADAPTER, deepseek_v3.ADAPTER,
                                  gpt_oss.ADAPTER, moe.ADAPTER,
                                  gpt2.ADAPTER, gpt_neox.ADAPTER, gemma.ADAPTER, olmo.ADAPTER,
                                  phi3.ADAPTER, granite.ADAPTER, llama.ADAPTER)

@@ -24,7 +24,7 @@ DROP_POLICIES = ("probs", "position")
 FORCE_BALANCING = ("even", "uniform")
 EXPERT_ACTIVATIONS = ("swiglu_oai",)   # beyond the model's own activation (GPT-OSS's clamped GLU)
 # parameter leaves the optimizer never updates (Gemma 4's layer scalar is a checkpoint constant)
-NON_TRAINABLE = ("expert_bias", "layer_scalar")
+NON_TRAINABLE = ("expert_bias", "layer_scalar", "hash_routes")
 
 # Metric name of each balancing loss (reported without its coefficient, as Megatron logs it).
 LOSS_METRICS = {"aux_loss": "moe_aux_loss", "seq_aux_loss": "moe_seq_aux_loss",
@@ -55,6 +55,9 @@ class MoEConfig:
     scale per expert multiplies its routing weights.
     ``activation`` None: the model's; 'swiglu_oai' is GPT-OSS's clamped GLU (``glu_limit``).
     ``expert_tensor_parallel``: split expert FFNs over the tensor axis (ETP = TP) or not (1).
+    ``hash_layers``: the first n layers pick each token's experts from a fixed table of its
+    token id (DeepSeek-V4's hash routing; the model's ``hash_routes``), the router only
+    weighing them.
     ``group_score_topk``: how group-limited routing scores a group: None is Megatron's rule (the
     sum of its top ``topk // group_topk`` scores); an int n sums its top n scores (Hugging
     Face's DeepSeek-V3/Kimi routers: 2, whatever topk).
@@ -97,6 +100,7 @@ class MoEConfig:
     activation: str | None = None
     glu_limit: float | None = None
     latent_size: int | None = None
+    hash_layers: int = 0
 
     def __post_init__(self):
         def put(name, value):
@@ -163,6 +167,11 @@ class MoEConfig:
             need(self.capacity_factor is None, "sinkhorn takes no capacity factor")
         need(not self.expert_bias or self.score_function in ("sigmoid", "sqrtsoftplus"),
              "expert bias needs the sigmoid or sqrtsoftplus score function")
+        need(self.hash_layers >= 0, f"num_hash_layers {self.hash_layers} must not be negative")
+        need(not self.hash_layers or (self.score_function in ("sigmoid", "sqrtsoftplus")
+                                      and not sinkhorn),
+             "hash routing (num_hash_layers) weighs its fixed experts by sigmoid or "
+             "sqrtsoftplus scores: set moe_router_score_function to one of them")
         if self.group_topk is not None or self.num_groups is not None:
             G, g = self.num_groups, self.group_topk
             need(G is not None and g is not None, "group-limited routing needs both num_groups "

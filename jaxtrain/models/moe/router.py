@@ -83,11 +83,13 @@ def _select(scores, m: MoEConfig):
     return jax.lax.top_k(masked_NE, m.topk)
 
 
-def topk_routing(logits, m: MoEConfig, bias=None):
+def topk_routing(logits, m: MoEConfig, bias=None, forced=None):
     """(probs [N, k] float32, experts [N, k]) from router logits [N, E] (Megatron's
     topk_routing_with_score_function). Softmax: top-k on the logits then softmax over the k
     (``pre_softmax``: softmax over all, then top-k). Sigmoid/sqrtsoftplus: scores in fp32,
-    selection on score + expert bias, unbiased scores as probs, renormalised when k > 1."""
+    selection on score + expert bias, unbiased scores as probs, renormalised when k > 1.
+    ``forced`` [N, k]: the experts of hash routing (sigmoid/sqrtsoftplus; -1 rows: selected as
+    above), weighed by their scores the same way."""
     if m.score_function == "softmax":
         if m.pre_softmax:
             probs_Nk, idx_Nk = _select(_score("softmax", logits), m)
@@ -101,6 +103,9 @@ def topk_routing(logits, m: MoEConfig, bias=None):
             probs_Nk = jnp.take_along_axis(scores_NE, idx_Nk, axis=1)
         else:
             probs_Nk, idx_Nk = _select(scores_NE, m)
+        if forced is not None:
+            idx_Nk = jnp.where(forced >= 0, forced.astype(idx_Nk.dtype), idx_Nk)
+            probs_Nk = jnp.take_along_axis(scores_NE, idx_Nk, axis=1)
         if m.topk > 1:
             probs_Nk = probs_Nk / (probs_Nk.sum(-1, keepdims=True) + 1e-20)
     if m.topk_scaling_factor:
@@ -195,7 +200,8 @@ def capacity_slots(probs, idx, m: MoEConfig, seqs: int = 1):
 
 
 def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
-          prev_aux_counts=None, prev_steps=None, comm: Comm = LOCAL, seqs: int = 1):
+          prev_aux_counts=None, prev_steps=None, comm: Comm = LOCAL, seqs: int = 1,
+          forced=None):
     """Routing for one rank's tokens. logits [N, E] (N = seqs sequences of N/seqs tokens).
 
     Returns (probs [N, k], experts [N, k], keep [N, k] bool, slots, stats): ``slots`` is
@@ -219,7 +225,7 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
     if "sinkhorn" in m.load_balancing:
         probs_Nk, idx_Nk = sinkhorn_routing(logits, m, train)
     else:
-        probs_Nk, idx_Nk = topk_routing(logits, m, bias)
+        probs_Nk, idx_Nk = topk_routing(logits, m, bias, forced)
     keep_Nk = jnp.ones(idx_Nk.shape, jnp.bool_)
     slots = None
     if m.capacity_factor is not None:

@@ -1,0 +1,266 @@
+"""DeepSeek-V4 attention: a sliding window over one shared key=value head, plus compressed
+entries that summarise the whole past (``cfg.compress_ratios``).
+
+Per layer, with its compression ratio m (0: none):
+
+    q     = rms(wq_b(norm(x wq_a)))   per head, no scale            [B,T,N,H]
+    kv    = norm(x wkv)               one head: the keys are the values [B,T,H]
+    RoPE rotates the last P channels of q and kv (interleaved pairs, the layout kept): the
+    plain tables (``rotary_base``) where m = 0, the compressed ones (``compress_rotary_base``,
+    YaRN with rope_type yarn, no attention factor) where m > 0.
+    m = 0: each query attends over its sliding window and its head's sink.
+    m > 0: it also attends to C = T // m compressed entries in the same softmax. Entry w pools
+           window w (tokens w*m .. w*m+m-1): norm(sum_j softmax_j(x_j wgate + bias_j) (x_j wkv))
+           per channel, RoPE'd at position w*m; query t sees it once the window closed,
+           (w+1)*m <= t+1. With m = ``compress_sparse_ratio`` (CSA) the windows overlap: the
+           projections are two wide, entry w pools the second half over window w and the first
+           half over window w-1 (2m slots), and an indexer keeps each query's
+           ``compress_index_topk`` best visible entries (HCA: every visible entry).
+    out:  the RoPE of the values undone at the query's position (rotation by -angle), the heads
+          in o_groups consecutive groups each projected to o_lora_rank (wo_a), then all groups
+          to D (wo_b).
+
+Indexer (CSA): its own overlapping compressor at width Di gives keys k_w; queries from the
+query latent, q = wq_b(latent) [B,T,Hi,Di] with the compressed RoPE at the token positions;
+score[t, w] = sum_h (x wweights)_h Hi^-0.5 * relu(q_h . k_w) Di^-0.5. The selection is discrete,
+so the main loss never reaches the indexer; ``compress_index_loss_coeff`` trains it with
+KL(target || softmax(scores over the visible entries)), the target being the main attention's
+probabilities of the compressed entries summed over heads and renormalised (detached).
+
+attn tree: wq_a [D,Rq], q_a_norm, wq_b [Rq,N,H], wkv [D,H], kv_norm, wo_a [N,H,Rg],
+           wo_b [G,Rg,D], sinks [N] (attention_sinks, fp32);
+           compressor {wkv [D,c,H], wgate [D,c,H], bias [m,c,H] (fp32), norm} (c = 2 on CSA);
+           indexer {wq_b [Rq,Hi,Di], wweights [D,Hi], compressor (as above, width Di, c = 2)}.
+
+Legend: B batch, T length, D hidden, N heads, H head width, P RoPE width, C entries, G groups,
+Rq/Rg ranks, Hi/Di indexer heads/width.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxtrain.models import dsa
+from jaxtrain.models import layers as L
+from jaxtrain.models.attention import visible as attention_visible
+from jaxtrain.models.spec import (CSA_STACKS, HCA_STACKS, ParamSpec, _linear_init, _norm,
+                                  _zeros)
+from jaxtrain.parallel.sharding import constrain
+
+
+def layer_ratio(cfg, kind: str) -> int:
+    """The compression ratio of the layers in stack ``kind``."""
+    if kind in CSA_STACKS:
+        return cfg.compress_sparse_ratio
+    if kind in HCA_STACKS:
+        return cfg.compress_dense_ratio
+    return 0
+
+
+def _pool_specs(cfg, width: int, ratio: int, halves: int) -> dict:
+    D, dt = cfg.hidden_size, cfg.param_dtype
+    proj = lambda: ParamSpec((D, halves, width), dt, ("embed", None, "kv"),  # noqa: E731
+                             _linear_init(cfg, 0, (1, 2)))
+    return {"wkv": proj(), "wgate": proj(),
+            "bias": ParamSpec((ratio, halves, width), jnp.float32, (None, None, "kv"), _zeros),
+            "norm": _norm(cfg, width)}
+
+
+def specs(cfg, kind: str) -> dict:
+    """ParamSpecs of one layer's attention (the ``attn`` subtree) in stack ``kind``."""
+    D, N, H, dt = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_channels, cfg.param_dtype
+    Rq, G, Rg = cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank
+    tree = {
+        "wq_a": ParamSpec((D, Rq), dt, ("embed", "lora"), _linear_init(cfg, 0, 1)),
+        "q_a_norm": _norm(cfg, Rq),
+        "wq_b": ParamSpec((Rq, N, H), dt, ("lora", "q_heads", "kv"), _linear_init(cfg, 0, (1, 2))),
+        "wkv": ParamSpec((D, H), dt, ("embed", "kv"), _linear_init(cfg, 0, 1)),
+        "kv_norm": _norm(cfg, H),
+        "wo_a": ParamSpec((N, H, Rg), dt, ("q_heads", "kv", "lora"),
+                          _linear_init(cfg, (0, 1), 2)),
+        "wo_b": ParamSpec((G, Rg, D), dt, (None, "lora", "embed"),
+                          _linear_init(cfg, (0, 1), 2, output_layer=True)),
+    }
+    m = layer_ratio(cfg, kind)
+    if m:
+        sparse = kind in CSA_STACKS
+        tree["compressor"] = _pool_specs(cfg, H, m, 2 if sparse else 1)
+        if sparse:
+            Hi, Di = cfg.compress_index_heads, cfg.compress_index_head_dim
+            tree["indexer"] = {
+                "wq_b": ParamSpec((Rq, Hi, Di), dt, ("lora", None, "kv"),
+                                  _linear_init(cfg, 0, (1, 2))),
+                "wweights": ParamSpec((D, Hi), dt, ("embed", None), _linear_init(cfg, 0, 1)),
+                "compressor": _pool_specs(cfg, Di, m, 2)}
+    return tree
+
+
+def rope_frequencies(cfg, compressed: bool) -> np.ndarray:
+    """Inverse frequencies [P/2]: plain at ``rotary_base``, or the compressed layers' at
+    ``compress_rotary_base`` (YaRN-scaled with rope_type yarn; its attention factor unused)."""
+    P = cfg.qk_pos_emb_head_dim
+    base = cfg.compress_rotary_base if compressed else cfg.rotary_base
+    inv = 1.0 / base ** (np.arange(0, P, 2, dtype=np.float64) / P)
+    if compressed and cfg.rope_type == "yarn":
+        inv, _ = L.yarn(inv, cfg, P, base)
+    return inv
+
+
+def rope_tables(positions, cfg):
+    """(cos, sin, compressed cos, compressed sin) [B,T,P/2] float32 of positions [B,T]."""
+    pos = positions.astype(jnp.float32)[..., None]
+    out = []
+    for compressed in (False, True):
+        angle = pos * jnp.asarray(rope_frequencies(cfg, compressed), jnp.float32)
+        out += [jnp.cos(angle), jnp.sin(angle)]
+    return tuple(out)
+
+
+def rope_tail(x, cos, sin):
+    """x [B,T,(n,)W] with its last 2*cos.shape[-1] channels rotated as interleaved pairs
+    (2i, 2i+1), the pairs staying where they are; cos/sin [B,T,P/2]."""
+    P = 2 * cos.shape[-1]
+    head = x.ndim == 4
+    c, s = (cos[:, :, None], sin[:, :, None]) if head else (cos, sin)
+    r = x[..., -P:].astype(jnp.float32)
+    x1, x2 = r[..., 0::2], r[..., 1::2]
+    rot = jnp.stack([x1 * c - x2 * s, x2 * c + x1 * s], -1).reshape(r.shape)
+    return jnp.concatenate([x[..., :-P], rot.astype(x.dtype)], -1)
+
+
+def pool(p: dict, x, ratio: int, cos_sin, cfg):
+    """The compressed entries [B,C,W] of x [B,T,D] (module doc): C = T // ratio windows,
+    overlapping when ``p``'s projections have two halves; RoPE'd by ``cos_sin`` of the
+    windows' first token indices (w * ratio, as transformers)."""
+    B, T, _ = x.shape
+    halves, W = p["wkv"].shape[1:]
+    C = T // ratio
+    if C == 0:
+        return jnp.zeros((B, 0, W), cfg.compute_dtype)
+    x = x[:, :C * ratio]
+    kv = L.dense(x, p["wkv"], None, "btd,dcw->btcw", "compress_kv", cfg)
+    gate = L.dense(x, p["wgate"], None, "btd,dcw->btcw", "compress_gate", cfg)
+    kv = kv.astype(jnp.float32).reshape(B, C, ratio, halves, W)
+    gate = gate.astype(jnp.float32).reshape(B, C, ratio, halves, W) + p["bias"].astype(
+        jnp.float32)
+    if halves == 2:   # slots: the first half over the previous window, the second over this one
+        prev_kv = jnp.pad(kv[:, :-1, :, 0], ((0, 0), (1, 0), (0, 0), (0, 0)))
+        prev_gate = jnp.concatenate([jnp.full((B, 1, ratio, W), -jnp.inf, jnp.float32),
+                                     gate[:, :-1, :, 0]], 1)
+        kv = jnp.concatenate([prev_kv, kv[:, :, :, 1]], 2)
+        gate = jnp.concatenate([prev_gate, gate[:, :, :, 1]], 2)
+    else:
+        kv, gate = kv[:, :, :, 0], gate[:, :, :, 0]
+    pooled = jnp.sum(kv * jax.nn.softmax(gate, axis=2), axis=2)
+    pooled = L.norm(p["norm"], pooled, cfg)
+    cos, sin = cos_sin(jnp.broadcast_to(jnp.arange(C) * ratio, (B, C)))
+    return rope_tail(pooled, cos, sin)
+
+
+def entry_visible(T: int, entries: int, ratio: int):
+    """Boolean [1,T,C]: the token at index t sees entry w once its window closed,
+    w < (t + 1) // ratio."""
+    return (jnp.arange(entries)[None, :] < ((jnp.arange(T) + 1) // ratio)[:, None])[None]
+
+
+def index_scores(p: dict, x, q_latent, rot, tables, cfg):
+    """The indexer's scores [B,T,C] (float32, unmasked) of x [B,T,D] and the query latent;
+    ``rot``: the compressed (cos, sin) of the tokens, ``tables`` makes them for the entries."""
+    ratio = cfg.compress_sparse_ratio
+    Hi, Di = cfg.compress_index_heads, cfg.compress_index_head_dim
+    keys = pool(p["compressor"], x, ratio, tables, cfg)
+    q = L.dense(q_latent, p["wq_b"], None, "btr,rhd->bthd", "indexer_query", cfg)
+    q = rope_tail(q, *rot)
+    logits = jnp.einsum("bthd,bcd->bthc", q, keys.astype(q.dtype),
+                        preferred_element_type=jnp.float32)
+    logits = jax.nn.relu(logits) * Di ** -0.5
+    w = jnp.einsum("btd,dh->bth", x.astype(jnp.float32), p["wweights"].astype(jnp.float32))
+    return jnp.einsum("bthc,bth->btc", logits, w * Hi ** -0.5)
+
+
+def _indexer_kl(scores, logits, keep):
+    """Primus's distillation loss, the mean over the B*T rows of KL(target || softmax of the
+    indexer's scores over the kept entries): the target is each head's softmax of its attention
+    logits [B,N,T,C] over the kept entries, summed over heads and renormalised (detached).
+    Rows without a kept entry add 0."""
+    logits = jax.lax.stop_gradient(logits)
+    kept = keep[:, None]
+    probs = jax.nn.softmax(jnp.where(kept, logits, -jnp.inf), -1)
+    target = jnp.where(kept, probs, 0.0).sum(1)
+    target = target / jnp.maximum(target.sum(-1, keepdims=True), dsa._EPS)
+    logp = jax.nn.log_softmax(jnp.where(keep, scores, -jnp.inf), -1)
+    terms = jnp.where(keep, target * (jnp.log(jnp.maximum(target, dsa._EPS)) - logp), 0.0)
+    return jnp.mean(terms.sum(-1))
+
+
+def _attend(q, kv, entries, entry_keep, sinks, local_keep, cfg):
+    """One softmax over the local keys (``local_keep`` [B|1,1,T,T]), the compressed entries
+    (``entry_keep`` [B,T,C]) and the sinks: (out [B,T,N,H], the entries' scaled logits
+    [B,N,T,C] float32)."""
+    B, T, N, H = q.shape
+    acc = jnp.float32
+    scale = H ** -0.5
+    s_loc = jnp.einsum("btnh,bsh->bnts", q, kv, preferred_element_type=acc) * scale
+    s_cmp = jnp.einsum("btnh,bch->bntc", q, entries.astype(q.dtype),
+                       preferred_element_type=acc) * scale
+    low = jnp.finfo(acc).min
+    scores = jnp.concatenate([jnp.where(local_keep, s_loc, low),
+                              jnp.where(entry_keep[:, None], s_cmp, low)], -1)
+    if sinks is not None:
+        sink = jnp.broadcast_to(sinks.astype(acc)[None, :, None, None], (B, N, T, 1))
+        scores = jnp.concatenate([scores, sink], -1)
+    probs = jax.nn.softmax(scores, axis=-1)
+    p_loc, p_cmp = probs[..., :T], probs[..., T:T + entries.shape[1]]
+    out = (jnp.einsum("bnts,bsh->btnh", p_loc.astype(kv.dtype), kv, preferred_element_type=acc)
+           + jnp.einsum("bntc,bch->btnh", p_cmp.astype(kv.dtype), entries.astype(kv.dtype),
+                        preferred_element_type=acc))
+    return out.astype(q.dtype), s_cmp
+
+
+def attention_block(p: dict, x, ctx: dict, cfg):
+    """DeepSeek-V4 attention over x [B,T,D] -> (out [B,T,D], extras): the extras carry the
+    indexer's KL under ``dsa`` when ``compress_index_loss_coeff`` trains it."""
+    B, T, _ = x.shape
+    cos, sin, ccos, csin = ctx["rope"]
+    m = 0 if "compressor" not in p else (cfg.compress_sparse_ratio if "indexer" in p
+                                         else cfg.compress_dense_ratio)
+    rot = (ccos, csin) if m else (cos, sin)
+
+    def tables(pos):
+        ang = pos.astype(jnp.float32)[..., None] * jnp.asarray(rope_frequencies(cfg, True),
+                                                                jnp.float32)
+        return jnp.cos(ang), jnp.sin(ang)
+
+    latent = L.norm(p["q_a_norm"], L.dense(x, p["wq_a"], None, "btd,dr->btr", "mla_q", cfg),
+                    cfg)
+    q = L.dense(latent, p["wq_b"], None, "btr,rnh->btnh", "query_proj", cfg)
+    q = rope_tail(L.l2_norm(q, cfg.norm_epsilon), *rot)
+    q = constrain(q, "act_batch", "act_seq", "act_heads", "act_kv")
+    kv = L.norm(p["kv_norm"], L.dense(x, p["wkv"], None, "btd,dh->bth", "key_proj", cfg), cfg)
+    kv = rope_tail(kv, *rot)
+    local = attention_visible(T, T, ctx.get("segment_ids"), sliding_window=cfg.sliding_window)
+    local = local[:, None]
+    extras = {}
+    if m:
+        entries = pool(p["compressor"], x, m, tables, cfg)
+        keep = jnp.broadcast_to(entry_visible(T, entries.shape[1], m), (B, T, entries.shape[1]))
+        scores = None
+        if "indexer" in p:
+            scores = index_scores(p["indexer"], jax.lax.stop_gradient(x),
+                                  jax.lax.stop_gradient(latent), (ccos, csin), tables, cfg)
+            keep = keep & dsa.select(jax.lax.stop_gradient(scores), keep, cfg,
+                                     k=cfg.compress_index_topk)
+    else:
+        entries = jnp.zeros((B, 0, kv.shape[-1]), kv.dtype)
+        keep = jnp.zeros((B, T, 0), bool)
+    out, s_cmp = _attend(q, kv, entries, keep, p.get("sinks"), local, cfg)
+    if m and "indexer" in p and cfg.compress_index_loss_coeff > 0 and not ctx["deterministic"]:
+        extras["dsa"] = _indexer_kl(scores, s_cmp, keep)
+    out = checkpoint_name(rope_tail(out, rot[0], -rot[1]), "context")
+    G = cfg.o_groups
+    out = out.reshape(B, T, G, -1, out.shape[-1])
+    wo_a = p["wo_a"].reshape(G, -1, *p["wo_a"].shape[1:])
+    grouped = L.dense(out, wo_a, None, "btgnh,gnhr->btgr", "out_proj_a", cfg)
+    return L.dense(grouped, p["wo_b"], None, "btgr,grd->btd", "out_proj", cfg), extras
