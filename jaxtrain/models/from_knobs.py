@@ -765,7 +765,7 @@ _V4_KEYS = {"compress_ratios": None, "index_topk": 0, "v4_indexer_distill_loss_c
 _V4_SPARSE_RATIO = 4   # DeepSeek-V4's compressed sparse attention (overlap + indexer)
 
 
-def parse_ratios(value, num_layers: int, mtp_layers: int) -> tuple[int, ...]:
+def parse_ratios(value, num_layers: int) -> tuple[int, ...]:
     """compress_ratios as a tuple of num_layers ints: a list or its string ('[0, 4, 128]');
     entries past the decoder (the MTP layers') dropped, as Primus and Hugging Face do."""
     if isinstance(value, str):
@@ -775,9 +775,9 @@ def parse_ratios(value, num_layers: int, mtp_layers: int) -> tuple[int, ...]:
             raise ConfigError(f"compress_ratios = {value!r}: give a list of ints, one per layer "
                               "(0 none, 4 sparse, 128 heavy)") from None
     ratios = tuple(int(v) for v in value)
-    if len(ratios) not in (num_layers, num_layers + mtp_layers):
-        raise ConfigError(f"compress_ratios has {len(ratios)} entries for {num_layers} layers "
-                          f"(and {mtp_layers} MTP layers): give one per layer")
+    if len(ratios) < num_layers:
+        raise ConfigError(f"compress_ratios has {len(ratios)} entries for {num_layers} layers: "
+                          "give one per layer")
     return ratios[:num_layers]
 
 
@@ -804,8 +804,7 @@ def _v4_fields(cfg: Mapping[str, Any]) -> dict:
         raise ConfigError("mtp_use_separate_hc_head false with hc_mult > 1: MTP layers that "
                           "share the decoder's stream head are not built (Primus raises too)")
     fields = dict(
-        compress_ratios=parse_ratios(cfg["compress_ratios"], cfg["num_layers"],
-                                     int(cfg["mtp_num_layers"] or 0)),
+        compress_ratios=parse_ratios(cfg["compress_ratios"], cfg["num_layers"]),
         compress_sparse_ratio=_V4_SPARSE_RATIO,
         compress_rotary_base=float(cfg["compress_rope_theta"]),
         o_groups=int(cfg["o_groups"]), o_lora_rank=int(cfg["o_lora_rank"]),

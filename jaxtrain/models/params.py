@@ -30,7 +30,7 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
             ple_norm: Gemma 4 small's per-layer inputs (per_layer.py)
             attn_hc, mlp_hc {w, b, alpha, norm}: hyper-connections of each half (hyper.py)
     hc_head {w [nD,n], b [n], alpha [1]}: DeepSeek-V4's learned collapse of the streams
-    hash_routes [Lh,V,k] (int32, not trained): hash routing's experts per token id (moe)
+    hash_routes [Lh,V,k] (expert ids as float32, not trained): hash routing's experts per token
     csa_layers, csa_moe_layers, hca_layers, hca_moe_layers: DeepSeek-V4's compressing layers
             (compressed.py; every layer's ``attn`` is that module's with compress_ratios)
     mtp: the multi-token-prediction modules (``cfg.mtp_num_layers``; one with
@@ -246,13 +246,15 @@ def param_specs(cfg) -> dict:
         tree["hc_head"] = hyper.head_specs(cfg)
     if cfg.moe is not None and cfg.moe.hash_layers:
         m = cfg.moe
-        tree["hash_routes"] = ParamSpec((m.hash_layers, V, m.topk), jnp.int32,
+        tree["hash_routes"] = ParamSpec((m.hash_layers, V, m.topk), jnp.float32,
                                         (None, "vocab", None), _hash_init(m.num_experts))
     return tree
 
 
 def _hash_init(num_experts: int) -> Init:
-    """A random table of k distinct experts per token id (hash routing's [Lh, V, k])."""
+    """A random table of k distinct experts per token id (hash routing's [Lh, V, k]); expert
+    ids stored as float32 (exact below 2^24) so that the table is an ordinary, untrained leaf
+    wherever parameters are differentiated."""
     def init(key, shape, dtype):
         *lead, k = shape
         noise = jax.random.uniform(key, (*lead, num_experts))

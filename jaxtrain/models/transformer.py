@@ -441,7 +441,8 @@ def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
     if cfg.moe.hash_layers:   # DeepSeek-V4: the first layers' experts by token id
         first = cfg.moe.hash_layers
         table = ctx["hash_routes"][jnp.minimum(i, first - 1)]
-        hashed = jnp.where(i < first, jnp.take(table, ctx["tokens"], axis=0), -1)
+        experts = jnp.take(jax.lax.stop_gradient(table), ctx["tokens"], axis=0)
+        hashed = jnp.where(i < first, experts.astype(jnp.int32), -1)
 
     def block(p, h, x, rng, prev, steps, hashed):
         if not cfg.moe.branch_norms:

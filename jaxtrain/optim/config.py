@@ -101,6 +101,9 @@ class OptimConfig:
     mona_beta_a: float = 0.975
     mona_lite: bool = True
     freeze_linear: bool = False   # pgs freeze_non_attention: Gated DeltaNet layers fixed
+    # DeepSeek-V4 without the indexer loss (v4_indexer_distill_loss_coeff 0): the indexers
+    # stay as initialised (Primus sets them requires_grad False), no weight decay either
+    freeze_indexer: bool = False
 
     def __post_init__(self):
         known = MEGATRON_OPTIMIZERS + PGS_OPTIMIZERS
@@ -232,6 +235,8 @@ class OptimConfig:
             mona=bool(get("train.mona")), mona_beta_a=_float_or(get("train.mona_beta_a"), 0.975),
             mona_lite=get("train.mona_lite") is not False,
             freeze_linear=bool(get("train.freeze_non_attention")),
+            freeze_indexer=(get("model_type") == "deepseek_v4"
+                            and not get("v4_indexer_distill_loss_coeff")),
         )
 
 

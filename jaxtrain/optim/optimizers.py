@@ -170,7 +170,9 @@ def build_optimizer(opt_cfg: OptimConfig, lr_schedule, params_axes, *, wd_schedu
         extras = [k for k, on in (("train.mona", opt_cfg.mona), ("train.adamc", opt_cfg.adamc),
                                   ("train.llrd_decay", opt_cfg.llrd_decay < 1),
                                   ("train.hyperball", opt_cfg.hyperball),
-                                  ("train.freeze_non_attention", opt_cfg.freeze_linear)) if on]
+                                  ("train.freeze_non_attention", opt_cfg.freeze_linear),
+                                  ("the frozen DeepSeek-V4 indexer (v4_indexer_distill_loss_coeff "
+                                   "0)", opt_cfg.freeze_indexer)) if on]
         if extras:
             raise ValueError(f"{', '.join(extras)} cannot be combined with plugins.schedule_free "
                              f"(it has no LR schedule or per-layer LR to act on)")
@@ -181,6 +183,8 @@ def build_optimizer(opt_cfg: OptimConfig, lr_schedule, params_axes, *, wd_schedu
 
     def label(leaf: Leaf) -> str:
         if opt_cfg.freeze_linear and is_frozen(leaf.path):
+            return "frozen"
+        if opt_cfg.freeze_indexer and "indexer" in leaf.path:
             return "frozen"
         if member(leaf):
             return "muon"

@@ -108,7 +108,7 @@ def params(t: Tensors, cfg: ModelConfig, hf: dict) -> dict:
                         "alpha": t("model.hc_head.hc_scale")},
             "output": t("head.weight").T}
     if routes:
-        tree["hash_routes"] = np.stack(routes).astype(np.int32)
+        tree["hash_routes"] = np.stack(routes).astype(np.float32)
     return tree
 
 
