@@ -258,6 +258,21 @@ def hyper_connections(c: Context):
         *_ONE_STACK))
 
 
+def deepseek_v4(c: Context):
+    """DeepSeek-V4 (model_type deepseek_v4): what does not run it yet, refused by name."""
+    if c.get("model_type") != "deepseek_v4":
+        return
+    _not_yet(c, "DeepSeek-V4 (model_type deepseek_v4)", (
+        ("pipeline_model_parallel_size", "the stages send one residual stream between them and "
+                                         "hash routing reads the token ids on every stage"),
+        ("context_parallel_size", "the compression windows and their entries are not exchanged "
+                                  "around the context ring"),
+        ("memory.seco", "SeCO's chunk-wise step runs the layers over a key/value cache, which "
+                        "compressed attention does not keep yet"),
+        ("use_v4_fp8_indexer", "the indexer scores in float32"),
+        *_ONE_STACK))
+
+
 def small_gemma4(c: Context):
     """Gemma 4 small's per-layer inputs and KV sharing: what does not run them yet, refused."""
     on = [k for k in ("hidden_size_per_layer_input", "num_kv_shared_layers") if c.get(k)]
@@ -1035,7 +1050,7 @@ RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULE
          batch, moe_router, flex_dispatcher, upcycling, pgs, evaluate_only, context_parallel,
          pipeline_parallel, deferred_wgrad, gated_delta_net, sparse_attention, hybrid_models,
          gemma4_global_layers, small_gemma4, multi_token_prediction, short_convolutions,
-         hyper_connections)
+         hyper_connections, deepseek_v4)
 
 
 def apply(c: Context):

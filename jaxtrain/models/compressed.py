@@ -11,8 +11,9 @@ Per layer, with its compression ratio m (0: none):
     m = 0: each query attends over its sliding window and its head's sink.
     m > 0: it also attends to C = T // m compressed entries in the same softmax. Entry w pools
            window w (tokens w*m .. w*m+m-1): norm(sum_j softmax_j(x_j wgate + bias_j) (x_j wkv))
-           per channel, RoPE'd at position w*m; query t sees it once the window closed,
-           (w+1)*m <= t+1. With m = ``compress_sparse_ratio`` (CSA) the windows overlap: the
+           per channel, RoPE'd at the position of its first token (w*m); query t sees it once
+           the window closed, (w+1)*m <= t+1, and with packed documents only if the window
+           lies in its own document (MaxText). With m = ``compress_sparse_ratio`` (CSA) the windows overlap: the
            projections are two wide, entry w pools the second half over window w and the first
            half over window w-1 (2m slots), and an indexer keeps each query's
            ``compress_index_topk`` best visible entries (HCA: every visible entry).
@@ -130,10 +131,10 @@ def rope_tail(x, cos, sin):
     return jnp.concatenate([x[..., :-P], rot.astype(x.dtype)], -1)
 
 
-def pool(p: dict, x, ratio: int, cos_sin, cfg):
+def pool(p: dict, x, ratio: int, positions, cos_sin, cfg):
     """The compressed entries [B,C,W] of x [B,T,D] (module doc): C = T // ratio windows,
     overlapping when ``p``'s projections have two halves; RoPE'd by ``cos_sin`` of the
-    windows' first token indices (w * ratio, as transformers)."""
+    positions of the windows' first tokens (w * ratio without packing)."""
     B, T, _ = x.shape
     halves, W = p["wkv"].shape[1:]
     C = T // ratio
@@ -155,22 +156,29 @@ def pool(p: dict, x, ratio: int, cos_sin, cfg):
         kv, gate = kv[:, :, :, 0], gate[:, :, :, 0]
     pooled = jnp.sum(kv * jax.nn.softmax(gate, axis=2), axis=2)
     pooled = L.norm(p["norm"], pooled, cfg)
-    cos, sin = cos_sin(jnp.broadcast_to(jnp.arange(C) * ratio, (B, C)))
+    cos, sin = cos_sin(positions[:, :C * ratio:ratio])
     return rope_tail(pooled, cos, sin)
 
 
-def entry_visible(T: int, entries: int, ratio: int):
-    """Boolean [1,T,C]: the token at index t sees entry w once its window closed,
-    w < (t + 1) // ratio."""
-    return (jnp.arange(entries)[None, :] < ((jnp.arange(T) + 1) // ratio)[:, None])[None]
+def entry_visible(T: int, entries: int, ratio: int, segment_ids=None):
+    """Boolean [1|B,T,C]: the token at index t sees entry w once its window closed,
+    w < (t + 1) // ratio; with packed documents (``segment_ids`` [B,T]) only entries whose
+    window lies in its own document (MaxText's rule: a window spanning documents is nobody's)."""
+    seen = (jnp.arange(entries)[None, :] < ((jnp.arange(T) + 1) // ratio)[:, None])[None]
+    if segment_ids is None:
+        return seen
+    windows = segment_ids[:, :entries * ratio].reshape(-1, entries, ratio)
+    low, high = windows.min(-1), windows.max(-1)
+    own = jnp.where(low == high, low, -1)
+    return seen & (segment_ids[:, :, None] == own[:, None, :])
 
 
-def index_scores(p: dict, x, q_latent, rot, tables, cfg):
+def index_scores(p: dict, x, q_latent, positions, rot, tables, cfg):
     """The indexer's scores [B,T,C] (float32, unmasked) of x [B,T,D] and the query latent;
     ``rot``: the compressed (cos, sin) of the tokens, ``tables`` makes them for the entries."""
     ratio = cfg.compress_sparse_ratio
     Hi, Di = cfg.compress_index_heads, cfg.compress_index_head_dim
-    keys = pool(p["compressor"], x, ratio, tables, cfg)
+    keys = pool(p["compressor"], x, ratio, positions, tables, cfg)
     q = L.dense(q_latent, p["wq_b"], None, "btr,rhd->bthd", "indexer_query", cfg)
     q = rope_tail(q, *rot)
     logits = jnp.einsum("bthd,bcd->bthc", q, keys.astype(q.dtype),
@@ -224,6 +232,7 @@ def attention_block(p: dict, x, ctx: dict, cfg):
     indexer's KL under ``dsa`` when ``compress_index_loss_coeff`` trains it."""
     B, T, _ = x.shape
     cos, sin, ccos, csin = ctx["rope"]
+    positions = ctx["positions"]
     m = 0 if "compressor" not in p else (cfg.compress_sparse_ratio if "indexer" in p
                                          else cfg.compress_dense_ratio)
     rot = (ccos, csin) if m else (cos, sin)
@@ -244,12 +253,14 @@ def attention_block(p: dict, x, ctx: dict, cfg):
     local = local[:, None]
     extras = {}
     if m:
-        entries = pool(p["compressor"], x, m, tables, cfg)
-        keep = jnp.broadcast_to(entry_visible(T, entries.shape[1], m), (B, T, entries.shape[1]))
+        entries = pool(p["compressor"], x, m, positions, tables, cfg)
+        keep = jnp.broadcast_to(entry_visible(T, entries.shape[1], m, ctx.get("segment_ids")),
+                                (B, T, entries.shape[1]))
         scores = None
         if "indexer" in p:
             scores = index_scores(p["indexer"], jax.lax.stop_gradient(x),
-                                  jax.lax.stop_gradient(latent), (ccos, csin), tables, cfg)
+                                  jax.lax.stop_gradient(latent), positions, (ccos, csin),
+                                  tables, cfg)
             keep = keep & dsa.select(jax.lax.stop_gradient(scores), keep, cfg,
                                      k=cfg.compress_index_topk)
     else:

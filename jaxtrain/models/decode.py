@@ -352,22 +352,23 @@ def generate(params, cfg, prompt_ids, max_new_tokens: int, *, temperature: float
         if pad.shape != prompt_ids.shape[:1]:
             raise ValueError(f"pad must be [batch] = [{prompt_ids.shape[0]}], got {pad.shape}")
     stops = [int(i) for i in np.atleast_1d(np.asarray(eos_id if eos_id is not None else []))]
-    tokens, logprobs, logits = _generate(
+    run = _generate
+    if cfg.compress_ratios is not None:   # DeepSeek-V4: no cache, each step reruns the prefix
+        if pad is not None:
+            raise ValueError("ragged (left-padded) prompts with DeepSeek-V4's compressed "
+                             "attention are not implemented yet: the compression windows would "
+                             "start at the padding; generate each length on its own")
+        run = _generate_recompute
+    tokens, logprobs, logits = run(
         params, prompt_ids, key, jnp.float32(temperature), jnp.asarray(stops or [-1], jnp.int32),
         quant_state, pad, cfg=cfg, n=max_new_tokens, keep_logits=return_logits)
     out = (tokens, *([logits] if return_logits else []), *([logprobs] if return_logprobs else []))
     return out if len(out) > 1 else tokens
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "n", "keep_logits"))
-def _generate(params, prompt_ids, key, temperature, eos_id, quant_state, pad, *, cfg, n,
-              keep_logits):
-    """`generate` under jit: (tokens, their log-probs, the logits or None); temperature and the
-    stop ids eos_id [K] (-1: none) are traced, so changing them does not recompile (another
-    number of stop ids does)."""
-    B, P = prompt_ids.shape
-    cache = init_cache(cfg, B, P + n - 1)
-    keys = jax.random.split(key, n)
+def _picker(temperature, eos_id):
+    """pick(logits [B,V], key, done [B]) -> (token, its log-prob, done): greedy or sampled at
+    ``temperature``, a finished row repeating the first stop id."""
     inv_t = 1.0 / jnp.where(temperature > 0, temperature, 1.0)
 
     def pick(logits, k, done):
@@ -379,6 +380,47 @@ def _generate(params, prompt_ids, key, temperature, eos_id, quant_state, pad, *,
         stop = jnp.any((tok[:, None] == eos_id[None, :]) & (eos_id[None, :] >= 0), -1)
         return tok, lp, done | stop
 
+    return pick
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "n", "keep_logits"))
+def _generate_recompute(params, prompt_ids, key, temperature, eos_id, quant_state, pad, *, cfg,
+                        n, keep_logits):
+    """`_generate` without a cache: each step runs the whole buffer [B, P+n] (later positions
+    are not seen: attention and the compressed entries are causal) and reads the logits of the
+    last filled position. O(n (P+n)^2) work, for models whose state has no cache yet."""
+    from jaxtrain.models.transformer import hidden_states, logits_head
+    del pad
+    B, P = prompt_ids.shape
+    buf = jnp.zeros((B, P + n), jnp.int32).at[:, :P].set(prompt_ids)
+    pick = _picker(temperature, eos_id)
+
+    def body(carry, xs):
+        buf, done = carry
+        i, k = xs
+        hidden = hidden_states(params, buf, cfg, quant_state=quant_state)
+        logits = logits_head(params, jax.lax.dynamic_slice_in_dim(hidden, P - 1 + i, 1, 1),
+                             cfg)[:, 0]
+        tok, lp, done = pick(logits, k, done)
+        buf = jax.lax.dynamic_update_slice(buf, tok[:, None], (0, P + i))
+        return (buf, done), (tok, lp, logits if keep_logits else None)
+
+    _, (toks, lps, step_logits) = jax.lax.scan(
+        body, (buf, jnp.zeros((B,), bool)), (jnp.arange(n), jax.random.split(key, n)))
+    logits = jnp.moveaxis(step_logits, 0, 1) if keep_logits else None
+    return toks.T, lps.T, logits
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "n", "keep_logits"))
+def _generate(params, prompt_ids, key, temperature, eos_id, quant_state, pad, *, cfg, n,
+              keep_logits):
+    """`generate` under jit: (tokens, their log-probs, the logits or None); temperature and the
+    stop ids eos_id [K] (-1: none) are traced, so changing them does not recompile (another
+    number of stop ids does)."""
+    B, P = prompt_ids.shape
+    cache = init_cache(cfg, B, P + n - 1)
+    keys = jax.random.split(key, n)
+    pick = _picker(temperature, eos_id)
     logits, cache = prefill(params, cfg, prompt_ids, cache, quant_state=quant_state, pad=pad)
     first, first_lp, done = pick(logits, keys[0], jnp.zeros((B,), bool))
 

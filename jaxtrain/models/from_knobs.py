@@ -785,7 +785,9 @@ def _v4_fields(cfg: Mapping[str, Any]) -> dict:
     """DeepSeek-V4 (model_type deepseek_v4; models/compressed.py): compressed attention per
     compress_ratios (4: sparse, with the indexer), the window and sinks of every layer, the
     grouped output projection, mHC with a learned final head (hc_mult) and hash-routed leading
-    MoE layers (num_hash_layers, in _moe). Its keys with another model_type are refused."""
+    MoE layers (num_hash_layers, in _moe). Its keys with another model_type are refused. From
+    MaxText's deepseek4 (mhc_expansion_rate set) the hyper-connection gates start at 0.01 (its
+    mhc.py), else at 1 (transformers)."""
     if cfg["model_type"] != "deepseek_v4":
         on = [k for k, off in _V4_KEYS.items() if cfg[k] not in (off, None)]
         if on:
@@ -818,7 +820,8 @@ def _v4_fields(cfg: Mapping[str, Any]) -> dict:
         qk_pos_emb_head_dim=int(cfg["qk_pos_emb_head_dim"]))
     if streams > 1:
         fields.update(hc_streams=streams, hc_style="deepseek", hc_head=True,
-                      hc_sinkhorn_iters=int(cfg["hc_sinkhorn_iters"]), hc_init_gate=1.0)
+                      hc_sinkhorn_iters=int(cfg["hc_sinkhorn_iters"]),
+                      hc_init_gate=0.01 if cfg["mhc_expansion_rate"] > 1 else 1.0)
     return fields
 
 
@@ -912,6 +915,9 @@ def _moe_config(cfg: Mapping[str, Any]):
         dispatcher = "alltoall"
     factor = cfg["moe_expert_capacity_factor"]
     activation, glu_limit = _expert_activation(cfg)
+    maxtext_v4 = cfg["model_type"] == "deepseek_v4" and cfg["mhc_expansion_rate"] > 1
+    if maxtext_v4 and cfg["mlp_activations_limit"] > 0:   # MaxText: the routed experts only
+        glu_limit = float(cfg["mlp_activations_limit"])
     try:
         return _moe(cfg, etp, tp, turbo, dispatcher, factor, activation, glu_limit)
     except ValueError as e:
@@ -952,4 +958,6 @@ def _moe(cfg, etp, tp, turbo, dispatcher, factor, activation, glu_limit):
         expert_tensor_parallel=etp in (None, tp),
         router_bias=bool(cfg["add_bias_linear"]),   # Megatron: the router is a linear layer
         activation=activation, glu_limit=glu_limit, latent_size=cfg["moe_latent_size"],
-        hash_layers=int(cfg["num_hash_layers"] or 0))
+        hash_layers=int(cfg["num_hash_layers"] or 0),
+        aux_softmax_biased=(cfg["model_type"] == "deepseek_v4"
+                            and cfg["load_balance_loss_weight"] > 0))

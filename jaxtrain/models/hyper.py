@@ -73,12 +73,13 @@ def expand(x, cfg):
 
 def head_specs(cfg) -> dict:
     """DeepSeek-V4's learned final collapse (``hc_head``): ``w`` [nD, n], ``b`` [n], ``alpha``
-    [1]."""
+    [1] (initialised at ``hc_init_gate`` as the layers' gates)."""
     n, D, dt = cfg.hc_streams, cfg.hidden_size, cfg.param_dtype
     init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal", 0, 1)
     return {"w": ParamSpec((n * D, n), dt, (None, None), init),
             "b": ParamSpec((n,), dt, (None,), _zeros),
-            "alpha": ParamSpec((1,), dt, (None,), _ones)}
+            "alpha": ParamSpec((1,), dt, (None,),
+                               lambda k, s, d: jnp.full(s, cfg.hc_init_gate, d))}
 
 
 def contract(x, cfg, head: dict | None = None):

@@ -140,3 +140,74 @@ def test_cli_trains_a_tiny_deepseek_v4_with_mtp(tmp_path, cli):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] != rows[0]["loss"]
     assert all(np.isfinite(r["mtp_1_loss"]) for r in rows)
+
+
+# MaxText's deepseek4-tiny (configs/models/maxtext/deepseek4-tiny.yml) at 5 of its 43 layers
+DEEPSEEK4_TINY = ["model_name=deepseek4-tiny", "override_model_config=true",
+                  "base_num_decoder_layers=5", "vocab_size=128"]
+
+
+def test_maxtext_deepseek4_block_builds_maxtexts_model():
+    from jaxtrain.config import load_config
+    cfg = load_config("base.yml", DEEPSEEK4_TINY, enforce_status=True)
+    m = ModelConfig.from_config({**cfg})
+    assert m.compress_ratios == (0, 0, 4, 128, 4) and m.compress_rotary_base == 160000.0
+    assert (m.num_attention_heads, m.num_query_groups, m.kv_channels) == (4, 1, 32)
+    assert (m.qk_pos_emb_head_dim, m.q_lora_rank, m.o_groups, m.o_lora_rank) == (32, 16, 4, 16)
+    assert (m.compress_index_heads, m.compress_index_head_dim, m.compress_index_topk) == (
+        4, 32, 16)
+    assert (m.sliding_window, m.attention_sinks, m.rope_type) == (32, True, "rope")
+    assert (m.hc_streams, m.hc_head, m.hc_init_gate, m.hc_sinkhorn_iters) == (4, True, 0.01, 20)
+    moe = m.moe
+    assert (moe.num_experts, moe.topk, moe.hash_layers, moe.score_function) == (
+        16, 4, 3, "sqrtsoftplus")
+    # the routed experts clamp, the shared one not (MaxText's MlpBlock); a selection-only bias
+    assert m.glu_clamp is None and moe.glu_limit == 10.0 and moe.activation is None
+    assert moe.expert_bias and moe.bias_update_rate == 0.001 and moe.shared_expert_size == 64
+    assert moe.aux_softmax_biased and moe.load_balancing == ("seq_aux_loss",)
+    np.testing.assert_allclose(moe.aux_loss_coeff, (0.0001 * 4 / 5,))
+
+
+def test_maxtext_balance_loss_is_softmax_of_biased_scores_and_skips_hash_layers():
+    """MaxText's DeepSeek balance loss: per sequence, mean over experts of (routed share x
+    mean softmax(score + bias)) x E^2; none on hash-routed layers."""
+    from jaxtrain.models.moe import MoEConfig
+    from jaxtrain.models.moe.router import route
+    m = MoEConfig(num_experts=4, topk=2, score_function="sqrtsoftplus", expert_bias=True,
+                  load_balancing=("seq_aux_loss",), aux_loss_coeff=(1.0,),
+                  aux_softmax_biased=True)
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)
+    bias = jnp.asarray([0.3, -0.2, 0.0, 0.1], jnp.float32)
+    _, idx, _, _, stats = route(logits, m, train=True, bias=bias, seqs=2)
+    s = np.sqrt(np.log1p(np.exp(np.asarray(logits, np.float64)))) + np.asarray(bias)
+    p = np.exp(s) / np.exp(s).sum(-1, keepdims=True)
+    f = np.zeros((6, 4))
+    np.put_along_axis(f, np.asarray(idx), 1.0, axis=1)
+    ref = np.mean([np.mean(f[b * 3:b * 3 + 3].mean(0) * p[b * 3:b * 3 + 3].mean(0)) * 16
+                   for b in range(2)])
+    np.testing.assert_allclose(float(stats["lb"][0]) * 2, ref, rtol=1e-5)   # E/k: k in coeff
+    forced = jnp.tile(jnp.asarray([[0, 1]]), (6, 1))
+    *_, hashed = route(logits, m, train=True, bias=bias, seqs=2, forced=forced)
+    assert float(hashed["lb"][0]) == 0.0
+
+
+def test_cli_trains_maxtexts_deepseek4_block(tmp_path, cli):
+    run = ["base.yml", *DEEPSEEK4_TINY, "dataset_type=synthetic",
+           "steps=2", "per_device_batch_size=1", "max_target_length=16",
+           f"base_output_directory={tmp_path}", "run_name=run", "enable_checkpointing=false"]
+    code, _, err = cli(*run)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["pipeline_model_parallel_size=2", "world_size=2"], "pipeline_model_parallel_size 2 with "
+     "DeepSeek-V4"),
+    (["context_parallel_size=2", "world_size=2"], "context_parallel_size 2 with DeepSeek-V4"),
+])
+def test_dry_run_refuses_what_does_not_run_it_yet(cli, extra, message):
+    run = ["mock_data=true", "seq_length=16", "micro_batch_size=1", "global_batch_size=2",
+           *(f"{k}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
+             for k, v in V4.items()), *extra]
+    code, _, err = cli("--dry-run", *run)
+    assert code == 2 and message in err and "Traceback" not in err

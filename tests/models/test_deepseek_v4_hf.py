@@ -169,3 +169,20 @@ def test_indexer_trains_only_through_its_loss(tmp_path):
     g = grads(cfg.replace(compress_index_loss_coeff=0.5), False)
     assert norm(g["indexer"]) > 0
     assert norm({k: v for k, v in g.items() if k != "indexer"}) == 0
+
+
+def test_greedy_decode_matches_transformers(tmp_path):
+    """generate (each step reruns the prefix: no compressed cache yet) picks transformers'
+    greedy tokens; 6 prompt tokens and 12 new ones cross several compression windows."""
+    from test_hf import check_greedy_decode
+    check_greedy_decode(_model(tmp_path / "hf"), tmp_path / "hf", new_tokens=12)
+
+
+def test_packed_documents_see_only_windows_inside_their_own():
+    """MaxText's packing rule: a window spanning two documents is nobody's entry."""
+    seg = jnp.asarray([[1] * 6 + [2] * 10])
+    seen = np.asarray(compressed.entry_visible(16, 4, 4, seg))[0]
+    assert seen[5].tolist() == [True, False, False, False]
+    assert seen[11].tolist() == [False, False, True, False]
+    assert seen[15].tolist() == [False, False, True, True]
+    assert not seen[:3].any()

@@ -15,16 +15,16 @@ _FAMILIES = 25
 # MaxText's decoder blocks (common_types.DecoderBlockType) and what jaxtrain does with each.
 BUILT_BLOCKS = ("llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
                 "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
-                "gemma4", "gemma4_small", "envy")
+                "gemma4", "gemma4_small", "envy", "deepseek4")
 # Blocks of model families issue 25 builds ("default" runs attention and MLP in parallel).
-PLANNED_BLOCKS = ("default", "qwen3_custom_moe", "deepseek4")
+PLANNED_BLOCKS = ("default", "qwen3_custom_moe")
 REJECTED_BLOCKS = {
     b: "MaxText's test block of a single weight matrix per layer (or an MLP only) is not a "
        "language model architecture; use a real decoder block such as llama2"
     for b in ("simple", "simple_mlp")}
 DECODER_BLOCKS = BUILT_BLOCKS + PLANNED_BLOCKS + tuple(REJECTED_BLOCKS)
 MOE_BLOCKS = ("mixtral", "qwen3_moe", "deepseek", "gpt_oss", "qwen3_next", "qwen3_5", "llama4",
-              "gemma4", "envy")
+              "gemma4", "envy", "deepseek4")
 
 
 def _family(key, type_, default, meaning, family, **kw):
@@ -63,8 +63,9 @@ KNOBS = [
     K("mlp_activations_limit", "float", -1.0, "Clip the MoE expert activations to at most this "
       "value (gpt-oss style clamp); -1 leaves them unclipped.", _MT, HONORED,
       "decoder_block gpt_oss: the clamp of GPT-OSS's GLU (jaxtrain's clamped expert GLU, "
-      "Megatron's activation_func_clamp_value); other blocks do not clamp, a limit there is "
-      "refused"),
+      "Megatron's activation_func_clamp_value); deepseek4: silu(min(gate, c)) * clip(up, -c, c) "
+      "in the routed experts only (MaxText's shared expert does not clamp); other blocks do not "
+      "clamp, a limit there is refused"),
     K("inhomogeneous_layer_cycle_interval", "int", 1, "Length of the repeating pattern of unlike "
       "layers scanned as one block (gpt_oss: 2, a sliding-window layer then a global one).", _MT,
       HONORED, "decoder_block gpt_oss: with scan_layers layer i is windowed when (i mod interval) "
@@ -172,17 +173,21 @@ KNOBS = [
     K("use_sliced_mla_proj", "bool", False, "MLA: slice the projection weights before the "
       "contraction instead of projecting whole and splitting the result.", _MT, INERT,
       "two ways of evaluating the same projections; " + _NO_VALUE_CHANGE),
-    _family("compressed_rope_max_timescale", "int", 160_000, "RoPE base period of DeepSeek V4's "
-            "compressed sparse/heavy attention layers (used when positive).",
-            "DeepSeek V4 compressed attention"),
+    K("compressed_rope_max_timescale", "int", 160_000, "RoPE base period of DeepSeek V4's "
+      "compressed sparse/heavy attention layers (used when positive).", _MT, HONORED,
+      "decoder_block deepseek4: compress_rope_theta (the compressing layers' RoPE; MaxText "
+      "applies no YaRN on this path, nor does jaxtrain without rope_type yarn)"),
     K("use_qk_clip", "bool", False, "QK-Clip (MuonClip): after each update, shrink query/key "
       "weights of heads whose largest attention logit passed qk_clip_threshold.", _MT,
       issue=None, reason="QK-Clip is not built in jaxtrain"),
     _family("mtp_eval_target_module", "int", 0, "Multi-token prediction: which MTP head "
             "(1-based) evaluation uses for its acceptance-rate metrics; 0 none.",
             "multi-token-prediction layers"),
-    _family("first_num_hash_layers", "int", 0, "DeepSeek V4: leading MoE layers that route by "
-            "a fixed token-id hash instead of the router; 0 disables.", "DeepSeek V4 block"),
+    K("first_num_hash_layers", "int", 0, "DeepSeek V4: leading MoE layers that route by a "
+      "fixed token-id hash instead of the router; 0 disables.", _MT, HONORED,
+      "decoder_block deepseek4: num_hash_layers (MaxText starts the table at zeros, every "
+      "token to expert 0, filled only from a checkpoint; jaxtrain draws k distinct experts per "
+      "token id, which trains from scratch)"),
 
     # --- MoE details ---
     K("base_moe_mlp_dim", "int", -1, "Hidden width of each routed expert (qwen3_moe and "

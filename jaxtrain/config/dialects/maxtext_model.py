@@ -67,6 +67,14 @@ _GEMMA4 = ("gemma4", "gemma4_small")
 _SMALL_KEYS = ("hidden_size_per_layer_input", "vocab_size_per_layer_input",
                "num_kv_shared_layers", "use_double_wide_mlp")
 _RMS = "a pre-norm RMSNorm + RoPE block"
+# MaxText's deepseek4 keys -> DeepSeek-V4's knobs (Primus's names, what from_knobs reads)
+_V4_KNOBS = {"compressed_rope_max_timescale": "compress_rope_theta",
+             "indexer_n_heads": "index_n_heads", "indexer_head_dim": "index_head_dim",
+             "indexer_topk": "index_topk", "first_num_hash_layers": "num_hash_layers",
+             "mhc_expansion_rate": "hc_mult", "sinkhorn_iterations": "hc_sinkhorn_iters",
+             "sliding_window_size": "attn_sliding_window"}
+_V4_KEYS = ("compressed_rope_max_timescale", "first_num_hash_layers", "compress_ratios",
+            "o_groups", "o_lora_rank")
 _ABOUT = {
     **{b: f"{_RMS} without biases" for b in _LLAMA},
     "qwen2": f"{_RMS} with q/k/v biases as attention_bias says and q/k norms as use_qk_norm says",
@@ -88,6 +96,10 @@ _ABOUT = {
     "envy": f"{_RMS} without biases, with q/k norms as use_qk_norm says, an MoE layer every "
             "interleave_moe_layer_step layers (softmax router) and a norm after the MLP as "
             "use_post_ffw_norm says",
+    "deepseek4": "DeepSeek-V4's block (a sliding window over one shared key=value head with "
+                 "sinks, compressed entries per compress_ratios, grouped output projection, "
+                 "mhc_expansion_rate hyper-connections with a learned head, MoE layers of "
+                 "sqrtsoftplus routing, the first first_num_hash_layers hash-routed)",
     "gemma4": f"{_RMS} without biases, with q/k norms and a value norm, attention scale 1, "
               "five local layers to one global with the global_* head shape, keys as values "
               "(share_kv_projections) and proportional RoPE, sandwich norms, layer scalars, "
@@ -114,8 +126,9 @@ _READ_BY = {
     "use_qk_norm": _QWEN + ("llama4", "envy"),
     **{k: ("llama4",) for k in _LLAMA4_KEYS},
     "interleave_moe_layer_step": ("llama4", "envy"),
-    "mlp_activations_limit": ("gpt_oss",),
-    "sliding_window_size": ("gpt_oss", "gemma2", "gemma3", "olmo3") + _GEMMA4,
+    "mlp_activations_limit": ("gpt_oss", "deepseek4"),
+    "sliding_window_size": ("gpt_oss", "gemma2", "gemma3", "olmo3", "deepseek4") + _GEMMA4,
+    **{k: ("deepseek4",) for k in _V4_KEYS},
     "use_post_attn_norm": ("gemma2", "gemma3") + _GEMMA4,
     "use_post_ffw_norm": ("gemma2", "gemma3", "envy") + _GEMMA4,
     "local_rope_max_timescale": ("gemma3",) + _GEMMA4,
@@ -127,8 +140,8 @@ _READ_BY = {
     "gdn_chunk_size": _HYBRID,
     "use_qk_norm_in_gdn": _HYBRID,
     "first_num_dense_layers": ("deepseek",),
-    "shared_experts": ("deepseek", "llama4", "gemma4") + _HYBRID,
-    "routed_scaling_factor": ("deepseek",),
+    "shared_experts": ("deepseek", "llama4", "gemma4", "deepseek4") + _HYBRID,
+    "routed_scaling_factor": ("deepseek", "deepseek4"),
     "n_routing_groups": ("deepseek",),
     "topk_routing_group": ("deepseek",),
     "trainable_position_size": ("gpt3",),
@@ -294,7 +307,22 @@ def _decoder_block(c) -> None:
         _envy(c, because)
     if block in _GEMMA4:
         _gemma4(c, block, because)
+    if block == "deepseek4":
+        _deepseek4(c, because)
     _experts(c, block, because)
+
+
+def _deepseek4(c, because) -> None:
+    """MaxText's deepseek4 block onto DeepSeek-V4's knobs: model_type deepseek_v4, its indexer,
+    window, hash layers and hyper-connections under Primus's names, sinks in every layer.
+    from_knobs reads the rest as MaxText means it (mhc_expansion_rate stays set): the
+    hyper-connection gates start at 0.01 (MaxText's mhc.py), mlp_activations_limit clamps the
+    routed experts only, load_balance_loss_weight's probabilities are softmax(score + bias)."""
+    _imply(c, "model_type", "deepseek_v4", because)
+    _imply(c, "attn_sink", True, because)
+    for theirs, ours in _V4_KNOBS.items():
+        c.set(ours, c.get(theirs))
+    c.set("sliding_window_size", 0)   # read as attn_sliding_window
 
 
 def _norms_and_biases(c, block) -> dict:
@@ -641,18 +669,18 @@ def _experts(c, block, because) -> None:
     if c.get("mlp_bias") and block != "gpt_oss":
         _refuse(c, "mlp_bias", "jaxtrain's experts get biases only with biases on every "
                                "projection (add_bias_linear), as in gpt_oss")
-    if block != "gpt_oss" and c.get("mlp_activations_limit", -1.0) > 0:
+    if block not in ("gpt_oss", "deepseek4") and c.get("mlp_activations_limit", -1.0) > 0:
         _refuse(c, "mlp_activations_limit", f"MaxText's {block} experts do not clamp (deepseek: "
                 "DeepSeek V4's clamped SwiGLU, which jaxtrain does not build)")
     k = c.get("moe_router_topk", 1)
-    router = (_deepseek_router(c, k) if block == "deepseek" else
+    router = (_deepseek_router(c, k) if block in ("deepseek", "deepseek4") else
               _llama4_router(c) if block == "llama4" else
               _gemma4_router(c) if block == "gemma4" else _softmax_router(c, block))
     if router is None:
         return
     first = c.get("first_num_dense_layers", 0)
     layers = c.get("num_layers")
-    if block == "deepseek":
+    if block in ("deepseek", "deepseek4"):
         shared = c.get("shared_experts", 0)
         width = c.get("moe_ffn_hidden_size") or c.get("ffn_hidden_size")
         router["moe_shared_expert_intermediate_size"] = (
@@ -667,6 +695,9 @@ def _experts(c, block, because) -> None:
         if block == "deepseek":
             _refuse(c, "load_balance_loss_weight", "the DeepSeek block's balance loss takes a "
                     "softmax of its routing scores, which jaxtrain's balancing losses do not")
+        elif block == "deepseek4":   # the same loss on softmax(score + bias), per sequence
+            router["moe_router_load_balancing_type"] = "seq_aux_loss"
+            router["moe_aux_loss_coeff"] = weight * k / layers
         elif layers:   # MaxText averages the loss over its MoE layers
             pattern = c.values.get("moe_layer_freq")
             moe_layers = (sum(pattern) if isinstance(pattern, (list, tuple))

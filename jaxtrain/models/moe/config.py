@@ -53,7 +53,12 @@ class MoEConfig:
     they are summed; ``router_input_norm`` feeds the router the residual stream RMS-normalised
     without a scale, times a learned [D] scale and D^-0.5; ``per_expert_scale``: a learned
     scale per expert multiplies its routing weights.
-    ``activation`` None: the model's; 'swiglu_oai' is GPT-OSS's clamped GLU (``glu_limit``).
+    ``activation`` None: the model's; 'swiglu_oai' is GPT-OSS's clamped GLU (``glu_limit``);
+    with the model's activation ``glu_limit`` clamps the experts' gated unit (MaxText
+    deepseek4's mlp_activations_limit: not the shared expert).
+    ``aux_softmax_biased``: the balancing losses' probabilities are softmax(score + expert
+    bias) over the experts (MaxText's DeepSeek load_balance_loss_weight) instead of the
+    normalised scores; hash-routed layers have no balancing loss.
     ``expert_tensor_parallel``: split expert FFNs over the tensor axis (ETP = TP) or not (1).
     ``hash_layers``: the first n layers pick each token's experts from a fixed table of its
     token id (DeepSeek-V4's hash routing; the model's ``hash_routes``), the router only
@@ -101,6 +106,7 @@ class MoEConfig:
     glu_limit: float | None = None
     latent_size: int | None = None
     hash_layers: int = 0
+    aux_softmax_biased: bool = False
 
     def __post_init__(self):
         def put(name, value):

@@ -27,13 +27,15 @@ from jaxtrain.ops import grouped_matmul
 
 
 def _glu(h0, h1, act, m: MoEConfig, clamp=None):
-    """The gated unit: GPT-OSS's clamped GLU, or act(h0) * h1 with the model's ``glu_clamp``
-    (act(min(h0, c)) * clip(h1, -c, c))."""
+    """The gated unit: GPT-OSS's clamped GLU, or act(h0) * h1 clamped (act(min(h0, c)) *
+    clip(h1, -c, c)) at the model's ``glu_clamp``, else at ``glu_limit`` (the experts only:
+    MaxText's deepseek4)."""
     if m.activation == "swiglu_oai":
         limit = m.glu_limit if m.glu_limit is not None else 7.0
         h0 = jnp.minimum(h0, limit)
         h1 = jnp.clip(h1, -limit, limit)
         return h0 * jax.nn.sigmoid(1.702 * h0) * (h1 + 1.0)
+    clamp = clamp if clamp is not None else m.glu_limit
     if clamp is not None:
         h0, h1 = jnp.minimum(h0, clamp), jnp.clip(h1, -clamp, clamp)
     return act(h0) * h1

@@ -19,7 +19,8 @@ Formulas (T a rank's tokens, E experts, k top-k; the coefficients weigh the loss
 - group-limited routing: a group's score is the sum of its top ``topk // group_topk`` scores
   (or ``group_score_topk``); the best ``group_topk`` groups stay, the rest are masked.
 - switch (aux) loss: E/(k·T²)·Σ_i P_i·c_i with P_i the summed probabilities and c_i the routed
-  counts of expert i, both from unbiased scores over all experts with their own top-k map;
+  counts of expert i, both from unbiased scores over all experts with their own top-k map
+  (``aux_softmax_biased``: P from softmax(score + bias), c the routing's own counts);
   ``seq_aux_loss`` per sequence, averaged; ``global_aux_loss`` over all ranks with running
   counts over the global batch.
 - z-loss: mean(logsumexp(logits)²), training only.
@@ -234,7 +235,15 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
         keep_Nk = kept_EN.T[jnp.arange(N)[:, None], idx_Nk]
 
     if train and any(t in LOSS_METRICS for t in m.load_balancing):
-        scores_NE, routed_NE = aux_scores(logits, m)
+        if m.aux_softmax_biased:   # MaxText's DeepSeek loss: softmax(score + bias), routed map
+            biased_NE = _score(m.score_function, logits)
+            if bias is not None:
+                biased_NE = biased_NE + jax.lax.stop_gradient(bias.astype(f32))
+            scores_NE = jax.nn.softmax(biased_NE, axis=-1)
+            routed_NE = jax.nn.one_hot(idx_Nk, E, dtype=f32).sum(1)
+        else:
+            scores_NE, routed_NE = aux_scores(logits, m)
+        hashed = forced is not None and forced[0, 0] >= 0   # fixed experts: nothing to balance
         lbs = []
         for t, c in zip(m.load_balancing, m.aux_loss_coeff):
             if t == "aux_loss":
@@ -258,6 +267,8 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
                                    comm.sum_all(f32(N)), m)
             else:
                 loss = f32(0.0)
+            if forced is not None:
+                loss = jnp.where(hashed, 0.0, loss)
             lbs.append(loss)
             stats["objective"] = stats["objective"] + c * loss
         stats["lb"] = jnp.stack(lbs).astype(f32)
