@@ -101,24 +101,37 @@ def flops_per_token(model_cfg, params, seq_length: int) -> float:
 
 def _score_terms(cfg) -> list[tuple[float, int | None]]:
     """Per softmax-attention layer: (6 * heads * (q/k width + v width), the most keys a query
-    sees or None for the whole sequence)."""
+    sees or None for the whole sequence). DeepSeek-V4's compressing layers add their entries,
+    (that coefficient / ratio, the most tokens the kept entries cover) and on indexed layers the
+    indexer's scores (2 * its heads * width / ratio, forward only: no gradient reaches it)."""
     v_dim = cfg.v_head_dim if cfg.multi_latent_attention else cfg.head_dim
     kinds = layer_kinds(cfg)
     wide = getattr(cfg, "global_layers", None) or (False,) * cfg.num_layers
     chunk = getattr(cfg, "attention_chunk_size", None)
-    out = []
+    ratios = getattr(cfg, "compress_ratios", None) or (0,) * cfg.num_layers
+    per_layer = []
     for i in range(cfg.num_layers):
         if kinds[i] in _NO_SCORES:
+            per_layer.append([])
             continue
         width = 2 * cfg.attention_shape(True)[1] if wide[i] else cfg.head_dim + v_dim
         limits = [w for w in (cfg.window_of_layer(i),
                               None if chunk is None or cfg.is_nope(i) else chunk) if w]
-        out.append((6.0 * cfg.num_attention_heads * width, min(limits) if limits else None))
+        coef = 6.0 * cfg.num_attention_heads * width
+        terms = [(coef, min(limits) if limits else None)]
+        m = ratios[i]
+        if m and m == cfg.compress_sparse_ratio:
+            terms += [(coef / m, m * cfg.compress_index_topk),
+                      (2.0 * cfg.compress_index_heads * cfg.compress_index_head_dim / m, None)]
+        elif m:
+            terms.append((coef / m, None))
+        per_layer.append(terms)
+    out = [t for terms in per_layer for t in terms]
     mtp = [k for k in mtp_layer_kinds(cfg) if k not in _NO_SCORES]
     if mtp and getattr(cfg, "mtp_num_layers", 0):   # MTP layers: the last one's shape
-        term = out[-1] if out and kinds[-1] not in _NO_SCORES else (
-            6.0 * cfg.num_attention_heads * (cfg.head_dim + v_dim), None)
-        out += [term] * (len(mtp) * cfg.mtp_num_layers)
+        last = per_layer[-1] if per_layer and per_layer[-1] else [
+            (6.0 * cfg.num_attention_heads * (cfg.head_dim + v_dim), None)]
+        out += last * (len(mtp) * cfg.mtp_num_layers)
     return out
 
 

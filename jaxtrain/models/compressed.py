@@ -13,10 +13,10 @@ Per layer, with its compression ratio m (0: none):
            window w (tokens w*m .. w*m+m-1): norm(sum_j softmax_j(x_j wgate + bias_j) (x_j wkv))
            per channel, RoPE'd at the position of its first token (w*m); query t sees it once
            the window closed, (w+1)*m <= t+1, and with packed documents only if the window
-           lies in its own document (MaxText). With m = ``compress_sparse_ratio`` (CSA) the windows overlap: the
-           projections are two wide, entry w pools the second half over window w and the first
-           half over window w-1 (2m slots), and an indexer keeps each query's
-           ``compress_index_topk`` best visible entries (HCA: every visible entry).
+           lies in its own document (MaxText). With m = ``compress_sparse_ratio`` (CSA) the
+           windows overlap: the projections are two wide, entry w pools the second half over
+           window w and the first half over window w-1 (2m slots), and an indexer keeps each
+           query's ``compress_index_topk`` best visible entries (HCA: every visible entry).
     out:  the RoPE of the values undone at the query's position (rotation by -angle), the heads
           in o_groups consecutive groups each projected to o_lora_rank (wo_a), then all groups
           to D (wo_b).
@@ -203,14 +203,52 @@ def _indexer_kl(scores, logits, keep):
     return jnp.mean(terms.sum(-1))
 
 
-def _attend(q, kv, entries, entry_keep, sinks, local_keep, cfg):
-    """One softmax over the local keys (``local_keep`` [B|1,1,T,T]), the compressed entries
-    (``entry_keep`` [B,T,C]) and the sinks: (out [B,T,N,H], the entries' scaled logits
-    [B,N,T,C] float32)."""
+def _band(kv, W: int):
+    """Keys [B,T,H] laid out per block of W queries: [B, nb, 2W, H], block c holding the keys of
+    blocks c-1 and c (T padded to nb*W; zeros before the first)."""
+    B, T, H = kv.shape
+    nb = -(-T // W)
+    blocks = jnp.pad(kv, ((0, 0), (W, nb * W - T), (0, 0))).reshape(B, nb + 1, W, H)
+    return jnp.concatenate([blocks[:, :-1], blocks[:, 1:]], 2)
+
+
+def _band_keep(T: int, W: int, segment_ids):
+    """Boolean [B|1,1,T,2W]: which of its band's keys (_band) query t sees: causal, within the
+    window (t - s < W) and its document."""
+    nb = -(-T // W)
+    t = jnp.arange(nb * W)[:, None]
+    s = (t // W - 1) * W + jnp.arange(2 * W)[None, :]
+    keep = (s >= 0) & (s <= t) & (t - s < W)
+    keep = keep[None, None, :T]
+    if segment_ids is None:
+        return keep
+    seg = jnp.pad(segment_ids, ((0, 0), (W, nb * W - T)), constant_values=-1)
+    keys = jnp.concatenate([seg[:, :-W].reshape(-1, nb, W), seg[:, W:].reshape(-1, nb, W)], -1)
+    same = segment_ids[:, :, None] == jnp.repeat(keys, W, axis=1)[:, :T]
+    return keep & same[:, None]
+
+
+def _attend(q, kv, entries, entry_keep, sinks, segment_ids, cfg):
+    """One softmax over the local keys, the compressed entries (``entry_keep`` [B,T,C]) and the
+    sinks: (out [B,T,N,H], the entries' scaled logits [B,N,T,C] float32). With a window W the
+    local keys are taken per block of W queries (the keys of that block and the one before:
+    O(T W) scores), else over the whole prefix."""
     B, T, N, H = q.shape
     acc = jnp.float32
     scale = H ** -0.5
-    s_loc = jnp.einsum("btnh,bsh->bnts", q, kv, preferred_element_type=acc) * scale
+    W = cfg.sliding_window
+    banded = W is not None and T > 2 * W
+    if banded:
+        nb = -(-T // W)
+        qb = jnp.pad(q, ((0, 0), (0, nb * W - T), (0, 0), (0, 0))).reshape(B, nb, W, N, H)
+        keys = _band(kv, W)
+        s_loc = jnp.einsum("bcinh,bcjh->bncij", qb, keys, preferred_element_type=acc)
+        s_loc = s_loc.reshape(B, N, nb * W, 2 * W)[:, :, :T] * scale
+        local_keep = _band_keep(T, W, segment_ids)
+    else:
+        s_loc = jnp.einsum("btnh,bsh->bnts", q, kv, preferred_element_type=acc) * scale
+        local_keep = attention_visible(T, T, segment_ids, sliding_window=W)[:, None]
+    S = s_loc.shape[-1]
     s_cmp = jnp.einsum("btnh,bch->bntc", q, entries.astype(q.dtype),
                        preferred_element_type=acc) * scale
     low = jnp.finfo(acc).min
@@ -220,10 +258,15 @@ def _attend(q, kv, entries, entry_keep, sinks, local_keep, cfg):
         sink = jnp.broadcast_to(sinks.astype(acc)[None, :, None, None], (B, N, T, 1))
         scores = jnp.concatenate([scores, sink], -1)
     probs = jax.nn.softmax(scores, axis=-1)
-    p_loc, p_cmp = probs[..., :T], probs[..., T:T + entries.shape[1]]
-    out = (jnp.einsum("bnts,bsh->btnh", p_loc.astype(kv.dtype), kv, preferred_element_type=acc)
-           + jnp.einsum("bntc,bch->btnh", p_cmp.astype(kv.dtype), entries.astype(kv.dtype),
-                        preferred_element_type=acc))
+    p_loc, p_cmp = probs[..., :S].astype(kv.dtype), probs[..., S:S + entries.shape[1]]
+    if banded:
+        p_loc = jnp.pad(p_loc, ((0, 0), (0, 0), (0, nb * W - T), (0, 0)))
+        out = jnp.einsum("bncij,bcjh->bcinh", p_loc.reshape(B, N, nb, W, 2 * W), keys,
+                         preferred_element_type=acc).reshape(B, nb * W, N, H)[:, :T]
+    else:
+        out = jnp.einsum("bnts,bsh->btnh", p_loc, kv, preferred_element_type=acc)
+    out = out + jnp.einsum("bntc,bch->btnh", p_cmp.astype(kv.dtype), entries.astype(kv.dtype),
+                           preferred_element_type=acc)
     return out.astype(q.dtype), s_cmp
 
 
@@ -249,8 +292,6 @@ def attention_block(p: dict, x, ctx: dict, cfg):
     q = constrain(q, "act_batch", "act_seq", "act_heads", "act_kv")
     kv = L.norm(p["kv_norm"], L.dense(x, p["wkv"], None, "btd,dh->bth", "key_proj", cfg), cfg)
     kv = rope_tail(kv, *rot)
-    local = attention_visible(T, T, ctx.get("segment_ids"), sliding_window=cfg.sliding_window)
-    local = local[:, None]
     extras = {}
     if m:
         entries = pool(p["compressor"], x, m, positions, tables, cfg)
@@ -266,7 +307,7 @@ def attention_block(p: dict, x, ctx: dict, cfg):
     else:
         entries = jnp.zeros((B, 0, kv.shape[-1]), kv.dtype)
         keep = jnp.zeros((B, T, 0), bool)
-    out, s_cmp = _attend(q, kv, entries, keep, p.get("sinks"), local, cfg)
+    out, s_cmp = _attend(q, kv, entries, keep, p.get("sinks"), ctx.get("segment_ids"), cfg)
     if m and "indexer" in p and cfg.compress_index_loss_coeff > 0 and not ctx["deterministic"]:
         extras["dsa"] = _indexer_kl(scores, s_cmp, keep)
     out = checkpoint_name(rope_tail(out, rot[0], -rot[1]), "context")

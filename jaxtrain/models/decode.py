@@ -53,7 +53,7 @@ from jaxtrain.models import hyper, per_layer
 from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, GLOBAL_STACKS,
                                   KV_SHARED_STACKS, LINEAR_STACKS, MAMBA_STACK)
 from jaxtrain.models.transformer import (RECURRENT, RESIDUAL, _periodic_runs, decoder_layer,
-                                         embed_inputs, layer_context, logits_head,
+                                         embed_inputs, hidden_states, layer_context, logits_head,
                                          per_layer_slices, store_kinds)
 from jaxtrain.parallel.sharding import constrain, gather_weights
 from jaxtrain.quant.kvcache import KV_QUANT_DTYPES, dequantize_kv, quantize_kv, scale_shape
@@ -179,7 +179,8 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
     layers_cache = {n: a for n, a in cache.items() if n != "length"}
     x, layers_cache = cached_layers(params, hyper.expand(x, cfg), layers_cache, ctx, cfg,
                                     quant_state)
-    hidden = L.norm(params["final_norm"], hyper.contract(x[:, -1:], cfg, params.get("hc_head")), cfg)
+    last = hyper.contract(x[:, -1:], cfg, params.get("hc_head"))
+    hidden = L.norm(params["final_norm"], last, cfg)
     logits = logits_head(params, hidden, cfg)[:, 0]
     return logits, {**layers_cache, "length": start + T}
 
@@ -389,7 +390,6 @@ def _generate_recompute(params, prompt_ids, key, temperature, eos_id, quant_stat
     """`_generate` without a cache: each step runs the whole buffer [B, P+n] (later positions
     are not seen: attention and the compressed entries are causal) and reads the logits of the
     last filled position. O(n (P+n)^2) work, for models whose state has no cache yet."""
-    from jaxtrain.models.transformer import hidden_states, logits_head
     del pad
     B, P = prompt_ids.shape
     buf = jnp.zeros((B, P + n), jnp.int32).at[:, :P].set(prompt_ids)

@@ -475,7 +475,14 @@ _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "g
                 "hc_streams": "mhc_expansion_rate / mhc_num_residual_streams",
                 "hc_sinkhorn_iters": "sinkhorn_iterations / mhc_sinkhorn_iterations",
                 "hc_lite": "enable_mhc_lite", "hc_style": "enable_mhc_connections",
-                "linear_short_conv": "use_short_conv"}
+                "linear_short_conv": "use_short_conv",
+                "hc_head": "hc_mult", "hc_eps": "hc_eps",
+                "glu_clamp": "swiglu_limit / activation_func_clamp_value",
+                "compress_rotary_base": "compress_rope_theta",
+                "compress_index_heads": "index_n_heads",
+                "compress_index_head_dim": "index_head_dim",
+                "compress_index_topk": "index_topk",
+                "compress_index_loss_coeff": "v4_indexer_distill_loss_coeff"}
 
 
 def _knob_message(text: str) -> str:
@@ -616,6 +623,10 @@ def _glu_clamp(cfg: Mapping[str, Any]) -> float | None:
     if cfg["quick_geglu"] or cfg["glu_linear_offset"]:
         plain = None
     limit = cfg["swiglu_limit"] or None
+    for key, value in (("swiglu_limit", limit), ("activation_func_clamp_value", plain)):
+        if value is not None and float(value) <= 0:
+            raise ConfigError(f"{key} = {value}: give a positive clamp (or leave it unset: "
+                              "none)")
     if plain is not None and limit is not None and float(plain) != float(limit):
         raise ConfigError(f"activation_func_clamp_value = {plain} and swiglu_limit = {limit} both "
                           "clamp the gated units: make them equal or set one")
@@ -789,13 +800,13 @@ def _v4_fields(cfg: Mapping[str, Any]) -> dict:
     MaxText's deepseek4 (mhc_expansion_rate set) the hyper-connection gates start at 0.01 (its
     mhc.py), else at 1 (transformers)."""
     if cfg["model_type"] != "deepseek_v4":
-        on = [k for k, off in _V4_KEYS.items() if cfg[k] not in (off, None)]
+        on = [k for k, off in _V4_KEYS.items() if cfg[k] not in (off, None, [], "")]
         if on:
             raise ConfigError(f"{', '.join(on)}: DeepSeek-V4's settings, and model_type is "
                               f"{cfg['model_type']!r}; set model_type deepseek_v4 (MaxText: "
                               "decoder_block deepseek4)")
         return {}
-    if cfg["compress_ratios"] is None:
+    if cfg["compress_ratios"] in (None, [], ""):
         raise ConfigError("model_type deepseek_v4 needs compress_ratios (one ratio per layer: "
                           "0 none, 4 compressed sparse attention, 128 heavily compressed)")
     if not cfg["o_lora_rank"]:

@@ -437,17 +437,18 @@ def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
         row = jnp.asarray([rows.get(j, 0) for j in range(cfg.num_layers + mtp_layer_count(cfg))])
         prev, steps = state["aux_counts"][row[i]], state["steps"]
     train = not ctx["deterministic"]
-    hashed = None
+    fixed = on = None
     if cfg.moe.hash_layers:   # DeepSeek-V4: the first layers' experts by token id
         first = cfg.moe.hash_layers
         table = ctx["hash_routes"][jnp.minimum(i, first - 1)]
         experts = jnp.take(jax.lax.stop_gradient(table), ctx["tokens"], axis=0)
-        hashed = jnp.where(i < first, experts.astype(jnp.int32), -1)
+        on = jnp.asarray(i < first)
+        fixed = jnp.where(on, experts.astype(jnp.int32), -1)
 
-    def block(p, h, x, rng, prev, steps, hashed):
+    def block(p, h, x, rng, prev, steps, fixed, on):
         if not cfg.moe.branch_norms:
             return moe_block(p, h, cfg, train=train, rng=rng, prev_aux_counts=prev,
-                             prev_steps=steps, hash_experts=hashed)
+                             prev_steps=steps, hash_experts=fixed, hashed=on)
         routed = {"router": p["router"], "experts": p["experts"]}
         xr = None
         if cfg.moe.router_input_norm:   # Gemma 4: unscaled RMS norm, learned scale, D^-0.5
@@ -460,7 +461,7 @@ def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):
         return L.norm(p["experts_post_norm"], y, cfg) + shared, stats
 
     return _maybe_remat(block, "moe" in cfg.recompute_modules)(p, h, x, rng, prev, steps,
-                                                               hashed)
+                                                               fixed, on)
 
 
 class _Block(NamedTuple):

@@ -188,7 +188,8 @@ def test_maxtext_balance_loss_is_softmax_of_biased_scores_and_skips_hash_layers(
                    for b in range(2)])
     np.testing.assert_allclose(float(stats["lb"][0]) * 2, ref, rtol=1e-5)   # E/k: k in coeff
     forced = jnp.tile(jnp.asarray([[0, 1]]), (6, 1))
-    *_, hashed = route(logits, m, train=True, bias=bias, seqs=2, forced=forced)
+    *_, hashed = route(logits, m, train=True, bias=bias, seqs=2, forced=forced,
+                       hashed=jnp.asarray(True))
     assert float(hashed["lb"][0]) == 0.0
 
 
@@ -211,3 +212,41 @@ def test_dry_run_refuses_what_does_not_run_it_yet(cli, extra, message):
              for k, v in V4.items()), *extra]
     code, _, err = cli("--dry-run", *run)
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_flops_count_the_window_the_entries_and_the_indexer():
+    """DeepSeek-V4-Flash: 13B active parameters (its card: 284B total, 13B activated); per
+    token at T: 6 N_active plus, per layer, 6 heads (2 x 512) x (the window's 128 keys + the
+    entries: T/128, or the indexer's 512 kept of T/4) + the indexer's 2 x 64 x 128 x T/4."""
+    from jaxtrain.metrics import flop_terms, flops_per_token
+    from jaxtrain.models.params import abstract
+    from tests.conftest import ROOT
+    from jaxtrain.config import load_config
+    cfg = ModelConfig.from_config({**load_config(str(ROOT / "configs" / "models" /
+                                                     "deepseek_v4_flash_284B.yaml"))})
+    shapes = abstract(cfg)
+    dense, _ = flop_terms(cfg, shapes)
+    assert abs(dense / 6 / 13e9 - 1) < 0.03
+    T, coef = 8192, 6.0 * 64 * 1024
+    window = 43 * coef * 128
+    csa, hca = cfg.compress_ratios.count(4), cfg.compress_ratios.count(128)
+    entries = csa * coef * min(T // 4, 512) + hca * coef * T / 128
+    indexer = csa * 2.0 * 64 * 128 * T / 4
+    np.testing.assert_allclose(flops_per_token(cfg, shapes, T), dense + window + entries
+                               + indexer, rtol=1e-9)
+
+
+@pytest.mark.parametrize("knob, value, field, expect", [
+    ("first_num_hash_layers", 1, "moe.hash_layers", 1),
+    ("compressed_rope_max_timescale", 40000, "compress_rotary_base", 40000.0),
+    ("sliding_window_size", 16, "sliding_window", 16),
+    ("mhc_expansion_rate", 2, "hc_streams", 2),
+    ("indexer_topk", 8, "compress_index_topk", 8),
+    ("mlp_activations_limit", 5.0, "moe.glu_limit", 5.0),
+])
+def test_each_maxtext_key_reaches_the_model(knob, value, field, expect):
+    from jaxtrain.config import load_config
+    get = lambda m, f: getattr(m.moe, f[4:]) if f.startswith("moe.") else getattr(m, f)  # noqa
+    base = ModelConfig.from_config({**load_config("base.yml", DEEPSEEK4_TINY)})
+    cfg = load_config("base.yml", [*DEEPSEEK4_TINY, f"{knob}={value}"])
+    assert get(ModelConfig.from_config({**cfg}), field) == expect != get(base, field)

@@ -67,6 +67,15 @@ CASES = {
     "glm_moe_dsa": lambda: tr.GlmMoeDsaConfig(**{**_DS, "n_group": 1, "topk_group": 1},
                                               index_topk=8, index_head_dim=16,
                                               index_n_heads=2, index_topk_freq=2),
+    "deepseek_v4": lambda: tr.DeepseekV4Config(
+        vocab_size=300, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4,
+        num_attention_heads=4, head_dim=32, q_lora_rank=16, partial_rotary_factor=0.5,
+        n_routed_experts=4, num_experts_per_tok=2, o_groups=2, o_lora_rank=16,
+        index_n_heads=2, index_head_dim=16, index_topk=4, sliding_window=8, hc_mult=2,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"], max_position_embeddings=128,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                         "original_max_position_embeddings": 32}),
     "gpt_oss": lambda: tr.GptOssConfig(**_OSS),
     "gpt_oss_windows_everywhere": lambda: tr.GptOssConfig(
         **_OSS, layer_types=["sliding_attention"] * 4),

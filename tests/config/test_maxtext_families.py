@@ -656,7 +656,7 @@ def test_mla_softmax_mscale():
 
 # --------------------------------------------------------------------- refusals by name
 
-@pytest.mark.parametrize("block", ["deepseek4", "qwen3_custom_moe", "default"])
+@pytest.mark.parametrize("block", ["qwen3_custom_moe", "default"])
 def test_unbuilt_families_are_planned_by_name(block):
     refused(f"decoder_block = '{block}'.*planned for issue #25 \\(model families\\)",
             f"decoder_block={block}")
@@ -664,9 +664,10 @@ def test_unbuilt_families_are_planned_by_name(block):
 
 def test_model_names_of_unbuilt_families_are_refused_by_family():
     """No copy of their model files ships; families.json names their block."""
-    with pytest.raises(ConfigError, match="'deepseek4-tiny'.*decoder_block deepseek4.*planned "
-                                          "for issue #25 \\(model families\\)"):
-        resolve("deepseek4-tiny")
+    with pytest.raises(ConfigError, match="'qwen3-custom-30b-a3b'.*decoder_block "
+                                          "qwen3_custom_moe.*planned for issue #25 "
+                                          "\\(model families\\)"):
+        resolve("qwen3-custom-30b-a3b")
 
 
 def test_multimodal_models_are_rejected_by_name():
@@ -723,7 +724,7 @@ def test_presets_name_their_commit_and_read_back():
         assert yaml.safe_load(text)["decoder_block"] in (
             "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
             "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
-            "gemma4", "gemma4_small", "envy")
+            "gemma4", "gemma4_small", "envy", "deepseek4")
 
 
 FORWARD = {

@@ -202,8 +202,10 @@ def test_attention_precision_knobs(write):
 
 def test_decoder_block(write):
     assert model(write, PERF, "decoder_block=mistral")[1].normalization == "RMSNorm"
-    with pytest.raises(ConfigError, match="decoder_block = 'deepseek4'.*planned for issue "
-                                          "#25"):
+    with pytest.raises(ConfigError, match="decoder_block = 'qwen3_custom_moe'.*planned for "
+                                          "issue #25"):
+        model(write, PERF, "decoder_block=qwen3_custom_moe")
+    with pytest.raises(ConfigError, match="compress_ratios.*decoder_block deepseek4 needs"):
         model(write, PERF, "decoder_block=deepseek4")
     with pytest.raises(ConfigError, match="decoder_block = 'simple' is not supported"):
         model(write, PERF, "decoder_block=simple")
@@ -280,5 +282,5 @@ def test_two_spellings_of_one_setting_conflict(write, megatron, maxtext):
 
 
 def test_cli_names_the_key_and_exits_2(write, cli):
-    code, _, err = cli(write("bad.yml", PERF + "decoder_block: deepseek4\n"), "--dry-run")
+    code, _, err = cli(write("bad.yml", PERF + "decoder_block: qwen3_custom_moe\n"), "--dry-run")
     assert code == 2 and "decoder_block" in err

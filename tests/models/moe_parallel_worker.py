@@ -36,10 +36,24 @@ MESHES = {"dp8": dict(data=8), "ep2": dict(data=4, expert=2), "ep4": dict(data=2
           "ep2_cp2": dict(data=2, expert=2, context=2)}
 
 
+# DeepSeek-V4 (compressed attention of every kind, hash routing, mHC with its head, clamps)
+V4 = dict(num_layers=4, num_query_groups=1, kv_channels=16, q_lora_rank=12,
+          qk_pos_emb_head_dim=8, compress_ratios=(0, 4, 8, 4), o_groups=2, o_lora_rank=8,
+          compress_index_heads=4, compress_index_head_dim=12, compress_index_topk=2,
+          sliding_window=6, attention_sinks=True, hc_streams=2, hc_head=True, glu_clamp=2.0,
+          norm_epsilon=1e-6)
+
+
 def run(variant: str, mesh: str) -> dict:
+    v4 = variant == "v4"
+    moe = dict(MOE, score_function="sqrtsoftplus", expert_bias=True, hash_layers=2,
+               load_balancing=("seq_aux_loss",), aux_loss_coeff=(0.01,)) if v4 else dict(
+        MOE, **VARIANTS[variant])
     cfg = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
-                      vocab_size=97, moe=MoEConfig(**MOE, **VARIANTS[variant]),
+                      vocab_size=97, moe=MoEConfig(**moe),
                       quant=FP8 if variant.startswith("fp8") else None)
+    if v4:
+        cfg = cfg.replace(**V4)
     params, qstate = init(cfg, jax.random.key(0)), init_state(cfg)
     toks = jnp.asarray(np.random.RandomState(0).randint(0, 97, (8, 16)), jnp.int32)
     mc = MeshConfig(**MESHES[mesh])

@@ -186,3 +186,37 @@ def test_packed_documents_see_only_windows_inside_their_own():
     assert seen[11].tolist() == [False, False, True, False]
     assert seen[15].tolist() == [False, False, True, True]
     assert not seen[:3].any()
+
+
+@pytest.mark.parametrize("T, W", [(24, 6), (23, 5), (16, 4)])
+def test_banded_window_equals_the_full_mask(T, W):
+    """The window's keys taken per block of W queries (O(T W) scores) give the full mask's
+    attention, with packed documents too."""
+    rng = np.random.default_rng(0)
+    B, N, H, C = 2, 3, 8, 3
+    q = jnp.asarray(rng.normal(size=(B, T, N, H)), jnp.float32)
+    kv = jnp.asarray(rng.normal(size=(B, T, H)), jnp.float32)
+    entries = jnp.asarray(rng.normal(size=(B, C, H)), jnp.float32)
+    keep = jnp.asarray(rng.random((B, T, C)) < 0.5)
+    seg = jnp.asarray(np.repeat([[1, 2]], T // 2 + 1, axis=1)[:, :T].repeat(B, 0))
+    sinks = jnp.asarray(rng.normal(size=N), jnp.float32)
+    for segments in (None, jnp.sort(seg, axis=1)):
+        cfg = type("C", (), {"sliding_window": W})
+        band = compressed._attend(q, kv, entries, keep, sinks, segments, cfg)
+        cfg.sliding_window = None   # the full path with the window as an explicit mask
+
+        def full(segments=segments):
+            from jaxtrain.models.attention import visible
+            local = visible(T, T, segments, sliding_window=W)[:, None]
+            s_loc = jnp.einsum("btnh,bsh->bnts", q, kv) * H ** -0.5
+            s_cmp = jnp.einsum("btnh,bch->bntc", q, entries) * H ** -0.5
+            low = jnp.finfo(jnp.float32).min
+            scores = jnp.concatenate([jnp.where(local, s_loc, low),
+                                      jnp.where(keep[:, None], s_cmp, low),
+                                      jnp.broadcast_to(sinks[None, :, None, None],
+                                                       (B, N, T, 1))], -1)
+            p = jax.nn.softmax(scores, -1)
+            return (jnp.einsum("bnts,bsh->btnh", p[..., :T], kv)
+                    + jnp.einsum("bntc,bch->btnh", p[..., T:T + C], entries))
+
+        np.testing.assert_allclose(band[0], full(), rtol=1e-5, atol=1e-6)

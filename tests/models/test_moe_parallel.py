@@ -72,3 +72,12 @@ def test_latent_experts_match_data_parallel():
     for m in ("ep2", "ep4"):
         _close(got[f"latent:{m}"], got["latent:dp8"], f"latent:{m}")
     _close(got["latent:ep2_tp2"], got["latent:tp2"], "latent:ep2_tp2")
+
+
+def test_deepseek_v4_matches_data_parallel():
+    """DeepSeek-V4 (compressed attention with the indexer, hash-routed layers, hyper-connection
+    streams and their head) under expert and tensor parallelism: data parallelism's results."""
+    got = _worker([f"v4:{m}" for m in ["dp8", "ep2", "ep4", "tp2", "ep2_tp2"]])
+    for m in ("ep2", "ep4"):
+        _close(got[f"v4:{m}"], got["v4:dp8"], f"v4:{m}")
+    _close(got["v4:ep2_tp2"], got["v4:tp2"], "v4:ep2_tp2")

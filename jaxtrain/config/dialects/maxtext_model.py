@@ -318,6 +318,10 @@ def _deepseek4(c, because) -> None:
     from_knobs reads the rest as MaxText means it (mhc_expansion_rate stays set): the
     hyper-connection gates start at 0.01 (MaxText's mhc.py), mlp_activations_limit clamps the
     routed experts only, load_balance_loss_weight's probabilities are softmax(score + bias)."""
+    if not c.get("compress_ratios"):
+        _refuse(c, "compress_ratios", "decoder_block deepseek4 needs a compression ratio per "
+                "layer (0 none, 4 compressed sparse attention, 128 heavily compressed)")
+        return
     _imply(c, "model_type", "deepseek_v4", because)
     _imply(c, "attn_sink", True, because)
     for theirs, ours in _V4_KNOBS.items():

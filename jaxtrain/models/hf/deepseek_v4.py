@@ -9,9 +9,9 @@ first layers (our ``hash_routes``), a clamped SwiGLU in experts and the shared e
 Checkpoints are read and written in the layout transformers saves (DeepSeek's own names, which
 its conversion mapping renames on load). Linears are [out, in]; the two-series projections of
 the sparse compressors hold the series that pools over the previous window first ([2W, D] ->
-[D, 2, W]); ``wo_a`` is [G*Rg, N*H/G] with the heads of a group consecutive. The hyper-connection norms of HF have no
-weight: ours (a learned scale) load as ones and are folded into ``fn`` on export. The
-``mtp.*`` tensors transformers skips are skipped here too.
+[D, 2, W]); ``wo_a`` is [G*Rg, N*H/G] with the heads of a group consecutive. The
+hyper-connection norms of HF have no weight: ours (a learned scale) load as ones and are folded
+into ``fn`` on export. The ``mtp.*`` tensors transformers skips are skipped here too.
 
 Legend: D hidden, N heads, H head width, G groups, Rg group rank, n streams, E experts.
 """

@@ -24,7 +24,8 @@ from jaxtrain.parallel.sharding import active_layout, constrain, nested_mesh, sp
 from jaxtrain.quant import QWeight
 
 
-def _routed_local(p, x_btD, xr_btD, rand_btE, hash_btk, prev, steps, cfg, train, comm: Comm):
+def _routed_local(p, x_btD, xr_btD, rand_btE, hash_btk, hashed, prev, steps, cfg, train,
+                  comm: Comm):
     """Router + experts on one device's tokens x [b, t, D] (``xr``: the router's input, ``rand``:
     random logits or None, ``hash``: the experts hash routing fixes, or None) -> (y [b, t, D],
     stats)."""
@@ -36,7 +37,7 @@ def _routed_local(p, x_btD, xr_btD, rand_btE, hash_btk, prev, steps, cfg, train,
         bias=p["router"].get("expert_bias") if m.expert_bias else None,
         rand_logits=None if rand_btE is None else rand_btE.reshape(b * t, -1),
         prev_aux_counts=prev, prev_steps=steps, comm=comm, seqs=b,
-        forced=None if hash_btk is None else hash_btk.reshape(b * t, -1))
+        forced=None if hash_btk is None else hash_btk.reshape(b * t, -1), hashed=hashed)
     x_ND = x_btD.reshape(b * t, D)
     if m.apply_probs_on_input:   # top-1: the token enters its expert scaled, leaves unweighted
         x_ND = (x_ND * probs_Nk.astype(x_ND.dtype)).astype(x_ND.dtype)
@@ -53,7 +54,7 @@ def _routed_local(p, x_btD, xr_btD, rand_btE, hash_btk, prev, steps, cfg, train,
 
 
 def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
-              prev_steps=None, router_input=None, hash_experts=None):
+              prev_steps=None, router_input=None, hash_experts=None, hashed=None):
     """The MoE FFN on x [B, T, D] -> (y [B, T, D], stats); ``p`` holds router, experts and
     optionally shared (the always-on expert) and latent_in / latent_out (Megatron's latent MoE:
     the router and the shared expert read x, the routed experts its projection into
@@ -61,7 +62,8 @@ def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
     jitter and random-logit forced balancing; ``prev_*`` carry global_aux_loss's running
     counts; ``router_input`` [B, T, D]: what the router reads when it is not x (Gemma 4);
     ``hash_experts`` [B, T, k]: each token's experts when hash routing picks them (DeepSeek-V4's
-    leading layers; -1: the router picks), the router still weighing them."""
+    leading layers; -1: the router picks), the router still weighing them; ``hashed`` (bool
+    scalar): whether they do in this layer."""
     m = cfg.moe
     x_BTD = constrain(x, "act_batch", "act_seq", "act_embed")
     B, T, D = x_BTD.shape
@@ -82,10 +84,10 @@ def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
                            "act_seq", "act_embed")
     layout = active_layout()
     if layout is None or layout.mesh.size == 1:
-        y_BTD, stats = _routed_local(routed, xe_BTD, xr_BTD, rand_BTE, hash_experts,
+        y_BTD, stats = _routed_local(routed, xe_BTD, xr_BTD, rand_BTE, hash_experts, hashed,
                                      prev_aux_counts, prev_steps, cfg, train, LOCAL)
     else:
-        y_BTD, stats = _sharded(layout, routed, xe_BTD, xr_BTD, rand_BTE, hash_experts,
+        y_BTD, stats = _sharded(layout, routed, xe_BTD, xr_BTD, rand_BTE, hash_experts, hashed,
                                 prev_aux_counts, prev_steps, cfg, train, spec_for)
     if "latent_out" in p:
         y_BTD = _latent(p["latent_out"], y_BTD, "latent_out", cfg)
@@ -113,7 +115,7 @@ def _axes(entry) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _sharded(layout, routed, x_BTD, xr_BTD, rand_BTE, hash_BTk, prev, steps, cfg, train,
+def _sharded(layout, routed, x_BTD, xr_BTD, rand_BTE, hash_BTk, hashed, prev, steps, cfg, train,
              spec_for):
     """The routed part in a shard_map over the whole mesh (see the module docstring)."""
     m = cfg.moe
@@ -148,13 +150,14 @@ def _sharded(layout, routed, x_BTD, xr_BTD, rand_BTE, hash_BTk, prev, steps, cfg
     in_specs = ({"router": rspec, "experts": espec}, tok, tok,
                 None if rand_BTE is None else P(xs[0], xs[1], None),
                 None if hash_BTk is None else P(xs[0], xs[1], None),
+                None if hashed is None else P(),
                 None if prev is None else P(), None if steps is None else P())
 
-    def body(routed, x_btD, xr_btD, rand_btE, hash_btk, prev, steps):
-        return _routed_local(routed, x_btD, xr_btD, rand_btE, hash_btk, prev, steps, cfg, train,
-                             comm)
+    def body(routed, x_btD, xr_btD, rand_btE, hash_btk, hashed, prev, steps):
+        return _routed_local(routed, x_btD, xr_btD, rand_btE, hash_btk, hashed, prev, steps, cfg,
+                             train, comm)
 
-    args = (routed, x_BTD, xr_BTD, rand_BTE, hash_BTk, prev, steps)
+    args = (routed, x_BTD, xr_BTD, rand_BTE, hash_BTk, hashed, prev, steps)
     keep = [i for i, a in enumerate(args) if a is not None]
     fn = jax.shard_map(
         lambda *live: body(*_fill(live, keep, len(args))), **nested_mesh(layout),

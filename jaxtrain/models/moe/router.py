@@ -202,13 +202,15 @@ def capacity_slots(probs, idx, m: MoEConfig, seqs: int = 1):
 
 def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
           prev_aux_counts=None, prev_steps=None, comm: Comm = LOCAL, seqs: int = 1,
-          forced=None):
+          forced=None, hashed=None):
     """Routing for one rank's tokens. logits [N, E] (N = seqs sequences of N/seqs tokens).
 
     Returns (probs [N, k], experts [N, k], keep [N, k] bool, slots, stats): ``slots`` is
     capacity_slots' (token ids, weights) with a capacity factor, else None; ``stats`` holds
     the raw losses (``lb`` per balancing type, ``z``), the weighted ``objective``, ``counts``
     (tokens kept per expert, all ranks) and ``aux_counts`` (global_aux_loss's map).
+    ``forced`` [N, k]: hash routing's experts (-1: the router's); ``hashed`` (a bool scalar,
+    the same on every rank): this layer routes by hash, so its balancing losses are 0.
     """
     N, E = logits.shape
     if rand_logits is not None:   # forced balancing 'uniform': random logits, straight-through
@@ -243,7 +245,6 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
             routed_NE = jax.nn.one_hot(idx_Nk, E, dtype=f32).sum(1)
         else:
             scores_NE, routed_NE = aux_scores(logits, m)
-        hashed = forced is not None and forced[0, 0] >= 0   # fixed experts: nothing to balance
         lbs = []
         for t, c in zip(m.load_balancing, m.aux_loss_coeff):
             if t == "aux_loss":
@@ -267,7 +268,7 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
                                    comm.sum_all(f32(N)), m)
             else:
                 loss = f32(0.0)
-            if forced is not None:
+            if hashed is not None:   # hash routing's fixed experts: nothing to balance
                 loss = jnp.where(hashed, 0.0, loss)
             lbs.append(loss)
             stats["objective"] = stats["objective"] + c * loss
