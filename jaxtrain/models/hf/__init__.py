@@ -57,9 +57,9 @@ from safetensors.numpy import save_file
 from jaxtrain.config.dialects import hf as translation
 from jaxtrain.config.dialects.hf import HF_GROUP_SCORE_TOPK  # noqa: F401  (re-exported)
 from jaxtrain.models.config import ModelConfig
-from jaxtrain.models.hf import (deepseek_v3, deepseek_v4, gemma, gemma4, gpt2, gpt_neox, gpt_oss, granite,
-                                granite_hybrid, kimi_linear, lfm2, llama, llama4, moe, nemotron_h,
-                                olmo, phi3, qwen3_next, smollm3)
+from jaxtrain.models.hf import (deepseek_v3, deepseek_v4, gemma, gemma4, gpt2, gpt_neox,
+                                gpt_oss, granite, granite_hybrid, kimi_linear, lfm2, llama, llama4,
+                                moe, nemotron_h, olmo, phi3, qwen3_next, smollm3)
 from jaxtrain.models.hf.common import Adapter, Tensors, check, common_config, read_tensors
 from jaxtrain.models.params import abstract
 
