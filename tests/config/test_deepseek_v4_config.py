@@ -193,6 +193,7 @@ def test_maxtext_balance_loss_is_softmax_of_biased_scores_and_skips_hash_layers(
     assert float(hashed["lb"][0]) == 0.0
 
 
+@pytest.mark.slow
 def test_cli_trains_maxtexts_deepseek4_block(tmp_path, cli):
     run = ["base.yml", *DEEPSEEK4_TINY, "dataset_type=synthetic",
            "steps=2", "per_device_batch_size=1", "max_target_length=16",
