@@ -154,9 +154,7 @@ def gated_delta_net(c: Context):
         if c.get(key) and c.get(key) % tp:
             c.error(f"{key} ({c.get(key)}) must be divisible by tensor_model_parallel_size "
                     f"({tp}): the Gated DeltaNet heads split over the tensor axis")
-    why = {"context_parallel_size": "its recurrence runs along the whole sequence, which "
-                                    "context parallelism splits",
-           "pipeline_model_parallel_size": "the pipeline executor does not run its layers yet"}
+    why = {"pipeline_model_parallel_size": "the pipeline executor does not run its layers yet"}
     if c.get("moe_use_upcycling"):
         c.error("not implemented yet: moe_use_upcycling with experimental_attention_variant "
                 "gdn: upcycling converts the dense layer stack only")
@@ -223,8 +221,6 @@ def hybrid_models(c: Context):
             c.error(f"{key} ({n}) must be divisible by tensor_model_parallel_size ({tp}): the "
                     "Mamba heads and their groups split over the tensor axis")
     _not_yet(c, f"a hybrid model ({by})", (
-        ("context_parallel_size", "the Mamba recurrence runs along the whole sequence, which "
-                                  "context parallelism splits"),
         ("memory.seco", "SeCO's chunk-wise step carries keys and values, not recurrent states"),
         *_ONE_STACK))
 
@@ -338,7 +334,6 @@ def short_convolutions(c: Context):
     if not c.get("lfm_layer_types") or "conv" not in c.get("lfm_layer_types"):
         return
     _not_yet(c, "LFM2's short-convolution layers (lfm_layer_types)", (
-        ("context_parallel_size", "the convolution would cross the context split"),
         ("memory.seco", "SeCO's chunk-wise step carries keys and values, not convolution "
                         "states"),
         *_ONE_STACK))

@@ -399,7 +399,8 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
     if recurrent:
         (name, key, block), = recurrent
         with jax.named_scope(key):
-            a = block(p[key], h, ctx, cfg, None if cache is None else cache[name])
+            a = _in_natural_order(block, p[key], h, ctx, cfg,
+                                  None if cache is None else cache[name])
         if cache is not None:
             a, state = a
             cache = {**cache, name: state}
@@ -423,6 +424,19 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
     resid = h if cfg.apply_residual_connection_post_layernorm else x
     return (L.dropout(constrain(a, *RESIDUAL), cfg.hidden_dropout, sub(2), det), resid, cache,
             extras)
+
+
+def _in_natural_order(block, p: dict, h, ctx: dict, cfg, cache):
+    """A recurrent mixer (Gated DeltaNet, Mamba, short convolution) runs along the sequence in
+    its natural order: under context parallelism's token reordering its input and segments are
+    put back in order around it (XLA moves the tokens between the context shards; the
+    recurrence itself sees the whole sequence)."""
+    lay = ctx.get("reordered")
+    if lay is None or cache is not None:
+        return block(p, h, ctx, cfg, cache)
+    seg = ctx.get("segment_ids")
+    natural = {**ctx, "segment_ids": None if seg is None else lay.undo(seg)}
+    return lay.apply(block(p, lay.undo(h), natural, cfg, None))
 
 
 def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):

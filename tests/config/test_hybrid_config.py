@@ -126,8 +126,6 @@ def test_what_cannot_be_built_is_named(args, says):
 
 
 @pytest.mark.parametrize("extra, says", [
-    ("context_parallel_size: 2\n", "not implemented yet: context_parallel_size 2 with a "
-     "hybrid model"),
     ("tensor_model_parallel_size: 4\nmamba_num_groups: 2\n",
      "mamba_num_groups (2) must be divisible by tensor_model_parallel_size (4)"),
     ("hybrid_layer_pattern: 'M-|M*'\npipeline_model_parallel_size: 2\nnum_layers: 4\n",
@@ -214,7 +212,7 @@ def test_lfm2_refuses_what_does_not_run_yet(write, cli):
     path = write("run.yml", "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
                  "vocab_size: 128\nseq_length: 16\nmax_position_embeddings: 16\n"
                  "mock_data: true\nmicro_batch_size: 1\nglobal_batch_size: 8\nhardware: cpu\n"
-                 "lfm_layer_types: [conv, full_attention]\ncontext_parallel_size: 2\n")
+                 "lfm_layer_types: [conv, full_attention]\nmemory.seco: true\n")
     code, _, err = cli(path, "--dry-run", "--world-size", "8")
     assert code == 2 and "with LFM2's short-convolution layers" in err, err
 

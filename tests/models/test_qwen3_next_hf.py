@@ -248,7 +248,6 @@ def test_vision_language_checkpoint_trains_its_text_model(tmp_path):
 
 @pytest.mark.parametrize("extra,match", [
     (["tensor_model_parallel_size=4"], "linear_num_key_heads \\(2\\) must be divisible"),
-    (["context_parallel_size=2"], "context_parallel_size 2 with experimental_attention_variant"),
     (["pipeline_model_parallel_size=2"], "pipeline_model_parallel_size 2 with experimental"),
     (["moe_use_upcycling=true", "num_experts=4"], "moe_use_upcycling with experimental"),
     (["experimental_attention_variant=gdn2"], "not implemented yet: experimental_attention_var"),

@@ -4,7 +4,9 @@ their losses and gradient norms per step.
 
 Models: ``plain`` (causal, grouped-query: 8 heads, 2 K/V groups), ``packed`` (multi-head,
 documents packed with their own segments and positions, a sliding window of 5 and learnable
-softmax sinks), ``moe`` (8 experts, top-2, expert bias) and ``mla`` (multi-latent attention).
+softmax sinks), ``moe`` (8 experts, top-2, expert bias), ``mla`` (multi-latent attention),
+``hybrid`` (Mamba-2 and attention sublayers), ``gdn`` (Gated DeltaNet layers) and ``conv``
+(LFM2's gated short convolutions), on packed documents.
 Each is trained with context parallelism off (the reference) and with every exchange at CP 2,
 4, 8, with TP, FSDP and EP, with each token order, per-layer kinds and the flash kernel
 (interpreted here).
@@ -33,6 +35,17 @@ MODELS = {
             "qk_pos_emb_head_dim=4", "v_head_dim=8"],
     "packed": ["reset_attention_mask=true", "reset_position_ids=true", "window_size=[5,0]",
                "softmax_type=learnable"],
+    # recurrent mixers (run in the tokens' natural order), on packed documents
+    "hybrid": ["model_type=mamba", "num_layers=4", "hybrid_layer_pattern=M*-M",
+               "mamba_num_heads=4", "mamba_head_dim=8", "mamba_num_groups=2",
+               "mamba_state_dim=8", "mamba_chunk_size=4", "position_embedding_type=none",
+               "reset_attention_mask=true", "reset_position_ids=true"],
+    "gdn": ["experimental_attention_variant=gdn", "linear_attention_freq=2",
+            "linear_num_key_heads=2", "linear_num_value_heads=4", "linear_key_head_dim=8",
+            "linear_value_head_dim=8", "linear_conv_kernel_dim=3", "gdn_chunk_size=4",
+            "reset_attention_mask=true", "reset_position_ids=true"],
+    "conv": ["num_layers=4", "lfm_layer_types=[conv,full_attention,conv,full_attention]",
+             "conv_L_cache=3", "reset_attention_mask=true", "reset_position_ids=true"],
 }
 
 
@@ -81,6 +94,15 @@ RUNS = {
     "packed_tp2": ("packed", [TP2]),
     "packed_cp2_tp2_a2a": ("packed", _cp(2, "a2a", TP2)),
     "packed_cp4_per_layer": ("packed", _cp(4, "[p2p,a2a]")),
+    "hybrid_cp1": ("hybrid", []),
+    "hybrid_cp2_p2p": ("hybrid", _cp(2, "p2p")),
+    "hybrid_cp4_p2p": ("hybrid", _cp(4, "p2p")),
+    "hybrid_cp4_natural": ("hybrid", _cp(4, "p2p", "context_parallel_load_balance=false")),
+    "gdn_cp1": ("gdn", []),
+    "gdn_cp4_p2p": ("gdn", _cp(4, "p2p")),
+    "gdn_cp2_a2a": ("gdn", _cp(2, "a2a")),
+    "conv_cp1": ("conv", []),
+    "conv_cp4_p2p": ("conv", _cp(4, "p2p")),
 }
 
 

@@ -80,7 +80,8 @@ def test_context_parallel_through_the_cli_same_losses_and_gradients(tmp_path):
     TP, FSDP and EP, each token order, a per-layer list and the flash kernel, trained through
     the CLI's entry on 8 CPU devices: every step's loss and gradient norm equal the run without
     CP (fp32), for a causal grouped-query model, a packed model with a sliding window and sinks,
-    an MoE and an MLA model."""
+    an MoE and an MLA model, and hybrids of Mamba-2 or Gated DeltaNet layers on packed documents
+    (their recurrences run in the tokens' natural order)."""
     from tests.parallel.context_cli_worker import RUNS, reference
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
