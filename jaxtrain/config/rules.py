@@ -261,8 +261,6 @@ def deepseek_v4(c: Context):
     _not_yet(c, "DeepSeek-V4 (model_type deepseek_v4)", (
         ("pipeline_model_parallel_size", "the stages send one residual stream between them and "
                                          "hash routing reads the token ids on every stage"),
-        ("context_parallel_size", "the compression windows and their entries are not exchanged "
-                                  "around the context ring"),
         ("memory.seco", "SeCO's chunk-wise step runs the layers over a key/value cache, which "
                         "compressed attention does not keep yet"),
         ("use_v4_fp8_indexer", "the indexer scores in float32"),

@@ -409,7 +409,9 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
             raise ValueError("decoding DeepSeek-V4's compressed attention (compress_ratios) is "
                              "not implemented yet")
         with jax.named_scope("attention"):
-            a, extras = compressed.attention_block(p["attn"], h, ctx, cfg)
+            a, extras = _in_natural_order(
+                lambda q, y, c, cfg, _: compressed.attention_block(q, y, c, cfg), p["attn"], h,
+                ctx, cfg, None)
     else:
         with jax.named_scope("attention"):
             kv = (None if cache is None else
@@ -427,16 +429,22 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
 
 
 def _in_natural_order(block, p: dict, h, ctx: dict, cfg, cache):
-    """A recurrent mixer (Gated DeltaNet, Mamba, short convolution) runs along the sequence in
-    its natural order: under context parallelism's token reordering its input and segments are
-    put back in order around it (XLA moves the tokens between the context shards; the
-    recurrence itself sees the whole sequence)."""
+    """A mixer that runs along the sequence in its natural order (Gated DeltaNet, Mamba, short
+    convolutions; DeepSeek-V4's compressed attention, whose windows are token ranges): under
+    context parallelism's token reordering its input, segments, positions and RoPE tables are
+    put back in order around it (XLA moves the tokens between the context shards; the mixer
+    sees the whole sequence)."""
     lay = ctx.get("reordered")
     if lay is None or cache is not None:
         return block(p, h, ctx, cfg, cache)
-    seg = ctx.get("segment_ids")
-    natural = {**ctx, "segment_ids": None if seg is None else lay.undo(seg)}
-    return lay.apply(block(p, lay.undo(h), natural, cfg, None))
+    natural = dict(ctx)
+    for key in ("segment_ids", "positions", "rope"):
+        if ctx.get(key) is not None:
+            natural[key] = jax.tree.map(lay.undo, ctx[key])
+    out = block(p, lay.undo(h), natural, cfg, None)
+    if isinstance(out, tuple):   # (output, extras): the extras are per layer, not per token
+        return (lay.apply(out[0]), *out[1:])
+    return lay.apply(out)
 
 
 def _moe(p: dict, h, x, i, ctx: dict, rng, cfg):

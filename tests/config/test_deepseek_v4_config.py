@@ -205,7 +205,7 @@ def test_cli_trains_maxtexts_deepseek4_block(tmp_path, cli):
 @pytest.mark.parametrize("extra, message", [
     (["pipeline_model_parallel_size=2", "world_size=2"], "pipeline_model_parallel_size 2 with "
      "DeepSeek-V4"),
-    (["context_parallel_size=2", "world_size=2"], "context_parallel_size 2 with DeepSeek-V4"),
+    (["memory.seco=true"], "memory.seco with DeepSeek-V4"),
 ])
 def test_dry_run_refuses_what_does_not_run_it_yet(cli, extra, message):
     run = ["mock_data=true", "seq_length=16", "micro_batch_size=1", "global_batch_size=2",

@@ -6,7 +6,8 @@ Models: ``plain`` (causal, grouped-query: 8 heads, 2 K/V groups), ``packed`` (mu
 documents packed with their own segments and positions, a sliding window of 5 and learnable
 softmax sinks), ``moe`` (8 experts, top-2, expert bias), ``mla`` (multi-latent attention),
 ``hybrid`` (Mamba-2 and attention sublayers), ``gdn`` (Gated DeltaNet layers) and ``conv``
-(LFM2's gated short convolutions), on packed documents.
+(LFM2's gated short convolutions), on packed documents, and ``v4`` (DeepSeek-V4's compressed
+attention, hash routing and hyper-connections).
 Each is trained with context parallelism off (the reference) and with every exchange at CP 2,
 4, 8, with TP, FSDP and EP, with each token order, per-layer kinds and the flash kernel
 (interpreted here).
@@ -46,6 +47,14 @@ MODELS = {
             "reset_attention_mask=true", "reset_position_ids=true"],
     "conv": ["num_layers=4", "lfm_layer_types=[conv,full_attention,conv,full_attention]",
              "conv_L_cache=3", "reset_attention_mask=true", "reset_position_ids=true"],
+    "v4": ["model_type=deepseek_v4", "num_layers=4", "group_query_attention=true",
+           "num_query_groups=1", "kv_channels=16", "qk_pos_emb_head_dim=8", "q_lora_rank=12",
+           "o_groups=2", "o_lora_rank=8", "compress_ratios=[0,4,8,4]", "index_topk=2",
+           "index_head_dim=12", "index_n_heads=4", "attn_sliding_window=6", "attn_sink=true",
+           "hc_mult=2", "num_experts=4", "moe_router_topk=2", "moe_ffn_hidden_size=16",
+           "moe_router_score_function=sqrtsoftplus", "moe_router_enable_expert_bias=true",
+           "num_hash_layers=2", "swiglu=true", "swiglu_limit=10.0",
+           "position_embedding_type=rope", "normalization=RMSNorm"],
 }
 
 
@@ -103,6 +112,9 @@ RUNS = {
     "gdn_cp2_a2a": ("gdn", _cp(2, "a2a")),
     "conv_cp1": ("conv", []),
     "conv_cp4_p2p": ("conv", _cp(4, "p2p")),
+    "v4_cp1": ("v4", []),
+    "v4_cp2_p2p": ("v4", _cp(2, "p2p")),
+    "v4_cp4_p2p": ("v4", _cp(4, "p2p")),
 }
 
 
