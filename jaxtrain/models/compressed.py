@@ -38,6 +38,8 @@ Rq/Rg ranks, Hi/Di indexer heads/width.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,14 +111,16 @@ def rope_frequencies(cfg, compressed: bool) -> np.ndarray:
     return inv
 
 
+def cos_sin(positions, cfg, compressed: bool):
+    """(cos, sin) [..., P/2] float32 of integer positions (the plain or compressed tables)."""
+    angle = positions.astype(jnp.float32)[..., None] * jnp.asarray(
+        rope_frequencies(cfg, compressed), jnp.float32)
+    return jnp.cos(angle), jnp.sin(angle)
+
+
 def rope_tables(positions, cfg):
     """(cos, sin, compressed cos, compressed sin) [B,T,P/2] float32 of positions [B,T]."""
-    pos = positions.astype(jnp.float32)[..., None]
-    out = []
-    for compressed in (False, True):
-        angle = pos * jnp.asarray(rope_frequencies(cfg, compressed), jnp.float32)
-        out += [jnp.cos(angle), jnp.sin(angle)]
-    return tuple(out)
+    return (*cos_sin(positions, cfg, False), *cos_sin(positions, cfg, True))
 
 
 def rope_tail(x, cos, sin):
@@ -276,14 +280,9 @@ def attention_block(p: dict, x, ctx: dict, cfg):
     B, T, _ = x.shape
     cos, sin, ccos, csin = ctx["rope"]
     positions = ctx["positions"]
-    m = 0 if "compressor" not in p else (cfg.compress_sparse_ratio if "indexer" in p
-                                         else cfg.compress_dense_ratio)
+    m = layer_ratio(cfg, ctx["stack"])
     rot = (ccos, csin) if m else (cos, sin)
-
-    def tables(pos):
-        ang = pos.astype(jnp.float32)[..., None] * jnp.asarray(rope_frequencies(cfg, True),
-                                                                jnp.float32)
-        return jnp.cos(ang), jnp.sin(ang)
+    tables = functools.partial(cos_sin, cfg=cfg, compressed=True)   # the entries' RoPE
 
     latent = L.norm(p["q_a_norm"], L.dense(x, p["wq_a"], None, "btd,dr->btr", "mla_q", cfg),
                     cfg)
@@ -308,7 +307,7 @@ def attention_block(p: dict, x, ctx: dict, cfg):
         entries = jnp.zeros((B, 0, kv.shape[-1]), kv.dtype)
         keep = jnp.zeros((B, T, 0), bool)
     out, s_cmp = _attend(q, kv, entries, keep, p.get("sinks"), ctx.get("segment_ids"), cfg)
-    if m and "indexer" in p and cfg.compress_index_loss_coeff > 0 and not ctx["deterministic"]:
+    if "indexer" in p and cfg.compress_index_loss_coeff > 0 and not ctx["deterministic"]:
         extras["dsa"] = _indexer_kl(scores, s_cmp, keep)
     out = checkpoint_name(rope_tail(out, rot[0], -rot[1]), "context")
     G = cfg.o_groups
