@@ -248,10 +248,7 @@ def hyper_connections(c: Context):
                if c.get(k) not in (None, False, 1)), None)
     if by is None:
         return
-    _not_yet(c, f"hyper-connections ({by})", (
-        ("pipeline_model_parallel_size", "the stages send one residual stream between them"),
-        ("mtp_num_layers", "the multi-token-prediction modules read one stream"),
-        *_ONE_STACK))
+    _not_yet(c, f"hyper-connections ({by})", _ONE_STACK)
 
 
 def deepseek_v4(c: Context):
@@ -259,8 +256,6 @@ def deepseek_v4(c: Context):
     if c.get("model_type") != "deepseek_v4":
         return
     _not_yet(c, "DeepSeek-V4 (model_type deepseek_v4)", (
-        ("pipeline_model_parallel_size", "the stages send one residual stream between them and "
-                                         "hash routing reads the token ids on every stage"),
         ("memory.seco", "SeCO's chunk-wise step runs the layers over a key/value cache, which "
                         "compressed attention does not keep yet"),
         ("use_v4_fp8_indexer", "the indexer scores in float32"),

@@ -278,6 +278,9 @@ def attention_block(p: dict, x, ctx: dict, cfg):
     """DeepSeek-V4 attention over x [B,T,D] -> (out [B,T,D], extras): the extras carry the
     indexer's KL under ``dsa`` when ``compress_index_loss_coeff`` trains it."""
     B, T, _ = x.shape
+    # the whole sequence (sequence parallelism gathers it here): the windows and the
+    # compressor's overlapping pools read neighbouring tokens
+    x = constrain(x, "act_batch", "act_seq", "act_embed")
     cos, sin, ccos, csin = ctx["rope"]
     positions = ctx["positions"]
     m = layer_ratio(cfg, ctx["stack"])

@@ -952,6 +952,7 @@ def _moe(cfg, etp, tp, turbo, dispatcher, factor, activation, glu_limit):
         num_groups=cfg["moe_router_num_groups"], group_topk=cfg["moe_router_group_topk"],
         group_score_topk=cfg["moe_router_group_score_topk"],
         expert_bias=cfg["moe_router_enable_expert_bias"],
+        score_bias=bool(cfg["moe_router_score_bias"]),
         bias_update_rate=float(cfg["moe_router_bias_update_rate"]),
         load_balancing=cfg["moe_router_load_balancing_type"],
         aux_loss_coeff=cfg["moe_aux_loss_coeff"], z_loss_coeff=cfg["moe_z_loss_coeff"],

@@ -30,7 +30,8 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
             ple_norm: Gemma 4 small's per-layer inputs (per_layer.py)
             attn_hc, mlp_hc {w, b, alpha, norm}: hyper-connections of each half (hyper.py)
     hc_head {w [nD,n], b [n], alpha [1]}: DeepSeek-V4's learned collapse of the streams
-    hash_routes [Lh,V,k] (expert ids as float32, not trained): hash routing's experts per token
+    hash_routes [Lh,V,k] (expert ids as float32, not trained, replicated): hash routing's
+            experts per token
     csa_layers, csa_moe_layers, hca_layers, hca_moe_layers: DeepSeek-V4's compressing layers
             (compressed.py; every layer's ``attn`` is that module's with compress_ratios)
     mtp: the multi-token-prediction modules (``cfg.mtp_num_layers``; one with
@@ -166,6 +167,8 @@ def _moe_specs(cfg) -> dict:
     router = {"w": ParamSpec((D, E), dt, ("embed", None), _linear_init(cfg, 0, 1))}
     if m.router_bias:
         router["bias"] = ParamSpec((E,), dt, (None,), _zeros)
+    if m.score_bias:
+        router["score_bias"] = ParamSpec((E,), dt, (None,), _zeros)
     if m.router_input_norm:
         router["scale"] = ParamSpec((D,), dt, ("embed",), jax.nn.initializers.ones)
     if m.per_expert_scale:
@@ -247,7 +250,7 @@ def param_specs(cfg) -> dict:
     if cfg.moe is not None and cfg.moe.hash_layers:
         m = cfg.moe
         tree["hash_routes"] = ParamSpec((m.hash_layers, V, m.topk), jnp.float32,
-                                        (None, "vocab", None), _hash_init(m.num_experts))
+                                        (None, None, None), _hash_init(m.num_experts))
     return tree
 
 

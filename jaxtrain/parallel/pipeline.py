@@ -53,6 +53,7 @@ from jaxtrain.parallel import schedules as sched
 
 AXIS = "pipeline"
 IDLE = "idle"
+FIXED = ("hash_routes",)   # untrained parameters every stage's layers read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +279,8 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
         raise ValueError("the pipeline does not run an objective with a base model (pre_rl)")
     M, T = batch["tokens"].shape[0], batch["tokens"].shape[-1]
     emb_keys = [k for k in ("embedding", "position_embedding") if k in shared]
-    head_keys = list(dict.fromkeys(["final_norm", *head_params(shared, cfg)]))
+    head_keys = list(dict.fromkeys(["final_norm", *head_params(shared, cfg),
+                                    *(["hc_head"] if "hc_head" in shared else [])]))
     depths = cfg.mtp_num_layers if mtp_weights_MDBT is not None else 0
     if depths:   # the MTP modules read the embeddings too
         head_keys = list(dict.fromkeys([*head_keys, "mtp", *emb_keys]))
@@ -292,17 +294,19 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
         return {"aux_counts": jnp.sum(jnp.where(before, hist, 0.0), 0),
                 "steps": mb.astype(jnp.float32)}
 
-    def context(micro, rng, sh=None, moe_state=None):
-        """(embeddings or None, the layers' context) of a microbatch."""
-        return layer_inputs(sh or {}, micro["tokens"], cfg, positions=micro.get("positions"),
+    def context(micro, rng, sh=None, moe_state=None, fixed=None):
+        """(embeddings or None, the layers' context) of a microbatch. ``fixed``: the untrained
+        tables the layers read (DeepSeek-V4's hash routes), on every stage."""
+        return layer_inputs({**(fixed or {}), **(sh or {})}, micro["tokens"], cfg,
+                            positions=micro.get("positions"),
                             segment_ids=micro.get("segment_ids"), deterministic=False,
                             rng=rng, with_embedding=sh is not None, embed_noise=embed_noise,
                             moe_state=moe_state)
 
-    def layers_fn(st: int, shift, on, moe_state, sp, q, x, micro, rng):
+    def layers_fn(st: int, shift, on, moe_state, fixed, sp, q, x, micro, rng):
         """((stage output, its MoE and DSA indexer objectives / M), (router statistics or
         None, the stage's DSA indexer KL or None))."""
-        _, ctx = context(micro, rng, moe_state=moe_state)
+        _, ctx = context(micro, rng, moe_state=moe_state, fixed=fixed)
         y, stats = _run_layers(quant_state.attach_stacks(sp, cfg, q, on), x, ctx, cfg,
                                layers=bounds[st], shift=shift)
         stats, kl = dsa.pop(stats)
@@ -314,7 +318,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
     def make_branch(kind: str, st: int):
         n = _layer_counts(cfg, bounds, st)
 
-        def branch(carry, row, x_in, micro, rng, sp_all, on_all, scale):
+        def branch(carry, row, x_in, micro, rng, sp_all, on_all, fixed, scale):
             xbuf, gbuf, gst, moe, qst, hist, ind = carry
             c, gs, shift = row[2], row[4], row[5]
             moe_state = earlier(hist, row[1])
@@ -324,7 +328,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                     k: jax.tree.map(lambda a: a[c, :n[k]], tree[k]) for k in n if k in tree}
 
             sp, q = mine(sp_all), mine(qst)
-            f = functools.partial(layers_fn, st, shift, mine(on_all), moe_state)
+            f = functools.partial(layers_fn, st, shift, mine(on_all), moe_state, fixed)
             if kind == "F":
                 (y, _), (stats, kl) = f(sp, q, x_in, micro, rng)
                 ind = ind if kl is None else ind + kl
@@ -358,7 +362,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
 
         return branch
 
-    def idle(carry, row, x_in, micro, rng, sp_all, on_all, scale):
+    def idle(carry, row, x_in, micro, rng, sp_all, on_all, fixed, scale):
         return carry, jnp.zeros_like(x_in)
 
     fns = [idle] + [make_branch(k, st) for k, st in prog.branches[1:]]
@@ -388,11 +392,15 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
         sp_all, qst, on_all = jax.tree.map(lambda a: a[0], (sp_all, qst, on_all))
         B = batch["tokens"].shape[1]
         dt = jnp.dtype(cfg.residual_dtype)
-        xbuf = jnp.zeros((prog.x_slots + 1, B, T, cfg.hidden_size), dt)
-        gbuf = jnp.zeros((prog.g_slots + 1, B, T, cfg.hidden_size), dt)
+        # what a stage sends: the residual stream [B,T,D], or its n streams [B,T,n,D]
+        # with hyper-connections
+        x_shape = (B, T, *([cfg.hc_streams] if cfg.hc_streams > 1 else []), cfg.hidden_size)
+        xbuf = jnp.zeros((prog.x_slots + 1, *x_shape), dt)
+        gbuf = jnp.zeros((prog.g_slots + 1, *x_shape), dt)
         gst = jax.tree.map(lambda a: jnp.zeros(a.shape, accum_dtype), sp_all)
         gsh = jax.tree.map(lambda a: jnp.zeros(a.shape, accum_dtype), sh_all)
         emb = {k: sh_all[k] for k in emb_keys}
+        fixed = {k: sh_all[k] for k in FIXED if k in sh_all}
         head = {k: sh_all[k] for k in head_keys}
         on_head, on_embed = rank == prog.head_rank, rank == prog.embed_rank
 
@@ -400,7 +408,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             """(loss, its gradient for x and the head's parameters, x scale, per-depth MTP
             losses, the MTP layers' router statistics) of the last stage's output x.
             ``moe_state``: global_aux_loss's counts before microbatch ``mb`` (MTP layers)."""
-            _, ctx = context(micro, rng, moe_state=moe_state)   # token order, MTP layers
+            _, ctx = context(micro, rng, moe_state=moe_state, fixed=fixed)   # MTP layers
 
             def loss_fn(x, h):
                 hidden = final_hidden(h, x, ctx, cfg)
@@ -432,9 +440,10 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             mb = row[1]
             micro = jax.tree.map(lambda a: a[mb], batch)
             rng = jax.random.fold_in(step_rng, mb)
-            x_emb, embed_vjp = jax.vjp(lambda e: context(micro, rng, e)[0].astype(dt), emb)
+            x_emb, embed_vjp = jax.vjp(
+                lambda e: context(micro, rng, e, fixed=fixed)[0].astype(dt), emb)
             x_in = jnp.where(row[6] == 1, x_emb, xbuf[row[3]])
-            args = (row, x_in, micro, rng, sp_all, on_all, scale)
+            args = (row, x_in, micro, rng, sp_all, on_all, fixed, scale)
             (xbuf, gbuf, gst, moe, qst, hist, ind), out = run_op(
                 rows_t[:, 0], row[0], (xbuf, gbuf, gst, moe, qst, hist, ind), args)
             # the output layer and loss after the last stage's forward (its gradient kept in

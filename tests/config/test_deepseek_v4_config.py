@@ -4,6 +4,8 @@ the keys without model_type deepseek_v4 are refused by name, the indexer stays f
 its loss, and a tiny model with multi-token prediction trains from the command line."""
 import json
 import math
+import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,7 @@ from jaxtrain.models import init as init_params
 from jaxtrain.optim.config import OptimConfig
 from jaxtrain.optim.optimizers import build_optimizer
 
+UPSTREAM = pathlib.Path(os.environ.get("JAXTRAIN_UPSTREAM", "/nonexistent"))
 # Primus's llama_base, deepseek_v4_base and deepseek_v4_flash keys at a tiny size
 V4 = {"position_embedding_type": "rope", "normalization": "RMSNorm", "add_bias_linear": False,
       "untie_embeddings_and_output_weights": True, "attention_dropout": 0.0,
@@ -202,17 +205,37 @@ def test_cli_trains_maxtexts_deepseek4_block(tmp_path, cli):
     assert code == 0, err
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["pipeline_model_parallel_size=2", "world_size=2"], "pipeline_model_parallel_size 2 with "
-     "DeepSeek-V4"),
-    (["memory.seco=true"], "memory.seco with DeepSeek-V4"),
-])
-def test_dry_run_refuses_what_does_not_run_it_yet(cli, extra, message):
-    run = ["mock_data=true", "seq_length=16", "micro_batch_size=1", "global_batch_size=2",
-           *(f"{k}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
-             for k, v in V4.items()), *extra]
-    code, _, err = cli("--dry-run", *run)
-    assert code == 2 and message in err and "Traceback" not in err
+def _dry_run(cli, *extra):
+    return cli("--dry-run", "mock_data=true", "seq_length=16", "micro_batch_size=1",
+               "global_batch_size=2",
+               *(f"{k}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
+                 for k, v in V4.items()), *extra)
+
+
+def test_dry_run_refuses_what_does_not_run_it_yet(cli):
+    code, _, err = _dry_run(cli, "memory.seco=true")
+    assert code == 2 and "memory.seco with DeepSeek-V4" in err and "Traceback" not in err
+
+
+def test_dry_run_accepts_pipeline_stages(cli):
+    """The stages send the streams and read the hash routes (tests/parallel: PP = PP 1)."""
+    code, _, err = _dry_run(cli, "pipeline_model_parallel_size=2",
+                            "pipeline_model_parallel_layout=Ett|ttmL")
+    assert code == 0, err
+
+
+@pytest.mark.skipif(not (UPSTREAM / "primus").is_dir(), reason="JAXTRAIN_UPSTREAM has no Primus")
+def test_primus_flash_experiment_with_its_launchers_pipeline(monkeypatch, cli):
+    """Primus's V4 Flash experiment as its launcher (run_deepseek_v4_flash.sh) runs it: PP 4
+    with the tuned layout; the file's own default PP 8 stops on Megatron's rule (43 layers)."""
+    file = UPSTREAM / "primus/examples/megatron/configs/MI355X/deepseek_v4_flash-BF16-pretrain.yaml"
+    monkeypatch.setenv("PRIMUS_PP", "4")
+    code, out, err = cli("--dry-run", file, "pipeline_model_parallel_layout=Et*10|t*12|t*12|t*9mL")
+    assert code == 0, err
+    assert "pipeline_model_parallel_size: 4" in out and "num_layers: 43" in out
+    monkeypatch.setenv("PRIMUS_PP", "8")
+    code, _, err = cli("--dry-run", file)
+    assert code == 2 and "43 is not divisible by pipeline_model_parallel_size 8" in err
 
 
 def test_flops_count_the_window_the_entries_and_the_indexer():

@@ -145,6 +145,11 @@ PRESETS += [
     ("deepseek_v4_pro_1.6T",
      lambda: tr.DeepseekV4Config(rope_parameters=_DSV4_YARN, **_DSV4_PRO), 1.6e12 - 25.4e9),
 ]
+# Kimi Linear 48B-A3B (transformers' KimiLinearConfig defaults are the published model's; its
+# card says 48B total, 3B active; the shapes give 49.13B: test_kimi_linear_preset_counts_as_
+# transformers)
+KIMI_LINEAR = ("kimi_linear_48B_A3B", lambda: tr.KimiLinearConfig(), None)
+PRESETS += [KIMI_LINEAR]
 # Fields the preset's run settles, not the architecture (Megatron pads the vocabulary; HF
 # files never do; MoE run settings such as the balancing loss).
 RUN = ("dtype", "weight_dtype", "attention_impl", "attention_softmax_in_fp32", "vocab_size",
@@ -224,3 +229,19 @@ def test_small_gemma4_presets_count_as_transformers(name, hf):
     shared = ours.kv_shared_layers
     assert shared == {"gemma4_E2B": 20, "gemma4_E4B": 18}[name]
     assert _count(ours.replace(kv_shared_layers=0, double_wide_shared_mlp=False)) != theirs
+
+
+def test_kimi_linear_preset_counts_as_transformers():
+    """As many weights as transformers' KimiLinearForCausalLM of the published config (meta
+    device): its parameters and expert-bias buffers; 3B active (8 of 256 experts, the input
+    embedding not counted)."""
+    import torch
+    with torch.device("meta"):
+        model = tr.KimiLinearForCausalLM(KIMI_LINEAR[1]())
+    theirs = sum(p.numel() for p in model.parameters()) + sum(
+        b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
+    cfg = _preset(KIMI_LINEAR[0])
+    assert _count(cfg) == theirs
+    m = cfg.moe
+    idle = (cfg.num_layers - 1) * (m.num_experts - m.topk) * 3 * cfg.hidden_size * m.ffn_hidden_size
+    assert abs((_count(cfg) - idle - cfg.vocab_size * cfg.hidden_size) / 3e9 - 1) < 0.05

@@ -128,16 +128,20 @@ def _mla_moe_count(V, D, L, dense_layers, F, heads, q_lora, kv_lora, nope, rope,
 
 def test_kimi_k2():
     """MaxText routes model names outside deepseek3*/deepseek4* through its plain top-k, where a
-    routed_bias is added into the weights; jaxtrain's expert bias only selects (DeepSeek-V3's
-    rule), so kimi-k2-1t is refused by that key. Without the bias its size is Kimi-K2's: the
-    model card (moonshotai/Kimi-K2-Instruct) says "Total Parameters 1T"; config.json's shapes
-    give 1.026T (third-party write-ups round to 1.04T)."""
-    with pytest.raises(ConfigError, match="routed_bias = True.*kimi-k2-1t.*adds the learned bias"):
-        resolve("kimi-k2-1t")
-    cfg, m = resolve("kimi-k2-1t", "routed_bias=false", "override_model_config=true")
+    routed_bias is a learned bias added into the scores that weigh the experts
+    (moe_router_score_bias, not the selection-only expert bias). Its size is Kimi-K2's (plus
+    one bias of 384 per MoE layer): the model card (moonshotai/Kimi-K2-Instruct) says "Total
+    Parameters 1T"; config.json's shapes give 1.026T (third-party write-ups round to 1.04T)."""
+    cfg, m = resolve("kimi-k2-1t")
+    assert (m.moe.score_bias, m.moe.expert_bias) == (True, False)
     assert count(m) == _mla_moe_count(163840, 7168, 61, 1, 18432, 64, 1536, 512, 128, 64, 128,
-                                      384, 2048, 1, False)
+                                      384, 2048, 1, False) + 60 * 384
     assert abs(count(m) / 1.0e12 - 1) < 0.03
+    with pytest.raises(ConfigError, match="routed_bias_update_rate.*trains the routing bias"):
+        resolve("kimi-k2-1t", "routed_bias_update_rate=0.01", "override_model_config=true")
+    m = resolve("kimi-k2-1t", "routed_bias=false", "override_model_config=true")[1]
+    assert not m.moe.score_bias and count(m) == _mla_moe_count(
+        163840, 7168, 61, 1, 18432, 64, 1536, 512, 128, 64, 128, 384, 2048, 1, False)
     assert (m.moe.score_function, m.moe.topk_scaling_factor, m.moe.num_groups) == (
         "sigmoid", 2.827, None)
     assert (m.yarn_scaling_factor, m.yarn_beta_fast, m.yarn_beta_slow, m.rotary_base) == (
@@ -558,9 +562,10 @@ def test_deepseek_routing_keys():
              "routed_bias is off")]:
         with pytest.raises(ConfigError, match=match):
             ds(*extra)
-    # other model names (deepseek2, kimi): plain top-k of the biased scores, groups ignored
-    with pytest.raises(ConfigError, match="routed_bias = True.*deepseek2-16b"):
-        ds("model_name=deepseek2-16b", "routed_score_func=sigmoid", "routed_bias=true")
+    # other model names (deepseek2, kimi): plain top-k of the biased scores, which weigh the
+    # experts (a learned bias), groups ignored
+    m = ds("model_name=deepseek2-16b", "routed_score_func=sigmoid", "routed_bias=true")
+    assert (m.score_bias, m.expert_bias) == (True, False)
     with pytest.raises(ConfigError, match="n_routing_groups.*ignores it for 'deepseek2-16b'"):
         ds("model_name=deepseek2-16b", "routed_score_func=sigmoid", "n_routing_groups=4",
            "topk_routing_group=2")

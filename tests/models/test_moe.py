@@ -63,6 +63,38 @@ def test_sigmoid_expert_bias_selects_but_does_not_weight():
     assert max_diff(sq, probs) > 1e-3
 
 
+def test_learned_score_bias_picks_and_weighs_like_maxtexts_kimi_router():
+    """moe_router_score_bias = MaxText's GateLogit bias under non-deepseek3/4 names: scores =
+    sigmoid(logits) + bias, top-k of them, those biased scores renormalised (+1e-20) and
+    scaled (get_topk + deepseek_scale_weights, transcribed in float64); the bias is learned."""
+    lg = logits_()
+    bias = jnp.asarray(np.random.RandomState(1).standard_normal(E) * 0.5, jnp.float32)
+    m = cfg_(score_function="sigmoid", score_bias=True, topk=3, topk_scaling_factor=2.827)
+    probs, idx = M.topk_routing(lg, m, score_bias=bias)
+    biased = 1 / (1 + np.exp(-np.asarray(lg, np.float64))) + np.asarray(bias, np.float64)
+    want_idx = np.argsort(-biased, -1)[:, :3]
+    np.testing.assert_array_equal(idx, want_idx)
+    w = np.take_along_axis(biased, want_idx, -1)
+    np.testing.assert_allclose(probs, w / (w.sum(-1, keepdims=True) + 1e-20) * 2.827, rtol=1e-5)
+    plain, plain_idx = M.topk_routing(lg, m)               # no bias: plain sigmoid routing
+    assert np.any(np.asarray(plain_idx) != np.asarray(idx)) and max_diff(plain, probs) > 1e-2
+    grad = jax.grad(lambda b: jnp.sum(M.topk_routing(lg, m, score_bias=b)[0] ** 2))(bias)
+    assert float(jnp.abs(grad).max()) > 0
+    for kw, msg in [(dict(score_function="softmax"), "sigmoid or sqrtsoftplus"),
+                    (dict(score_function="sigmoid", expert_bias=True), "aux-loss-free"),
+                    (dict(score_function="sigmoid", load_balancing=("aux_loss",),
+                          aux_loss_coeff=(0.01,)), "aux loss coefficients to 0")]:
+        with pytest.raises(ValueError, match=msg):
+            cfg_(score_bias=True, **kw)
+    # in the layer: the router's score_bias parameter (zeros at init) moves its output
+    cfg = tiny(num_layers=1, moe=cfg_(score_function="sigmoid", score_bias=True))
+    p = jax.tree.map(lambda a: jnp.moveaxis(a, 1, 0)[0], random_params(cfg)["moe_layers"]["moe"])
+    x = jnp.asarray(np.random.RandomState(2).standard_normal((2, 8, 32)), jnp.float32)
+    out = lambda p: M.moe_block(p, x, cfg, train=False)[0]   # noqa: E731
+    moved = {**p, "router": {**p["router"], "score_bias": p["router"]["score_bias"] + bias}}
+    assert max_diff(out(p), out(moved)) > 1e-3
+
+
 def test_topk_scaling_factor_multiplies_probs():
     lg = logits_()
     a, _ = M.topk_routing(lg, cfg_())

@@ -148,6 +148,25 @@ LAYOUTS |= {"dsa": DSA, "dsa_tp2": [*DSA, "tensor_model_parallel_size=2"],
             # index sharing: layers 2 and 4 attend with the selection of layers 1 and 3
             "dsa_shared": [*DSA, "dsa_indexer_topk_freq=2", "dsa_indexer_skip_topk_offset=1"]}
 LAYOUTS["dsa_shared_pp2"] = [*LAYOUTS["dsa_shared"], PP2]
+# DeepSeek-V4: 2 streams between layers (hyper-connections), a window layer and compressing
+# ones (CSA with its indexer loss, HCA), hash-routed first two MoE layers, one MTP depth
+V4 = ["model_type=deepseek_v4", "group_query_attention=true", "num_query_groups=1",
+      "kv_channels=16", "qk_pos_emb_head_dim=8", "q_lora_rank=12", "o_groups=2",
+      "o_lora_rank=8", "compress_ratios=[0,4,8,4]", "index_topk=2", "index_head_dim=12",
+      "index_n_heads=4", "attn_sliding_window=6", "attn_sink=true", "hc_mult=2",
+      "num_experts=4", "moe_router_topk=2", "moe_ffn_hidden_size=16",
+      "moe_router_score_function=sqrtsoftplus", "moe_router_enable_expert_bias=true",
+      "moe_aux_loss_coeff=0.01", "num_hash_layers=2", "swiglu=true", "swiglu_limit=10.0",
+      "position_embedding_type=rope", "normalization=RMSNorm", "init_method_std=0.3"]
+V4_KL = [*V4, "v4_indexer_distill_loss_coeff=0.1"]   # (the MTP layer has no indexer loss)
+V4_MTP = [*V4, "mtp_num_layers=1"]
+# Megatron's mHC: 3 streams averaged at the end
+MHC = ["enable_mhc_connections=true", "mhc_num_residual_streams=3"]
+LAYOUTS |= {"v4": V4_KL, "v4_pp2": [*V4_KL, PP2],
+            "v4_pp2_vpp2_tp2": [*V4_KL, PP2, "virtual_pipeline_model_parallel_size=2",
+                                "tensor_model_parallel_size=2"],
+            "v4_mtp": V4_MTP, "v4_mtp_pp2_zb": [*V4_MTP, PP2, "patch_zero_bubble=true"],
+            "mhc": MHC, "mhc_pp2_vpp2": [*MHC, PP2, "virtual_pipeline_model_parallel_size=2"]}
 LAYOUTS["lfm_pp2_vpp2_tp2"] = [*LFM, PP2, "virtual_pipeline_model_parallel_size=2",
                                "tensor_model_parallel_size=2"]
 LAYOUTS |= {

@@ -1,8 +1,9 @@
-"""Hugging Face architecture fields that no Megatron-LM, Primus, MaxText or pgs knob spells.
+"""Architecture fields that no Megatron-LM, Primus, MaxText or pgs knob spells.
 
-A Hugging Face config.json (pgs ``model.name_or_path``, see config/dialects/hf.py) is translated
-into canonical knobs; these are jaxtrain's own knobs for what the other systems fix in code:
-Llama 3's frequency band of the RoPE scaling and transformers' DeepSeek-V3 group score.
+A Hugging Face config.json (pgs ``model.name_or_path``, see config/dialects/hf.py) or a MaxText
+file is translated into canonical knobs; these are jaxtrain's own knobs for what the other
+systems fix in code: Llama 3's frequency band of the RoPE scaling, transformers' DeepSeek-V3
+group score and MaxText's learned score bias (a rule on its model names).
 """
 from jaxtrain.config.knob import HONORED, K
 
@@ -21,4 +22,9 @@ KNOBS = [
       "sum of its best this-many expert scores; null is Megatron's top-k / group top-k.", _J,
       HONORED, "transformers' DeepSeek-V3/Kimi routers sum each group's top 2 whatever the top-k "
       "(a config.json with n_group sets 2); Megatron-LM and MaxText have no such argument"),
+    K("moe_router_score_bias", "bool", False, "A learned per-expert bias added to the sigmoid "
+      "or sqrtsoftplus router scores, which then both pick and weigh the experts.", _J, HONORED,
+      "MaxText's DeepSeek block with routed_bias true under a model name other than "
+      "deepseek3*/deepseek4* (kimi-k2) adds its learned gate bias to the scores it weighs the "
+      "experts by; the MaxText dialect sets this knob for such files"),
 ]

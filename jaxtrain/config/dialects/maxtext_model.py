@@ -747,8 +747,9 @@ def _deepseek_router(c, k) -> dict | None:
     """DeepSeek routing as MaxText's moe.py does it. Scores = routed_score_func(logits) (+ the
     bias); model names deepseek3*/deepseek4* select on biased scores within the best groups and
     weight by the unbiased ones, other names (deepseek2, kimi) take the plain top-k of the
-    (biased) scores and ignore the groups. sigmoid/sqrtsoftplus weights are renormalised, all
-    are multiplied by routed_scaling_factor."""
+    (biased) scores, weight by them (moe_router_score_bias: the bias is learned) and ignore the
+    groups. sigmoid/sqrtsoftplus weights are renormalised, all are multiplied by
+    routed_scaling_factor."""
     name = str(c.get("model_name") or "")
     v3 = name.startswith(("deepseek3", "deepseek4"))
     score, bias = c.get("routed_score_func") or "", bool(c.get("routed_bias"))
@@ -759,14 +760,21 @@ def _deepseek_router(c, k) -> dict | None:
                 "the experts by their raw router logits, which jaxtrain's router does not "
                 "build; use softmax or sigmoid")
         return None
-    if bias and (score == "softmax" or not v3):
-        where = ("softmax scores" if score == "softmax" else
-                 f"model_name {name!r} (not deepseek3*/deepseek4*)")
-        _refuse(c, "routed_bias", f"with {where} MaxText adds the learned bias to the scores "
-                "that weigh the experts; jaxtrain's expert bias (moe_router_enable_expert_bias) "
-                "only picks the experts, as DeepSeek-V3 does (MaxText's deepseek3* model names "
-                "with sigmoid scores); set routed_bias: false or use such a name")
+    if bias and score == "softmax":
+        _refuse(c, "routed_bias", "with softmax scores MaxText adds the learned bias to the "
+                "softmax probabilities that weigh the experts; jaxtrain adds a learned score "
+                "bias to sigmoid or sqrtsoftplus scores only; set routed_bias: false or "
+                "routed_score_func: sigmoid")
         return None
+    if bias and not v3:   # the learned gate bias picks and weighs the experts
+        if c.get("routed_bias_update_rate", 0.0) > 0:
+            _refuse(c, "routed_bias_update_rate", f"with model_name {name!r} (not "
+                    "deepseek3*/deepseek4*) MaxText both trains the routing bias and moves it "
+                    "by this rate; jaxtrain builds one or the other: set it to 0 (the bias is "
+                    "learned) or use a deepseek3* name (the aux-loss-free bias)")
+            return None
+        router["moe_router_score_bias"] = True
+        bias = False
     if score == "softmax":
         router.update(moe_router_score_function="softmax", moe_router_pre_softmax=True)
     else:

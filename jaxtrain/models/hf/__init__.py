@@ -123,10 +123,11 @@ def hf_family(cfg: ModelConfig) -> str:
 
 def check_exportable(cfg: ModelConfig, family: str):
     """ValueError naming the ModelConfig fields ``family`` has no equivalent for (no family
-    jaxtrain writes has hyper-connections' several residual streams or Gated DeltaNet without
-    its convolution; only NemotronH has a latent MoE)."""
+    jaxtrain writes has hyper-connections' several residual streams, Gated DeltaNet without
+    its convolution or MaxText's learned score bias; only NemotronH has a latent MoE)."""
     latent = cfg.moe is not None and bool(cfg.moe.latent_size) and family != "nemotron_h"
     check({"hc_streams": cfg.hc_streams > 1, "moe.latent_size": latent,
+           "moe.score_bias": cfg.moe is not None and cfg.moe.score_bias,
            "linear_short_conv": not cfg.linear_short_conv,
            **adapter(family).problems(cfg, family)}, family)
 

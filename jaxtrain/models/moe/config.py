@@ -47,7 +47,10 @@ class MoEConfig:
     [D, 1] gate (Qwen2-MoE, Qwen3-Next).
     ``apply_probs_on_input``: each token enters its expert already multiplied by its routing
     probability and the expert's output is added with weight 1 (Llama 4; top-1 only).
-    ``router_bias``: a learned router bias (GPT-OSS); ``expert_bias``: Megatron's aux-free bias.
+    ``router_bias``: a learned router bias (GPT-OSS); ``expert_bias``: Megatron's aux-free bias;
+    ``score_bias``: a learned bias added to the sigmoid/sqrtsoftplus scores, which both pick
+    and weigh the experts (MaxText's DeepSeek block under names other than deepseek3*/4*,
+    e.g. kimi-k2, with routed_bias).
     Gemma 4's layer: ``branch_norms`` gives the routed experts their own RMS norm of the
     residual stream as input and norms the shared expert's and the experts' outputs before
     they are summed; ``router_input_norm`` feeds the router the residual stream RMS-normalised
@@ -87,6 +90,7 @@ class MoEConfig:
     group_score_topk: int | None = None
     router_bias: bool = False
     expert_bias: bool = False
+    score_bias: bool = False
     bias_update_rate: float = 1e-3
     load_balancing: tuple[str, ...] = ("aux_loss",)
     aux_loss_coeff: tuple[float, ...] = (0.0,)
@@ -173,6 +177,18 @@ class MoEConfig:
             need(self.capacity_factor is None, "sinkhorn takes no capacity factor")
         need(not self.expert_bias or self.score_function in ("sigmoid", "sqrtsoftplus"),
              "expert bias needs the sigmoid or sqrtsoftplus score function")
+        need(not self.score_bias or (self.score_function in ("sigmoid", "sqrtsoftplus")
+                                     and not sinkhorn),
+             "the learned score bias (moe_router_score_bias) is added to sigmoid or "
+             "sqrtsoftplus scores: set moe_router_score_function to one of them")
+        need(not (self.score_bias and (self.expert_bias or self.hash_layers)),
+             "the learned score bias (moe_router_score_bias) weighs the experts it picks; "
+             "it does not combine with the aux-loss-free expert bias or hash routing")
+        need(not self.score_bias or not any(
+            c for t, c in zip(self.load_balancing, self.aux_loss_coeff) if t in LOSS_METRICS),
+             "the balancing losses score the experts without the learned score bias "
+             "(moe_router_score_bias); MaxText's block that has it trains none: set the aux "
+             "loss coefficients to 0")
         need(self.hash_layers >= 0, f"num_hash_layers {self.hash_layers} must not be negative")
         need(not self.hash_layers or (self.score_function in ("sigmoid", "sqrtsoftplus")
                                       and not sinkhorn),

@@ -84,13 +84,14 @@ def _select(scores, m: MoEConfig):
     return jax.lax.top_k(masked_NE, m.topk)
 
 
-def topk_routing(logits, m: MoEConfig, bias=None, forced=None):
+def topk_routing(logits, m: MoEConfig, bias=None, forced=None, score_bias=None):
     """(probs [N, k] float32, experts [N, k]) from router logits [N, E] (Megatron's
     topk_routing_with_score_function). Softmax: top-k on the logits then softmax over the k
     (``pre_softmax``: softmax over all, then top-k). Sigmoid/sqrtsoftplus: scores in fp32,
     selection on score + expert bias, unbiased scores as probs, renormalised when k > 1.
     ``forced`` [N, k]: the experts of hash routing (sigmoid/sqrtsoftplus; -1 rows: selected as
-    above), weighed by their scores the same way."""
+    above), weighed by their scores the same way. ``score_bias`` [E] (``m.score_bias``): a
+    learned bias added to the scores, which then both pick and weigh the experts."""
     if m.score_function == "softmax":
         if m.pre_softmax:
             probs_Nk, idx_Nk = _select(_score("softmax", logits), m)
@@ -99,6 +100,8 @@ def topk_routing(logits, m: MoEConfig, bias=None, forced=None):
             probs_Nk = jax.nn.softmax(vals_Nk.astype(jnp.float32), axis=-1)
     else:
         scores_NE = _score(m.score_function, logits)
+        if score_bias is not None:
+            scores_NE = scores_NE + score_bias.astype(jnp.float32)
         if bias is not None:
             _, idx_Nk = _select(scores_NE + jax.lax.stop_gradient(bias.astype(jnp.float32)), m)
             probs_Nk = jnp.take_along_axis(scores_NE, idx_Nk, axis=1)
@@ -202,7 +205,7 @@ def capacity_slots(probs, idx, m: MoEConfig, seqs: int = 1):
 
 def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
           prev_aux_counts=None, prev_steps=None, comm: Comm = LOCAL, seqs: int = 1,
-          forced=None, hashed=None):
+          forced=None, hashed=None, score_bias=None):
     """Routing for one rank's tokens. logits [N, E] (N = seqs sequences of N/seqs tokens).
 
     Returns (probs [N, k], experts [N, k], keep [N, k] bool, slots, stats): ``slots`` is
@@ -211,6 +214,7 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
     (tokens kept per expert, all ranks) and ``aux_counts`` (global_aux_loss's map).
     ``forced`` [N, k]: hash routing's experts (-1: the router's); ``hashed`` (a bool scalar,
     the same on every rank): this layer routes by hash, so its balancing losses are 0.
+    ``score_bias``: :func:`topk_routing`'s.
     """
     N, E = logits.shape
     if rand_logits is not None:   # forced balancing 'uniform': random logits, straight-through
@@ -228,7 +232,7 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
     if "sinkhorn" in m.load_balancing:
         probs_Nk, idx_Nk = sinkhorn_routing(logits, m, train)
     else:
-        probs_Nk, idx_Nk = topk_routing(logits, m, bias, forced)
+        probs_Nk, idx_Nk = topk_routing(logits, m, bias, forced, score_bias)
     keep_Nk = jnp.ones(idx_Nk.shape, jnp.bool_)
     slots = None
     if m.capacity_factor is not None:
