@@ -135,21 +135,24 @@ def rope_tail(x, cos, sin):
     return jnp.concatenate([x[..., :-P], rot.astype(x.dtype)], -1)
 
 
-def pool(p: dict, x, ratio: int, positions, cos_sin, cfg):
-    """The compressed entries [B,C,W] of x [B,T,D] (module doc): C = T // ratio windows,
-    overlapping when ``p``'s projections have two halves; RoPE'd by ``cos_sin`` of the
-    positions of the windows' first tokens (w * ratio without packing)."""
-    B, T, _ = x.shape
-    halves, W = p["wkv"].shape[1:]
+def pool_inputs(p: dict, x, cfg):
+    """What a compressor pools, per token of x [B,T,D]: (kv, gate) [B,T,c,W] (a decoding
+    cache keeps them)."""
+    return (L.dense(x, p["wkv"], None, "btd,dcw->btcw", "compress_kv", cfg),
+            L.dense(x, p["wgate"], None, "btd,dcw->btcw", "compress_gate", cfg))
+
+
+def pool(p: dict, kv, gate, ratio: int, positions, cos_sin, cfg):
+    """The compressed entries [B,C,W] of the tokens' :func:`pool_inputs` (module doc):
+    C = T // ratio windows, overlapping when ``p``'s projections have two halves; RoPE'd by
+    ``cos_sin`` of the positions of the windows' first tokens (w * ratio without packing)."""
+    B, T, halves, W = kv.shape
     C = T // ratio
     if C == 0:
         return jnp.zeros((B, 0, W), cfg.compute_dtype)
-    x = x[:, :C * ratio]
-    kv = L.dense(x, p["wkv"], None, "btd,dcw->btcw", "compress_kv", cfg)
-    gate = L.dense(x, p["wgate"], None, "btd,dcw->btcw", "compress_gate", cfg)
-    kv = kv.astype(jnp.float32).reshape(B, C, ratio, halves, W)
-    gate = gate.astype(jnp.float32).reshape(B, C, ratio, halves, W) + p["bias"].astype(
-        jnp.float32)
+    kv = kv[:, :C * ratio].astype(jnp.float32).reshape(B, C, ratio, halves, W)
+    gate = gate[:, :C * ratio].astype(jnp.float32).reshape(B, C, ratio, halves, W) + p[
+        "bias"].astype(jnp.float32)
     if halves == 2:   # slots: the first half over the previous window, the second over this one
         prev_kv = jnp.pad(kv[:, :-1, :, 0], ((0, 0), (1, 0), (0, 0), (0, 0)))
         prev_gate = jnp.concatenate([jnp.full((B, 1, ratio, W), -jnp.inf, jnp.float32),
@@ -177,12 +180,10 @@ def entry_visible(T: int, entries: int, ratio: int, segment_ids=None):
     return seen & (segment_ids[:, :, None] == own[:, None, :])
 
 
-def index_scores(p: dict, x, q_latent, positions, rot, tables, cfg):
-    """The indexer's scores [B,T,C] (float32, unmasked) of x [B,T,D] and the query latent;
-    ``rot``: the compressed (cos, sin) of the tokens, ``tables`` makes them for the entries."""
-    ratio = cfg.compress_sparse_ratio
+def index_scores(p: dict, x, q_latent, rot, keys, cfg):
+    """The indexer's scores [B,T,C] (float32, unmasked) of x [B,T,D] and the query latent
+    against its entries ``keys`` [B,C,Di]; ``rot``: the compressed (cos, sin) of the tokens."""
     Hi, Di = cfg.compress_index_heads, cfg.compress_index_head_dim
-    keys = pool(p["compressor"], x, ratio, positions, tables, cfg)
     q = L.dense(q_latent, p["wq_b"], None, "btr,rhd->bthd", "indexer_query", cfg)
     q = rope_tail(q, *rot)
     logits = jnp.einsum("bthd,bcd->bthc", q, keys.astype(q.dtype),
@@ -232,16 +233,17 @@ def _band_keep(T: int, W: int, segment_ids):
     return keep & same[:, None]
 
 
-def _attend(q, kv, entries, entry_keep, sinks, segment_ids, cfg):
+def _attend(q, kv, entries, entry_keep, sinks, segment_ids, cfg, local_keep=None):
     """One softmax over the local keys, the compressed entries (``entry_keep`` [B,T,C]) and the
     sinks: (out [B,T,N,H], the entries' scaled logits [B,N,T,C] float32). With a window W the
     local keys are taken per block of W queries (the keys of that block and the one before:
-    O(T W) scores), else over the whole prefix."""
+    O(T W) scores), else over the whole prefix. ``local_keep`` [B,1,T,S]: which of the S keys
+    kv [B,S,H] each query sees (decoding), instead of the causal window over q's own tokens."""
     B, T, N, H = q.shape
     acc = jnp.float32
     scale = H ** -0.5
     W = cfg.sliding_window
-    banded = W is not None and T > 2 * W
+    banded = local_keep is None and W is not None and T > 2 * W
     if banded:
         nb = -(-T // W)
         qb = jnp.pad(q, ((0, 0), (0, nb * W - T), (0, 0), (0, 0))).reshape(B, nb, W, N, H)
@@ -251,7 +253,8 @@ def _attend(q, kv, entries, entry_keep, sinks, segment_ids, cfg):
         local_keep = _band_keep(T, W, segment_ids)
     else:
         s_loc = jnp.einsum("btnh,bsh->bnts", q, kv, preferred_element_type=acc) * scale
-        local_keep = attention_visible(T, T, segment_ids, sliding_window=W)[:, None]
+        if local_keep is None:
+            local_keep = attention_visible(T, T, segment_ids, sliding_window=W)[:, None]
     S = s_loc.shape[-1]
     s_cmp = jnp.einsum("btnh,bch->bntc", q, entries.astype(q.dtype),
                        preferred_element_type=acc) * scale
@@ -274,9 +277,16 @@ def _attend(q, kv, entries, entry_keep, sinks, segment_ids, cfg):
     return out.astype(q.dtype), s_cmp
 
 
-def attention_block(p: dict, x, ctx: dict, cfg):
-    """DeepSeek-V4 attention over x [B,T,D] -> (out [B,T,D], extras): the extras carry the
-    indexer's KL under ``dsa`` when ``compress_index_loss_coeff`` trains it."""
+def attention_block(p: dict, x, ctx: dict, cfg, cache=None):
+    """DeepSeek-V4 attention over x [B,T,D] -> (out [B,T,D], extras, cache): the extras carry
+    the indexer's KL under ``dsa`` when ``compress_index_loss_coeff`` trains it.
+
+    Decoding (decode.py) passes the layer's ``cache``: kv [B,S,H] and, compressing, the
+    compressors' :func:`pool_inputs` (ckv, cgate; the indexer's ikv, igate) [B,S,c,W]; the
+    tokens' are written at ``ctx['cache_start']``. A prefill (from position 0) attends as
+    training does; a decode step (``ctx['q_offset']``) attends over the cached window keys and
+    the entries pooled from the cached projections (module doc), the queries at
+    ``ctx['positions']``. Without a cache the cache comes back None."""
     B, T, _ = x.shape
     # the whole sequence (sequence parallelism gathers it here): the windows and the
     # compressor's overlapping pools read neighbouring tokens
@@ -295,21 +305,47 @@ def attention_block(p: dict, x, ctx: dict, cfg):
     kv = L.norm(p["kv_norm"], L.dense(x, p["wkv"], None, "btd,dh->bth", "key_proj", cfg), cfg)
     kv = rope_tail(kv, *rot)
     extras = {}
+    seen = {"kv": kv}   # what a cache keeps of these tokens, and what they attend over
     if m:
-        entries = pool(p["compressor"], x, m, positions, tables, cfg)
-        keep = jnp.broadcast_to(entry_visible(T, entries.shape[1], m, ctx.get("segment_ids")),
-                                (B, T, entries.shape[1]))
+        seen["ckv"], seen["cgate"] = pool_inputs(p["compressor"], x, cfg)
+        if "indexer" in p:
+            seen["ikv"], seen["igate"] = pool_inputs(p["indexer"]["compressor"],
+                                                     jax.lax.stop_gradient(x), cfg)
+    decoding = cache is not None and "q_offset" in ctx
+    if cache is not None:
+        cache = {n: jax.lax.dynamic_update_slice_in_dim(c, seen[n].astype(c.dtype),
+                                                        ctx["cache_start"], axis=1)
+                 for n, c in cache.items()}
+        if decoding:
+            seen = {n: c.astype(seen[n].dtype) for n, c in cache.items()}
+    # the positions of what is attended over (the cache's: 0..S-1)
+    seen_at = (jnp.broadcast_to(jnp.arange(seen["kv"].shape[1]), (B, seen["kv"].shape[1]))
+               if decoding else positions)
+    if m:
+        entries = pool(p["compressor"], seen["ckv"], seen["cgate"], m, seen_at, tables, cfg)
+        C = entries.shape[1]
+        if decoding:   # entry w is visible once its window closed: w < (position + 1) // m
+            keep = jnp.arange(C)[None, None, :] < ((positions + 1) // m)[:, :, None]
+        else:
+            keep = jnp.broadcast_to(entry_visible(T, C, m, ctx.get("segment_ids")), (B, T, C))
         scores = None
         if "indexer" in p:
+            keys = pool(p["indexer"]["compressor"], seen["ikv"], seen["igate"],
+                        cfg.compress_sparse_ratio, seen_at, tables, cfg)
             scores = index_scores(p["indexer"], jax.lax.stop_gradient(x),
-                                  jax.lax.stop_gradient(latent), positions, (ccos, csin),
-                                  tables, cfg)
+                                  jax.lax.stop_gradient(latent), (ccos, csin), keys, cfg)
             keep = keep & dsa.select(jax.lax.stop_gradient(scores), keep, cfg,
                                      k=cfg.compress_index_topk)
     else:
         entries = jnp.zeros((B, 0, kv.shape[-1]), kv.dtype)
         keep = jnp.zeros((B, T, 0), bool)
-    out, s_cmp = _attend(q, kv, entries, keep, p.get("sinks"), ctx.get("segment_ids"), cfg)
+    local = None
+    if decoding:   # the window of each query among the cached keys
+        ahead = positions[:, :, None] - seen_at[:, None, :]
+        W = cfg.sliding_window
+        local = ((ahead >= 0) & (ahead < W if W is not None else True))[:, None]
+    out, s_cmp = _attend(q, seen["kv"], entries, keep, p.get("sinks"),
+                         ctx.get("segment_ids"), cfg, local_keep=local)
     if "indexer" in p and cfg.compress_index_loss_coeff > 0 and not ctx["deterministic"]:
         extras["dsa"] = _indexer_kl(scores, s_cmp, keep)
     out = checkpoint_name(rope_tail(out, rot[0], -rot[1]), "context")
@@ -317,4 +353,4 @@ def attention_block(p: dict, x, ctx: dict, cfg):
     out = out.reshape(B, T, G, -1, out.shape[-1])
     wo_a = p["wo_a"].reshape(G, -1, *p["wo_a"].shape[1:])
     grouped = L.dense(out, wo_a, None, "btgnh,gnhr->btgr", "out_proj_a", cfg)
-    return L.dense(grouped, p["wo_b"], None, "btgr,grd->btd", "out_proj", cfg), extras
+    return L.dense(grouped, p["wo_b"], None, "btgr,grd->btd", "out_proj", cfg), extras, cache

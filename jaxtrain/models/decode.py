@@ -18,6 +18,10 @@ The cache is a dict with the layer axis first (the same for scanned and unrolled
     conv                             LFM2's short-convolution layers' last inputs
     global                           Gemma 4 only: {k, v (, scales)} of the global layers,
                                      whose head count and width differ
+    window, csa, hca                 DeepSeek-V4 only (no k, v): each layer's shared key=value
+                                     head kv [B,S,H]; compressing layers also what their
+                                     compressors pool, ckv/cgate [B,S,c,H] and on CSA layers
+                                     the indexer's ikv/igate [B,S,2,Di] (compressed.py)
 
 L counts the softmax-attention layers only (without Gemma 4's global ones), ``linear``'s
 leading axis the Gated DeltaNet layers only and ``global``'s the global layers (each in layer
@@ -50,10 +54,10 @@ from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.mamba import init_cache as mamba_cache
 from jaxtrain.models.short_conv import init_cache as conv_cache
 from jaxtrain.models import hyper, per_layer
-from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, GLOBAL_STACKS,
-                                  KV_SHARED_STACKS, LINEAR_STACKS, MAMBA_STACK)
+from jaxtrain.models.spec import (CONV_STACKS, CSA_STACKS, FFN_ONLY_STACKS, GLOBAL_STACKS,
+                                  HCA_STACKS, KV_SHARED_STACKS, LINEAR_STACKS, MAMBA_STACK)
 from jaxtrain.models.transformer import (RECURRENT, RESIDUAL, _periodic_runs, decoder_layer,
-                                         embed_inputs, hidden_states, layer_context, logits_head,
+                                         embed_inputs, layer_context, logits_head,
                                          per_layer_slices, store_kinds)
 from jaxtrain.parallel.sharding import constrain, gather_weights
 from jaxtrain.quant.kvcache import KV_QUANT_DTYPES, dequantize_kv, quantize_kv, scale_shape
@@ -64,7 +68,7 @@ def init_cache(cfg, batch: int, max_len: int, *, dtype=None) -> dict:
     ``dtype`` (default: the compute dtype) unless ``cfg.quantize_kvcache`` stores them as
     ``cfg.kv_quant_dtype`` with scales in ``dtype``."""
     dt = jnp.dtype(dtype or cfg.compute_dtype)
-    groups = [_group(kind) for kind in layer_kinds(cfg)]
+    groups = [_group(kind, cfg) for kind in layer_kinds(cfg)]
     Hv = cfg.v_head_dim if cfg.multi_latent_attention else cfg.kv_channels
     cache = _kv_arrays(cfg, (groups.count("attn"), batch, max_len), cfg.num_kv_heads,
                        cfg.head_dim, Hv, dt)
@@ -81,6 +85,9 @@ def init_cache(cfg, batch: int, max_len: int, *, dtype=None) -> dict:
         cache["mamba"] = mamba_cache(cfg, batch, dt)
     if "conv" in groups:
         cache["conv"] = conv_cache(cfg, batch, dt)
+    for g in _COMPRESSED:
+        if g in groups:
+            cache[g] = _compressed_cache(cfg, g, (groups.count(g), batch, max_len), dt)
     cache["length"] = jnp.zeros((), jnp.int32)
     return cache
 
@@ -94,6 +101,19 @@ def _kv_arrays(cfg, lead: tuple, K: int, H: int, Hv: int, dt) -> dict:
     cache = {n: jnp.zeros(s, int_dtype) for n, s in shapes.items()}
     cache.update({f"{n}_scale": jnp.zeros(scale_shape(s, cfg.kv_quant_axis), dt)
                   for n, s in shapes.items()})
+    return cache
+
+
+def _compressed_cache(cfg, group: str, lead: tuple, dt) -> dict:
+    """DeepSeek-V4 layers' zero cache (module doc) for ``group`` window, csa or hca."""
+    H = cfg.kv_channels
+    cache = {"kv": jnp.zeros((*lead, H), dt)}
+    if group != "window":
+        halves = 2 if group == "csa" else 1
+        cache.update(ckv=jnp.zeros((*lead, halves, H), dt), cgate=jnp.zeros((*lead, halves, H), dt))
+    if group == "csa":
+        Di = cfg.compress_index_head_dim
+        cache.update(ikv=jnp.zeros((*lead, 2, Di), dt), igate=jnp.zeros((*lead, 2, Di), dt))
     return cache
 
 
@@ -169,7 +189,7 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
 
     ctx = {"segment_ids": segments, "deterministic": True, "rng": None, "rope": rope,
            "moe_state": None, "kv_cache": kv_cache, "positions": positions,
-           "cache_start": start}
+           "cache_start": start, "tokens": tokens, "hash_routes": params.get("hash_routes")}
     if cfg.per_layer_input_size:
         ctx["per_layer_inputs"] = per_layer.inputs(params, tokens, x, cfg)
     if attend_cache:
@@ -217,7 +237,7 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
                 lo, used[k] = used[k], used[k] + reps * c
                 ps[k] = jax.tree.map(lambda a: a[lo:lo + reps * c].reshape(reps, c, *a.shape[1:]),
                                      stacks[k])
-        groups = [_group(kind) for kind in sig]
+        groups = [_group(kind, cfg) for kind in sig]
         cs = {}
         for g in set(groups) - {None}:
             c = groups.count(g)
@@ -282,14 +302,18 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
     return x, {**out["attn"], **{g: out[g] for g in _GROUPS if g in cache}}
 
 
-_GROUPS = ("linear", "global", "mamba", "conv")   # cache entries of their own beside attention's
+_COMPRESSED = ("window", "csa", "hca")   # DeepSeek-V4's layers, by compression
+# cache entries of their own beside attention's
+_GROUPS = ("linear", "global", "mamba", "conv", *_COMPRESSED)
 _STATES = tuple(n for n, _, _ in RECURRENT)   # a state per layer, not keys and values
 
 
-def _group(kind: str) -> str | None:
+def _group(kind: str, cfg) -> str | None:
     """The cache group of a layer stack: Gated DeltaNet and Mamba layers keep their own
-    states, Gemma 4's global layers keys and values of their own shape; a hybrid model's FFN
-    layers keep nothing (None)."""
+    states, Gemma 4's global layers keys and values of their own shape, DeepSeek-V4's layers
+    what their compression reads; a hybrid model's FFN layers keep nothing (None)."""
+    if cfg.compress_ratios is not None:
+        return "csa" if kind in CSA_STACKS else "hca" if kind in HCA_STACKS else "window"
     if kind in FFN_ONLY_STACKS + KV_SHARED_STACKS:
         return None
     if kind == MAMBA_STACK:
@@ -353,14 +377,11 @@ def generate(params, cfg, prompt_ids, max_new_tokens: int, *, temperature: float
         if pad.shape != prompt_ids.shape[:1]:
             raise ValueError(f"pad must be [batch] = [{prompt_ids.shape[0]}], got {pad.shape}")
     stops = [int(i) for i in np.atleast_1d(np.asarray(eos_id if eos_id is not None else []))]
-    run = _generate
-    if cfg.compress_ratios is not None:   # DeepSeek-V4: no cache, each step reruns the prefix
-        if pad is not None:
-            raise ValueError("ragged (left-padded) prompts with DeepSeek-V4's compressed "
-                             "attention are not implemented yet: the compression windows would "
-                             "start at the padding; generate each length on its own")
-        run = _generate_recompute
-    tokens, logprobs, logits = run(
+    if cfg.compress_ratios is not None and pad is not None:
+        raise ValueError("ragged (left-padded) prompts with DeepSeek-V4's compressed attention "
+                         "are not implemented yet: the compression windows would start at the "
+                         "padding; generate each length on its own")
+    tokens, logprobs, logits = _generate(
         params, prompt_ids, key, jnp.float32(temperature), jnp.asarray(stops or [-1], jnp.int32),
         quant_state, pad, cfg=cfg, n=max_new_tokens, keep_logits=return_logits)
     out = (tokens, *([logits] if return_logits else []), *([logprobs] if return_logprobs else []))
@@ -382,33 +403,6 @@ def _picker(temperature, eos_id):
         return tok, lp, done | stop
 
     return pick
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "n", "keep_logits"))
-def _generate_recompute(params, prompt_ids, key, temperature, eos_id, quant_state, pad, *, cfg,
-                        n, keep_logits):
-    """`_generate` without a cache: each step runs the whole buffer [B, P+n] (later positions
-    are not seen: attention and the compressed entries are causal) and reads the logits of the
-    last filled position. O(n (P+n)^2) work, for models whose state has no cache yet."""
-    del pad
-    B, P = prompt_ids.shape
-    buf = jnp.zeros((B, P + n), jnp.int32).at[:, :P].set(prompt_ids)
-    pick = _picker(temperature, eos_id)
-
-    def body(carry, xs):
-        buf, done = carry
-        i, k = xs
-        hidden = hidden_states(params, buf, cfg, quant_state=quant_state)
-        logits = logits_head(params, jax.lax.dynamic_slice_in_dim(hidden, P - 1 + i, 1, 1),
-                             cfg)[:, 0]
-        tok, lp, done = pick(logits, k, done)
-        buf = jax.lax.dynamic_update_slice(buf, tok[:, None], (0, P + i))
-        return (buf, done), (tok, lp, logits if keep_logits else None)
-
-    _, (toks, lps, step_logits) = jax.lax.scan(
-        body, (buf, jnp.zeros((B,), bool)), (jnp.arange(n), jax.random.split(key, n)))
-    logits = jnp.moveaxis(step_logits, 0, 1) if keep_logits else None
-    return toks.T, lps.T, logits
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "n", "keep_logits"))

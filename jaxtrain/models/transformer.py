@@ -405,13 +405,9 @@ def _mixer_half(p: dict, x, i, ctx: dict, cfg, cache, norm, sub, det):
             a, state = a
             cache = {**cache, name: state}
     elif cfg.compress_ratios is not None:   # DeepSeek-V4 (compressed.py)
-        if cache is not None:
-            raise ValueError("decoding DeepSeek-V4's compressed attention (compress_ratios) is "
-                             "not implemented yet")
         with jax.named_scope("attention"):
-            a, extras = _in_natural_order(
-                lambda q, y, c, cfg, _: compressed.attention_block(q, y, c, cfg), p["attn"], h,
-                ctx, cfg, None)
+            a, extras, cache = _in_natural_order(compressed.attention_block, p["attn"], h, ctx,
+                                                 cfg, cache)
     else:
         with jax.named_scope("attention"):
             kv = (None if cache is None else

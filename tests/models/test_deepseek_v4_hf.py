@@ -166,10 +166,34 @@ def test_indexer_trains_only_through_its_loss(tmp_path):
 
 
 def test_greedy_decode_matches_transformers(tmp_path):
-    """generate (each step reruns the prefix: no compressed cache yet) picks transformers'
-    greedy tokens; 6 prompt tokens and 12 new ones cross several compression windows."""
+    """generate (the compressed cache) picks transformers' greedy tokens; 6 prompt tokens and
+    12 new ones cross several compression windows."""
     from test_hf import check_greedy_decode
     check_greedy_decode(_model(tmp_path / "hf"), tmp_path / "hf", new_tokens=12)
+
+
+@pytest.mark.parametrize("prompt", [1, 6])
+def test_cached_decoding_equals_the_full_forward(tmp_path, prompt):
+    """The cache (each layer's key=value head and what its compressors pool; the entries
+    pooled from it as windows close, the indexer's top-k over them): generate's logits at every
+    step are the full forward's (fp32; this file's wide weights make logits of several units),
+    and a decode step of several tokens is the same."""
+    from test_decode import _greedy_by_forward
+
+    from jaxtrain.models import decode_step, generate, init_cache, prefill
+    _model(tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    ids = tokens(2, prompt, seed=3)
+    toks, logits = generate(params, cfg, ids, 14, return_logits=True)
+    ref_toks, ref_logits = _greedy_by_forward(params, cfg, ids, 14)
+    np.testing.assert_array_equal(np.asarray(toks), ref_toks)
+    assert np.abs(np.asarray(logits) - ref_logits).max() <= TOL
+    seq = jnp.concatenate([ids, toks], 1)
+    cache = init_cache(cfg, 2, seq.shape[1])
+    _, cache = prefill(params, cfg, seq[:, :prompt], cache)
+    last, cache = decode_step(params, cfg, seq[:, prompt:prompt + 5], cache)
+    full = _logits(params, cfg, seq)
+    assert np.abs(np.asarray(last) - full[:, prompt + 4]).max() <= TOL
 
 
 def test_packed_documents_see_only_windows_inside_their_own():
