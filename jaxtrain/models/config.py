@@ -293,6 +293,10 @@ class ModelConfig:
     # Clamped gated units (Megatron's activation_func_clamp_value with a plain GLU, DeepSeek-V4's
     # swiglu_limit): act(min(gate, c)) * clip(up, -c, c) in every gated MLP and expert; None: off
     glu_clamp: float | None = None
+    # MaxText's qwen3_custom_moe layer: attention projects to this width A, its output (no
+    # residual add) is normed and runs through the MoE layer at width A, then up to D and onto
+    # the residual stream: x + up(moe(norm(attn(norm(x))))); None: the usual two halves
+    attention_output_dim: int | None = None
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     # "xla" (plain jnp), "flash" (our Pallas kernel; interpreted on CPU), "cudnn"
@@ -457,6 +461,8 @@ class ModelConfig:
               "(swiglu)")
         if self.compress_ratios is not None:
             self._validate_compressed(check)
+        if self.attention_output_dim is not None:
+            self._validate_serial(check)
         check(self.logits_scaling > 0, "logits_scaling", "must be positive (logits are "
               "divided by it)")
         check(not self.parallel_residual or (
@@ -581,6 +587,37 @@ class ModelConfig:
             check(len(shared) == self.num_layers and not shared[0], "dsa_indexer_topk_freq",
                   f"index sharing needs one entry per layer ({self.num_layers}) and a first "
                   "layer that computes its own selection")
+
+    def _validate_serial(self, check):
+        """MaxText's qwen3_custom_moe layer: softmax attention then MoE on every layer, the
+        plain residual stream and pre-norms, and none of the extras its block lacks."""
+        check(self.attention_output_dim > 0, "attention_output_dim", "must be positive")
+        check(self.moe is not None and all(k in MOE_STACKS for k in layer_kinds(self)),
+              "attention_output_dim", "MaxText's qwen3_custom_moe layer ends in an MoE layer: "
+              "every layer must be one (num_experts, moe_layer_freq 1)")
+        m = self.moe
+        for name, on in (("moe.shared_expert_size", m is not None and m.shared_expert_size),
+                         ("moe.latent_size", m is not None and m.latent_size),
+                         ("multi_latent_attention", self.multi_latent_attention),
+                         ("compress_ratios", self.compress_ratios is not None),
+                         ("hc_streams", self.hc_streams > 1),
+                         ("parallel_residual", self.parallel_residual),
+                         ("post_attention_norm", self.post_attention_norm),
+                         ("post_mlp_norm", self.post_mlp_norm),
+                         ("add_bias_linear", self.add_bias_linear),
+                         ("attention_output_gate", self.attention_output_gate),
+                         ("apply_residual_connection_post_layernorm",
+                          self.apply_residual_connection_post_layernorm),
+                         ("mtp_num_layers", self.mtp_num_layers),
+                         ("hidden_dropout", self.hidden_dropout > 0),
+                         ("pre_norm", not self.pre_norm)):
+            check(not on, name, "is not built with attention_output_dim (MaxText's "
+                  "qwen3_custom_moe layer has none)")
+
+    @property
+    def moe_width(self) -> int:
+        """The width of the tokens the MoE layers route: attention_output_dim or hidden_size."""
+        return self.attention_output_dim or self.hidden_size
 
     def _validate_hyper(self, check, choice):
         check(self.hc_streams > 1, "hc_streams", "must be 1 (the plain residual) or more "

@@ -160,6 +160,8 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         attention_softmax_in_fp32=softmax_fp32,
         **_sink_fields(cfg), **_mla_fields(cfg), **_dsa_fields(cfg), **_linear_fields(cfg),
         **_nope_fields(cfg), **_hyper_fields(cfg), glu_clamp=_glu_clamp(cfg),
+        attention_output_dim=(cfg["attention_output_dim"]
+                              if cfg["attention_output_dim"] > 0 else None),
         **hybrid, **mtp, **_short_conv_fields(cfg),
         attention_output_gate=cfg["attention_output_gate"],
         final_logit_softcapping=cfg["final_logit_softcapping"] or None,
@@ -478,6 +480,7 @@ _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "g
                 "linear_short_conv": "use_short_conv",
                 "hc_head": "hc_mult", "hc_eps": "hc_eps",
                 "glu_clamp": "swiglu_limit / activation_func_clamp_value",
+                "attention_output_dim": "attention_output_dim",
                 "compress_rotary_base": "compress_rope_theta",
                 "compress_index_heads": "index_n_heads",
                 "compress_index_head_dim": "index_head_dim",

@@ -20,6 +20,8 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
                   shared {as mlp, with the shared expert's width}, shared_gate [D,1],
                   experts_norm/experts_post_norm/shared_post_norm (branch_norms);
                   router scale [D] (router_input_norm), expert_scale [E] (per_expert_scale)}
+            with attention_output_dim A (qwen3_custom_moe): attn wo [N,H,A], mlp_norm [A],
+            the moe tree at width A and up_proj {w [A,D]} (when A != D)
     linear_layers, linear_moe_layers: as layers / moe_layers with a Gated DeltaNet mixer
             ``linear_attn`` (linear_attention.py) for ``attn``
     global_layers, global_moe_layers: Gemma 4's global layers, ``attn`` with their own K and H
@@ -87,7 +89,7 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         "wq": ParamSpec((D, N, H), dt, ("embed", "q_heads", "kv"), _linear_init(cfg, 0, (1, 2))),
         "wk": ParamSpec((D, K, H), dt, ("embed", "kv_heads", "kv"), _linear_init(cfg, 0, (1, 2))),
         "wv": ParamSpec((D, K, H), dt, ("embed", "kv_heads", "kv"), _linear_init(cfg, 0, (1, 2))),
-        "wo": ParamSpec((N, H, D), dt, ("q_heads", "kv", "embed"),
+        "wo": ParamSpec((N, H, cfg.attention_output_dim or D), dt, ("q_heads", "kv", "embed"),
                         _linear_init(cfg, (0, 1), 2, output_layer=True)),
     }
     if wide and cfg.attention_k_eq_v:   # Gemma 4: the values come from the key projection
@@ -131,7 +133,11 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
                       | ({"post_attn_norm": _norm(cfg, D)} if cfg.post_attention_norm else {})
                       | ({"attn_hc": hyper.specs(cfg)} if streams else {}))
     if kind not in MIXER_ONLY_STACKS:
-        halves.append(({"mlp_norm": _norm(cfg, D)} if cfg.pre_norm else {}) | ffn
+        A = cfg.moe_width
+        if A != D:   # qwen3_custom_moe: the MoE output's projection up to the residual stream
+            ffn["up_proj"] = {"w": ParamSpec((A, D), dt, ("embed", None),
+                                             _linear_init(cfg, 0, 1, output_layer=True))}
+        halves.append(({"mlp_norm": _norm(cfg, A)} if cfg.pre_norm else {}) | ffn
                       | ({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {})
                       | ({"mlp_hc": hyper.specs(cfg)} if streams else {}))
     scalar = ({"layer_scalar": ParamSpec((1,), dt, (None,), jax.nn.initializers.ones)}
@@ -162,7 +168,7 @@ def _expert_init(cfg, output_layer=False) -> Init:
 
 def _moe_specs(cfg) -> dict:
     """Router, routed experts [E, ...] and the optional shared expert of one MoE layer."""
-    m, D, dt = cfg.moe, cfg.hidden_size, cfg.param_dtype
+    m, D, dt = cfg.moe, cfg.moe_width, cfg.param_dtype
     E, F = m.num_experts, m.ffn_hidden_size
     router = {"w": ParamSpec((D, E), dt, ("embed", None), _linear_init(cfg, 0, 1))}
     if m.router_bias:

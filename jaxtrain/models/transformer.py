@@ -348,13 +348,21 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
             return hyper.merge(half, x, branch).astype(cfg.residual_dtype)
         return (resid + branch).astype(cfg.residual_dtype)
 
-    extras = {}
-    if "attn" in p or any(key in p for _, key, _ in RECURRENT):
+    extras, stats = {}, None
+    serial = bool(cfg.attention_output_dim)
+    if serial:   # MaxText's qwen3_custom_moe: attention into the MoE layer, one residual add
+        a, _, cache, extras = _mixer_half(p, x, i, ctx, cfg, cache, norm, sub, det)
+        with jax.named_scope("mlp"):
+            m, stats = _moe(p["moe"], norm(p["mlp_norm"], a), a, i, ctx, sub(4), cfg)
+            if "up_proj" in p:
+                m = L.dense(m, p["up_proj"]["w"], None, "bta,ad->btd", "mlp_up", cfg)
+        x = (x + L.dropout(constrain(m, *RESIDUAL), cfg.hidden_dropout, sub(3), det)
+             ).astype(cfg.residual_dtype)
+    elif "attn" in p or any(key in p for _, key, _ in RECURRENT):
         u, half = collapse(p["attn_hc"], x) if streams else (x, None)
         a, resid, cache, extras = _mixer_half(p, u, i, ctx, cfg, cache, norm, sub, det)
         x = add(x, half, a, resid)
-    stats = None
-    if "mlp" in p or "moe" in p:
+    if not serial and ("mlp" in p or "moe" in p):
         u, half = collapse(p["mlp_hc"], x) if streams else (x_in if cfg.parallel_residual
                                                               else x, None)
         h = norm(p["mlp_norm"], u) if cfg.pre_norm else u

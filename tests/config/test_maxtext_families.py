@@ -661,18 +661,27 @@ def test_mla_softmax_mscale():
 
 # --------------------------------------------------------------------- refusals by name
 
-@pytest.mark.parametrize("block", ["qwen3_custom_moe", "default"])
+@pytest.mark.parametrize("block", ["default"])
 def test_unbuilt_families_are_planned_by_name(block):
     refused(f"decoder_block = '{block}'.*planned for issue #25 \\(model families\\)",
             f"decoder_block={block}")
 
 
-def test_model_names_of_unbuilt_families_are_refused_by_family():
-    """No copy of their model files ships; families.json names their block."""
-    with pytest.raises(ConfigError, match="'qwen3-custom-30b-a3b'.*decoder_block "
-                                          "qwen3_custom_moe.*planned for issue #25 "
-                                          "\\(model families\\)"):
-        resolve("qwen3-custom-30b-a3b")
+def test_qwen3_custom_moe():
+    """attention to attention_output_dim (768), normed, 128 experts of 2048 at that width
+    (router too), projected up to emb_dim: one residual add per layer (the layer itself:
+    tests/models/test_moe.py). Count by the file's shapes; its two widths must agree."""
+    m = resolve("qwen3-custom-30b-a3b")[1]
+    assert (m.attention_output_dim, m.moe_width, m.qk_layernorm) == (768, 768, True)
+    assert (m.moe.num_experts, m.moe.topk, m.moe.ffn_hidden_size, m.moe.score_function,
+            m.moe.shared_expert_size) == (128, 8, 2048, "softmax", None)
+    D, A, L, N, K, H, E, F, V = 2048, 768, 48, 16, 2, 256, 128, 2048, 151936
+    layer = D * N * H + 2 * D * K * H + N * H * A + 2 * H + D + A + A * E + E * 3 * A * F + A * D
+    assert count(m) == 2 * V * D + D + L * layer
+    with pytest.raises(ConfigError, match="attention_output_dim.*moe_expert_input_dim"):
+        resolve("qwen3-custom-30b-a3b", "moe_expert_input_dim=512", "override_model_config=true")
+    refused("attention_output_dim.*qwen3_moe block does not read", "decoder_block=qwen3_moe",
+            *MOE, "base_moe_mlp_dim=32", "attention_output_dim=16")
 
 
 def test_multimodal_models_are_rejected_by_name():
@@ -729,12 +738,15 @@ def test_presets_name_their_commit_and_read_back():
         assert yaml.safe_load(text)["decoder_block"] in (
             "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
             "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
-            "gemma4", "gemma4_small", "envy", "deepseek4")
+            "gemma4", "gemma4_small", "envy", "deepseek4", "qwen3_custom_moe")
 
 
 FORWARD = {
     "qwen2": ["decoder_block=qwen2", "attention_bias=true"],
     "qwen3_moe": ["decoder_block=qwen3_moe", "use_qk_norm=true", *MOE, "base_moe_mlp_dim=32"],
+    "qwen3_custom_moe": ["decoder_block=qwen3_custom_moe", "use_qk_norm=true", *MOE,
+                         "base_moe_mlp_dim=32", "attention_output_dim=24",
+                         "moe_expert_input_dim=24"],
     "deepseek": ["model_name=deepseek3-tiny", "override_model_config=true",
                  "base_num_decoder_layers=4", "base_emb_dim=64", "base_mlp_dim=128",
                  "base_num_query_heads=4", "base_num_kv_heads=4", "vocab_size=256",

@@ -202,8 +202,10 @@ def test_attention_precision_knobs(write):
 
 def test_decoder_block(write):
     assert model(write, PERF, "decoder_block=mistral")[1].normalization == "RMSNorm"
-    with pytest.raises(ConfigError, match="decoder_block = 'qwen3_custom_moe'.*planned for "
-                                          "issue #25"):
+    with pytest.raises(ConfigError, match="decoder_block = 'default'.*planned for issue #25"):
+        model(write, PERF, "decoder_block=default")
+    with pytest.raises(ConfigError, match="qwen3_custom_moe needs a positive "
+                                          "attention_output_dim"):
         model(write, PERF, "decoder_block=qwen3_custom_moe")
     with pytest.raises(ConfigError, match="compress_ratios.*decoder_block deepseek4 needs"):
         model(write, PERF, "decoder_block=deepseek4")

@@ -95,6 +95,44 @@ def test_learned_score_bias_picks_and_weighs_like_maxtexts_kimi_router():
     assert max_diff(out(p), out(moved)) > 1e-3
 
 
+def test_attention_output_dim_is_maxtexts_qwen3_custom_moe_layer(tmp_path):
+    """attention_output_dim A (MaxText's qwen3_custom_moe): each layer is x + up(moe(norm(
+    attn(norm(x))))) with attention projecting to A and the MoE layer (router and experts) at
+    width A: the model's logits equal that composition of the model's own blocks; cached greedy
+    decoding equals the full forward; no Hugging Face family has it."""
+    from jaxtrain.models import layers as L
+    from jaxtrain.models import generate, to_hf
+    from jaxtrain.models.transformer import (attention_block, final_hidden, layer_inputs,
+                                             layer_stacks, logits_head)
+    cfg = tiny(num_layers=2, qk_layernorm=True, attention_output_dim=24,
+               moe=cfg_(topk=2, layer_freq=1))
+    params = random_params(cfg)
+    layers = layer_stacks(params, cfg)["moe_layers"]
+    assert layers["attn"]["wo"].shape == (2, 4, 8, 24) and layers["up_proj"]["w"].shape == (
+        2, 24, 32)
+    assert layers["moe"]["router"]["w"].shape == (2, 24, E)
+    ids = tokens(2, 8)
+    x, ctx = layer_inputs(params, ids, cfg)
+    for i in range(2):
+        p = jax.tree.map(lambda a: a[i], layers)
+        a = attention_block(p["attn"], L.norm(p["attn_norm"], x, cfg), {**ctx, "stack": "moe"},
+                            i + 1, None, cfg)[0]
+        m = M.moe_block(p["moe"], L.norm(p["mlp_norm"], a, cfg), cfg, train=False)[0]
+        x = x + m @ p["up_proj"]["w"]
+    want = logits_head(params, final_hidden(params, x, ctx, cfg), cfg)
+    assert max_diff(forward(params, ids, cfg), want) < 1e-5
+    got, logits = generate(params, cfg, ids[:, :3], 5, return_logits=True)
+    buf = np.asarray(ids[:, :3])
+    for step in range(5):
+        full = np.asarray(forward(params, jnp.asarray(buf), cfg))[:, -1]
+        assert np.abs(np.asarray(logits[:, step]) - full).max() < 2e-5
+        buf = np.concatenate([buf, np.asarray(got[:, step:step + 1])], 1)
+    with pytest.raises(ValueError, match="attention_output_dim"):
+        to_hf(params, cfg, tmp_path)
+    with pytest.raises(ValueError, match="shared_expert_size"):
+        tiny(attention_output_dim=24, moe=cfg_(shared_expert_size=16))
+
+
 def test_topk_scaling_factor_multiplies_probs():
     lg = logits_()
     a, _ = M.topk_routing(lg, cfg_())

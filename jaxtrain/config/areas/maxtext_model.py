@@ -15,16 +15,16 @@ _FAMILIES = 25
 # MaxText's decoder blocks (common_types.DecoderBlockType) and what jaxtrain does with each.
 BUILT_BLOCKS = ("llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
                 "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
-                "gemma4", "gemma4_small", "envy", "deepseek4")
+                "gemma4", "gemma4_small", "envy", "deepseek4", "qwen3_custom_moe")
 # Blocks of model families issue 25 builds ("default" runs attention and MLP in parallel).
-PLANNED_BLOCKS = ("default", "qwen3_custom_moe")
+PLANNED_BLOCKS = ("default",)
 REJECTED_BLOCKS = {
     b: "MaxText's test block of a single weight matrix per layer (or an MLP only) is not a "
        "language model architecture; use a real decoder block such as llama2"
     for b in ("simple", "simple_mlp")}
 DECODER_BLOCKS = BUILT_BLOCKS + PLANNED_BLOCKS + tuple(REJECTED_BLOCKS)
 MOE_BLOCKS = ("mixtral", "qwen3_moe", "deepseek", "gpt_oss", "qwen3_next", "qwen3_5", "llama4",
-              "gemma4", "envy", "deepseek4")
+              "gemma4", "envy", "deepseek4", "qwen3_custom_moe")
 
 
 def _family(key, type_, default, meaning, family, **kw):
@@ -51,9 +51,11 @@ KNOBS = [
       "dense layers in MaxText's llama4, DeepSeek, gpt-oss and envy blocks.", _MT, issue=None,
       reason="jaxtrain initialises every matrix with Megatron's normal(init_method_std), not "
       "MaxText's fan-in truncated normal"),
-    _family("attention_output_dim", "int", -1, "Width of the attention block's output "
-            "projection when positive (MaxText's qwen3_custom_moe block); -1 keeps emb_dim.",
-            "qwen3_custom_moe block"),
+    K("attention_output_dim", "int", -1, "Width of the attention block's output projection "
+      "when positive (MaxText's qwen3_custom_moe block); -1 keeps emb_dim.", _MT, HONORED,
+      "decoder_block qwen3_custom_moe: ModelConfig.attention_output_dim (attention to this "
+      "width, normed, the MoE layer at this width, projected up to emb_dim, one residual "
+      "add); other blocks refuse a value"),
     K("global_head_dim", "int", 0, "Query/key head width of the global-attention layers of "
       "Gemma 4; 0 uses head_dim.", _MT, HONORED, "decoder_block gemma4: global_kv_channels "
       "(config/dialects/maxtext_model.py); other blocks refuse a value"),
@@ -251,8 +253,10 @@ KNOBS = [
       "of the balanced share, dropping overflow; negative means worst case (no dropping).",
       _MT, issue=None, reason="buffer-bound token dropping is not built; jaxtrain's experts "
       "drop by capacity only (moe_expert_capacity_factor)"),
-    _family("moe_expert_input_dim", "int", -1, "Width of the tokens entering the MoE experts "
-            "when positive (qwen3_custom_moe); -1 uses emb_dim.", "qwen3_custom_moe block"),
+    K("moe_expert_input_dim", "int", -1, "Width of the tokens entering the MoE experts when "
+      "positive (qwen3_custom_moe); -1 uses emb_dim.", _MT, HONORED, "decoder_block "
+      "qwen3_custom_moe, where it must equal attention_output_dim (MaxText's rule; the experts "
+      "work at that width); other blocks refuse a value"),
     K("use_random_routing", "bool", False, "Debug aid: send each token to randomly drawn "
       "experts instead of the router's choice.", _MT, issue=None,
       reason="random routing is not built (moe_router_force_load_balancing is Megatron's "

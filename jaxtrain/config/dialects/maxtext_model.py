@@ -56,7 +56,7 @@ from jaxtrain.config.dialects.maxtext import pinned_base
 # Scaled size knobs: (canonical key, which of MaxText's four scales applies).
 _SCALED = (("hidden_size", 0), ("num_attention_heads", 1), ("num_query_groups", 1),
            ("ffn_hidden_size", 2), ("moe_ffn_hidden_size", 2), ("num_layers", 3))
-_QWEN = ("qwen2", "qwen3", "qwen3_moe", "olmo3")
+_QWEN = ("qwen2", "qwen3", "qwen3_moe", "olmo3", "qwen3_custom_moe")
 _LLAMA = ("llama2", "mistral", "mixtral")
 _HYBRID = ("qwen3_next", "qwen3_5")
 _LLAMA4_KEYS = ("nope_layer_interval", "interleave_moe_layer_step", "temperature_tuning",
@@ -80,6 +80,9 @@ _ABOUT = {
     "qwen2": f"{_RMS} with q/k/v biases as attention_bias says and q/k norms as use_qk_norm says",
     "qwen3": f"{_RMS} without biases, with q/k norms as use_qk_norm says",
     "qwen3_moe": f"{_RMS} without biases, with q/k norms as use_qk_norm says",
+    "qwen3_custom_moe": f"{_RMS} without biases, with q/k norms as use_qk_norm says, whose "
+                        "attention projects to attention_output_dim and feeds, normed, the MoE "
+                        "layer at that width, projected up to emb_dim (one residual add)",
     "deepseek": "a pre-norm RMSNorm block of multi-latent attention (RMSNorms on the q/kv "
                 "latents) without biases",
     "gpt_oss": f"{_RMS} with biases on every projection as attention_bias says",
@@ -145,6 +148,8 @@ _READ_BY = {
     "n_routing_groups": ("deepseek",),
     "topk_routing_group": ("deepseek",),
     "trainable_position_size": ("gpt3",),
+    "attention_output_dim": ("qwen3_custom_moe",),
+    "moe_expert_input_dim": ("qwen3_custom_moe",),
 }
 
 
@@ -247,11 +252,13 @@ def _expert_width(c) -> None:
         return
     fully_moe = (c.get("first_num_dense_layers", 0) == 0
                  and c.get("inhomogeneous_layer_cycle_interval", 1) == 1)
-    if c.dialect == "maxtext" and fully_moe and block not in ("qwen3_moe", "gemma4") and \
+    if c.dialect == "maxtext" and fully_moe and block not in ("qwen3_moe", "qwen3_custom_moe",
+                                                             "gemma4") and \
             dense != width:   # Gemma 4 keeps its dense MLP beside the experts
         c.error(f"a model of MoE layers only needs base_mlp_dim = base_moe_mlp_dim (MaxText's "
                 f"rule): {c.where('ffn_hidden_size')}, {c.where('base_moe_mlp_dim')}")
-    if block in ("qwen3_moe", "deepseek", "llama4", "gemma4", "envy") + _HYBRID and width > 0:
+    if block in ("qwen3_moe", "qwen3_custom_moe", "deepseek", "llama4", "gemma4",
+                 "envy") + _HYBRID and width > 0:
         _imply(c, "moe_ffn_hidden_size", width, f"decoder_block {block} sizes its experts by "
                f"base_moe_mlp_dim = {width}")
 
@@ -309,7 +316,19 @@ def _decoder_block(c) -> None:
         _gemma4(c, block, because)
     if block == "deepseek4":
         _deepseek4(c, because)
+    if block == "qwen3_custom_moe":
+        _qwen3_custom(c)
     _experts(c, block, because)
+
+
+def _qwen3_custom(c) -> None:
+    """qwen3_custom_moe: MaxText's rules on its two widths (attention_output_dim, read by
+    from_knobs, and moe_expert_input_dim, which must equal it)."""
+    width, experts = c.get("attention_output_dim", -1), c.get("moe_expert_input_dim", -1)
+    if width <= 0 or experts != width:
+        c.error(f"decoder_block qwen3_custom_moe needs a positive "
+                f"{c.where('attention_output_dim')} equal to "
+                f"{c.where('moe_expert_input_dim')} (MaxText's rule)")
 
 
 def _deepseek4(c, because) -> None:
