@@ -258,7 +258,6 @@ def deepseek_v4(c: Context):
     _not_yet(c, "DeepSeek-V4 (model_type deepseek_v4)", (
         ("memory.seco", "SeCO's chunk-wise step covers one dense layer stack, and V4's "
                         "compressing and MoE layers are stacks of their own"),
-        ("use_v4_fp8_indexer", "the indexer scores in float32"),
         *_ONE_STACK))
 
 

@@ -186,11 +186,23 @@ def index_scores(p: dict, x, q_latent, rot, keys, cfg):
     Hi, Di = cfg.compress_index_heads, cfg.compress_index_head_dim
     q = L.dense(q_latent, p["wq_b"], None, "btr,rhd->bthd", "indexer_query", cfg)
     q = rope_tail(q, *rot)
+    if cfg.compress_index_fp8:
+        q, keys = fake_fp8(q), fake_fp8(keys)
     logits = jnp.einsum("bthd,bcd->bthc", q, keys.astype(q.dtype),
                         preferred_element_type=jnp.float32)
     logits = jax.nn.relu(logits) * Di ** -0.5
     w = jnp.einsum("btd,dh->bth", x.astype(jnp.float32), p["wweights"].astype(jnp.float32))
     return jnp.einsum("bthc,bth->btc", logits, w * Hi ** -0.5)
+
+
+def fake_fp8(x):
+    """x rounded through FP8 E4M3 with one scale for the whole tensor (448 / max |x| in x's
+    dtype; x as it is when that is 0), computed in x's dtype as Primus's use_v4_fp8_indexer
+    does; the gradient passes straight through."""
+    amax = jnp.max(jnp.abs(jax.lax.stop_gradient(x)))
+    scale = (448.0 / jnp.where(amax > 0, amax, 1).astype(jnp.float32)).astype(x.dtype)
+    q = jnp.clip(x * scale, -448.0, 448.0).astype(jnp.float8_e4m3fn).astype(x.dtype) / scale
+    return x + jax.lax.stop_gradient(jnp.where(amax > 0, q, x) - x)
 
 
 def _indexer_kl(scores, logits, keep):

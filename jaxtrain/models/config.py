@@ -290,6 +290,8 @@ class ModelConfig:
     compress_index_head_dim: int = 128
     compress_index_topk: int = 512
     compress_index_loss_coeff: float = 0.0
+    # the indexer's queries and keys fake-quantized to FP8 E4M3 (Primus's use_v4_fp8_indexer)
+    compress_index_fp8: bool = False
     # Clamped gated units (Megatron's activation_func_clamp_value with a plain GLU, DeepSeek-V4's
     # swiglu_limit): act(min(gate, c)) * clip(up, -c, c) in every gated MLP and expert; None: off
     glu_clamp: float | None = None
@@ -461,6 +463,9 @@ class ModelConfig:
               "(swiglu)")
         if self.compress_ratios is not None:
             self._validate_compressed(check)
+        check(not self.compress_index_fp8 or self.compress_ratios is not None,
+              "compress_index_fp8", "fake-quantizes DeepSeek-V4's indexer, and the model has "
+              "no compressed attention (compress_ratios)")
         if self.attention_output_dim is not None:
             self._validate_serial(check)
         check(self.logits_scaling > 0, "logits_scaling", "must be positive (logits are "

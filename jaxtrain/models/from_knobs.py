@@ -485,7 +485,8 @@ _FIELD_KNOBS = {"sliding_window": "sliding_window_size", "linear_chunk_size": "g
                 "compress_index_heads": "index_n_heads",
                 "compress_index_head_dim": "index_head_dim",
                 "compress_index_topk": "index_topk",
-                "compress_index_loss_coeff": "v4_indexer_distill_loss_coeff"}
+                "compress_index_loss_coeff": "v4_indexer_distill_loss_coeff",
+                "compress_index_fp8": "use_v4_fp8_indexer"}
 
 
 def _knob_message(text: str) -> str:
@@ -775,7 +776,7 @@ def _dsa_fields(cfg: Mapping[str, Any]) -> dict:
 # with the value that leaves them off: any other needs model_type deepseek_v4.
 _V4_KEYS = {"compress_ratios": None, "index_topk": 0, "v4_indexer_distill_loss_coeff": 0.0,
             "attn_sliding_window": 0, "attn_sink": False, "o_lora_rank": 0, "hc_mult": 1,
-            "num_hash_layers": 0}
+            "num_hash_layers": 0, "use_v4_fp8_indexer": False}
 _V4_SPARSE_RATIO = 4   # DeepSeek-V4's compressed sparse attention (overlap + indexer)
 
 
@@ -828,6 +829,7 @@ def _v4_fields(cfg: Mapping[str, Any]) -> dict:
         compress_index_head_dim=int(cfg["index_head_dim"]),
         compress_index_topk=int(cfg["index_topk"]),
         compress_index_loss_coeff=float(cfg["v4_indexer_distill_loss_coeff"]),
+        compress_index_fp8=bool(cfg["use_v4_fp8_indexer"]),
         sliding_window=int(cfg["attn_sliding_window"]) or None,
         attention_sinks=bool(cfg["attn_sink"]), hc_eps=float(cfg["hc_eps"]),
         num_query_groups=cfg["num_query_groups"] or 1, q_lora_rank=cfg["q_lora_rank"] or None,

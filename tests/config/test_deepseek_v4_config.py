@@ -60,6 +60,7 @@ def test_primus_keys_build_the_model():
     ("index_head_dim", 16, "compress_index_head_dim", 16),
     ("index_n_heads", 8, "compress_index_heads", 8),
     ("v4_indexer_distill_loss_coeff", 0.1, "compress_index_loss_coeff", 0.1),
+    ("use_v4_fp8_indexer", True, "compress_index_fp8", True),
     ("attn_sliding_window", 0, "sliding_window", None),
     ("attn_sink", False, "attention_sinks", False),
     ("o_groups", 4, "o_groups", 4),

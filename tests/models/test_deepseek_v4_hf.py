@@ -196,6 +196,32 @@ def test_cached_decoding_equals_the_full_forward(tmp_path, prompt):
     assert np.abs(np.asarray(last) - full[:, prompt + 4]).max() <= TOL
 
 
+def test_fp8_indexer_is_primus_fake_quantization(tmp_path):
+    """use_v4_fp8_indexer: the indexer's queries and keys through FP8 E4M3 with one scale per
+    tensor, as Primus's fake_quantize_fp8_e4m3 (transcribed in torch: the same values in fp32
+    and bf16), the gradient straight through; in the model it moves the indexer's scores."""
+    def primus(x):
+        amax = x.abs().amax()
+        scale = (448.0 / amax).to(x.dtype)
+        return torch.clamp(x * scale, -448.0, 448.0).to(torch.float8_e4m3fn).to(x.dtype) / scale
+    x = np.random.default_rng(0).normal(size=(3, 5, 16)).astype(np.float32) * 3
+    for dt, tdt in ((jnp.float32, torch.float32), (jnp.bfloat16, torch.bfloat16)):
+        want = primus(torch.tensor(x).to(tdt)).float().numpy()
+        got = np.asarray(compressed.fake_fp8(jnp.asarray(x, dt)).astype(jnp.float32))
+        np.testing.assert_allclose(got, want, rtol=1e-6)   # (fp32: an ulp from the division)
+    assert np.abs(got - x).max() > 1e-3
+    grad = jax.grad(lambda v: jnp.sum(compressed.fake_fp8(v) * 2.0))(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(grad), 2.0)
+    zero = jnp.zeros((2, 3))
+    np.testing.assert_array_equal(np.asarray(compressed.fake_fp8(zero)), 0.0)
+    _model(tmp_path / "hf")
+    cfg, params = from_hf(tmp_path / "hf")
+    ids = tokens(2, SEQ)
+    plain = _logits(params, cfg, ids)
+    fp8 = _logits(params, cfg.replace(compress_index_fp8=True), ids)
+    assert 0 < np.abs(fp8 - plain).max()
+
+
 def test_packed_documents_see_only_windows_inside_their_own():
     """MaxText's packing rule: a window spanning two documents is nobody's entry."""
     seg = jnp.asarray([[1] * 6 + [2] * 10])

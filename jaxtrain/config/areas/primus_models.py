@@ -43,7 +43,9 @@ KNOBS = [
     K("index_head_dim", "int", 128, "DeepSeek-V4 indexer head width.", _P, HONORED, _V4),
     K("index_n_heads", "int", 64, "DeepSeek-V4 indexer heads.", _P, HONORED, _V4),
     K("use_v4_fp8_indexer", "bool", False, "Score the DeepSeek-V4 indexer's query-key products in "
-      "FP8.", _P),
+      "FP8.", _P, HONORED, _V4 + ": the indexer's queries and entry keys are fake-quantized to "
+      "FP8 E4M3 before their product, each tensor scaled by 448 / its max magnitude (as "
+      "Primus: the matmul stays in the compute dtype; the gradient passes straight through)"),
     K("v4_indexer_distill_loss_coeff", "float", 0.0, "Weight of the loss that distils attention "
       "into the DeepSeek-V4 indexer; 0 turns it off.", _P, HONORED, _V4 + ": per layer "
       "KL(heads' attention over the kept entries, summed and renormalised || the indexer's "
