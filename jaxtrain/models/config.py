@@ -119,6 +119,9 @@ class ModelConfig:
     # GPT-NeoX's parallel residual: the MLP reads the layer's input (through its own norm) as
     # the attention does, and both outputs add to it: x + attn(n1(x)) + mlp(n2(x))
     parallel_residual: bool = False
+    # with parallel_residual: the MLP reads the attention's normed input (one norm per layer:
+    # GPT-J, PaLM, MaxText's default block) instead of its own norm of the input (GPT-NeoX)
+    parallel_shared_norm: bool = False
     # With qk_layernorm: one norm over all heads' queries (keys) together, its scale [N*H]
     # ([K*H]), as OLMo 2/3; False normalises each head on its own
     qk_norm_across_heads: bool = False
@@ -470,6 +473,8 @@ class ModelConfig:
             self._validate_serial(check)
         check(self.logits_scaling > 0, "logits_scaling", "must be positive (logits are "
               "divided by it)")
+        check(not self.parallel_shared_norm or self.parallel_residual, "parallel_shared_norm",
+              "shares the attention's norm with the parallel MLP: it needs parallel_residual")
         check(not self.parallel_residual or (
             self.pre_norm and not self.apply_residual_connection_post_layernorm),
             "parallel_residual", "the parallel layer adds both sublayers to its normed-from "

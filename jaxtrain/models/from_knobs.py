@@ -172,6 +172,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         post_attention_norm=cfg["post_attention_norm"], post_mlp_norm=cfg["post_mlp_norm"],
         pre_norm=cfg["pre_norm"], qk_norm_across_heads=cfg["qk_norm_across_heads"],
         parallel_residual=bool(cfg["parallel_residual"]),
+        parallel_shared_norm=bool(cfg["parallel_residual_shared_norm"]),
         residual_multiplier=float(cfg["residual_multiplier"]),
         logits_scaling=float(cfg["logits_scaling"]),
         query_pre_attn_scalar=cfg["query_pre_attn_scalar"],

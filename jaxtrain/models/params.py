@@ -137,7 +137,8 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
         if A != D:   # qwen3_custom_moe: the MoE output's projection up to the residual stream
             ffn["up_proj"] = {"w": ParamSpec((A, D), dt, ("embed", None),
                                              _linear_init(cfg, 0, 1, output_layer=True))}
-        halves.append(({"mlp_norm": _norm(cfg, A)} if cfg.pre_norm else {}) | ffn
+        own_norm = cfg.pre_norm and not cfg.parallel_shared_norm
+        halves.append(({"mlp_norm": _norm(cfg, A)} if own_norm else {}) | ffn
                       | ({"post_mlp_norm": _norm(cfg, D)} if cfg.post_mlp_norm else {})
                       | ({"mlp_hc": hyper.specs(cfg)} if streams else {}))
     scalar = ({"layer_scalar": ParamSpec((1,), dt, (None,), jax.nn.initializers.ones)}

@@ -365,7 +365,10 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     if not serial and ("mlp" in p or "moe" in p):
         u, half = collapse(p["mlp_hc"], x) if streams else (x_in if cfg.parallel_residual
                                                               else x, None)
-        h = norm(p["mlp_norm"], u) if cfg.pre_norm else u
+        if cfg.parallel_shared_norm:   # the attention's normed input (GPT-J, PaLM)
+            h = norm(p["attn_norm"], u)
+        else:
+            h = norm(p["mlp_norm"], u) if cfg.pre_norm else u
         with jax.named_scope("mlp"):
             if "moe" in p:
                 m, stats = _moe(p["moe"], h, u if streams else x, i, ctx, sub(4), cfg)

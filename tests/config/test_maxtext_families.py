@@ -661,10 +661,14 @@ def test_mla_softmax_mscale():
 
 # --------------------------------------------------------------------- refusals by name
 
-@pytest.mark.parametrize("block", ["default"])
-def test_unbuilt_families_are_planned_by_name(block):
-    refused(f"decoder_block = '{block}'.*planned for issue #25 \\(model families\\)",
-            f"decoder_block={block}")
+def test_default_block_runs_attention_and_mlp_in_parallel_on_one_norm():
+    """MaxText's default block: x + attention(norm(x)) + mlp(norm(x)) (the layer itself:
+    tests/models/test_transformer.py)."""
+    m = tiny("decoder_block=default")
+    assert (m.parallel_residual, m.parallel_shared_norm, m.qk_layernorm) == (True, True, False)
+    assert "mlp_norm" not in P.param_specs(m)["layers"]
+    refused("parallel_residual_shared_norm", "decoder_block=default",
+            "parallel_residual_shared_norm=false")
 
 
 def test_qwen3_custom_moe():

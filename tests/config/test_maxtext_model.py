@@ -202,8 +202,7 @@ def test_attention_precision_knobs(write):
 
 def test_decoder_block(write):
     assert model(write, PERF, "decoder_block=mistral")[1].normalization == "RMSNorm"
-    with pytest.raises(ConfigError, match="decoder_block = 'default'.*planned for issue #25"):
-        model(write, PERF, "decoder_block=default")
+    assert model(write, PERF, "decoder_block=default")[1].parallel_shared_norm
     with pytest.raises(ConfigError, match="qwen3_custom_moe needs a positive "
                                           "attention_output_dim"):
         model(write, PERF, "decoder_block=qwen3_custom_moe")

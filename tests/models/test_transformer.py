@@ -299,3 +299,21 @@ def test_layer_plan(changes, plan):
     got = [(s.start, s.stop, s.group, s.policy is not NO_REMAT)
            for s in layer_plan(tiny(num_layers=5, **changes))]
     assert got == plan
+
+
+def test_parallel_shared_norm_is_the_parallel_layer_on_one_norm(tmp_path):
+    """parallel_shared_norm (GPT-J / PaLM / MaxText's default block): x + attn(n(x)) + mlp(n(x))
+    with the attention's norm: the GPT-NeoX parallel layer whose MLP norm equals it; another
+    MLP norm moves the logits; no Hugging Face family jaxtrain writes has it."""
+    from jaxtrain.models import to_hf
+    shared = tiny(parallel_residual=True, parallel_shared_norm=True)
+    neox = shared.replace(parallel_shared_norm=False)
+    params = random_params(shared)
+    assert "mlp_norm" not in params["layers"] and "mlp_norm" in random_params(neox)["layers"]
+    same = {**params, "layers": {**params["layers"], "mlp_norm": params["layers"]["attn_norm"]}}
+    assert max_diff(run(shared, params), run(neox, same)) < 1e-6
+    assert max_diff(run(shared, params), run(neox, random_params(neox))) > 1e-3
+    with pytest.raises(ValueError, match="parallel_shared_norm"):
+        to_hf(params, shared, tmp_path)
+    with pytest.raises(ValueError, match="parallel_shared_norm"):
+        tiny(parallel_shared_norm=True)

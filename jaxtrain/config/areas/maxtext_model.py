@@ -15,9 +15,8 @@ _FAMILIES = 25
 # MaxText's decoder blocks (common_types.DecoderBlockType) and what jaxtrain does with each.
 BUILT_BLOCKS = ("llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt3",
                 "gpt_oss", "gemma", "gemma2", "gemma3", "olmo3", "qwen3_next", "qwen3_5", "llama4",
-                "gemma4", "gemma4_small", "envy", "deepseek4", "qwen3_custom_moe")
-# Blocks of model families issue 25 builds ("default" runs attention and MLP in parallel).
-PLANNED_BLOCKS = ("default",)
+                "gemma4", "gemma4_small", "envy", "deepseek4", "qwen3_custom_moe", "default")
+PLANNED_BLOCKS = ()
 REJECTED_BLOCKS = {
     b: "MaxText's test block of a single weight matrix per layer (or an MLP only) is not a "
        "language model architecture; use a real decoder block such as llama2"

@@ -148,6 +148,9 @@ KNOBS = [
     K("parallel_residual", "bool", False, "GPT-NeoX's parallel layer: the MLP reads the layer's "
       "input through its own norm, as the attention does, and both outputs add to it.",
       "jaxtrain", status=HONORED),
+    K("parallel_residual_shared_norm", "bool", False, "With parallel_residual: the MLP reads "
+      "the attention's normed input, one norm per layer (GPT-J, PaLM, MaxText's default "
+      "block).", "jaxtrain", status=HONORED),
     K("qk_norm_across_heads", "bool", False, "With qk_layernorm: one norm over all heads' "
       "queries (and one over the keys), as OLMo 2/3, instead of one per head.", "jaxtrain",
       status=HONORED),

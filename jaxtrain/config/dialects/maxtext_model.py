@@ -80,6 +80,8 @@ _ABOUT = {
     "qwen2": f"{_RMS} with q/k/v biases as attention_bias says and q/k norms as use_qk_norm says",
     "qwen3": f"{_RMS} without biases, with q/k norms as use_qk_norm says",
     "qwen3_moe": f"{_RMS} without biases, with q/k norms as use_qk_norm says",
+    "default": f"{_RMS} without biases whose attention and MLP read the same normed input in "
+               "parallel, their sum added once",
     "qwen3_custom_moe": f"{_RMS} without biases, with q/k norms as use_qk_norm says, whose "
                         "attention projects to attention_output_dim and feeds, normed, the MoE "
                         "layer at that width, projected up to emb_dim (one residual add)",
@@ -318,7 +320,16 @@ def _decoder_block(c) -> None:
         _deepseek4(c, because)
     if block == "qwen3_custom_moe":
         _qwen3_custom(c)
+    if block == "default":
+        _parallel_block(c, because)
     _experts(c, block, because)
+
+
+def _parallel_block(c, because) -> None:
+    """MaxText's default block: x + attention(norm(x)) + mlp(norm(x)), one norm (its
+    dropout_rate, a mask shared over the sequence, is refused with every block)."""
+    _imply(c, "parallel_residual", True, because)
+    _imply(c, "parallel_residual_shared_norm", True, because)
 
 
 def _qwen3_custom(c) -> None:

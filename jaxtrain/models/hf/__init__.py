@@ -124,12 +124,13 @@ def hf_family(cfg: ModelConfig) -> str:
 def check_exportable(cfg: ModelConfig, family: str):
     """ValueError naming the ModelConfig fields ``family`` has no equivalent for (no family
     jaxtrain writes has hyper-connections' several residual streams, Gated DeltaNet without
-    its convolution, MaxText's learned score bias or its qwen3_custom_moe layer; only NemotronH
-    has a latent MoE)."""
+    its convolution, MaxText's learned score bias, its qwen3_custom_moe layer or its default
+    block's shared norm; only NemotronH has a latent MoE)."""
     latent = cfg.moe is not None and bool(cfg.moe.latent_size) and family != "nemotron_h"
     check({"hc_streams": cfg.hc_streams > 1, "moe.latent_size": latent,
            "moe.score_bias": cfg.moe is not None and cfg.moe.score_bias,
            "attention_output_dim": cfg.attention_output_dim is not None,
+           "parallel_shared_norm": cfg.parallel_shared_norm,
            "linear_short_conv": not cfg.linear_short_conv,
            **adapter(family).problems(cfg, family)}, family)
 
