@@ -294,11 +294,12 @@ def attention_block(p: dict, x, ctx: dict, cfg, cache=None):
     the indexer's KL under ``dsa`` when ``compress_index_loss_coeff`` trains it.
 
     Decoding (decode.py) passes the layer's ``cache``: kv [B,S,H] and, compressing, the
-    compressors' :func:`pool_inputs` (ckv, cgate; the indexer's ikv, igate) [B,S,c,W]; the
-    tokens' are written at ``ctx['cache_start']``. A prefill (from position 0) attends as
-    training does; a decode step (``ctx['q_offset']``) attends over the cached window keys and
-    the entries pooled from the cached projections (module doc), the queries at
-    ``ctx['positions']``. Without a cache the cache comes back None."""
+    compressors' :func:`pool_inputs` (ckv, cgate; the indexer's ikv, igate) [B,S,c,W], a
+    token's at the slot of its position (``ctx['cache_slots']`` [B,T]; a left-padded prompt's
+    padding, slot < 0, is not stored), so the windows are each row's own. A prefill of whole
+    rows attends as training does; a decode step (``ctx['q_offset']``) or a padded prefill
+    attends over the cached window keys and the entries pooled from the cached projections
+    (module doc), the queries at ``ctx['positions']``. Without a cache it comes back None."""
     B, T, _ = x.shape
     # the whole sequence (sequence parallelism gathers it here): the windows and the
     # compressor's overlapping pools read neighbouring tokens
@@ -323,10 +324,10 @@ def attention_block(p: dict, x, ctx: dict, cfg, cache=None):
         if "indexer" in p:
             seen["ikv"], seen["igate"] = pool_inputs(p["indexer"]["compressor"],
                                                      jax.lax.stop_gradient(x), cfg)
-    decoding = cache is not None and "q_offset" in ctx
+    decoding = cache is not None and ("q_offset" in ctx or ctx.get("padded", False))
     if cache is not None:
-        cache = {n: jax.lax.dynamic_update_slice_in_dim(c, seen[n].astype(c.dtype),
-                                                        ctx["cache_start"], axis=1)
+        rows = jnp.arange(B)[:, None]
+        cache = {n: c.at[rows, ctx["cache_slots"]].set(seen[n].astype(c.dtype), mode="drop")
                  for n, c in cache.items()}
         if decoding:
             seen = {n: c.astype(seen[n].dtype) for n, c in cache.items()}

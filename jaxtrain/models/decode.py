@@ -37,7 +37,8 @@ its own tokens included.
 Prompts of different lengths are left-padded to one length (:func:`left_pad`); ``pad`` [B]
 (the padding tokens of each row) makes a row's positions start at 0 at its first real token
 and keeps its padding out of every attention (segment 0 against the real tokens' 1), so each
-row decodes as it would alone.
+row decodes as it would alone. DeepSeek-V4's layers store each token at the slot of its own
+position (the padding nowhere), so its compression windows are the row's own.
 """
 from __future__ import annotations
 
@@ -189,7 +190,9 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
 
     ctx = {"segment_ids": segments, "deterministic": True, "rng": None, "rope": rope,
            "moe_state": None, "kv_cache": kv_cache, "positions": positions,
-           "cache_start": start, "tokens": tokens, "hash_routes": params.get("hash_routes")}
+           "cache_start": start, "tokens": tokens, "hash_routes": params.get("hash_routes"),
+           # DeepSeek-V4 stores each token at its position's slot (padding below 0)
+           "cache_slots": at_BT if pad is None else at_BT - pad_B1, "padded": pad is not None}
     if cfg.per_layer_input_size:
         ctx["per_layer_inputs"] = per_layer.inputs(params, tokens, x, cfg)
     if attend_cache:
@@ -377,10 +380,6 @@ def generate(params, cfg, prompt_ids, max_new_tokens: int, *, temperature: float
         if pad.shape != prompt_ids.shape[:1]:
             raise ValueError(f"pad must be [batch] = [{prompt_ids.shape[0]}], got {pad.shape}")
     stops = [int(i) for i in np.atleast_1d(np.asarray(eos_id if eos_id is not None else []))]
-    if cfg.compress_ratios is not None and pad is not None:
-        raise ValueError("ragged (left-padded) prompts with DeepSeek-V4's compressed attention "
-                         "are not implemented yet: the compression windows would start at the "
-                         "padding; generate each length on its own")
     tokens, logprobs, logits = _generate(
         params, prompt_ids, key, jnp.float32(temperature), jnp.asarray(stops or [-1], jnp.int32),
         quant_state, pad, cfg=cfg, n=max_new_tokens, keep_logits=return_logits)
