@@ -135,7 +135,7 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
     if kind not in MIXER_ONLY_STACKS:
         A = cfg.moe_width
         if A != D:   # qwen3_custom_moe: the MoE output's projection up to the residual stream
-            ffn["up_proj"] = {"w": ParamSpec((A, D), dt, ("embed", None),
+            ffn["up_proj"] = {"w": ParamSpec((A, D), dt, ("mlp", "embed"),
                                              _linear_init(cfg, 0, 1, output_layer=True))}
         own_norm = cfg.pre_norm and not cfg.parallel_shared_norm
         halves.append(({"mlp_norm": _norm(cfg, A)} if own_norm else {}) | ffn

@@ -45,15 +45,17 @@ V4 = dict(num_layers=4, num_query_groups=1, kv_channels=16, q_lora_rank=12,
 
 
 def run(variant: str, mesh: str) -> dict:
-    v4 = variant == "v4"
+    v4, serial = variant == "v4", variant == "serial"
     moe = dict(MOE, score_function="sqrtsoftplus", expert_bias=True, hash_layers=2,
                load_balancing=("seq_aux_loss",), aux_loss_coeff=(0.01,)) if v4 else dict(
-        MOE, **VARIANTS[variant])
+        MOE, shared_expert_size=None) if serial else dict(MOE, **VARIANTS[variant])
     cfg = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
                       vocab_size=97, moe=MoEConfig(**moe),
                       quant=FP8 if variant.startswith("fp8") else None)
     if v4:
         cfg = cfg.replace(**V4)
+    if serial:   # MaxText's qwen3_custom_moe layer: attention into the MoE layer at width 24
+        cfg = cfg.replace(attention_output_dim=24, qk_layernorm=True)
     params, qstate = init(cfg, jax.random.key(0)), init_state(cfg)
     toks = jnp.asarray(np.random.RandomState(0).randint(0, 97, (8, 16)), jnp.int32)
     mc = MeshConfig(**MESHES[mesh])

@@ -74,6 +74,16 @@ def test_latent_experts_match_data_parallel():
     _close(got["latent:ep2_tp2"], got["latent:tp2"], "latent:ep2_tp2")
 
 
+def test_attention_output_dim_layer_matches_data_parallel():
+    """MaxText's qwen3_custom_moe layer (attention to a narrower width, the MoE layer there,
+    projected up) under expert and tensor parallelism: data parallelism's results."""
+    got = _worker([f"serial:{m}" for m in ["dp8", "ep2", "ep4", "tp2", "ep2_tp2"]])
+    for m in ("ep2", "ep4"):
+        _close(got[f"serial:{m}"], got["serial:dp8"], f"serial:{m}")
+    _close(got["serial:ep2_tp2"], got["serial:tp2"], "serial:ep2_tp2")
+
+
+@pytest.mark.slow
 def test_deepseek_v4_matches_data_parallel():
     """DeepSeek-V4 (compressed attention with the indexer, hash-routed layers, hyper-connection
     streams and their head) under expert and tensor parallelism: data parallelism's results."""
