@@ -166,6 +166,8 @@ LAYOUTS |= {"v4": V4_KL, "v4_pp2": [*V4_KL, PP2],
             "v4_pp2_vpp2_tp2": [*V4_KL, PP2, "virtual_pipeline_model_parallel_size=2",
                                 "tensor_model_parallel_size=2"],
             "v4_mtp": V4_MTP, "v4_mtp_pp2_zb": [*V4_MTP, PP2, "patch_zero_bubble=true"],
+            # Primus's launcher's kind of layout: the MTP layer on the last stage, uneven split
+            "v4_mtp_pp2_layout": [*V4_MTP, PP2, "pipeline_model_parallel_layout=Et|tttmL"],
             "mhc": MHC, "mhc_pp2_vpp2": [*MHC, PP2, "virtual_pipeline_model_parallel_size=2"]}
 LAYOUTS["lfm_pp2_vpp2_tp2"] = [*LFM, PP2, "virtual_pipeline_model_parallel_size=2",
                                "tensor_model_parallel_size=2"]

@@ -598,14 +598,15 @@ def test_hyper_connection_streams_pipeline_like_one_stage(tmp_path):
     """The stages send the n residual streams of hyper-connections. DeepSeek-V4 (2 streams, a
     window layer, CSA with its indexer loss, HCA, hash routing on layers 1-2 whose routes every
     stage reads, the learned head on the last stage) under PP 2 x VPP 2 x TP 2, and with an
-    MTP depth under zero-bubble PP 2; Megatron's mHC (3 streams) under PP 2 x VPP 2: the
+    MTP depth under zero-bubble PP 2 and under an uneven layout (Et|tttmL, as Primus's V4
+    launcher lays out Flash); Megatron's mHC (3 streams) under PP 2 x VPP 2: the
     losses, grad norms and indexer / MTP losses of one stage."""
-    runs = _worker(tmp_path, "train:v4,v4_pp2_vpp2_tp2,v4_mtp,v4_mtp_pp2_zb,mhc,"
-                   "mhc_pp2_vpp2")[0]
+    runs = _worker(tmp_path, "train:v4,v4_pp2_vpp2_tp2,v4_mtp,v4_mtp_pp2_zb,v4_mtp_pp2_layout,"
+                   "mhc,mhc_pp2_vpp2")[0]
     assert all(v > 0 for v in runs["v4"]["indexer_loss"])
     assert all(row[0] > 0 for row in runs["v4_mtp"]["mtp_losses"])
     for ref, name in (("v4", "v4_pp2_vpp2_tp2"), ("v4_mtp", "v4_mtp_pp2_zb"),
-                      ("mhc", "mhc_pp2_vpp2")):
+                      ("v4_mtp", "v4_mtp_pp2_layout"), ("mhc", "mhc_pp2_vpp2")):
         want, got = runs[ref], runs[name]
         assert got["mesh"]["pipeline"] == 2, name
         for key in ("losses", "grad_norms", "moe_aux_loss", "indexer_loss"):
