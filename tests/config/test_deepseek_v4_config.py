@@ -35,6 +35,10 @@ V4 = {"position_embedding_type": "rope", "normalization": "RMSNorm", "add_bias_l
       "swiglu_limit": 10.0, "activation_func_clamp_value": 10.0, "vocab_size": 64,
       "max_position_embeddings": 64, "norm_epsilon": 1e-6, "mtp_num_layers": 1}
 
+# V4 as command-line overrides
+V4_ARGS = [f"{k}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
+           for k, v in V4.items()]
+
 
 def _cfg(**changes) -> ModelConfig:
     return ModelConfig.from_config({**V4, **changes})
@@ -133,9 +137,7 @@ def test_indexer_is_frozen_without_its_loss():
 def test_cli_trains_a_tiny_deepseek_v4_with_mtp(tmp_path, cli):
     run = ["mock_data=true", "seq_length=16", "micro_batch_size=2", "global_batch_size=2",
            "lr_warmup_iters=0", "bf16=false", "log_interval=1", "exp_name=run",
-           f"workspace={tmp_path}", "train_iters=3", "lr=0.01",
-           *(f"{k}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
-             for k, v in V4.items())]
+           f"workspace={tmp_path}", "train_iters=3", "lr=0.01", *V4_ARGS]
     code, _, err = cli("--dry-run", *run)
     assert code == 0, err
     code, _, err = cli(*run)
@@ -208,9 +210,7 @@ def test_cli_trains_maxtexts_deepseek4_block(tmp_path, cli):
 
 def _dry_run(cli, *extra):
     return cli("--dry-run", "mock_data=true", "seq_length=16", "micro_batch_size=1",
-               "global_batch_size=2",
-               *(f"{k}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
-                 for k, v in V4.items()), *extra)
+               "global_batch_size=2", *V4_ARGS, *extra)
 
 
 def test_dry_run_refuses_what_does_not_run_it_yet(cli):

@@ -89,16 +89,22 @@ def test_ragged_prompts_decode_as_each_would_alone(case):
     """Left-padded prompts of lengths 3, 7 and 5 (left_pad / pad=): each row's tokens and
     logits equal a generate of that prompt alone."""
     cfg = tiny(**RAGGED[case])
-    params = random_params(cfg)
-    prompts = [np.asarray(tokens(1, n, seed=n))[0] for n in (3, 7, 5)]
+    pad = check_ragged_decoding(random_params(cfg), cfg, (3, 7, 5), 6, TOL)
+    assert (np.asarray(pad) == [4, 0, 2]).all()
+
+
+def check_ragged_decoding(params, cfg, lengths, n: int, tol: float):
+    """Left-padded prompts of ``lengths`` (left_pad, pad=): each row's n tokens and logits
+    equal a generate of its prompt alone. Returns the padding."""
+    prompts = [np.asarray(tokens(1, k, seed=k))[0] for k in lengths]
     ids, pad = left_pad(prompts, pad_id=5)
-    toks, logits = generate(params, cfg, ids, 6, return_logits=True, pad=pad)
+    toks, logits = generate(params, cfg, ids, n, return_logits=True, pad=pad)
     for row, p in enumerate(prompts):
-        alone, alone_logits = generate(params, cfg, jnp.asarray(p)[None], 6,
+        alone, alone_logits = generate(params, cfg, jnp.asarray(p)[None], n,
                                        return_logits=True)
         np.testing.assert_array_equal(np.asarray(toks[row]), np.asarray(alone[0]))
-        assert np.abs(np.asarray(logits[row]) - np.asarray(alone_logits[0])).max() <= TOL
-    assert (np.asarray(pad) == [4, 0, 2]).all()
+        assert np.abs(np.asarray(logits[row]) - np.asarray(alone_logits[0])).max() <= tol
+    return pad
 
 
 def test_ragged_greedy_matches_transformers_generate(tmp_path):

@@ -200,18 +200,10 @@ def test_ragged_prompts_decode_as_each_would_alone(tmp_path):
     """Left-padded prompts of 3, 9 and 6 tokens (left_pad / pad=): each row's tokens and logits
     are those of its prompt alone (its tokens cached at their positions' slots, so its
     compression windows are its own)."""
-    from jaxtrain.models import generate
-    from jaxtrain.models.decode import left_pad
+    from test_decode import check_ragged_decoding
     _model(tmp_path / "hf")
     cfg, params = from_hf(tmp_path / "hf")
-    prompts = [np.asarray(tokens(1, n, seed=n))[0] for n in (3, 9, 6)]
-    ids, pad = left_pad(prompts, pad_id=5)
-    toks, logits = generate(params, cfg, ids, 10, return_logits=True, pad=pad)
-    for row, p in enumerate(prompts):
-        alone, alone_logits = generate(params, cfg, jnp.asarray(p)[None], 10,
-                                       return_logits=True)
-        np.testing.assert_array_equal(np.asarray(toks[row]), np.asarray(alone[0]))
-        assert np.abs(np.asarray(logits[row]) - np.asarray(alone_logits[0])).max() <= TOL
+    check_ragged_decoding(params, cfg, (3, 9, 6), 10, TOL)
 
 
 def test_fp8_indexer_is_primus_fake_quantization(tmp_path):
