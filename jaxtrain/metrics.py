@@ -30,6 +30,8 @@ C.B^T scores (G groups of state width N) and their product with the H heads' inp
 P, across chunks the state's write and read (H P N each).
 Hyper-connections (n streams): each half's mapping [nD, 2n+R] counts as a weight, and each half
 adds 3 * (4 n D + 2 n^2 D) for reading the streams, mixing them and spreading its output.
+Attention residuals (Kimi K3): every mix over n candidates adds 3 * 7 n D (their norms, scores
+and weighted sum); the gates (MLA's and KDA's output gates) and latent projections are weights.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ import time
 import jax
 import numpy as np
 
+from jaxtrain.models import attn_res
 from jaxtrain.models.hyper import mixing_flops
 from jaxtrain.models.spec import (CONV_STACKS, FFN_ONLY_STACKS, LINEAR_STACKS, MAMBA_STACK,
                                   MIXER_ONLY_STACKS, layer_kinds, mtp_layer_kinds)
@@ -87,7 +90,8 @@ def flop_terms(model_cfg, params) -> tuple[float, float]:
     attn = sum(c for c, _ in _score_terms(model_cfg))
     return (6.0 * n_active + linear_mixing_flops(model_cfg) * linear
             + mamba_mixing_flops(model_cfg) * kinds.count(MAMBA_STACK)
-            + 3.0 * mixing_flops(model_cfg) * halves, float(attn))
+            + 3.0 * mixing_flops(model_cfg) * halves
+            + 3.0 * attn_res.mixing_flops(model_cfg), float(attn))
 
 
 def flops_per_token(model_cfg, params, seq_length: int) -> float:

@@ -261,6 +261,25 @@ def deepseek_v4(c: Context):
         *_ONE_STACK))
 
 
+def kimi_k3(c: Context):
+    """Kimi K3 (model_type kimi_k3): KDA heads split whole over TP; what does not run it yet,
+    refused by name."""
+    if c.get("model_type") != "kimi_k3":
+        return
+    tp = c.get("tensor_model_parallel_size", 1)
+    for key in ("linear_num_key_heads", "num_attention_heads"):
+        if c.get(key) and c.get(key) % tp:
+            c.error(f"{key} ({c.get(key)}) must be divisible by tensor_model_parallel_size "
+                    f"({tp}): Kimi K3's heads split over the tensor axis")
+    _not_yet(c, "Kimi K3 (model_type kimi_k3)", (
+        ("pipeline_model_parallel_size", "the stages do not send the attention residuals' "
+                                         "summaries, and the pipeline executor does not run "
+                                         "Kimi Delta Attention layers"),
+        ("memory.seco", "SeCO's chunk-wise step carries keys and values, not KDA's recurrent "
+                        "state or the attention residuals' summaries"),
+        *_ONE_STACK))
+
+
 def small_gemma4(c: Context):
     """Gemma 4 small's per-layer inputs and KV sharing: what does not run them yet, refused."""
     on = [k for k in ("hidden_size_per_layer_input", "num_kv_shared_layers") if c.get(k)]
@@ -1037,7 +1056,7 @@ RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULE
          batch, moe_router, flex_dispatcher, upcycling, pgs, evaluate_only, context_parallel,
          pipeline_parallel, deferred_wgrad, gated_delta_net, sparse_attention, hybrid_models,
          gemma4_global_layers, small_gemma4, multi_token_prediction, short_convolutions,
-         hyper_connections, deepseek_v4)
+         hyper_connections, deepseek_v4, kimi_k3)
 
 
 def apply(c: Context):

@@ -194,6 +194,11 @@ class ModelConfig:
     # the short causal convolution of q/k/v (False: SiLU only and no convolution; Primus's
     # use_short_conv)
     linear_short_conv: bool = True
+    # Kimi K3's KDA: the decay bounded as lb * sigmoid(exp(A_log) * (a + dt_bias)) (None:
+    # -exp(A_log) * softplus(a + dt_bias)) and a full-rank output gate [D,H,Dv] instead of the
+    # low-rank pair
+    kda_gate_lower_bound: float | None = None
+    kda_full_rank_gate: bool = False
     # LFM2's gated short convolutions (models/short_conv.py): the layers that mix tokens with
     # them instead of attention (one bool per layer; None: none), the convolution's width and
     # whether its projections and convolution have biases
@@ -298,6 +303,15 @@ class ModelConfig:
     # Clamped gated units (Megatron's activation_func_clamp_value with a plain GLU, DeepSeek-V4's
     # swiglu_limit): act(min(gate, c)) * clip(up, -c, c) in every gated MLP and expert; None: off
     glu_clamp: float | None = None
+    # Kimi K3's SiTU gated unit (Primus activation_situ_beta / _linear_beta): the gate's linear
+    # factor and the up branch soft-clamped, b tanh(g/b) sigmoid(g) * c tanh(u/c) in float32;
+    # None: the model's activation (c None: the up branch as is)
+    situ_beta: float | None = None
+    situ_linear_beta: float | None = None
+    # Kimi K3's attention residuals (Primus attn_res_block_size, models/attn_res.py): each
+    # sublayer reads a learned softmax mix of the block summaries kept every N layers and the
+    # running sum; 0: the plain residual stream
+    attn_res_block_size: int = 0
     # MaxText's qwen3_custom_moe layer: attention projects to this width A, its output (no
     # residual add) is normed and runs through the MoE layer at width A, then up to D and onto
     # the residual stream: x + up(moe(norm(attn(norm(x))))); None: the usual two halves
@@ -452,6 +466,10 @@ class ModelConfig:
         check(not self.dsa_index_heads or self.multi_latent_attention,
               "experimental_attention_variant",
               "dsa (DeepSeek sparse attention) needs multi_latent_attention")
+        for name in ("kda_gate_lower_bound", "kda_full_rank_gate"):
+            check(getattr(self, name) in (None, False) or (
+                self.linear_attention_layers is not None and self.linear_attention_kind == "kda"),
+                name, "shapes Kimi Delta Attention layers, and the model has none")
         check(not self.mla_nope or self.multi_latent_attention, "mla_nope",
               "leaves multi-latent attention unrotated, and the model has none")
         if self.has_global_shape:
@@ -461,6 +479,15 @@ class ModelConfig:
         check(not self.hc_head or self.hc_streams > 1, "hc_head", "collapses hyper-connection "
               "streams, and the model has one stream (hc_mult / mhc_expansion_rate 1)")
         check(self.hc_eps > 0, "hc_eps", "must be positive")
+        if self.situ_beta is not None:
+            check(self.situ_beta > 0 and self.gated_linear_unit and self.glu_clamp is None,
+                  "situ_beta", "SiTU soft-clamps a gated unit: give a positive beta with a "
+                  "gated MLP (swiglu) and no hard clamp")
+        check(self.situ_linear_beta is None or (self.situ_beta and self.situ_linear_beta > 0),
+              "situ_linear_beta", "soft-clamps SiTU's up branch: give situ_beta too and a "
+              "positive bound")
+        if self.attn_res_block_size:
+            self._validate_attn_res(check)
         check(self.glu_clamp is None or (self.glu_clamp > 0 and self.gated_linear_unit),
               "glu_clamp", "clamps gated units: give a positive limit with a gated MLP "
               "(swiglu)")
@@ -629,6 +656,26 @@ class ModelConfig:
         """The width of the tokens the MoE layers route: attention_output_dim or hidden_size."""
         return self.attention_output_dim or self.hidden_size
 
+    def _validate_attn_res(self, check):
+        """Attention residuals: a positive block size on the pre-norm residual stream of
+        attention/linear-attention + FFN layers, and none of the other residual schemes."""
+        check(self.attn_res_block_size > 0, "attn_res_block_size", "must be positive (0: off)")
+        for name, on in (("hc_streams", self.hc_streams > 1),
+                         ("hybrid_layer_pattern", self.hybrid_layers is not None),
+                         ("parallel_residual", self.parallel_residual),
+                         ("attention_output_dim", bool(self.attention_output_dim)),
+                         ("apply_residual_connection_post_layernorm",
+                          self.apply_residual_connection_post_layernorm),
+                         ("pre_norm", not self.pre_norm),
+                         ("post_attention_norm", self.post_attention_norm),
+                         ("post_mlp_norm", self.post_mlp_norm),
+                         ("residual_multiplier", self.residual_multiplier != 1.0),
+                         ("per_layer_input_size", self.per_layer_input_size > 0),
+                         ("layer_scalar", self.layer_scalar),
+                         ("kv_shared_layers", self.kv_shared_layers > 0),
+                         ("mtp_num_layers", self.mtp_num_layers > 0)):
+            check(not on, name, "is not built with attention residuals (attn_res_block_size)")
+
     def _validate_hyper(self, check, choice):
         check(self.hc_streams > 1, "hc_streams", "must be 1 (the plain residual) or more "
               "streams (MaxText mhc_expansion_rate, Megatron mhc_num_residual_streams)")
@@ -761,6 +808,8 @@ class ModelConfig:
             check(self.linear_num_key_heads == self.linear_num_value_heads,
                   "linear_num_value_heads", "Kimi Delta Attention has as many value heads as key "
                   "heads (linear_num_key_heads)")
+            check(self.kda_gate_lower_bound is None or self.kda_gate_lower_bound < 0,
+                  "kda_gate_lower_bound", "bounds a log-decay: give a negative bound")
             check(self.linear_attention_impl == "xla", "linear_attention_impl",
                   "the Pallas kernel walks a decay per head; Kimi Delta Attention decays each "
                   "key channel: use xla")

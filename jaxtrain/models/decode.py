@@ -54,7 +54,7 @@ from jaxtrain.models.params import STACKS, layer_axes, layer_kinds
 from jaxtrain.models.quant_state import attach as attach_quant_state
 from jaxtrain.models.mamba import init_cache as mamba_cache
 from jaxtrain.models.short_conv import init_cache as conv_cache
-from jaxtrain.models import hyper, per_layer
+from jaxtrain.models import attn_res, hyper, per_layer
 from jaxtrain.models.spec import (CONV_STACKS, CSA_STACKS, FFN_ONLY_STACKS, GLOBAL_STACKS,
                                   HCA_STACKS, KV_SHARED_STACKS, LINEAR_STACKS, MAMBA_STACK)
 from jaxtrain.models.transformer import (RECURRENT, RESIDUAL, _periodic_runs, decoder_layer,
@@ -191,6 +191,7 @@ def _run(params, tokens, cache, cfg, *, attend_cache: bool, quant_state=None, pa
     ctx = {"segment_ids": segments, "deterministic": True, "rng": None, "rope": rope,
            "moe_state": None, "kv_cache": kv_cache, "positions": positions,
            "cache_start": start, "tokens": tokens, "hash_routes": params.get("hash_routes"),
+           "attn_res_head": params.get("attn_res_head"),
            # DeepSeek-V4 stores each token at its position's slot (padding below 0)
            "cache_slots": at_BT if pad is None else at_BT - pad_B1, "padded": pad is not None}
     if cfg.per_layer_input_size:
@@ -230,7 +231,12 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
     S = by_group["attn"]["k"].shape[2] if "q_offset" in ctx else T
     sel = (jnp.zeros((B, T, S), bool)   # DSA index sharing: the last layer's selection
            if cfg.dsa_shared_layers and S > cfg.dsa_index_topk else None)
-    for off, period, reps in _periodic_runs(list(zip(kinds, stores))):
+    sigs = list(zip(kinds, stores))
+    runs = [(lo + off, period, reps) for lo, hi in attn_res.blocks(cfg, 0, cfg.num_layers)
+            for off, period, reps in _periodic_runs(sigs[lo:hi])]
+    summaries = None   # attention residuals' (attn_res.py): a run never crosses a block
+    for off, period, reps in runs:
+        summaries = attn_res.keep(summaries, x, off, cfg)
         sig = kinds[off:off + period]
         sig_stores = stores[off:off + period] if reps == 1 else (None,) * period
         ps = {}
@@ -250,7 +256,8 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
         idx = jnp.arange(off, off + reps * period).reshape(reps, period)
         us = per_layer_slices(ctx, off, period, reps)
 
-        def step(carry, xs, sig=sig, groups=groups, sig_stores=sig_stores, kv=dict(shared)):
+        def step(carry, xs, sig=sig, groups=groups, sig_stores=sig_stores, kv=dict(shared),
+                 res=summaries):
             h, sel = carry
             pb, cb, ib, ub = xs
             cursor = dict.fromkeys(list(pb) + list(cb), 0)
@@ -270,6 +277,8 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
                     lctx = layer_context(ctx, kind, i, store, u, kv, cfg)
                     if sel is not None:
                         lctx = {**lctx, "dsa_keep": sel}
+                    if res is not None:
+                        lctx = {**lctx, "attn_res": res}
                     return decoder_layer(gather_weights(p, axes[kind]), h, i, lctx, cfg,
                                          cache=layer_cache)
 
@@ -300,6 +309,8 @@ def cached_layers(params, x, cache, ctx, cfg, quant_state, *, remat: bool = Fals
         shared.update(jax.tree.map(lambda a: a[0], stored))   # storing runs run once
         for g, y in ys.items():
             pieces[g].append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), y))
+    if summaries is not None:
+        x = attn_res.mix(ctx["attn_res_head"], summaries, x, cfg)
     out = {g: jax.tree.map(lambda *a: jnp.concatenate(a), *ps) if ps else by_group[g]
            for g, ps in pieces.items()}
     return x, {**out["attn"], **{g: out[g] for g in _GROUPS if g in cache}}

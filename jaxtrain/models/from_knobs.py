@@ -23,6 +23,7 @@ knobs that do not reach the model as they are (``recompute_granularity``, ``wind
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Any, Callable, Mapping
@@ -200,6 +201,7 @@ def build(cls, cfg: Mapping[str, Any], accelerator: Callable[[], str]):
         moe=_moe_config(cfg),
     )
     fields.update(_v4_fields(cfg))   # DeepSeek-V4's window, sinks and heads win
+    fields.update(_k3_fields(cfg, fields))
     _check_expert_activation(cfg, fields["moe"], fields["num_layers"])
     try:
         return cls(**fields)
@@ -869,6 +871,87 @@ def _hyper_fields(cfg: Mapping[str, Any]) -> dict:
                     hc_sinkhorn_iters=cfg["mhc_sinkhorn_iterations"],
                     hc_init_gate=float(cfg["mhc_init_gating_factor"]))
     return {}
+
+
+# Kimi K3's keys (Primus's names) with their defaults: another value needs model_type kimi_k3.
+_K3_KEYS = {"attn_res_block_size": None, "routed_expert_hidden_size": None,
+            "latent_moe_use_norm": False, "activation_situ_beta": None,
+            "activation_situ_linear_beta": None, "kda_gate_lower_bound": -5.0,
+            "kda_use_full_rank_gate": True, "mla_use_nope": True, "mla_use_output_gate": True,
+            "kda_chunk_size": 64, "moe_router_bias_update_rule": "sign",
+            "mtp_layer_type": "mirror_last"}
+# Primus's KimiK3TransformerConfig.mla_latent_layernorm_epsilon (no yaml sets it)
+_K3_LATENT_NORM_EPS = 1e-6
+
+
+def _k3_fields(cfg: Mapping[str, Any], fields: dict) -> dict:
+    """Kimi K3 (model_type kimi_k3, Primus's text backbone): Kimi Delta Attention layers
+    (bounded decay, full-rank output gate) where linear_attention_freq has 1, else
+    multi-latent attention without RoPE (mla_use_nope) with a sigmoid output gate; attention
+    residuals (attn_res_block_size); SiTU gated units where Primus builds them
+    (use_te_activation_func: its module slot); routed experts in a latent space
+    (routed_expert_hidden_size, Megatron's moe_latent_size) with its norm. Its keys with
+    another model_type are refused."""
+    if cfg["model_type"] != "kimi_k3":
+        on = [k for k, off in _K3_KEYS.items() if cfg[k] != off]
+        if on:
+            raise ConfigError(f"{', '.join(on)}: Kimi K3's settings, and model_type is "
+                              f"{cfg['model_type']!r}; set model_type kimi_k3")
+        return {}
+    if cfg["multi_latent_attention"]:
+        raise ConfigError("model_type kimi_k3 builds its own multi-latent attention layers "
+                          "(Primus requires multi_latent_attention false, which would swap "
+                          "its config class): set multi_latent_attention false")
+    if not cfg["kda_use_full_rank_gate"]:
+        raise ConfigError("kda_use_full_rank_gate false (Kimi Linear's low-rank output gate in "
+                          "Kimi K3's KDA layers) is not built; Primus raises too")
+    if cfg["moe_router_bias_update_rule"] != "sign":
+        raise ConfigError("not implemented yet: moe_router_bias_update_rule = 'quantile' "
+                          "(Kimi K3's quantile balancing); planned for issue #25 (model "
+                          "families). Use sign (the aux-loss-free update)")
+    if cfg["mtp_num_layers"]:
+        raise ConfigError("not implemented yet: multi-token prediction of model_type kimi_k3 "
+                          "(num_nextn_predict_layers / mtp_num_layers, mtp_layer_type); planned "
+                          "for issue #25 (model families). Leave them null")
+    freq, n = cfg["linear_attention_freq"], cfg["num_layers"]
+    try:
+        pattern = None if freq is None else linear_pattern(parse_layer_freq(freq), n)
+    except ValueError as e:
+        raise ConfigError(f"linear_attention_freq: {e}") from None
+    if pattern is not None and not any(pattern):
+        pattern = None
+    out = dict(multi_latent_attention=True, q_lora_rank=cfg["q_lora_rank"] or None,
+               kv_lora_rank=cfg["kv_lora_rank"], qk_head_dim=cfg["qk_head_dim"],
+               qk_pos_emb_head_dim=cfg["qk_pos_emb_head_dim"], v_head_dim=cfg["v_head_dim"],
+               mla_nope=bool(cfg["mla_use_nope"]), qk_layernorm=True,
+               # Primus: no position embedding with NoPE; else MLA rotates (its own RoPE)
+               position_embedding_type="none" if cfg["mla_use_nope"] else "rope",
+               mla_latent_norm_epsilon=_K3_LATENT_NORM_EPS,
+               attention_output_gate=bool(cfg["mla_use_output_gate"]),
+               attn_res_block_size=int(cfg["attn_res_block_size"] or 0))
+    if pattern is not None:
+        out.update(linear_attention_layers=pattern, linear_attention_kind="kda",
+                   **{k: cfg[k] for k in ("linear_conv_kernel_dim", "linear_key_head_dim",
+                                          "linear_value_head_dim", "linear_num_key_heads",
+                                          "linear_num_value_heads")},
+                   linear_chunk_size=int(cfg["kda_chunk_size"]), linear_qk_l2_norm=True,
+                   kda_gate_lower_bound=(None if cfg["kda_gate_lower_bound"] is None
+                                         else float(cfg["kda_gate_lower_bound"])),
+                   kda_full_rank_gate=True)
+    if cfg["use_te_activation_func"] and fields["gated_linear_unit"]:
+        beta, lin = cfg["activation_situ_beta"], cfg["activation_situ_linear_beta"]
+        out.update(situ_beta=float(beta) if beta else 1.0,   # Primus: `beta or 1.0`
+                   situ_linear_beta=None if lin is None else float(lin))
+    moe = fields["moe"]
+    latent, megatron_latent = cfg["routed_expert_hidden_size"], cfg["moe_latent_size"]
+    if latent is not None and megatron_latent is not None and latent != megatron_latent:
+        raise ConfigError(f"routed_expert_hidden_size {latent} and moe_latent_size "
+                          f"{megatron_latent} name the same latent width: set one")
+    latent = latent if latent is not None else megatron_latent
+    if moe is not None and latent is not None:
+        out["moe"] = dataclasses.replace(moe, latent_size=int(latent),
+                                         latent_norm=bool(cfg["latent_moe_use_norm"]))
+    return out
 
 
 _REMAT_TENSOR_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",

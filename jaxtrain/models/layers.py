@@ -168,14 +168,28 @@ def dense(x, w, b, eq: str, name: str, cfg):
     return checkpoint_name(y, name)
 
 
+def glu(h0, h1, cfg, clamp=None):
+    """The gated unit act(h0) * h1: clamped (act(min(h0, c)) * clip(h1, -c, c)) at
+    ``cfg.glu_clamp`` (Megatron's activation_func_clamp_value, DeepSeek-V4's limit) or
+    ``clamp``; or Kimi K3's SiTU (``cfg.situ_beta``), in float32 and back."""
+    beta = getattr(cfg, "situ_beta", None)
+    if beta is not None:
+        g, u = h0.astype(jnp.float32), h1.astype(jnp.float32)
+        if cfg.situ_linear_beta is not None:
+            u = cfg.situ_linear_beta * jnp.tanh(u / cfg.situ_linear_beta)
+        return (beta * jnp.tanh(g / beta) * jax.nn.sigmoid(g) * u).astype(h0.dtype)
+    clamp = cfg.glu_clamp if cfg.glu_clamp is not None else clamp
+    if clamp is not None:
+        h0, h1 = jnp.minimum(h0, clamp), jnp.clip(h1, -clamp, clamp)
+    return activation(cfg.activation, h0) * h1
+
+
 def mlp(p: dict, x, cfg):
     """Gated (act(x W0) * x W1) or plain act(x W) feed-forward, then W_o: [B,T,D] -> [B,T,D]."""
     if cfg.gated_linear_unit:
         h0 = dense(x, p["wi_0"], p.get("bi_0"), "btd,df->btf", "mlpwi_0", cfg)
         h1 = dense(x, p["wi_1"], p.get("bi_1"), "btd,df->btf", "mlpwi_1", cfg)
-        if cfg.glu_clamp is not None:   # Megatron's activation_func_clamp_value, V4's limit
-            h0, h1 = jnp.minimum(h0, cfg.glu_clamp), jnp.clip(h1, -cfg.glu_clamp, cfg.glu_clamp)
-        h = activation(cfg.activation, h0) * h1
+        h = glu(h0, h1, cfg)
     else:
         h = activation(cfg.activation, dense(x, p["wi"], p.get("bi"), "btd,df->btf", "mlpwi", cfg))
     h = constrain(h, "act_batch", "act_seq", "act_mlp")

@@ -22,7 +22,10 @@ an output gate from another, the gated norm taking sigmoid(gate):
     out = (rmsnorm(o) * w_norm * sigmoid((x W_ga) W_gb)) W_o
 
 Its parameters replace wz/wa with wf_a [D,D_k], wf_b [D_k,H,D_k], wg_a [D,D_v], wg_b
-[D_v,H,D_v], and dt_bias is [H,D_k].
+[D_v,H,D_v], and dt_bias is [H,D_k]. Kimi K3's KDA bounds the decay and gates the output
+through one full-rank projection wg [D,H,D_v] (``kda_full_rank_gate``):
+
+    g = lb * sigmoid(exp(A_log) * ((x W_fa) W_fb + dt_bias))     lb = kda_gate_lower_bound
 
 Decoding carries per layer the last W-1 convolution inputs and the recurrent state
 [B,H_v,D_k,D_v] instead of keys and values (:func:`init_cache`).
@@ -34,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain.models import layers as L
-from jaxtrain.models.spec import LINEAR_STACKS, ParamSpec, _linear_init, _ones, layer_kinds
+from jaxtrain.models.spec import (LINEAR_STACKS, ParamSpec, _linear_init, _ones, _zeros,
+                                  layer_kinds)
 from jaxtrain.parallel.sharding import constrain
 from kernels.gated_delta import chunk_scan, chunked_gated_delta_rule
 from kernels.gated_delta.reference import sequence_numbers
@@ -83,7 +87,11 @@ def linear_attention_specs(cfg) -> dict:
     low = lambda Dh: ParamSpec((D, Dh), dt, ("embed", None), _linear_init(cfg, 0, 1))  # noqa
     up = lambda Dh: ParamSpec((Dh, Hv, Dh), dt, (None, "q_heads", "kv"),  # noqa: E731
                               _linear_init(cfg, 0, (1, 2)))
-    return {**tree, "wf_a": low(Dk), "wf_b": up(Dk), "wg_a": low(Dv), "wg_b": up(Dv),
+    gate = ({"wg": proj(Hv, Dv)} if cfg.kda_full_rank_gate
+            else {"wg_a": low(Dv), "wg_b": up(Dv)})
+    if cfg.kda_gate_lower_bound is not None:   # Kimi K3 starts every head's rate at 1
+        tree["A_log"] = ParamSpec((Hv,), jnp.float32, ("q_heads",), _zeros)
+    return {**tree, "wf_a": low(Dk), "wf_b": up(Dk), **gate,
             "dt_bias": ParamSpec((Hv, Dk), jnp.float32, ("q_heads", "kv"), _dt_bias_init)}
 
 
@@ -152,7 +160,8 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
                for w, n in zip(("wq", "wk", "wv"), names))
     kda = cfg.linear_attention_kind == "kda"
     if kda:   # low-rank projections of the output gate and of the per-channel decay
-        z = _low_rank(x, p["wg_a"], p["wg_b"], "linear_gate_proj", cfg)
+        z = (L.dense(x, p["wg"], None, "btd,dhk->bthk", "linear_gate_proj", cfg) if "wg" in p
+             else _low_rank(x, p["wg_a"], p["wg_b"], "linear_gate_proj", cfg))
         a = _low_rank(x, p["wf_a"], p["wf_b"], "linear_decay_proj", cfg).astype(jnp.float32)
     else:
         z = L.dense(x, p["wz"], None, "btd,dhk->bthk", "linear_gate_proj", cfg)
@@ -169,8 +178,7 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
     else:   # Primus's use_short_conv false: SiLU alone, nothing to carry
         q, k, v = (jax.nn.silu(t.astype(jnp.float32)).astype(t.dtype) for t in (q, k, v))
     beta = jax.nn.sigmoid(b)
-    rate = jnp.exp(p["A_log"].astype(jnp.float32))
-    g = -(rate[:, None] if kda else rate) * jax.nn.softplus(a + p["dt_bias"].astype(jnp.float32))
+    g = log_decay(a, p["A_log"], p["dt_bias"], cfg)
     o, state = chunked_gated_delta_rule(
         q, k, v, g, beta, segment_ids=seg, chunk_size=cfg.linear_chunk_size,
         initial_state=None if cache is None else cache["state"], l2_qk=cfg.linear_qk_l2_norm,
@@ -184,6 +192,19 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
         return out, {"state": state}
     sq, sk, sv = last_sequence_inputs((sq, sk, sv), seq)
     return out, {"conv_q": sq, "conv_k": sk, "conv_v": sv, "state": state}
+
+
+def log_decay(a, A_log, dt_bias, cfg):
+    """The log-decay g from the decay projection a ([B,T,H] per head, KDA [B,T,H,D_k] per key
+    channel): -exp(A_log) * softplus(a + dt_bias), or Kimi K3's bounded
+    lb * sigmoid(exp(A_log) * (a + dt_bias)) in (lb, 0), in float32."""
+    rate = jnp.exp(A_log.astype(jnp.float32))
+    if a.ndim == 4:
+        rate = rate[:, None]
+    a = a.astype(jnp.float32) + dt_bias.astype(jnp.float32)
+    if cfg.kda_gate_lower_bound is not None:
+        return cfg.kda_gate_lower_bound * jax.nn.sigmoid(rate * a)
+    return -rate * jax.nn.softplus(a)
 
 
 def _low_rank(x, w_a, w_b, name: str, cfg):

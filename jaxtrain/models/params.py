@@ -32,6 +32,8 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
             ple_norm: Gemma 4 small's per-layer inputs (per_layer.py)
             attn_hc, mlp_hc {w, b, alpha, norm}: hyper-connections of each half (hyper.py)
     hc_head {w [nD,n], b [n], alpha [1]}: DeepSeek-V4's learned collapse of the streams
+    attn_res_head {norm [D], proj [D]}; per layer attn_res, mlp_res: attention residuals'
+            mixers (attn_res.py)
     hash_routes [Lh,V,k] (expert ids as float32, not trained, replicated): hash routing's
             experts per token
     csa_layers, csa_moe_layers, hca_layers, hca_moe_layers: DeepSeek-V4's compressing layers
@@ -66,7 +68,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from jaxtrain.models import compressed, hyper, per_layer
+from jaxtrain.models import attn_res, compressed, hyper, per_layer
 from jaxtrain.models.dsa import indexer_specs
 from jaxtrain.models.mla import mla_specs
 from jaxtrain.models.linear_attention import linear_attention_specs
@@ -114,8 +116,9 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
             attn["indexer"] = indexer_specs(cfg)
     if cfg.attention_sinks:   # fp32 whatever weight_dtype is, zero-initialised (Primus)
         attn["sinks"] = ParamSpec((N,), jnp.float32, ("q_heads",), _zeros)
-    if cfg.attention_output_gate:
-        attn["wg"] = ParamSpec((D, N, H), dt, ("embed", "q_heads", "kv"),
+    if cfg.attention_output_gate:   # gates the heads' outputs (MLA: v_head_dim wide)
+        Hg = cfg.v_head_dim if cfg.multi_latent_attention else H
+        attn["wg"] = ParamSpec((D, N, Hg), dt, ("embed", "q_heads", "kv"),
                                _linear_init(cfg, 0, (1, 2)))
     if kind in KV_SHARED_STACKS:   # Gemma 4 small: keys and values come from an earlier layer
         attn = {n: s for n, s in attn.items() if n not in ("wk", "wv", "bk", "bv", "k_norm",
@@ -143,7 +146,7 @@ def _layer_specs(cfg, kind: str = "layers") -> dict:
                       | ({"mlp_hc": hyper.specs(cfg)} if streams else {}))
     scalar = ({"layer_scalar": ParamSpec((1,), dt, (None,), jax.nn.initializers.ones)}
               if cfg.layer_scalar else {})
-    extra = per_layer.layer_specs(cfg) | scalar
+    extra = per_layer.layer_specs(cfg) | scalar | attn_res.layer_specs(cfg)
     return functools.reduce(lambda a, b: a | b, halves, {}) | extra
 
 
@@ -198,6 +201,8 @@ def _moe_specs(cfg) -> dict:
             tree[name] = {"w": ParamSpec(shape, dt, axes, _linear_init(cfg, 0, 1, out))}
             if cfg.add_bias_linear:
                 tree[name]["b"] = ParamSpec(shape[1:], dt, axes[1:], _zeros)
+        if m.latent_norm:   # Kimi K3: the combined routed output normed in the latent space
+            tree["latent_norm"] = _norm(cfg, De)
     if m.shared_expert_size:
         tree["shared"] = _mlp_specs(cfg, m.shared_expert_size)
     if m.shared_expert_gate:
@@ -254,6 +259,8 @@ def param_specs(cfg) -> dict:
         tree["output"] = ParamSpec((D, V), dt, ("embed", "vocab"), _linear_init(cfg, 0, 1))
     if cfg.hc_head:
         tree["hc_head"] = hyper.head_specs(cfg)
+    if cfg.attn_res_block_size:
+        tree["attn_res_head"] = attn_res.mixer_specs(cfg)
     if cfg.moe is not None and cfg.moe.hash_layers:
         m = cfg.moe
         tree["hash_routes"] = ParamSpec((m.hash_layers, V, m.topk), jnp.float32,

@@ -11,13 +11,14 @@ Legend: B batch, T length, D hidden, V vocab, N query heads, K kv heads, H head 
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxtrain.models import compressed, dsa, hyper
+from jaxtrain.models import attn_res, compressed, dsa, hyper
 from jaxtrain.models import layers as L
 from jaxtrain.models import per_layer
 from jaxtrain.models.attention import attention
@@ -329,6 +330,8 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     adds `attention_block`'s extras to them (its KL under ``dsa``, its selection under
     ``dsa_keep``). With a KV ``cache`` (decoding; see
     `attention_block`) it returns (x, statistics or None, new cache)."""
+    if cfg.attn_res_block_size:
+        return _attn_res_layer(p, x, i, ctx, cfg, cache)
     streams = cfg.hc_streams > 1
     layer_input = ("act_batch", "act_layer_seq", "act_embed")   # what full recompute saves
     if streams:
@@ -387,6 +390,39 @@ def decoder_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
     if "layer_scalar" in p:   # Gemma 4: a checkpoint constant, so no gradient reaches it
         out = out * jax.lax.stop_gradient(p["layer_scalar"]).astype(out.dtype)
     out = constrain(out, *(hyper.STREAMS if streams else RESIDUAL))
+    if extras:
+        stats = {**(stats or {}), **extras}
+    if cache is not None:
+        return out, stats, cache
+    return out if stats is None else (out, stats)
+
+
+def _attn_res_layer(p: dict, x, i, ctx: dict, cfg, cache=None):
+    """`decoder_layer` with attention residuals (models/attn_res.py): x [B,T,D] is the running
+    sum, ``ctx['attn_res']`` [B,T,n,D] the summaries so far (x among them when layer i opens a
+    block, whose sum then restarts); each half reads its mix and adds to the sum."""
+    x = checkpoint_name(constrain(x, "act_batch", "act_layer_seq", "act_embed"),
+                        "decoder_layer_input")
+    rng = jax.random.fold_in(ctx["rng"], i) if ctx["rng"] is not None else None
+    sub = (lambda n: jax.random.fold_in(rng, n)) if rng is not None else (lambda n: None)
+    det = ctx["deterministic"]
+    norm = _maybe_remat(lambda q, y: L.norm(q, y, cfg), "layernorm" in cfg.recompute_modules)
+    summaries, opens = ctx["attn_res"], attn_res.starts_block(i, cfg)
+    u = attn_res.mix(p["attn_res"], summaries, x, cfg, use_current=~opens)
+    ps = jnp.where(opens, jnp.zeros((), x.dtype), x)
+    a, _, cache, extras = _mixer_half(p, u, i, ctx, cfg, cache, norm, sub, det)
+    ps = (ps + a).astype(cfg.residual_dtype)
+    u = attn_res.mix(p["mlp_res"], summaries, ps, cfg)
+    h = norm(p["mlp_norm"], u)
+    stats = None
+    with jax.named_scope("mlp"):
+        if "moe" in p:
+            m, stats = _moe(p["moe"], h, u, i, ctx, sub(4), cfg)
+        else:
+            m = _maybe_remat(lambda q, y: L.mlp(q, y, cfg), "mlp" in cfg.recompute_modules)(
+                p["mlp"], h)
+    m = L.dropout(constrain(m, *RESIDUAL), cfg.hidden_dropout, sub(3), det)
+    out = constrain((ps + m).astype(cfg.residual_dtype), *RESIDUAL)
     if extras:
         stats = {**(stats or {}), **extras}
     if cache is not None:
@@ -534,12 +570,22 @@ def _layer_blocks(cfg, lo: int = 0, hi: int | None = None) -> list[_Block]:
     is a signature of its own, so its block runs once (``reps`` 1) and hands them on."""
     sigs = tuple(zip(layer_kinds(cfg), store_kinds(cfg)))
     blocks = []
-    for seg in layer_plan(cfg, lo, hi):
+    for seg in _res_cut(layer_plan(cfg, lo, hi), cfg):
         g = seg.group
         units = [sigs[a:a + g] for a in range(seg.start, seg.stop, g)]
         for off, q, r in _periodic_runs(units):
             blocks.append(_Block(seg.start + off * g, r, q, g, seg.policy))
     return blocks
+
+
+def _res_cut(segments, cfg):
+    """The remat segments cut at attention residuals' block boundaries (attn_res.blocks), a
+    group of rematerialised layers then the largest that divides its piece."""
+    out = []
+    for seg in segments:
+        for a, b in attn_res.blocks(cfg, seg.start, seg.stop):
+            out.append(seg._replace(start=a, stop=b, group=math.gcd(seg.group, b - a)))
+    return out
 
 
 def _stack(trees):
@@ -609,11 +655,15 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
     lo_layer = (layers or (0, None))[0]
     sel = _shared_selection(x, cfg, lo_layer)   # DSA index sharing: the last selection
 
-    def layer(kind, p, h, i, store, u, kv, sel):
+    summaries = None   # attention residuals' (attn_res.py)
+
+    def layer(kind, p, h, i, store, u, kv, sel, res):
         with jax.named_scope("decoder_layer"):
             lctx = layer_context(ctx, kind, i, store, u, kv, cfg)
             if sel is not None:
                 lctx = {**lctx, "dsa_keep": sel}
+            if res is not None:
+                lctx = {**lctx, "attn_res": res}
             out = decoder_layer(gather_weights(p, axes[kind]), h, i, lctx, cfg,
                                 cache={} if store else None)
         if store:
@@ -621,11 +671,11 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
             return h, s, {store: cache["shared_kv"]}
         return (*out, {}) if isinstance(out, tuple) else (out, None, {})
 
-    def unit(unit_kinds, unit_stores, ps, h, ids, us, kv, sel):
+    def unit(unit_kinds, unit_stores, ps, h, ids, us, kv, sel, res):
         stats, stored, kl = [], {}, jnp.float32(0.0)
         for j, (kind, p) in enumerate(zip(unit_kinds, ps)):
             h, s, new = layer(kind, p, h, ids[j], unit_stores[j], None if us is None else us[j],
-                              kv, sel)
+                              kv, sel, res)
             s, layer_kl = dsa.pop(s)
             s, keep = dsa.pop(s, "dsa_keep")
             kl = kl if layer_kl is None else kl + layer_kl
@@ -649,8 +699,10 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
                     stacks[k])
         idx = jnp.arange(blk.start, blk.start + blk.reps * size).reshape(blk.reps, size) + shift
         us = per_layer_slices(ctx, blk.start + shift, size, blk.reps)
+        summaries = attn_res.keep(summaries, x, blk.start, cfg)
 
-        def step(carry, xs, sig=sig, sig_stores=sig_stores, blk=blk, kv=dict(shared)):
+        def step(carry, xs, sig=sig, sig_stores=sig_stores, blk=blk, kv=dict(shared),
+                 res=summaries):
             h, sel = carry
             pb, ib, ub = xs
             cursor = dict.fromkeys(pb, 0)
@@ -665,7 +717,7 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
                 if blk.policy is not NO_REMAT:
                     fn = jax.checkpoint(fn, policy=blk.policy, prevent_cse=not cfg.scan_layers)
                 h, s, unit_kl, new, sel = fn(ps, h, ib[part], None if ub is None else ub[part],
-                                             kv, sel)
+                                             kv, sel, res)
                 stats += s
                 kl = kl + unit_kl
                 stored.update(new)
@@ -687,6 +739,8 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
         if ys is not None:
             collected.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), ys))
     stats = jax.tree.map(lambda *a: jnp.concatenate(a), *collected) if collected else None
+    if summaries is not None:   # the head's mix of the summaries and the last running sum
+        x = attn_res.mix(ctx["attn_res_head"], summaries, x, cfg)
     if dsa.trains_indexer(cfg) and not ctx["deterministic"]:
         stats = {**(stats or {}), "dsa": kl_total}
     return x, stats
@@ -797,7 +851,8 @@ def layer_inputs(params: dict, tokens, cfg, *, positions=None, segment_ids=None,
         tokens, positions, index = lay.apply(tokens), lay.apply(positions), lay.apply(index)
         segment_ids = None if segment_ids is None else lay.apply(segment_ids)
         ctx.update(token_index=index, token_layout=lay.reorder, reordered=lay)
-    ctx.update(tokens=tokens, hash_routes=(params or {}).get("hash_routes"))
+    ctx.update(tokens=tokens, hash_routes=(params or {}).get("hash_routes"),
+               attn_res_head=(params or {}).get("attn_res_head"))
     if not with_embedding:
         ctx.update(segment_ids=segment_ids, positions=positions,
                    rope=_rope_tables(positions, cfg))

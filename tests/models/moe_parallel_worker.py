@@ -44,16 +44,32 @@ V4 = dict(num_layers=4, num_query_groups=1, kv_channels=16, q_lora_rank=12,
           norm_epsilon=1e-6)
 
 
+# Kimi K3 (KDA layers with the bounded decay and full-rank gate, gated NoPE MLA, attention
+# residuals over blocks of 2 layers, SiTU, the stable latent MoE)
+K3 = dict(num_layers=4, multi_latent_attention=True, q_lora_rank=16, kv_lora_rank=16,
+          qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8, mla_nope=True, qk_layernorm=True,
+          mla_latent_norm_epsilon=1e-6, attention_output_gate=True,
+          position_embedding_type="none", linear_attention_layers=(True, False, True, False),
+          linear_attention_kind="kda", linear_num_key_heads=2, linear_num_value_heads=2,
+          linear_key_head_dim=8, linear_value_head_dim=8, linear_chunk_size=4,
+          kda_gate_lower_bound=-5.0, kda_full_rank_gate=True, attn_res_block_size=2,
+          situ_beta=1.5, situ_linear_beta=2.0)
+
+
 def run(variant: str, mesh: str) -> dict:
-    v4, serial = variant == "v4", variant == "serial"
+    v4, serial, k3 = variant == "v4", variant == "serial", variant == "k3"
     moe = dict(MOE, score_function="sqrtsoftplus", expert_bias=True, hash_layers=2,
                load_balancing=("seq_aux_loss",), aux_loss_coeff=(0.01,)) if v4 else dict(
-        MOE, shared_expert_size=None) if serial else dict(MOE, **VARIANTS[variant])
+        MOE, shared_expert_size=None) if serial else dict(
+        MOE, score_function="sigmoid", expert_bias=True, latent_size=16, latent_norm=True,
+        layer_freq=(0, 1, 1, 1)) if k3 else dict(MOE, **VARIANTS[variant])
     cfg = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
                       vocab_size=97, moe=MoEConfig(**moe),
                       quant=FP8 if variant.startswith("fp8") else None)
     if v4:
         cfg = cfg.replace(**V4)
+    if k3:
+        cfg = cfg.replace(**K3)
     if serial:   # MaxText's qwen3_custom_moe layer: attention into the MoE layer at width 24
         cfg = cfg.replace(attention_output_dim=24, qk_layernorm=True)
     params, qstate = init(cfg, jax.random.key(0)), init_state(cfg)

@@ -562,7 +562,7 @@ def test_hooks_for_other_families_router_bias_and_clamped_glu():
     g, u = np.array([-3.0, 0.5, 4.0]), np.array([-4.0, 0.5, 2.0])
     want = np.minimum(g, 1.5) / (1 + np.exp(-1.702 * np.minimum(g, 1.5))) * (np.clip(u, -1.5,
                                                                                      1.5) + 1)
-    np.testing.assert_allclose(M._glu(jnp.asarray(g), jnp.asarray(u), None, c.moe), want,
+    np.testing.assert_allclose(M._glu(jnp.asarray(g), jnp.asarray(u), c.moe, c), want,
                                rtol=1e-5)
 
 

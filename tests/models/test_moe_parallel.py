@@ -91,3 +91,13 @@ def test_deepseek_v4_matches_data_parallel():
     for m in ("ep2", "ep4"):
         _close(got[f"v4:{m}"], got["v4:dp8"], f"v4:{m}")
     _close(got["v4:ep2_tp2"], got["v4:tp2"], "v4:ep2_tp2")
+
+
+@pytest.mark.slow
+def test_kimi_k3_matches_data_parallel():
+    """Kimi K3 (KDA and gated MLA layers, attention residuals, SiTU, the stable latent MoE)
+    under expert, tensor and context parallelism: data parallelism's results."""
+    got = _worker([f"k3:{m}" for m in ["dp8", "ep2", "ep4", "ep2_cp2", "tp2", "ep2_tp2"]])
+    for m in ("ep2", "ep4", "ep2_cp2"):
+        _close(got[f"k3:{m}"], got["k3:dp8"], f"k3:{m}")
+    _close(got["k3:ep2_tp2"], got["k3:tp2"], "k3:ep2_tp2")

@@ -57,13 +57,12 @@ KNOBS = [
       "models, which are now the only kind.", "megatron", INERT,
       "Megatron-Core models are the default and this flag no longer selects anything; jaxtrain "
       "has a single model implementation"),
-    K("model_type", "str", "gpt", "Model family to build; gpt is the decoder-only transformer "
-      "(dense, MoE or MLA), mamba and hybrid Megatron's hybrid stack (hybrid_layer_pattern), "
-      "deepseek_v4 DeepSeek-V4 (compress_ratios).",
+    K("model_type", "str", "gpt", "Model family: gpt the decoder-only transformer (dense, MoE "
+      "or MLA), mamba/hybrid Megatron's hybrid stack, deepseek_v4 DeepSeek-V4, kimi_k3 Kimi "
+      "K3's text backbone.",
       "megatron", HONORED,
       choices=("gpt", "mamba", "hybrid", "deepseek_v4", "kimi_k3", "flux_schnell",
                "diffusion_model"),
-      planned_values={"kimi_k3": 25},
       rejected_values={v: "diffusion models (Flux) are image generators, not language models; "
                           "jaxtrain trains decoder-only language models"
                        for v in ("flux_schnell", "diffusion_model")}),
@@ -387,8 +386,11 @@ KNOBS = [
 
     # Kernel and scheduling selectors of section 10.1
     K("use_te_activation_func", "bool", False, "Run MLP activations with TransformerEngine "
-      "kernels.", "megatron", INERT,
-      "a CUDA kernel choice for the same function; XLA fuses the activation into neighbouring ops"),
+      "kernels (Primus's Kimi K3: the activation module slot, where its SiTU goes).",
+      "megatron", HONORED,
+      "a CUDA kernel choice for the same function elsewhere (XLA fuses the activation); with "
+      "model_type kimi_k3 true selects SiTU (activation_situ_beta) in every gated unit and "
+      "false plain SwiGLU, as Primus's K3 layer specs"),
     K("gradient_accumulation_fusion", "bool", True, "Accumulate weight gradients straight into "
       "float32 buffers inside the backward matmul.", "megatron", status=INERT, reason='names a fused CUDA kernel that adds weight gradients into an fp32 buffer; under XLA the accumulation dtype follows grad_reduce_in_bf16 / accumulate_allreduce_grads_in_fp32'),
     K("delay_wgrad_compute", "bool", False, "Postpone weight-gradient matmuls so they overlap "

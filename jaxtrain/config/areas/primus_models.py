@@ -25,6 +25,8 @@ _V4 = ("DeepSeek-V4 (model_type deepseek_v4; models/compressed.py, the reference
        "transformers' and MaxText's DeepSeek-V4; Primus's own departures - zero-filled first "
        "sparse window, the indexer's own low-rank query, untransposed stream mixing, its YaRN "
        "ramp - are not reproduced)")
+_K3 = ("Kimi K3 (model_type kimi_k3; from_knobs._k3_fields, checked against a torch "
+       "transcription of Primus's layer on transformers' Kimi Linear modules)")
 
 KNOBS = [
     # --- DeepSeek-V4: compressed/sparse attention ---
@@ -101,31 +103,45 @@ KNOBS = [
 
     # --- Kimi K3: Kimi Delta Attention and MLA ---
     K("kda_gate_lower_bound", "float", -5.0, "Kimi Delta Attention: lower bound of the bounded "
-      "log-decay gate.", _P, issue=25),
+      "log-decay gate.", _P, HONORED, _K3 + ": models/linear_attention.py: g = lb * "
+      "sigmoid(exp(A_log) * (a + dt_bias)); null keeps Kimi Linear's -exp(A_log) * softplus"),
     K("kda_use_full_rank_gate", "bool", True, "Kimi Delta Attention: full-rank output gate (a "
-      "hidden -> heads x dim projection).", _P, issue=25),
+      "hidden -> heads x dim projection).", _P, HONORED, _K3 + ": the KDA output gate is one "
+      "[D,H,Dv] projection (wg); false, Kimi Linear's low-rank pair, is refused (Primus raises "
+      "too)"),
     K("kda_chunk_size", "int", 64, "Chunk length of Kimi Delta Attention's chunked recurrence.",
-      _P, issue=25),
+      _P, HONORED, _K3 + ": the chunk length of kernels/gated_delta's chunked form (the WY "
+      "blocks; the result is the recurrence's at any length)"),
     K("kda_backend", "str", "eager", "Kernel of Kimi Delta Attention: eager, eager_recurrent, "
       "fla or flydsl.", _P, INERT, _FLA),
     K("use_kimi_k3_attention_backend", "str", None, "One switch for all Kimi K3 attention "
       "kernels (overrides kda_backend).", _P, INERT, _FLA),
     K("mla_use_nope", "bool", True, "Kimi K3 MLA: no rotary embedding (the rotary head "
-      "dimensions are carried unrotated).", _P, issue=25),
+      "dimensions are carried unrotated).", _P, HONORED, _K3 + ": ModelConfig.mla_nope; "
+      "false rotates the qk_pos_emb_head_dim part with RoPE as other MLA models do"),
     K("mla_use_output_gate", "bool", True, "Kimi K3 MLA: gate the attention output with a "
-      "sigmoid of the layer input.", _P, issue=25),
+      "sigmoid of the layer input.", _P, HONORED, _K3 + ": attention_output_gate on MLA (wg "
+      "[D,N,v_head_dim], sigmoid(x wg) times each head's output before the projection)"),
     K("attn_res_block_size", "int", None, "Kimi K3 attention residuals: every N layers a block "
-      "summary is kept that later layers attend over; null turns them off.", _P, issue=25),
+      "summary is kept that later layers attend over; null turns them off.", _P, HONORED,
+      _K3 + ": models/attn_res.py (softmax mixes over the block summaries and the running sum "
+      "before each sublayer and the final norm; the layer loops run block by block)"),
     K("activation_situ_beta", "float", None, "Kimi K3 SiTU activation: soft clamp of the gate "
-      "branch; null is plain SiLU.", _P, issue=25),
+      "branch; null is plain SiLU.", _P, HONORED, _K3 + ": layers.glu: b tanh(g/b) sigmoid(g) "
+      "* u in every gated MLP, the shared and the routed experts, where Primus builds SiTU "
+      "(use_te_activation_func true, as its K3 yaml; null: b = 1 as Primus's `beta or 1.0`)"),
     K("activation_situ_linear_beta", "float", None, "Kimi K3 SiTU activation: soft clamp of the "
-      "up branch.", _P, issue=25),
+      "up branch.", _P, HONORED, _K3 + ": layers.glu: the up branch soft-clamped as c tanh(u/c) "
+      "(null: as is)"),
 
     # --- Kimi K3: latent MoE, routing, MTP ---
     K("routed_expert_hidden_size", "int", None, "Kimi K3 latent MoE: width the routed experts "
-      "work in (projected from and back to hidden_size); null is model width.", _P, issue=25),
-    K("latent_moe_use_norm", "bool", False, "Kimi K3 latent MoE: normalise the latent before the "
-      "experts.", _P, issue=25),
+      "work in (projected from and back to hidden_size); null is model width.", _P, HONORED,
+      _K3 + ": Megatron's moe_latent_size under Primus's name (both set: they must agree)"),
+    K("latent_moe_use_norm", "bool", False, "Kimi K3 latent MoE: normalise the combined routed "
+      "output in the latent space.", _P, HONORED, _K3 + ": moe.latent_norm: an RMS norm of the "
+      "combined routed output before the up projection (without a latent space none, as "
+      "Primus)"),
     K("moe_router_bias_update_rule", "str", "sign", "Kimi K3 expert-bias update: sign (aux-loss-"
       "free) or quantile (quantile balancing).", _P, issue=25, choices=("sign", "quantile")),
     K("quantile_balancing_num_bins", "int", 1024, "Histogram bins of quantile balancing's score "

@@ -90,6 +90,8 @@ def moe_block(p: dict, x, cfg, *, train: bool, rng=None, prev_aux_counts=None,
     else:
         y_BTD, stats = _sharded(layout, routed, xe_BTD, xr_BTD, rand_BTE, hash_experts, hashed,
                                 prev_aux_counts, prev_steps, cfg, train, spec_for)
+    if "latent_norm" in p:
+        y_BTD = L.norm(p["latent_norm"], y_BTD, cfg)
     if "latent_out" in p:
         y_BTD = _latent(p["latent_out"], y_BTD, "latent_out", cfg)
     if "shared" in p:

@@ -109,6 +109,8 @@ class MoEConfig:
     activation: str | None = None
     glu_limit: float | None = None
     latent_size: int | None = None
+    # Kimi K3's stable latent MoE: the combined routed output RMS-normed in the latent space
+    latent_norm: bool = False
     hash_layers: int = 0
     aux_softmax_biased: bool = False
 
@@ -147,6 +149,9 @@ class MoEConfig:
         need(E >= 1, f"num_experts {E} must be positive")
         need(self.latent_size is None or self.latent_size > 0,
              f"moe_latent_size {self.latent_size} must be positive (null: no latent space)")
+        need(not self.latent_norm or self.latent_size,
+             "latent_moe_use_norm norms the routed experts' latent space, and there is none "
+             "(routed_expert_hidden_size / moe_latent_size)")
         need(self.latent_size is None or not self.branch_norms,
              "moe_latent_size: Gemma 4's branch norms are not built with a latent space")
         need(not self.shared_expert_gate or self.shared_expert_size,

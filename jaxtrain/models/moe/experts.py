@@ -20,25 +20,21 @@ import jax
 import jax.numpy as jnp
 
 from jaxtrain import quant
-from jaxtrain.models.layers import activation
+from jaxtrain.models.layers import activation, glu
 from jaxtrain.models.moe.comm import _psum
 from jaxtrain.models.moe.config import MoEConfig
 from jaxtrain.ops import grouped_matmul
 
 
-def _glu(h0, h1, act, m: MoEConfig, clamp=None):
-    """The gated unit: GPT-OSS's clamped GLU, or act(h0) * h1 clamped (act(min(h0, c)) *
-    clip(h1, -c, c)) at the model's ``glu_clamp``, else at ``glu_limit`` (the experts only:
-    MaxText's deepseek4)."""
+def _glu(h0, h1, m: MoEConfig, cfg):
+    """The gated unit: GPT-OSS's clamped GLU, or the model's (`layers.glu`), clamped at
+    ``glu_limit`` without a model clamp (the experts only: MaxText's deepseek4)."""
     if m.activation == "swiglu_oai":
         limit = m.glu_limit if m.glu_limit is not None else 7.0
         h0 = jnp.minimum(h0, limit)
         h1 = jnp.clip(h1, -limit, limit)
         return h0 * jax.nn.sigmoid(1.702 * h0) * (h1 + 1.0)
-    clamp = clamp if clamp is not None else m.glu_limit
-    if clamp is not None:
-        h0, h1 = jnp.minimum(h0, clamp), jnp.clip(h1, -clamp, clamp)
-    return act(h0) * h1
+    return glu(h0, h1, cfg, m.glu_limit)
 
 
 def _ffn_rows(pe, x_MD, key_M, sizes_L, cfg, m: MoEConfig):
@@ -59,8 +55,8 @@ def _ffn_rows(pe, x_MD, key_M, sizes_L, cfg, m: MoEConfig):
     if cfg.gated_linear_unit:
         h0_MF = gmm(x_MD, "wi_0") + bias("bi_0")
         h1_MF = gmm(x_MD, "wi_1") + bias("bi_1")
-        glu = lambda a, b: _glu(a, b, act, m, cfg.glu_clamp)  # noqa: E731
-        h_MF = _maybe_remat_act(glu, cfg)(h0_MF, h1_MF)
+        unit = lambda a, b: _glu(a, b, m, cfg)  # noqa: E731
+        h_MF = _maybe_remat_act(unit, cfg)(h0_MF, h1_MF)
     else:
         h_MF = _maybe_remat_act(act, cfg)(gmm(x_MD, "wi") + bias("bi"))
     return gmm(h_MF.astype(dt), "wo")
@@ -92,8 +88,8 @@ def _ffn_buffers(pe, x_LCD, cfg, m: MoEConfig):
     act = functools.partial(activation, cfg.activation)
     if cfg.gated_linear_unit:
         h0_LCF, h1_LCF = mm(x_LCD, "wi_0") + bias("bi_0"), mm(x_LCD, "wi_1") + bias("bi_1")
-        glu = lambda a, b: _glu(a, b, act, m, cfg.glu_clamp)  # noqa: E731
-        h_LCF = _maybe_remat_act(glu, cfg)(h0_LCF, h1_LCF)
+        unit = lambda a, b: _glu(a, b, m, cfg)  # noqa: E731
+        h_LCF = _maybe_remat_act(unit, cfg)(h0_LCF, h1_LCF)
     else:
         h_LCF = _maybe_remat_act(act, cfg)(mm(x_LCD, "wi") + bias("bi"))
     return mm(h_LCF, "wo")
