@@ -687,6 +687,15 @@ def moe_router(c: Context):
                               "does): its router learns from the balancing loss only")
         else:
             c.error("moe_router_topk 1 with softmax scores needs moe_router_pre_softmax: true")
+    if "quantile_balancing" in balancing and c.get("num_experts"):
+        tokens = (c.get("micro_batch_size") or 1) * (c.get("seq_length") or 0)
+        k, E = c.get("moe_router_topk"), c.get("num_experts")
+        if tokens and (tokens * k) % E:
+            c.error(f"quantile balancing gives each expert a rank's tokens x topk / experts: "
+                    f"micro_batch_size x seq_length ({tokens}) x moe_router_topk ({k}) must be "
+                    f"divisible by num_experts ({E}), as Megatron asserts")
+        _not_yet(c, "quantile balancing", (
+            ("pipeline_model_parallel_size", "the stages do not return its quantiles"),))
 
 
 def _family(c: Context, key: str, choosers: dict[str, str], what: str):

@@ -1045,6 +1045,7 @@ def _moe(cfg, etp, tp, turbo, dispatcher, factor, activation, glu_limit):
         bias_update_rate=float(cfg["moe_router_bias_update_rate"]),
         load_balancing=cfg["moe_router_load_balancing_type"],
         aux_loss_coeff=cfg["moe_aux_loss_coeff"], z_loss_coeff=cfg["moe_z_loss_coeff"],
+        qb_ema=float(cfg["moe_router_quantile_balancing_ema"]),
         input_jitter_eps=cfg["moe_input_jitter_eps"],
         router_softcap=cfg["router_logit_softcapping"] or None,
         force_balancing=(cfg["moe_router_force_load_balancing_type"]

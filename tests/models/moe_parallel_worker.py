@@ -27,7 +27,9 @@ VARIANTS = {"dropless": {}, "alltoall": dict(dispatcher="alltoall"),
             "etp1": dict(expert_tensor_parallel=False),
             "fp8": {}, "fp8_alltoall": dict(dispatcher="alltoall"),
             "fp8_padded": dict(capacity_factor=1.0, pad_to_capacity=True),
-            "latent": dict(latent_size=16, dispatcher="alltoall")}
+            "latent": dict(latent_size=16, dispatcher="alltoall"),
+            "qb": dict(load_balancing=("quantile_balancing",), aux_loss_coeff=(0.0,),
+                       dispatcher="alltoall")}
 # fp8 variants: hybrid delayed scaling with its state (the new state is compared too)
 FP8 = QuantConfig("delayed", "e4m3", "e4m3", "e5m2", history_len=4)
 MESHES = {"dp8": dict(data=8), "ep2": dict(data=4, expert=2), "ep4": dict(data=2, expert=4),
@@ -63,7 +65,8 @@ def run(variant: str, mesh: str) -> dict:
         MOE, shared_expert_size=None) if serial else dict(
         MOE, score_function="sigmoid", expert_bias=True, latent_size=16, latent_norm=True,
         layer_freq=(0, 1, 1, 1)) if k3 else dict(MOE, **VARIANTS[variant])
-    cfg = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
+    cfg = ModelConfig(num_layers=4 if k3 else 2, hidden_size=32, num_attention_heads=4,
+                      ffn_hidden_size=64,
                       vocab_size=97, moe=MoEConfig(**moe),
                       quant=FP8 if variant.startswith("fp8") else None)
     if v4:

@@ -305,6 +305,15 @@ def test_flops_count_the_mixes(k3):
     assert with_res - flop_terms(no_gate, abstract(no_gate))[0] == 6 * gate
 
 
+def test_no_hugging_face_export(k3):
+    """No transformers model has Kimi K3's changes: export names them instead of writing a
+    Kimi Linear checkpoint that would load wrong."""
+    from jaxtrain.models.hf import check_exportable
+
+    with pytest.raises(ValueError, match="attn_res_block_size.*kda_gate_lower_bound"):
+        check_exportable(k3[0], "kimi_linear")
+
+
 def test_plain_swiglu_without_primus_module_slot():
     """Primus builds SiTU only through the activation module slot (use_te_activation_func);
     without it the K3 layers take plain SwiGLU and the betas are not read."""

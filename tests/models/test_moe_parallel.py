@@ -98,6 +98,19 @@ def test_kimi_k3_matches_data_parallel():
     """Kimi K3 (KDA and gated MLA layers, attention residuals, SiTU, the stable latent MoE)
     under expert, tensor and context parallelism: data parallelism's results."""
     got = _worker([f"k3:{m}" for m in ["dp8", "ep2", "ep4", "ep2_cp2", "tp2", "ep2_tp2"]])
-    for m in ("ep2", "ep4", "ep2_cp2"):
+    for m in ("ep2", "ep4"):
         _close(got[f"k3:{m}"], got["k3:dp8"], f"k3:{m}")
-    _close(got["k3:ep2_tp2"], got["k3:tp2"], "k3:ep2_tp2")
+    for m in ("ep2_tp2", "ep2_cp2"):   # the same ranks' tokens as tp2 (4 data-parallel ranks)
+        _close(got[f"k3:{m}"], got["k3:tp2"], f"k3:{m}")
+
+
+def test_quantile_balancing_matches_data_parallel():
+    """Megatron's quantile balancing: each data-parallel rank's quantile over its tokens
+    (gathered from the context and tensor shards), averaged over the ranks: expert
+    parallelism gives data parallelism's, and context/tensor splits of the same ranks' tokens
+    the same as tensor parallelism's."""
+    got = _worker([f"qb:{m}" for m in ["dp8", "ep2", "ep4", "tp2", "ep2_tp2", "ep2_cp2"]])
+    for m in ("ep2", "ep4"):
+        _close(got[f"qb:{m}"], got["qb:dp8"], f"qb:{m}")
+    for m in ("ep2_tp2", "ep2_cp2"):
+        _close(got[f"qb:{m}"], got["qb:tp2"], f"qb:{m}")

@@ -284,7 +284,9 @@ KNOBS = [
       "models/moe/block.py: latent_in/latent_out around the routed experts; the router and the "
       "shared expert read the full-width token"),
     K("moe_router_quantile_balancing_ema", "float", 0.0, "EMA coefficient of the per-expert bias "
-      "of quantile balancing; 0 replaces it with each batch's quantile.", _L),
+      "of quantile balancing; 0 replaces it with each batch's quantile.", _L, HONORED,
+      "MoEConfig.qb_ema: once per global batch qb_beta = ema qb_beta + (1 - ema) mean "
+      "quantile, then centred (models/moe/step.py)"),
     K("moe_router_force_biased", "float", None, "Benchmarking: add random normal bias of this std "
       "to router logits (positive: new each pass; negative: fixed per layer).", _L),
     K("moe_enable_routing_replay", "bool", False, "Record routing decisions and replay them in a "

@@ -83,7 +83,7 @@ KNOBS = [
     # Load balancing
     K("moe_router_load_balancing_type", "str|list[str]", "aux_loss", "Balancing method, or a list "
       "of methods (one aux coefficient each): aux losses, sinkhorn, quantile bias, or none.", _M,
-      choices=_BALANCING, status=HONORED, planned_values={"quantile_balancing": None}),
+      choices=_BALANCING, status=HONORED),
     K("moe_aux_loss_coeff", "float|list[float]", 0.0, "Weight of the load-balancing auxiliary "
       "loss; a list gives one weight per balancing type.", _M, status=HONORED),
     K("moe_z_loss_coeff", "float", None, "Weight of the router z-loss (mean squared logsumexp of "

@@ -125,10 +125,18 @@ def check_exportable(cfg: ModelConfig, family: str):
     """ValueError naming the ModelConfig fields ``family`` has no equivalent for (no family
     jaxtrain writes has hyper-connections' several residual streams, Gated DeltaNet without
     its convolution, MaxText's learned score bias, its qwen3_custom_moe layer or its default
-    block's shared norm; only NemotronH has a latent MoE)."""
-    latent = cfg.moe is not None and bool(cfg.moe.latent_size) and family != "nemotron_h"
+    block's shared norm, Kimi K3's changes or quantile balancing's bias; only NemotronH has a
+    latent MoE)."""
+    m = cfg.moe
+    latent = m is not None and bool(m.latent_size) and family != "nemotron_h"
     check({"hc_streams": cfg.hc_streams > 1, "moe.latent_size": latent,
-           "moe.score_bias": cfg.moe is not None and cfg.moe.score_bias,
+           "moe.score_bias": m is not None and m.score_bias,
+           "moe.quantile_balancing": m is not None and m.quantile_balancing,
+           "moe.latent_norm": m is not None and m.latent_norm,
+           "attn_res_block_size": bool(cfg.attn_res_block_size),
+           "kda_gate_lower_bound": cfg.kda_gate_lower_bound is not None,
+           "kda_full_rank_gate": cfg.kda_full_rank_gate,
+           "situ_beta": cfg.situ_beta is not None,
            "attention_output_dim": cfg.attention_output_dim is not None,
            "parallel_shared_norm": cfg.parallel_shared_norm,
            "linear_short_conv": not cfg.linear_short_conv,

@@ -31,7 +31,7 @@ from jaxtrain.models.moe.router import (_gate, aux_scores, capacity, capacity_sl
                                         group_score_topk, route, sequence_capacity, sinkhorn,
                                         sinkhorn_routing, switch_loss, topk_routing)
 from jaxtrain.models.moe.step import (merge_trainable, metrics, moe_layer_ids, trainable,
-                                      update_expert_bias, zero_stats)
+                                      update_expert_bias, update_router_state, zero_stats)
 from jaxtrain.models.moe.upcycling import upcycle
 from jaxtrain.ops import grouped_matmul
 
@@ -42,5 +42,5 @@ __all__ = ["BALANCING", "Comm", "DISPATCHERS", "DROP_POLICIES", "EXPERT_ACTIVATI
            "capacity_slots", "experts_local", "group_score_topk", "grouped_matmul",
            "merge_trainable", "metrics", "moe_block", "moe_layer_ids", "moe_pattern",
            "parse_layer_freq", "route", "sequence_capacity", "sinkhorn", "sinkhorn_routing",
-           "switch_loss", "topk_routing", "trainable", "update_expert_bias", "upcycle",
-           "zero_stats"]
+           "switch_loss", "topk_routing", "trainable", "update_expert_bias",
+           "update_router_state", "upcycle", "zero_stats"]

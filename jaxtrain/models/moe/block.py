@@ -38,7 +38,7 @@ def _routed_local(p, x_btD, xr_btD, rand_btE, hash_btk, hashed, prev, steps, cfg
         rand_logits=None if rand_btE is None else rand_btE.reshape(b * t, -1),
         prev_aux_counts=prev, prev_steps=steps, comm=comm, seqs=b,
         forced=None if hash_btk is None else hash_btk.reshape(b * t, -1), hashed=hashed,
-        score_bias=p["router"].get("score_bias"))
+        score_bias=p["router"].get("score_bias"), qb_beta=p["router"].get("qb_beta"))
     x_ND = x_btD.reshape(b * t, D)
     if m.apply_probs_on_input:   # top-1: the token enters its expert scaled, leaves unweighted
         x_ND = (x_ND * probs_Nk.astype(x_ND.dtype)).astype(x_ND.dtype)

@@ -33,12 +33,25 @@ class Comm:
     def sum_seq(self, x):
         return jax.lax.psum(x, self.seq) if self.seq else x
 
+    def mean_seq(self, x):
+        return jax.lax.pmean(x, self.seq) if self.seq else x
+
     def mean_ranks(self, x):
         return jax.lax.pmean(x, self.batch) if self.batch else x
 
     def sum_all(self, x):
         axes = self.seq + self.batch
         return jax.lax.psum(x, axes) if axes else x
+
+    def gather_seq(self, x):
+        """x [N, ...] of every rank of the sequence axes, in rank order: [N * ranks, ...]."""
+        return jax.lax.all_gather(x, self.seq, axis=0, tiled=True) if self.seq else x
+
+    def own_rows(self, x, n: int):
+        """This rank's n rows of a :meth:`gather_seq` result."""
+        if not self.seq:
+            return x
+        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(self.seq) * n, n, 0)
 
     def rank(self):
         return jax.lax.axis_index(self.expert) if self.expert else 0

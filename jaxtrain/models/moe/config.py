@@ -18,13 +18,14 @@ __all__ = ["BALANCING", "DISPATCHERS", "DROP_POLICIES", "EXPERT_ACTIVATIONS", "F
            "SINKHORN_TOL", "moe_pattern", "parse_layer_freq"]
 
 SCORE_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")
-BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing",
+             "none")
 DISPATCHERS = ("allgather", "alltoall")
 DROP_POLICIES = ("probs", "position")
 FORCE_BALANCING = ("even", "uniform")
 EXPERT_ACTIVATIONS = ("swiglu_oai",)   # beyond the model's own activation (GPT-OSS's clamped GLU)
 # parameter leaves the optimizer never updates (Gemma 4's layer scalar is a checkpoint constant)
-NON_TRAINABLE = ("expert_bias", "layer_scalar", "hash_routes")
+NON_TRAINABLE = ("expert_bias", "qb_beta", "layer_scalar", "hash_routes")
 
 # Metric name of each balancing loss (reported without its coefficient, as Megatron logs it).
 LOSS_METRICS = {"aux_loss": "moe_aux_loss", "seq_aux_loss": "moe_seq_aux_loss",
@@ -109,6 +110,9 @@ class MoEConfig:
     activation: str | None = None
     glu_limit: float | None = None
     latent_size: int | None = None
+    # quantile balancing's EMA of its per-expert bias (Megatron's
+    # moe_router_quantile_balancing_ema; 0 takes each global batch's quantile)
+    qb_ema: float = 0.0
     # Kimi K3's stable latent MoE: the combined routed output RMS-normed in the latent space
     latent_norm: bool = False
     hash_layers: int = 0
@@ -180,6 +184,17 @@ class MoEConfig:
                  "sinkhorn routing cannot be combined with aux-loss balancing types")
             need(not any(self.aux_loss_coeff), "sinkhorn needs moe_aux_loss_coeff 0")
             need(self.capacity_factor is None, "sinkhorn takes no capacity factor")
+        if "quantile_balancing" in self.load_balancing:
+            need(tuple(self.load_balancing) == ("quantile_balancing",),
+                 "quantile balancing balances through its own bias: it is the only "
+                 "moe_router_load_balancing_type (Megatron's)")
+            need(self.group_topk is None and self.num_groups is None and not self.hash_layers,
+                 "quantile balancing picks each token's experts itself: no group-limited or "
+                 "hash routing (Megatron refuses group-limited routing with it)")
+            need(self.capacity_factor is None and self.force_balancing is None,
+                 "quantile balancing is built for dropless routing without forced balancing")
+            need(0.0 <= self.qb_ema < 1.0, f"moe_router_quantile_balancing_ema {self.qb_ema} "
+                 "must be in [0, 1)")
         need(not self.expert_bias or self.score_function in ("sigmoid", "sqrtsoftplus"),
              "expert bias needs the sigmoid or sqrtsoftplus score function")
         need(not self.score_bias or (self.score_function in ("sigmoid", "sqrtsoftplus")
@@ -228,6 +243,10 @@ class MoEConfig:
         need(self.activation in (None,) + EXPERT_ACTIVATIONS,
              f"activation {self.activation!r} is not one of {EXPERT_ACTIVATIONS}")
         return out
+
+    @property
+    def quantile_balancing(self) -> bool:
+        return "quantile_balancing" in self.load_balancing
 
     @property
     def objective_types(self) -> tuple[tuple[str, float], ...]:

@@ -95,8 +95,14 @@ def topk_routing(logits, m: MoEConfig, bias=None, forced=None, score_bias=None):
     if m.score_function == "softmax":
         if m.pre_softmax:
             probs_Nk, idx_Nk = _select(_score("softmax", logits), m)
+            if forced is not None:   # quantile balancing's experts (every row forced)
+                idx_Nk = forced.astype(idx_Nk.dtype)
+                probs_Nk = jnp.take_along_axis(_score("softmax", logits), idx_Nk, axis=1)
         else:
             vals_Nk, idx_Nk = _select(logits, m)
+            if forced is not None:
+                idx_Nk = forced.astype(idx_Nk.dtype)
+                vals_Nk = jnp.take_along_axis(logits, idx_Nk, axis=1)
             probs_Nk = jax.nn.softmax(vals_Nk.astype(jnp.float32), axis=-1)
     else:
         scores_NE = _score(m.score_function, logits)
@@ -115,6 +121,22 @@ def topk_routing(logits, m: MoEConfig, bias=None, forced=None, score_bias=None):
     if m.topk_scaling_factor:
         probs_Nk = probs_Nk * m.topk_scaling_factor
     return probs_Nk.astype(jnp.float32), idx_Nk
+
+
+def quantile_experts(logits, beta, k: int, update: bool):
+    """Megatron's quantile balancing (its qb_dual_update) on one rank's logits [N, E] (float32,
+    no gradient): the top k of logits - beta per token and, when ``update``, the column
+    quantile [E] that would give every expert N k / E tokens: with alpha_n the (k+1)-th
+    largest of row n, the (N k / E + 1)-th largest of logits[:, e] - alpha over the tokens
+    (else beta itself)."""
+    x = jax.lax.stop_gradient(logits).astype(jnp.float32)
+    vals, idx = jax.lax.top_k(x - beta.astype(jnp.float32), k + 1)
+    if not update:
+        return idx[:, :k], beta.astype(jnp.float32)
+    N, E = x.shape
+    target = N * k // E
+    col = jax.lax.top_k((x - vals[:, k:]).T, target + 1)[0][:, target]
+    return idx[:, :k], col
 
 
 def sinkhorn(cost, tol: float = SINKHORN_TOL, max_iters: int = SINKHORN_MAX_ITERS):
@@ -205,7 +227,7 @@ def capacity_slots(probs, idx, m: MoEConfig, seqs: int = 1):
 
 def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
           prev_aux_counts=None, prev_steps=None, comm: Comm = LOCAL, seqs: int = 1,
-          forced=None, hashed=None, score_bias=None):
+          forced=None, hashed=None, score_bias=None, qb_beta=None):
     """Routing for one rank's tokens. logits [N, E] (N = seqs sequences of N/seqs tokens).
 
     Returns (probs [N, k], experts [N, k], keep [N, k] bool, slots, stats): ``slots`` is
@@ -214,7 +236,9 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
     (tokens kept per expert, all ranks) and ``aux_counts`` (global_aux_loss's map).
     ``forced`` [N, k]: hash routing's experts (-1: the router's); ``hashed`` (a bool scalar,
     the same on every rank): this layer routes by hash, so its balancing losses are 0.
-    ``score_bias``: :func:`topk_routing`'s.
+    ``score_bias``: :func:`topk_routing`'s. ``qb_beta`` [E]: quantile balancing's bias (the
+    experts are picked over the rank's tokens, gathered from the sequence axes, and ``stats``
+    gains ``qb``, the column quantile for the next bias, averaged over ranks).
     """
     N, E = logits.shape
     if rand_logits is not None:   # forced balancing 'uniform': random logits, straight-through
@@ -231,6 +255,12 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
 
     if "sinkhorn" in m.load_balancing:
         probs_Nk, idx_Nk = sinkhorn_routing(logits, m, train)
+    elif m.quantile_balancing:   # the experts of the whole rank's tokens, then the scores
+        full = comm.gather_seq(logits)
+        idx_Nk, stats["qb"] = quantile_experts(full, qb_beta, m.topk, train)
+        idx_Nk = comm.own_rows(idx_Nk, N)
+        stats["qb"] = comm.mean_ranks(comm.mean_seq(stats["qb"]))   # equal on seq ranks
+        probs_Nk, idx_Nk = topk_routing(logits, m, forced=idx_Nk)
     else:
         probs_Nk, idx_Nk = topk_routing(logits, m, bias, forced, score_bias)
     keep_Nk = jnp.ones(idx_Nk.shape, jnp.bool_)

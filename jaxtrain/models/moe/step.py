@@ -45,35 +45,64 @@ def update_expert_bias(params: dict, counts, cfg) -> dict:
         return params
     counts_LE = counts.astype(jnp.float32)
     delta_LE = m.bias_update_rate * jnp.sign(counts_LE.mean(-1, keepdims=True) - counts_LE)
+    return _update_routers(params, "expert_bias", lambda old, rows: old + delta_LE[rows], cfg)
+
+
+def update_router_state(params: dict, sums: dict, num_micro: int, cfg) -> dict:
+    """Once per global batch (Megatron's finalize step): the expert bias from the loads
+    counted (:func:`update_expert_bias`) and quantile balancing's bias from its quantiles
+    averaged over the microbatches: ema·beta + (1 − ema)·mean, less its mean over experts.
+    ``sums``: the forward's statistics summed over the step's microbatches."""
+    params = update_expert_bias(params, sums["counts"], cfg)
+    m = cfg.moe
+    if m is None or not m.quantile_balancing:
+        return params
+    mean_LE = sums["qb"].astype(jnp.float32) / num_micro
+
+    def blend(old_LE, rows):
+        new_LE = m.qb_ema * old_LE + (1.0 - m.qb_ema) * mean_LE[rows]
+        return new_LE - new_LE.mean(-1, keepdims=True)
+
+    return _update_routers(params, "qb_beta", blend, cfg)
+
+
+def _update_routers(params: dict, leaf: str, new, cfg) -> dict:
+    """``params`` with every MoE layer's router ``leaf`` [E] replaced by new(old [L, E],
+    rows [L]): ``rows`` the layers' places in MoE-layer order (the decoder's stacks, then the
+    multi-token-prediction layers depth-major)."""
     moe_kinds = [k for k in layer_kinds(cfg) if k in MOE_STACKS]
+    n_main = len(moe_kinds)
     out = dict(params)
-    extra = delta_LE[len(moe_kinds):]   # the multi-token-prediction layers' rows
-    if extra.shape[0]:   # depth-major rows of each depth's MoE (sub)layers
+    n_extra = len(moe_layer_ids(cfg)) - n_main
+    if n_extra:   # depth-major rows of each depth's MoE (sub)layers
         mtp = params["mtp"]
         hybrid = "layers" in mtp
         inner = mtp["layers"] if hybrid else mtp
         subs = ([str(n) for n, k in enumerate(mtp_layer_kinds(cfg)) if k in MOE_STACKS]
                 if hybrid else ["layer"])
         for r, n in enumerate(subs):
-            inner = _add_expert_bias(inner, n, extra[r::len(subs)], cfg)
+            rows = jnp.arange(n_main + r, n_main + n_extra, len(subs))
+            inner = _set_router_leaf(inner, n, leaf, new, rows, cfg)
         out["mtp"] = {**mtp, "layers": inner} if hybrid else inner
     for stack in MOE_STACKS:
-        if stack not in params:
-            continue
-        rows = jnp.asarray([j for j, k in enumerate(moe_kinds) if k == stack])
-        out = _add_expert_bias(out, stack, delta_LE[rows], cfg)
+        if stack in params:
+            rows = jnp.asarray([j for j, k in enumerate(moe_kinds) if k == stack])
+            out = _set_router_leaf(out, stack, leaf, new, rows, cfg)
     return out
 
 
-def _add_expert_bias(tree: dict, key: str, delta_LE, cfg) -> dict:
-    """``tree`` with delta [L, E] added to the stacked expert bias of ``tree[key]``'s MoE."""
+def _set_router_leaf(tree: dict, key: str, leaf: str, new, rows, cfg) -> dict:
+    """``tree`` with the stacked router ``leaf`` of ``tree[key]``'s MoE set to new(old, rows)."""
     layers = tree[key]
     router = layers["moe"]["router"]
-    bias = router["expert_bias"]
-    axis = cfg.param_scan_axis if bias.ndim == 2 else 0
-    new = bias + jnp.moveaxis(delta_LE, 0, axis).astype(bias.dtype)
+    old = router[leaf]
+    axis = cfg.param_scan_axis if old.ndim == 2 else 0
+    if old.ndim == 1:   # an unstacked module (one MTP layer)
+        value = new(old[None].astype(jnp.float32), rows)[0]
+    else:
+        value = jnp.moveaxis(new(jnp.moveaxis(old, axis, 0).astype(jnp.float32), rows), 0, axis)
     return {**tree, key: {**layers, "moe": {**layers["moe"], "router": {
-        **router, "expert_bias": new}}}}
+        **router, leaf: value.astype(old.dtype)}}}}
 
 
 def metrics(stats: dict, cfg, moe_layer_ids) -> dict:
@@ -117,4 +146,6 @@ def zero_stats(cfg):
              "objective": jnp.zeros((n,), f32), "counts": jnp.zeros((n, m.num_experts), f32)}
     if "global_aux_loss" in m.load_balancing:
         stats["aux_counts"] = jnp.zeros((n, m.num_experts), f32)
+    if m.quantile_balancing:
+        stats["qb"] = jnp.zeros((n, m.num_experts), f32)
     return stats
