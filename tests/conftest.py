@@ -1,6 +1,7 @@
 """Shared test setup: JAX on the CPU, and helpers to write configs and run the CLIs."""
 import contextlib
 import io
+import json
 import logging
 import os
 import pathlib
@@ -118,6 +119,16 @@ def cli():
         return code, out.getvalue(), err.getvalue()
 
     return _run
+
+
+def trained_rows(cli, run, workspace, name: str = "run") -> list[dict]:
+    """Dry-run, then train, the command line ``run`` through ``cli`` (both must exit 0): the
+    metrics rows the run wrote under ``workspace/name``."""
+    code, _, err = cli("--dry-run", *run)
+    assert code == 0, err
+    code, _, err = cli(*run)
+    assert code == 0, err
+    return [json.loads(r) for r in (workspace / name / "metrics.jsonl").read_text().splitlines()]
 
 
 def run_module(module, *args, env=None, cwd=None):

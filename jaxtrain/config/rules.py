@@ -149,11 +149,7 @@ def gated_delta_net(c: Context):
     """Gated DeltaNet layers: heads split whole over TP; what they do not run yet, refused."""
     if not _gated_delta_net(c):
         return
-    tp = c.get("tensor_model_parallel_size", 1)
-    for key in ("linear_num_key_heads", "linear_num_value_heads"):
-        if c.get(key) and c.get(key) % tp:
-            c.error(f"{key} ({c.get(key)}) must be divisible by tensor_model_parallel_size "
-                    f"({tp}): the Gated DeltaNet heads split over the tensor axis")
+    _heads_split(c, ("linear_num_key_heads", "linear_num_value_heads"), "the Gated DeltaNet")
     why = {"pipeline_model_parallel_size": "the pipeline executor does not run its layers yet"}
     if c.get("moe_use_upcycling"):
         c.error("not implemented yet: moe_use_upcycling with experimental_attention_variant "
@@ -170,6 +166,15 @@ def gated_delta_net(c: Context):
             c.error(f"not implemented yet: {key} {c.get(key)} with experimental_attention_"
                     f"variant {c.get('experimental_attention_variant')} (Gated DeltaNet "
                     f"layers): {reason}")
+
+
+def _heads_split(c: Context, keys, whose: str) -> None:
+    """Each head count of ``keys`` must split whole over the tensor axis."""
+    tp = c.get("tensor_model_parallel_size", 1)
+    for key in keys:
+        if c.get(key) and c.get(key) % tp:
+            c.error(f"{key} ({c.get(key)}) must be divisible by tensor_model_parallel_size "
+                    f"({tp}): {whose} heads split over the tensor axis")
 
 
 def sparse_attention(c: Context):
@@ -266,11 +271,7 @@ def kimi_k3(c: Context):
     refused by name."""
     if c.get("model_type") != "kimi_k3":
         return
-    tp = c.get("tensor_model_parallel_size", 1)
-    for key in ("linear_num_key_heads", "num_attention_heads"):
-        if c.get(key) and c.get(key) % tp:
-            c.error(f"{key} ({c.get(key)}) must be divisible by tensor_model_parallel_size "
-                    f"({tp}): Kimi K3's heads split over the tensor axis")
+    _heads_split(c, ("linear_num_key_heads", "num_attention_heads"), "Kimi K3's")
     _not_yet(c, "Kimi K3 (model_type kimi_k3)", (
         ("pipeline_model_parallel_size", "the stages do not send the attention residuals' "
                                          "summaries, and the pipeline executor does not run "

@@ -879,7 +879,9 @@ _K3_KEYS = {"attn_res_block_size": None, "routed_expert_hidden_size": None,
             "activation_situ_linear_beta": None, "kda_gate_lower_bound": -5.0,
             "kda_use_full_rank_gate": True, "mla_use_nope": True, "mla_use_output_gate": True,
             "kda_chunk_size": 64, "moe_router_bias_update_rule": "sign",
-            "mtp_layer_type": "mirror_last"}
+            "mtp_layer_type": "mirror_last", "quantile_balancing_num_bins": 1024,
+            "quantile_balancing_margin_min": -1.0, "quantile_balancing_margin_max": 1.0,
+            "quantile_balancing_center_bias": True, "quantile_balancing_ema_decay": None}
 # Primus's KimiK3TransformerConfig.mla_latent_layernorm_epsilon (no yaml sets it)
 _K3_LATENT_NORM_EPS = 1e-6
 
@@ -905,10 +907,6 @@ def _k3_fields(cfg: Mapping[str, Any], fields: dict) -> dict:
     if not cfg["kda_use_full_rank_gate"]:
         raise ConfigError("kda_use_full_rank_gate false (Kimi Linear's low-rank output gate in "
                           "Kimi K3's KDA layers) is not built; Primus raises too")
-    if cfg["moe_router_bias_update_rule"] != "sign":
-        raise ConfigError("not implemented yet: moe_router_bias_update_rule = 'quantile' "
-                          "(Kimi K3's quantile balancing); planned for issue #25 (model "
-                          "families). Use sign (the aux-loss-free update)")
     if cfg["mtp_num_layers"]:
         raise ConfigError("not implemented yet: multi-token prediction of model_type kimi_k3 "
                           "(num_nextn_predict_layers / mtp_num_layers, mtp_layer_type); planned "
@@ -948,9 +946,17 @@ def _k3_fields(cfg: Mapping[str, Any], fields: dict) -> dict:
         raise ConfigError(f"routed_expert_hidden_size {latent} and moe_latent_size "
                           f"{megatron_latent} name the same latent width: set one")
     latent = latent if latent is not None else megatron_latent
-    if moe is not None and latent is not None:
-        out["moe"] = dataclasses.replace(moe, latent_size=int(latent),
-                                         latent_norm=bool(cfg["latent_moe_use_norm"]))
+    if moe is not None:
+        ema = cfg["quantile_balancing_ema_decay"]
+        changes = dict(bias_rule=cfg["moe_router_bias_update_rule"],
+                       k3_bins=int(cfg["quantile_balancing_num_bins"]),
+                       k3_range=(float(cfg["quantile_balancing_margin_min"]),
+                                 float(cfg["quantile_balancing_margin_max"])),
+                       k3_center=bool(cfg["quantile_balancing_center_bias"]),
+                       k3_ema=None if ema is None else float(ema))
+        if latent is not None:
+            changes.update(latent_size=int(latent), latent_norm=bool(cfg["latent_moe_use_norm"]))
+        out["moe"] = dataclasses.replace(moe, **changes)
     return out
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from tests.conftest import trained_rows
 from jaxtrain.config.errors import ConfigError
 from jaxtrain.models import ModelConfig, logical_axes
 from jaxtrain.models import init as init_params
@@ -138,11 +139,7 @@ def test_cli_trains_a_tiny_deepseek_v4_with_mtp(tmp_path, cli):
     run = ["mock_data=true", "seq_length=16", "micro_batch_size=2", "global_batch_size=2",
            "lr_warmup_iters=0", "bf16=false", "log_interval=1", "exp_name=run",
            f"workspace={tmp_path}", "train_iters=3", "lr=0.01", *V4_ARGS]
-    code, _, err = cli("--dry-run", *run)
-    assert code == 0, err
-    code, _, err = cli(*run)
-    assert code == 0, err
-    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = trained_rows(cli, run, tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] != rows[0]["loss"]
     assert all(np.isfinite(r["mtp_1_loss"]) for r in rows)

@@ -59,12 +59,13 @@ K3 = dict(num_layers=4, multi_latent_attention=True, q_lora_rank=16, kv_lora_ran
 
 
 def run(variant: str, mesh: str) -> dict:
-    v4, serial, k3 = variant == "v4", variant == "serial", variant == "k3"
+    v4, serial, k3 = variant == "v4", variant == "serial", variant.startswith("k3")
     moe = dict(MOE, score_function="sqrtsoftplus", expert_bias=True, hash_layers=2,
                load_balancing=("seq_aux_loss",), aux_loss_coeff=(0.01,)) if v4 else dict(
         MOE, shared_expert_size=None) if serial else dict(
         MOE, score_function="sigmoid", expert_bias=True, latent_size=16, latent_norm=True,
-        layer_freq=(0, 1, 1, 1)) if k3 else dict(MOE, **VARIANTS[variant])
+        layer_freq=(0, 1, 1, 1), bias_rule="quantile" if variant == "k3_qb" else "sign",
+        k3_bins=32) if k3 else dict(MOE, **VARIANTS[variant])
     cfg = ModelConfig(num_layers=4 if k3 else 2, hidden_size=32, num_attention_heads=4,
                       ffn_hidden_size=64,
                       vocab_size=97, moe=MoEConfig(**moe),

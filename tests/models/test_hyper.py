@@ -2,7 +2,6 @@
 against transformers' DeepSeek-V4 hyper-connection module, Megatron's convention against its
 formulas, mHC-lite, the model with several residual streams (training, cached decoding,
 recompute) and the knobs of both dialects."""
-import json
 import math
 
 import jax
@@ -13,6 +12,7 @@ import torch
 from model_helpers import random_params, tiny, tokens
 from test_decode import TOL, _greedy_by_forward
 
+from tests.conftest import trained_rows
 from jaxtrain.config import ConfigError, load_config
 from jaxtrain.metrics import flop_terms
 from jaxtrain.models import ModelConfig, forward, generate, to_hf
@@ -219,11 +219,7 @@ def test_cli_trains_megatron_hyper_connections(tmp_path, cli):
            "exp_name=run", f"workspace={tmp_path}", "train_iters=3", "lr=0.01",
            "enable_mhc_connections=true", "mhc_num_residual_streams=2",
            "recompute_granularity=selective", "recompute_modules=[mhc]"]
-    code, _, err = cli("--dry-run", *run)
-    assert code == 0, err
-    code, _, err = cli(*run)
-    assert code == 0, err
-    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = trained_rows(cli, run, tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] < rows[0]["loss"]
 

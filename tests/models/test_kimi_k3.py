@@ -6,7 +6,6 @@ MoE - transcribed here. Logits in fp32 with wider-than-init weights, decoding, a
 change flipped (the logits move)."""
 import dataclasses
 import importlib.util
-import json
 import os
 import pathlib
 
@@ -17,6 +16,7 @@ import torch
 import transformers as tr
 from model_helpers import max_diff, random_params, tokens
 
+from tests.conftest import trained_rows
 from jaxtrain.config import ConfigError, load_config
 from jaxtrain.models import ModelConfig, abstract, forward
 from jaxtrain.models.hf import deepseek_v3
@@ -277,6 +277,18 @@ def test_decoding_continues_the_full_forward(k3):
         assert max_diff(logits, full[:, t]) < 1e-4
 
 
+def test_quantile_rule_knobs():
+    """Kimi K3's quantile rule and its histogram settings reach the MoE config (their effects:
+    tests/models/test_quantile_balancing.py, against Primus's own functions)."""
+    m = k3_config("moe_router_bias_update_rule=quantile", "quantile_balancing_num_bins=8",
+                  "quantile_balancing_margin_min=-0.25", "quantile_balancing_margin_max=0.75",
+                  "quantile_balancing_center_bias=false",
+                  "quantile_balancing_ema_decay=0.5").moe
+    assert (m.bias_rule, m.k3_bins, m.k3_range, m.k3_center, m.k3_ema) == (
+        "quantile", 8, (-0.25, 0.75), False, 0.5)
+    assert k3_config().moe.bias_rule == "sign"
+
+
 def test_mla_switches(k3):
     """mla_use_output_gate false: no gate projection; mla_use_nope false: the MLA layers
     rotate their qk_pos_emb_head_dim part (the logits move)."""
@@ -324,7 +336,6 @@ def test_plain_swiglu_without_primus_module_slot():
 @pytest.mark.parametrize("args, match", [
     (["model_type=gpt", "attn_res_block_size=4"], "Kimi K3's settings"),
     (["kda_use_full_rank_gate=false"], "low-rank output gate"),
-    (["moe_router_bias_update_rule=quantile"], "not implemented yet"),
     (["mtp_num_layers=1"], "not implemented yet"),
     (["multi_latent_attention=true"], "multi_latent_attention false"),
     (["moe_latent_size=4"], "name the same latent width"),
@@ -336,17 +347,13 @@ def test_refused_by_name(args, match):
 
 
 def test_cli_trains_a_tiny_kimi_k3(tmp_path, cli):
-    """Primus's Kimi K3 keys from the command line: the dry run passes and three steps train
-    (the loss moves, the experts' biases update)."""
+    """Primus's Kimi K3 keys from the command line, with Kimi K3's quantile rule for the
+    expert bias: the dry run passes and three steps train (the loss moves)."""
     run = ["mock_data=true", "micro_batch_size=2", "global_batch_size=2", "lr_warmup_iters=0",
            "log_interval=1", "exp_name=run", f"workspace={tmp_path}", "train_iters=3",
            "lr=0.01", "moe_router_load_balancing_type=seq_aux_loss", "moe_aux_loss_coeff=1e-3",
-           *KNOBS]
-    code, _, err = cli("--dry-run", *run)
-    assert code == 0, err
-    code, _, err = cli(*run)
-    assert code == 0, err
-    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+           "moe_router_bias_update_rule=quantile", "quantile_balancing_num_bins=64", *KNOBS]
+    rows = trained_rows(cli, run, tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(np.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] != rows[0]["loss"]
 
@@ -354,6 +361,8 @@ def test_cli_trains_a_tiny_kimi_k3(tmp_path, cli):
 @pytest.mark.parametrize("extra, match", [
     (["pipeline_model_parallel_size=2"], "pipeline_model_parallel_size 2 with Kimi K3"),
     (["memory.seco=true"], "memory.seco with Kimi K3"),
+    (["moe_router_bias_update_rule=quantile", "quantile_balancing_update_interval=2"],
+     "not implemented yet: quantile_balancing_update_interval"),
     (["tensor_model_parallel_size=4", "linear_num_key_heads=2"], "linear_num_key_heads"),
 ])
 def test_dry_run_refuses_what_does_not_run_it_yet(cli, extra, match):

@@ -93,15 +93,16 @@ def test_deepseek_v4_matches_data_parallel():
     _close(got["v4:ep2_tp2"], got["v4:tp2"], "v4:ep2_tp2")
 
 
-@pytest.mark.slow
-def test_kimi_k3_matches_data_parallel():
-    """Kimi K3 (KDA and gated MLA layers, attention residuals, SiTU, the stable latent MoE)
-    under expert, tensor and context parallelism: data parallelism's results."""
-    got = _worker([f"k3:{m}" for m in ["dp8", "ep2", "ep4", "ep2_cp2", "tp2", "ep2_tp2"]])
+@pytest.mark.parametrize("variant", ["k3", "k3_qb"])
+def test_kimi_k3_matches_data_parallel(variant):
+    """Kimi K3 (KDA and gated MLA layers, attention residuals, SiTU, the stable latent MoE;
+    k3_qb: with its quantile rule's margin histograms, pooled over the ranks) under expert,
+    tensor and context parallelism: data parallelism's results."""
+    got = _worker([f"{variant}:{m}" for m in ["dp8", "ep2", "ep4", "ep2_cp2", "tp2", "ep2_tp2"]])
     for m in ("ep2", "ep4"):
-        _close(got[f"k3:{m}"], got["k3:dp8"], f"k3:{m}")
+        _close(got[f"{variant}:{m}"], got[f"{variant}:dp8"], f"{variant}:{m}")
     for m in ("ep2_tp2", "ep2_cp2"):   # the same ranks' tokens as tp2 (4 data-parallel ranks)
-        _close(got[f"k3:{m}"], got["k3:tp2"], f"k3:{m}")
+        _close(got[f"{variant}:{m}"], got[f"{variant}:tp2"], f"{variant}:{m}")
 
 
 def test_quantile_balancing_matches_data_parallel():

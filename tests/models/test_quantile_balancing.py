@@ -5,7 +5,7 @@ _update_router_qb_beta (with JAXTRAIN_UPSTREAM also its own function), and a run
 the bias from the command line."""
 import ast
 import dataclasses
-import json
+import importlib.util
 import os
 import pathlib
 
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import trained_rows
 from jaxtrain.models import init
 from jaxtrain.models.moe import MoEConfig, route, update_router_state, zero_stats
 from jaxtrain.models.moe.router import quantile_experts
@@ -146,11 +147,7 @@ def test_cli_trains_with_it(tmp_path, cli):
            "moe_ffn_hidden_size=16", "moe_router_load_balancing_type=quantile_balancing",
            "moe_aux_loss_coeff=0", "bf16=false", "lr=0.01", "lr_warmup_iters=0",
            "train_iters=3", "log_interval=1", "exp_name=run", f"workspace={tmp_path}"]
-    code, _, err = cli("--dry-run", *run)
-    assert code == 0, err
-    code, _, err = cli(*run)
-    assert code == 0, err
-    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = trained_rows(cli, run, tmp_path)
     assert len(rows) == 3 and all(np.isfinite(r["loss"]) for r in rows)
 
 
@@ -168,3 +165,108 @@ def test_dry_run_refuses(cli, extra, match):
             "moe_router_load_balancing_type=quantile_balancing", "moe_aux_loss_coeff=0"]
     code, _, err = cli(*base, *extra)
     assert code == 2 and match in err and "Traceback" not in err, err
+
+
+# --- Kimi K3's quantile rule (Primus moe_router_bias_update_rule: quantile) ---------------
+
+K3_QB = UPSTREAM / "primus/primus/backends/megatron/core/transformer/kimi_k3/moe"
+K3 = MoEConfig(num_experts=6, topk=2, score_function="sigmoid", expert_bias=True,
+               bias_rule="quantile", k3_bins=16, k3_range=(-0.5, 0.5),
+               load_balancing=("seq_aux_loss",), aux_loss_coeff=(1e-3,))
+
+
+def compute_margin_histogram(scores, bias, topk, bins, lo, hi):
+    """Primus's compute_margin_histogram, transcribed (the clamp counts left out)."""
+    tau = torch.topk(scores + bias, k=min(topk + 1, scores.shape[1]), dim=1).values[:, -1:]
+    raw = ((scores - tau - lo) / ((hi - lo) / bins)).floor()
+    idx = raw.clamp(0, bins - 1).long() + torch.arange(scores.shape[1])[None] * bins
+    return torch.bincount(idx.reshape(-1), minlength=scores.shape[1] * bins).view(-1, bins)
+
+
+def compute_quantile_bias(hist, topk, experts, lo, hi, center=True):
+    """Primus's quantile_from_histogram + compute_quantile_bias, transcribed."""
+    bins = hist.shape[-1]
+    cum = hist.double().cumsum(-1)
+    total = cum[..., -1:]
+    target = total * (1.0 - topk / experts)
+    idx = torch.searchsorted(cum.contiguous(), target.contiguous()).clamp(max=bins - 1)
+    prev = torch.where(idx == 0, 0.0, torch.gather(cum, -1, (idx - 1).clamp(min=0)))
+    here = torch.gather(hist.double(), -1, idx).clamp(min=1.0)
+    frac = ((target - prev) / here).clamp(0.0, 1.0)
+    value = lo + (hi - lo) / bins * (idx.double() + frac)
+    value = torch.where(total > 0, value, torch.full_like(value, 0.5 * (lo + hi))).squeeze(-1)
+    bias = -value
+    return bias - bias.mean(-1, keepdim=True) if center else bias
+
+
+def _primus_qb():
+    """Primus's own functions: the histogram from its eager kernel file, the quantile from
+    k3_quantile_balancing.py (its two functions, pure torch)."""
+    spec = importlib.util.spec_from_file_location("k3_qb_ref", K3_QB / "qb_kernels/_eager/"
+                                                  "reference.py")
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    src = (K3_QB / "k3_quantile_balancing.py").read_text()
+    fns = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)
+           and n.name in ("quantile_from_histogram", "compute_quantile_bias")]
+    scope = {"torch": torch}
+    exec(compile(ast.Module(fns, []), "k3_quantile_balancing.py", "exec"), scope)
+    hist = lambda s, b, k, n, lo, hi: ref.compute_margin_histogram(  # noqa: E731
+        s, b, topk=k, num_bins=n, margin_min=lo, margin_max=hi)[0]
+    bias = lambda h, k, e, lo, hi: scope["compute_quantile_bias"](  # noqa: E731
+        h, topk=k, num_experts=e, margin_min=lo, margin_max=hi)
+    return hist, bias
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_k3_histogram_and_bias_match_primus(own):
+    if own and not K3_QB.is_dir():
+        pytest.skip("JAXTRAIN_UPSTREAM has no Primus")
+    from jaxtrain.models.moe.router import margin_histogram
+    from jaxtrain.models.moe.step import _k3_bias
+    hist_ref, bias_ref = _primus_qb() if own else (
+        lambda s, b, k, n, lo, hi: compute_margin_histogram(s, b, k, n, lo, hi),
+        lambda h, k, e, lo, hi: compute_quantile_bias(h, k, e, lo, hi))
+    r = np.random.default_rng(3)
+    logits = (r.normal(size=(40, 6)) * 2).astype(np.float32)
+    bias = (r.normal(size=6) * 0.1).astype(np.float32)
+    hist = margin_histogram(jnp.asarray(logits), jnp.asarray(bias), K3)
+    want = hist_ref(torch.sigmoid(torch.tensor(logits)), torch.tensor(bias), 2, 16, -0.5, 0.5)
+    np.testing.assert_array_equal(np.asarray(hist), want.numpy())
+    stacked = jnp.stack([hist, jnp.zeros_like(hist)])   # the second layer saw nothing
+    old = jnp.asarray(r.normal(size=(2, 6)), jnp.float32)
+    new = np.asarray(_k3_bias(stacked, K3)(old, jnp.arange(2)))
+    want_bias = bias_ref(torch.tensor(np.asarray(hist))[None], 2, 6, -0.5, 0.5)[0].numpy()
+    np.testing.assert_allclose(new[0], want_bias, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(new[1], np.asarray(old[1]))   # an empty histogram: kept
+    raw = np.asarray(_k3_bias(stacked, dataclasses.replace(K3, k3_center=False))(
+        old, jnp.arange(2)))[0]
+    np.testing.assert_allclose(raw - raw.mean(), want_bias, rtol=1e-5, atol=1e-6)
+    assert abs(raw.mean()) > 1e-3   # not centred
+    wide = np.asarray(margin_histogram(jnp.asarray(logits), jnp.asarray(bias),
+                                       dataclasses.replace(K3, k3_range=(-1.0, 1.0))))
+    assert not np.array_equal(wide, np.asarray(hist))
+    ema = dataclasses.replace(K3, k3_ema=0.9)
+    blended = np.asarray(_k3_bias(stacked, ema)(old, jnp.arange(2)))[0]
+    np.testing.assert_allclose(blended, 0.9 * np.asarray(old[0]) + 0.1 * want_bias, rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_k3_rule_sets_the_bias_from_the_steps_histograms():
+    """The train step: the expert bias is set (not stepped) from the histograms of the step's
+    microbatches pooled, as Primus's finalize step does."""
+    from tests.models.test_moe_step import _forward, _run
+    from tests.train.test_step import model_cfg
+
+    from jaxtrain.models.moe.step import _k3_bias
+    mcfg = model_cfg(num_layers=1, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16,
+                     moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)
+    mcfg = mcfg.replace(moe=dataclasses.replace(mcfg.moe, bias_rule="quantile", k3_bins=64))
+    for before, after, _ in _run(mcfg, 2):
+        pooled = sum(np.asarray(st["k3_hist"]) for st, _ in _forward(before, mcfg))
+        old = np.asarray(before.params["moe_layers"]["moe"]["router"]["expert_bias"])
+        want = _k3_bias(jnp.asarray(pooled), mcfg.moe)(jnp.asarray(old).reshape(1, -1),
+                                                         jnp.arange(1))
+        new = np.asarray(after.params["moe_layers"]["moe"]["router"]["expert_bias"])
+        np.testing.assert_allclose(new.reshape(1, -1), np.asarray(want), rtol=1e-6)
+        assert abs(float(new.mean())) < 1e-6 and np.abs(new).max() > 0

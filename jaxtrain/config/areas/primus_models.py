@@ -28,6 +28,10 @@ _V4 = ("DeepSeek-V4 (model_type deepseek_v4; models/compressed.py, the reference
 _K3 = ("Kimi K3 (model_type kimi_k3; from_knobs._k3_fields, checked against a torch "
        "transcription of Primus's layer on transformers' Kimi Linear modules)")
 
+_K3_QB = (_K3 + ": Kimi K3's quantile rule (moe_router_bias_update_rule quantile; "
+          "moe/router.margin_histogram, moe/step._k3_bias): each MoE layer's expert bias set "
+          "once per global batch from the pooled histogram of margins s - tau")
+
 KNOBS = [
     # --- DeepSeek-V4: compressed/sparse attention ---
     K("compress_ratios", "list[int]|str", None, "DeepSeek-V4 per-layer KV compression: 0 dense, "
@@ -143,19 +147,22 @@ KNOBS = [
       "combined routed output before the up projection (without a latent space none, as "
       "Primus)"),
     K("moe_router_bias_update_rule", "str", "sign", "Kimi K3 expert-bias update: sign (aux-loss-"
-      "free) or quantile (quantile balancing).", _P, issue=25, choices=("sign", "quantile")),
+      "free) or quantile (quantile balancing).", _P, HONORED, _K3_QB + "; sign: Megatron's "
+      "rate-sized steps", choices=("sign", "quantile")),
     K("quantile_balancing_num_bins", "int", 1024, "Histogram bins of quantile balancing's score "
-      "quantile estimate.", _P),
+      "quantile estimate.", _P, HONORED, _K3_QB + ": the bins"),
     K("quantile_balancing_margin_min", "float", -1.0, "Lower end of the score range the "
-      "quantile histogram covers.", _P),
+      "quantile histogram covers.", _P, HONORED, _K3_QB + ": margins below fall in the first "
+      "bin"),
     K("quantile_balancing_margin_max", "float", 1.0, "Upper end of the score range the quantile "
-      "histogram covers.", _P),
+      "histogram covers.", _P, HONORED, _K3_QB + ": margins above fall in the last bin"),
     K("quantile_balancing_center_bias", "bool", True, "Remove the common offset of the expert "
-      "biases after each update.", _P),
+      "biases after each update.", _P, HONORED, _K3_QB + ": false keeps the offset"),
     K("quantile_balancing_update_interval", "int", 1, "Steps whose scores one bias update of "
       "quantile balancing pools.", _P),
     K("quantile_balancing_ema_decay", "float", None, "Turn the quantile-balancing bias into an "
-      "EMA with this decay; null replaces it each update.", _P),
+      "EMA with this decay; null replaces it each update.", _P, HONORED,
+      _K3_QB + ": decay·old + (1 - decay)·new"),
     K("mtp_layer_type", "str", "mirror_last", "Kimi K3 MTP layer kind: like the last backbone "
       "layer, MLA, or KDA.", _P, choices=("mirror_last", "mla", "kda")),
 

@@ -93,6 +93,14 @@ class MoEConfig:
     expert_bias: bool = False
     score_bias: bool = False
     bias_update_rate: float = 1e-3
+    # the expert bias's update: "sign" (Megatron's aux-loss-free rule) or Kimi K3's
+    # "quantile" rule, the bias set from a histogram of routing margins (``k3_bins`` bins over
+    # ``k3_range``), centred with ``k3_center``, blended as an EMA with ``k3_ema`` (None: set)
+    bias_rule: str = "sign"
+    k3_bins: int = 1024
+    k3_range: tuple[float, float] = (-1.0, 1.0)
+    k3_center: bool = True
+    k3_ema: float | None = None
     load_balancing: tuple[str, ...] = ("aux_loss",)
     aux_loss_coeff: tuple[float, ...] = (0.0,)
     z_loss_coeff: float | None = None
@@ -184,6 +192,17 @@ class MoEConfig:
                  "sinkhorn routing cannot be combined with aux-loss balancing types")
             need(not any(self.aux_loss_coeff), "sinkhorn needs moe_aux_loss_coeff 0")
             need(self.capacity_factor is None, "sinkhorn takes no capacity factor")
+        need(self.bias_rule in ("sign", "quantile"), f"moe_router_bias_update_rule "
+             f"{self.bias_rule!r} is not one of ('sign', 'quantile')")
+        if self.bias_rule == "quantile":
+            need(self.expert_bias and self.score_function == "sigmoid",
+                 "Kimi K3's quantile rule sets the expert bias from sigmoid scores: it needs "
+                 "moe_router_enable_expert_bias and moe_router_score_function sigmoid")
+            need(self.k3_bins >= 2 and self.k3_range[1] > self.k3_range[0],
+                 "quantile_balancing_num_bins must be at least 2 and quantile_balancing_"
+                 "margin_max above quantile_balancing_margin_min")
+            need(self.k3_ema is None or 0.0 <= self.k3_ema < 1.0,
+                 f"quantile_balancing_ema_decay {self.k3_ema} must be in [0, 1) or null")
         if "quantile_balancing" in self.load_balancing:
             need(tuple(self.load_balancing) == ("quantile_balancing",),
                  "quantile balancing balances through its own bias: it is the only "

@@ -139,6 +139,20 @@ def quantile_experts(logits, beta, k: int, update: bool):
     return idx[:, :k], col
 
 
+def margin_histogram(logits, bias, m: MoEConfig):
+    """Kimi K3's statistic [E, bins] (int32 counts): each token's margins s - tau (sigmoid
+    scores s, tau the (k+1)-th largest biased score s + bias) binned uniformly over
+    ``m.k3_range``, the ends clamped in (Primus's compute_margin_histogram)."""
+    s = jax.nn.sigmoid(jax.lax.stop_gradient(logits).astype(jnp.float32))
+    N, E = s.shape
+    tau = jax.lax.top_k(s + bias.astype(jnp.float32), min(m.topk + 1, E))[0][:, -1:]
+    lo, hi = m.k3_range
+    width = (hi - lo) / m.k3_bins
+    b = jnp.clip(jnp.floor(((s - tau) - lo) / width), 0, m.k3_bins - 1).astype(jnp.int32)
+    flat = (b + jnp.arange(E, dtype=jnp.int32) * m.k3_bins).reshape(-1)
+    return jnp.zeros(E * m.k3_bins, jnp.int32).at[flat].add(1).reshape(E, m.k3_bins)
+
+
 def sinkhorn(cost, tol: float = SINKHORN_TOL, max_iters: int = SINKHORN_MAX_ITERS):
     """Megatron's Sinkhorn on exp(cost) [N, E]: alternate d0 = 1/(N·Σ_e d1·C),
     d1 = 1/(E·Σ_n d0·C) until mean|Δd1| < tol; returns d1·C·d0 (float32, no gradient)."""
@@ -310,6 +324,8 @@ def route(logits, m: MoEConfig, *, train: bool, bias=None, rand_logits=None,
     if "global_aux_loss" in m.load_balancing and "aux_counts" not in stats:
         stats["aux_counts"] = jnp.zeros((E,), f32)
 
+    if m.bias_rule == "quantile":   # pooled over ranks here, over microbatches by the step
+        stats["k3_hist"] = comm.sum_all(margin_histogram(logits, bias, m))
     onehot_NkE = jax.nn.one_hot(idx_Nk, E, dtype=f32) * keep_Nk[..., None]
     stats["counts"] = comm.sum_all(onehot_NkE.sum((0, 1)))
     if m.force_balancing == "even":  # Primus: round-robin slots carry the real top-k weights

@@ -53,8 +53,11 @@ def update_router_state(params: dict, sums: dict, num_micro: int, cfg) -> dict:
     counted (:func:`update_expert_bias`) and quantile balancing's bias from its quantiles
     averaged over the microbatches: ema·beta + (1 − ema)·mean, less its mean over experts.
     ``sums``: the forward's statistics summed over the step's microbatches."""
-    params = update_expert_bias(params, sums["counts"], cfg)
     m = cfg.moe
+    if m is not None and m.bias_rule == "quantile":
+        params = _update_routers(params, "expert_bias", _k3_bias(sums["k3_hist"], m), cfg)
+    else:
+        params = update_expert_bias(params, sums["counts"], cfg)
     if m is None or not m.quantile_balancing:
         return params
     mean_LE = sums["qb"].astype(jnp.float32) / num_micro
@@ -64,6 +67,36 @@ def update_router_state(params: dict, sums: dict, num_micro: int, cfg) -> dict:
         return new_LE - new_LE.mean(-1, keepdims=True)
 
     return _update_routers(params, "qb_beta", blend, cfg)
+
+
+def _k3_bias(hist_LEB, m):
+    """Kimi K3's rule (Primus's compute_quantile_bias): each expert's bias is minus the
+    1 - k/E quantile of its margins, read from the pooled histogram [L, E, bins] by linear
+    interpolation inside the straddling bin, centred; an EMA of the old bias with
+    ``m.k3_ema``; layers whose histogram is empty keep theirs. Returns new(old, rows)."""
+    lo, hi = m.k3_range
+    bins = hist_LEB.shape[-1]
+    count = hist_LEB.astype(jnp.float32)
+    cum = jnp.cumsum(count, -1)
+    total = cum[..., -1:]
+    target = total * (1.0 - m.topk / m.num_experts)
+    idx = jnp.minimum(jnp.sum(cum < target, -1, keepdims=True), bins - 1)
+    prev = jnp.where(idx == 0, 0.0, jnp.take_along_axis(cum, jnp.maximum(idx - 1, 0), -1))
+    here = jnp.take_along_axis(count, idx, -1)
+    frac = jnp.clip((target - prev) / jnp.maximum(here, 1.0), 0.0, 1.0)
+    value = jnp.where(total > 0, lo + (hi - lo) / bins * (idx + frac), 0.5 * (lo + hi))[..., 0]
+    bias_LE = -value
+    if m.k3_center:
+        bias_LE = bias_LE - bias_LE.mean(-1, keepdims=True)
+    empty_L = jnp.sum(count, (-1, -2)) == 0
+
+    def new(old_LE, rows):
+        target_LE = bias_LE[rows]
+        if m.k3_ema is not None:
+            target_LE = m.k3_ema * old_LE + (1.0 - m.k3_ema) * target_LE
+        return jnp.where(empty_L[rows][:, None], old_LE, target_LE)
+
+    return new
 
 
 def _update_routers(params: dict, leaf: str, new, cfg) -> dict:
@@ -148,4 +181,6 @@ def zero_stats(cfg):
         stats["aux_counts"] = jnp.zeros((n, m.num_experts), f32)
     if m.quantile_balancing:
         stats["qb"] = jnp.zeros((n, m.num_experts), f32)
+    if m.bias_rule == "quantile":
+        stats["k3_hist"] = jnp.zeros((n, m.num_experts, m.k3_bins), jnp.int32)
     return stats
