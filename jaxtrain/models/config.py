@@ -234,6 +234,10 @@ class ModelConfig:
     # a hybrid model's MTP module: the sublayers of each depth as hybrid_layers' symbols
     # (Megatron's pattern after '/'); None: one layer of the last layer's kind
     mtp_hybrid_layers: str | None = None
+    # Kimi K3's MTP layer mixer (Primus mtp_layer_type): "linear" (KDA) or "attention" (MLA)
+    # with the last layer's FFN; None: the last layer's kind. MTP layers never take attention
+    # residuals (they read the decoder's collapsed output)
+    mtp_mixer: str | None = None
     # Multi-latent attention (DeepSeek-V2/V3, Megatron MLA; see mla.py). q/k heads are
     # qk_head_dim + qk_pos_emb_head_dim wide, values v_head_dim; qk_layernorm puts a norm on the
     # q and kv latents (Megatron's spec; DeepSeek checkpoints have them).
@@ -488,6 +492,10 @@ class ModelConfig:
               "positive bound")
         if self.attn_res_block_size:
             self._validate_attn_res(check)
+        check(self.mtp_mixer in (None, "linear", "attention") and (
+            self.mtp_mixer != "linear" or self.linear_attention_layers is not None),
+            "mtp_mixer", f"{self.mtp_mixer!r}: 'linear' (needs linear-attention layers), "
+            "'attention' or None (the last layer's kind)")
         check(self.glu_clamp is None or (self.glu_clamp > 0 and self.gated_linear_unit),
               "glu_clamp", "clamps gated units: give a positive limit with a gated MLP "
               "(swiglu)")
@@ -673,7 +681,7 @@ class ModelConfig:
                          ("per_layer_input_size", self.per_layer_input_size > 0),
                          ("layer_scalar", self.layer_scalar),
                          ("kv_shared_layers", self.kv_shared_layers > 0),
-                         ("mtp_num_layers", self.mtp_num_layers > 0)):
+                         ("mtp_hybrid_layers", self.mtp_hybrid_layers is not None)):
             check(not on, name, "is not built with attention residuals (attn_res_block_size)")
 
     def _validate_hyper(self, check, choice):

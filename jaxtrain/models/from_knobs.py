@@ -907,10 +907,10 @@ def _k3_fields(cfg: Mapping[str, Any], fields: dict) -> dict:
     if not cfg["kda_use_full_rank_gate"]:
         raise ConfigError("kda_use_full_rank_gate false (Kimi Linear's low-rank output gate in "
                           "Kimi K3's KDA layers) is not built; Primus raises too")
-    if cfg["mtp_num_layers"]:
-        raise ConfigError("not implemented yet: multi-token prediction of model_type kimi_k3 "
-                          "(num_nextn_predict_layers / mtp_num_layers, mtp_layer_type); planned "
-                          "for issue #25 (model families). Leave them null")
+    if cfg["mtp_num_layers"] and not float(cfg["mtp_loss_scaling_factor"] or 0) > 0:
+        raise ConfigError("mtp_loss_scaling_factor must be positive with Kimi K3's multi-token "
+                          "prediction (a zero weight leaves the MTP layer untrained; Primus "
+                          "raises too)")
     freq, n = cfg["linear_attention_freq"], cfg["num_layers"]
     try:
         pattern = None if freq is None else linear_pattern(parse_layer_freq(freq), n)
@@ -926,7 +926,9 @@ def _k3_fields(cfg: Mapping[str, Any], fields: dict) -> dict:
                position_embedding_type="none" if cfg["mla_use_nope"] else "rope",
                mla_latent_norm_epsilon=_K3_LATENT_NORM_EPS,
                attention_output_gate=bool(cfg["mla_use_output_gate"]),
-               attn_res_block_size=int(cfg["attn_res_block_size"] or 0))
+               attn_res_block_size=int(cfg["attn_res_block_size"] or 0),
+               mtp_mixer={"mirror_last": None, "mla": "attention",
+                          "kda": "linear"}[cfg["mtp_layer_type"]])
     if pattern is not None:
         out.update(linear_attention_layers=pattern, linear_attention_kind="kda",
                    **{k: cfg[k] for k in ("linear_conv_kernel_dim", "linear_key_head_dim",

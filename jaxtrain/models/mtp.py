@@ -10,7 +10,8 @@ the embeddings of the tokens k places on:
 A shift stays within its packed sequence: a position whose source lies past the end or in
 another sequence reads token 0 and leaves the loss (Megatron's roll_tensor); the layers attend
 within the original segments, with the original positions' RoPE. The k-th layer is of the last
-decoder layer's kind and is layer num_layers + k (per-layer patterns such as windows: the last
+decoder layer's kind (Kimi K3's ``mtp_mixer``: KDA or MLA with the last layer's FFN; never with
+attention residuals) and is layer num_layers + k (per-layer patterns such as windows: the last
 layer's); a hybrid model's is the sequence of sublayers its pattern names after '/', layers
 num_layers + (k-1)·P + n for its P sublayers. The train step weighs loss_k like the main loss,
 over its own tokens, and adds mtp_loss_scaling_factor times the mean over depths to the
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 
 from jaxtrain.models import dsa, hyper
 from jaxtrain.models import layers as L
-from jaxtrain.models.params import layer_axes
+from jaxtrain.models.params import layer_axes, mtp_layer_config
 from jaxtrain.models.spec import mtp_layer_kinds
 from jaxtrain.models.remat import NO_REMAT, checkpoint_policy
 from jaxtrain.models.transformer import decoder_layer, embed
@@ -58,10 +59,11 @@ def mtp_hidden_states(params: dict, hidden, tokens, ctx: dict, cfg):
     kinds = mtp_layer_kinds(cfg)
     seq = sequences(ctx.get("segment_ids"), tokens)
     policy = checkpoint_policy(cfg)
+    lcfg = mtp_layer_config(cfg)
 
     def layer(p, x, i, kind):
         lctx = {**ctx, "stack": kind}   # global_aux_loss's moe_state has the MTP rows too
-        out = decoder_layer(gather_weights(p, layer_axes(cfg, kind)), x, i, lctx, cfg)
+        out = decoder_layer(gather_weights(p, layer_axes(lcfg, kind)), x, i, lctx, lcfg)
         return out if isinstance(out, tuple) else (out, None)
 
     if policy is not NO_REMAT:

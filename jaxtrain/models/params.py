@@ -222,12 +222,19 @@ def _mtp_specs(cfg) -> dict:
     {"0": ..., "1": ...}) and its output norm."""
     D = cfg.hidden_size
     kinds = mtp_layer_kinds(cfg)
+    cfg = mtp_layer_config(cfg)
     inner = ({"layers": {str(j): _layer_specs(cfg, k) for j, k in enumerate(kinds)}}
              if cfg.mtp_hybrid_layers else {"layer": _layer_specs(cfg, kinds[0])})
     head = {"hc_head": hyper.head_specs(cfg)} if cfg.hc_head else {}
     return {"enorm": _norm(cfg, D), "hnorm": _norm(cfg, D), "final_norm": _norm(cfg, D),
             "eh_proj": ParamSpec((2 * D, D), cfg.param_dtype, ("mlp", "embed"),
                                  _linear_init(cfg, 0, 1)), **inner, **head}
+
+
+def mtp_layer_config(cfg):
+    """The config an MTP layer runs with: the model's, without attention residuals (Kimi K3's
+    MTP layer reads the decoder's collapsed output)."""
+    return cfg.replace(attn_res_block_size=0) if cfg.attn_res_block_size else cfg
 
 
 def layer_tree(params: dict, cfg, i: int) -> dict:

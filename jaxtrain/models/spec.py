@@ -223,7 +223,14 @@ def mtp_layer_kinds(cfg) -> tuple[str, ...]:
     pattern = getattr(cfg, "mtp_hybrid_layers", None)
     if pattern:
         return tuple(HYBRID_STACKS[c] for c in pattern)
-    return (layer_kinds(cfg)[-1],)
+    last = layer_kinds(cfg)[-1]
+    mixer = getattr(cfg, "mtp_mixer", None)
+    if mixer is None:
+        return (last,)
+    moe = last in MOE_STACKS   # Kimi K3: the chosen mixer with the last layer's FFN
+    if mixer == "linear":
+        return (LINEAR_MOE_STACK if moe else LINEAR_STACK,)
+    return (MOE_STACK if moe else DENSE_STACK,)
 
 
 def mtp_layer_count(cfg) -> int:

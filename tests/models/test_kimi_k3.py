@@ -101,13 +101,13 @@ class K3Reference:
             attn_implementation="eager")
         self.model = tr.KimiLinearForCausalLM(self.hf).eval()
         for i, layer in enumerate(self.model.model.layers):
-            self._load_layer(i, layer)
+            self._load_layer(layer_tree(params, cfg, i), layer)
         self.model.model.embed_tokens.weight.data = _t(params["embedding"])
         self.model.model.norm.weight.data = _t(params["final_norm"]["scale"])
         self.model.lm_head.weight.data = _t(params["output"]).T
 
-    def _load_layer(self, i, layer):
-        cfg, lt = self.cfg, layer_tree(self.p, self.cfg, i)
+    def _load_layer(self, lt, layer):
+        cfg = self.cfg
         D = cfg.hidden_size
         lin = lambda w: _t(w).reshape(D, -1).T  # noqa: E731
         layer.input_layernorm.weight.data = _t(lt["attn_norm"]["scale"])
@@ -184,7 +184,46 @@ class K3Reference:
 
     @torch.no_grad()
     def logits(self, ids):
-        """Primus's KimiK3Layer.forward for every layer, then the head's mix."""
+        return self.model.lm_head(self.hidden(ids)).numpy()
+
+    @torch.no_grad()
+    def mtp_logits(self, ids):
+        """Megatron's MTP depth 1 as Primus builds it for Kimi K3: the next tokens' normed
+        embeddings beside the normed final hidden state, projected, through one layer of the
+        last layer's kind with the plain residual (no attention residuals), normed."""
+        c = self.cfg
+        mtp = jax.tree.map(lambda a: np.asarray(a).take(0, axis=c.param_scan_axis),
+                           self.p["mtp"])
+
+        def norm(w, x):
+            x = x.float()
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.norm_epsilon) * _t(
+                w["scale"])
+
+        ids = np.array(ids)
+        shifted = np.concatenate([ids[:, 1:], np.zeros_like(ids[:, :1])], 1)
+        e = self.model.model.embed_tokens(torch.from_numpy(shifted).long())
+        x = torch.cat([norm(mtp["enorm"], e), norm(mtp["hnorm"], self.hidden(ids))], -1)
+        x = x @ _t(mtp["eh_proj"])
+        linear = "linear_attn" in mtp["layer"]   # an HF layer of that mixer (all but 0 MoE)
+        index = max(i for i, t in enumerate(self.hf.layer_types)
+                    if (t == "linear_attention") == linear)
+        layer = tr.models.kimi_linear.modeling_kimi_linear.KimiLinearDecoderLayer(
+            self.hf, index).eval()
+        self._load_layer(mtp["layer"], layer)
+        f = self.ffn.pop()
+        T = x.shape[1]
+        mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        u = layer.input_layernorm(x)
+        x = x + (layer.self_attn(hidden_states=u) if linear else layer.self_attn(
+            hidden_states=u, attention_mask=mask, position_ids=torch.arange(T)[None])[0])
+        h = layer.post_attention_layernorm(x)
+        x = x + (self._moe(f, h) if "router" in f else self._mlp(f, h))
+        return self.model.lm_head(norm(mtp["final_norm"], x)).numpy()
+
+    @torch.no_grad()
+    def hidden(self, ids):
+        """Primus's KimiK3Layer.forward for every layer, the head's mix, the final norm."""
         c, N = self.cfg, self.cfg.attn_res_block_size
         x = self.model.model.embed_tokens(torch.from_numpy(np.array(ids)).long())
         T = x.shape[1]
@@ -207,7 +246,7 @@ class K3Reference:
             f = self.ffn[i]
             ps = ps + (self._moe(f, h) if "router" in f else self._mlp(f, h))
         out = _mix(blocks + [ps], self.p["attn_res_head"], c.norm_epsilon) if N else ps
-        return self.model.lm_head(self.model.model.norm(out)).numpy()
+        return self.model.model.norm(out)
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +279,27 @@ def _drop(params, name):
         if isinstance(tree, dict) and "attn" in tree and name in tree["attn"]:
             out[stack] = {**tree, "attn": {k: v for k, v in tree["attn"].items() if k != name}}
     return out
+
+
+@pytest.mark.parametrize("layer_type, stack", [("mirror_last", "moe_layers"),
+                                               ("kda", "linear_moe_layers")])
+def test_multi_token_prediction(layer_type, stack):
+    """num_nextn_predict_layers 1: Megatron's MTP depth with a Kimi K3 layer of the last
+    layer's kind (mtp_layer_type mirror_last; kda: KDA with the last layer's FFN) and the plain
+    residual, its logits equal to the torch reference's."""
+    from jaxtrain.models.mtp import mtp_hidden_states
+    from jaxtrain.models.spec import mtp_layer_kinds
+    from jaxtrain.models.transformer import decoder, logits_head
+
+    cfg = k3_config("num_nextn_predict_layers=1", f"mtp_layer_type={layer_type}")
+    assert cfg.mtp_num_layers == 1 and mtp_layer_kinds(cfg) == (stack,)
+    params = random_params(cfg, seed=3, scale=0.3)
+    assert "attn_res" not in params["mtp"]["layer"] and "mlp_res" not in params["mtp"]["layer"]
+    ids = tokens(2, 11, vocab=VOCAB, seed=4)
+    hidden, _, ctx = decoder(params, ids, cfg)
+    (h1,), _ = mtp_hidden_states(params, hidden, ids, ctx, cfg)
+    ref = K3Reference(params, cfg)
+    assert max_diff(logits_head(params, h1, cfg), ref.mtp_logits(ids)) < 1e-4
 
 
 def test_each_kimi_k3_change_is_read(k3):
@@ -336,7 +396,8 @@ def test_plain_swiglu_without_primus_module_slot():
 @pytest.mark.parametrize("args, match", [
     (["model_type=gpt", "attn_res_block_size=4"], "Kimi K3's settings"),
     (["kda_use_full_rank_gate=false"], "low-rank output gate"),
-    (["mtp_num_layers=1"], "not implemented yet"),
+    (["mtp_num_layers=1", "mtp_loss_scaling_factor=0"], "mtp_loss_scaling_factor must be"),
+    (["mtp_num_layers=1", "mtp_layer_type=kda", "linear_attention_freq=null"], "mtp_mixer"),
     (["multi_latent_attention=true"], "multi_latent_attention false"),
     (["moe_latent_size=4"], "name the same latent width"),
 ])
@@ -348,14 +409,16 @@ def test_refused_by_name(args, match):
 
 def test_cli_trains_a_tiny_kimi_k3(tmp_path, cli):
     """Primus's Kimi K3 keys from the command line, with Kimi K3's quantile rule for the
-    expert bias: the dry run passes and three steps train (the loss moves)."""
+    expert bias and an MTP depth: the dry run passes and three steps train (the loss moves)."""
     run = ["mock_data=true", "micro_batch_size=2", "global_batch_size=2", "lr_warmup_iters=0",
            "log_interval=1", "exp_name=run", f"workspace={tmp_path}", "train_iters=3",
            "lr=0.01", "moe_router_load_balancing_type=seq_aux_loss", "moe_aux_loss_coeff=1e-3",
-           "moe_router_bias_update_rule=quantile", "quantile_balancing_num_bins=64", *KNOBS]
+           "moe_router_bias_update_rule=quantile", "quantile_balancing_num_bins=64",
+           "num_nextn_predict_layers=1", *KNOBS]
     rows = trained_rows(cli, run, tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(np.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] != rows[0]["loss"]
+    assert all(np.isfinite(r["mtp_1_loss"]) for r in rows)
 
 
 @pytest.mark.parametrize("extra, match", [

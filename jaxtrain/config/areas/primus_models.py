@@ -164,7 +164,9 @@ KNOBS = [
       "EMA with this decay; null replaces it each update.", _P, HONORED,
       _K3_QB + ": decay·old + (1 - decay)·new"),
     K("mtp_layer_type", "str", "mirror_last", "Kimi K3 MTP layer kind: like the last backbone "
-      "layer, MLA, or KDA.", _P, choices=("mirror_last", "mla", "kda")),
+      "layer, MLA, or KDA.", _P, HONORED, _K3 + ": ModelConfig.mtp_mixer: the MTP layer's "
+      "mixer (the last layer's FFN kept), without attention residuals as Primus builds it",
+      choices=("mirror_last", "mla", "kda")),
 
     # --- hybrid Mamba / Gated DeltaNet models ---
     K("hybrid_attention_ratio", "float", 0.0, "Share of attention layers when a hybrid model's "
