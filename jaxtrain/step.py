@@ -392,7 +392,8 @@ def make_train_step(model_cfg, tcfg, optimizer: optax.GradientTransformation, lr
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(skip, b, a), new, old)  # noqa: E731
         kept_params = keep(new_params, state.params)
         if moe_sum is not None:   # Megatron updates the routers' biases once per global batch
-            kept_params = moe.update_router_state(kept_params, moe_sum, M, model_cfg)
+            kept_params = moe.update_router_state(kept_params, moe_sum, M, model_cfg,
+                                                  step=state.step + 1)
         new_state = TrainState(
             step=state.step + 1, opt_step=state.opt_step + jnp.where(skip, 0, 1).astype(jnp.int32),
             params=params_out(kept_params),

@@ -150,22 +150,11 @@ def gated_delta_net(c: Context):
     if not _gated_delta_net(c):
         return
     _heads_split(c, ("linear_num_key_heads", "linear_num_value_heads"), "the Gated DeltaNet")
-    why = {"pipeline_model_parallel_size": "the pipeline executor does not run its layers yet"}
-    if c.get("moe_use_upcycling"):
-        c.error("not implemented yet: moe_use_upcycling with experimental_attention_variant "
-                "gdn: upcycling converts the dense layer stack only")
-    if c.get("memory.seco"):
-        c.error("not implemented yet: memory.seco with Gated DeltaNet layers: SeCO's chunk-wise "
-                "step carries the earlier chunks' keys and values, not the linear layers' "
-                "recurrent state")
-    if c.get("memory.gradient_release"):
-        c.error("not implemented yet: memory.gradient_release with Gated DeltaNet layers: the "
-                "fused step covers one dense layer stack")
-    for key, reason in why.items():
-        if c.get(key, 1) > 1:
-            c.error(f"not implemented yet: {key} {c.get(key)} with experimental_attention_"
-                    f"variant {c.get('experimental_attention_variant')} (Gated DeltaNet "
-                    f"layers): {reason}")
+    _not_yet(c, "Gated DeltaNet layers (experimental_attention_variant "
+                f"{c.get('experimental_attention_variant')})", (
+        ("memory.seco", "SeCO's chunk-wise step carries the earlier chunks' keys and values, "
+                        "not the linear layers' recurrent state"),
+        *_ONE_STACK))
 
 
 def _heads_split(c: Context, keys, whose: str) -> None:
@@ -273,9 +262,6 @@ def kimi_k3(c: Context):
         return
     _heads_split(c, ("linear_num_key_heads", "num_attention_heads"), "Kimi K3's")
     _not_yet(c, "Kimi K3 (model_type kimi_k3)", (
-        ("pipeline_model_parallel_size", "the stages do not send the attention residuals' "
-                                         "summaries, and the pipeline executor does not run "
-                                         "Kimi Delta Attention layers"),
         ("memory.seco", "SeCO's chunk-wise step carries keys and values, not KDA's recurrent "
                         "state or the attention residuals' summaries"),
         *_ONE_STACK))

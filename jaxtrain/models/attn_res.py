@@ -17,6 +17,11 @@ parameter that nothing reads.)
 
 C grows at block boundaries only, so the layer loops run block by block (:func:`blocks`) with
 C a constant of each block's scan and only ps carried from layer to layer.
+
+Between pipeline stages the state travels as one tensor [B,T,1+n_max,D] (:func:`fold`): ps
+first, then the summaries, zero-padded to the most there can be (as Primus folds it). How many
+are live on entry to a layer is a function of its index (:func:`count_before`), so no count
+travels with it.
 """
 from __future__ import annotations
 
@@ -89,3 +94,30 @@ def mixing_flops(cfg) -> float:
         kept = i // N + 1
         candidates += kept + (i % N != 0) + kept + 1
     return 7.0 * cfg.hidden_size * candidates
+
+
+def count_before(i: int, cfg) -> int:
+    """How many summaries exist on entry to layer i (before it adds its own): the layers
+    0, N, 2N, ... below i."""
+    return -(-i // cfg.attn_res_block_size)
+
+
+def width(cfg) -> int:
+    """Slots of the folded state: the running sum and every summary the model keeps."""
+    return 1 + count_before(cfg.num_layers, cfg)
+
+
+def fold(x, summaries, cfg):
+    """The running sum x [B,T,D] and the summaries [B,T,n,D] (or None) as one
+    [B,T,:func:`width`,D] tensor, the unused slots zero."""
+    parts = [x[:, :, None]] + ([] if summaries is None else [summaries.astype(x.dtype)])
+    n = 1 + (0 if summaries is None else summaries.shape[2])
+    pad = jnp.zeros((*x.shape[:2], width(cfg) - n, x.shape[-1]), x.dtype)
+    return jnp.concatenate([*parts, pad], 2)
+
+
+def unfold(state, i: int, cfg):
+    """(running sum [B,T,D], summaries [B,T,n,D] or None) of a :func:`fold`-ed state entering
+    layer i."""
+    n = count_before(i, cfg)
+    return state[:, :, 0], (state[:, :, 1:1 + n] if n else None)

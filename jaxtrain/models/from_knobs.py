@@ -881,7 +881,8 @@ _K3_KEYS = {"attn_res_block_size": None, "routed_expert_hidden_size": None,
             "kda_chunk_size": 64, "moe_router_bias_update_rule": "sign",
             "mtp_layer_type": "mirror_last", "quantile_balancing_num_bins": 1024,
             "quantile_balancing_margin_min": -1.0, "quantile_balancing_margin_max": 1.0,
-            "quantile_balancing_center_bias": True, "quantile_balancing_ema_decay": None}
+            "quantile_balancing_center_bias": True, "quantile_balancing_ema_decay": None,
+            "quantile_balancing_update_interval": 1}
 # Primus's KimiK3TransformerConfig.mla_latent_layernorm_epsilon (no yaml sets it)
 _K3_LATENT_NORM_EPS = 1e-6
 
@@ -955,7 +956,8 @@ def _k3_fields(cfg: Mapping[str, Any], fields: dict) -> dict:
                        k3_range=(float(cfg["quantile_balancing_margin_min"]),
                                  float(cfg["quantile_balancing_margin_max"])),
                        k3_center=bool(cfg["quantile_balancing_center_bias"]),
-                       k3_ema=None if ema is None else float(ema))
+                       k3_ema=None if ema is None else float(ema),
+                       k3_interval=int(cfg["quantile_balancing_update_interval"]))
         if latent is not None:
             changes.update(latent_size=int(latent), latent_norm=bool(cfg["latent_moe_use_norm"]))
         out["moe"] = dataclasses.replace(moe, **changes)

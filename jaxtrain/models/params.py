@@ -13,7 +13,8 @@ rules) and :func:`init` (jitted, optionally born sharded). The tree is a plain n
             mlp  {wi_0/wi_1 [D,F] (gated) or wi [D,F], wo [F,D], bi_0/bi_1/bi [F], bo [D]}
                   wg [D,N,H] (attention_output_gate); layer_scalar [1] (Gemma 4, not trained)
     moe_layers: the MoE layers (``cfg.moe``), as ``layers`` but with ``moe`` for ``mlp``:
-            moe  {router {w [D,E], bias [E], expert_bias [E], qb_beta [E] (fp32, not trained)},
+            moe  {router {w [D,E], bias [E], expert_bias [E], qb_beta [E], k3_hist [E,bins]
+                          (fp32, not trained)},
                   experts {wi_0/wi_1 or wi [E,D,Fe], wo [E,Fe,D], bi_* [E,Fe], bo [E,D]}
                   (D: the latent width with moe.latent_size, then also latent_in {w [D,Dl],
                   b} and latent_out {w [Dl,D], b} around them),
@@ -187,6 +188,8 @@ def _moe_specs(cfg) -> dict:
         router["expert_bias"] = ParamSpec((E,), jnp.float32, (None,), _zeros)
     if m.quantile_balancing:   # quantile balancing's bias (not trained; moe/step.py)
         router["qb_beta"] = ParamSpec((E,), jnp.float32, (None,), _zeros)
+    if m.bias_rule == "quantile" and m.k3_interval > 1:   # K3's pooled margin histograms
+        router["k3_hist"] = ParamSpec((E, m.k3_bins), jnp.float32, (None, None), _zeros)
     names = ("_0", "_1") if cfg.gated_linear_unit else ("",)
     De = m.latent_size or D   # the width the routed experts work in
     experts = {f"wi{n}": ParamSpec((E, De, F), dt, ("exp", "embed", "mlp"), _expert_init(cfg))

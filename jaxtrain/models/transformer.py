@@ -653,9 +653,10 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
     shared = {}
     kl_total = jnp.float32(0.0)   # the DSA indexers' KL summed over the layers
     lo_layer = (layers or (0, None))[0]
-    sel = _shared_selection(x, cfg, lo_layer)   # DSA index sharing: the last selection
-
     summaries = None   # attention residuals' (attn_res.py)
+    if layers is not None and cfg.attn_res_block_size:   # a pipeline stage: the folded state
+        x, summaries = attn_res.unfold(x, lo_layer, cfg)
+    sel = _shared_selection(x, cfg, lo_layer)   # DSA index sharing: the last selection
 
     def layer(kind, p, h, i, store, u, kv, sel, res):
         with jax.named_scope("decoder_layer"):
@@ -739,7 +740,9 @@ def _run_layers(stacks: dict, x, ctx: dict, cfg, layers: tuple[int, int] | None 
         if ys is not None:
             collected.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), ys))
     stats = jax.tree.map(lambda *a: jnp.concatenate(a), *collected) if collected else None
-    if summaries is not None:   # the head's mix of the summaries and the last running sum
+    if layers is not None and cfg.attn_res_block_size:   # to the next stage, or the head
+        x = attn_res.fold(x, summaries, cfg)
+    elif summaries is not None:   # the head's mix of the summaries and the last running sum
         x = attn_res.mix(ctx["attn_res_head"], summaries, x, cfg)
     if dsa.trains_indexer(cfg) and not ctx["deterministic"]:
         stats = {**(stats or {}), "dsa": kl_total}
@@ -881,8 +884,12 @@ def layer_stacks(params: dict, cfg) -> dict:
 
 
 def final_hidden(params: dict, x, ctx: dict, cfg):
-    """The last layer's output x (its streams contracted, with hyper-connections) normed by the
-    final norm, in the tokens' natural order."""
+    """The last layer's output x (its streams contracted, with hyper-connections; a last
+    pipeline stage's folded attention-residual state mixed by the head) normed by the final
+    norm, in the tokens' natural order."""
+    if cfg.attn_res_block_size and x.ndim == 4:
+        ps, summaries = attn_res.unfold(x, cfg.num_layers, cfg)
+        x = attn_res.mix(params["attn_res_head"], summaries, ps, cfg)
     with jax.named_scope("final_norm"):
         hidden = L.norm(params["final_norm"], hyper.contract(x, cfg, params.get("hc_head")),
                         cfg)

@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxtrain.fused_ce import head_params
 from jaxtrain.loss import hidden_loss, mtp_loss
-from jaxtrain.models import dsa, quant_state
+from jaxtrain.models import attn_res, dsa, quant_state
 from jaxtrain.models.params import STACKS
 from jaxtrain.models.remat import NO_REMAT, layer_plan
 from jaxtrain.models.spec import MOE_STACKS, layer_kinds
@@ -89,7 +89,8 @@ def _signature(cfg, bounds, s: int):
     lo, hi = bounds[s]
     plan = tuple((g.start - lo, g.stop - lo, g.group, g.policy is NO_REMAT)
                  for g in layer_plan(cfg, lo, hi) if g.stop > g.start)
-    return (tuple(layer_kinds(cfg)[lo:hi]), plan)
+    res = lo if cfg.attn_res_block_size else None   # its summaries and block boundaries
+    return (tuple(layer_kinds(cfg)[lo:hi]), plan, res)
 
 
 def _allocate(intervals: list[tuple[int, int, object]]) -> tuple[dict, int]:
@@ -280,7 +281,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
     M, T = batch["tokens"].shape[0], batch["tokens"].shape[-1]
     emb_keys = [k for k in ("embedding", "position_embedding") if k in shared]
     head_keys = list(dict.fromkeys(["final_norm", *head_params(shared, cfg),
-                                    *(["hc_head"] if "hc_head" in shared else [])]))
+                                    *[k for k in ("hc_head", "attn_res_head") if k in shared]]))
     depths = cfg.mtp_num_layers if mtp_weights_MDBT is not None else 0
     if depths:   # the MTP modules read the embeddings too
         head_keys = list(dict.fromkeys([*head_keys, "mtp", *emb_keys]))
@@ -302,6 +303,10 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
                             segment_ids=micro.get("segment_ids"), deterministic=False,
                             rng=rng, with_embedding=sh is not None, embed_noise=embed_noise,
                             moe_state=moe_state)
+
+    def wire(x):
+        """The embeddings as the first stage receives them (attention residuals: folded)."""
+        return attn_res.fold(x, None, cfg) if cfg.attn_res_block_size else x
 
     def layers_fn(st: int, shift, on, moe_state, fixed, sp, q, x, micro, rng):
         """((stage output, its MoE and DSA indexer objectives / M), (router statistics or
@@ -392,9 +397,11 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
         sp_all, qst, on_all = jax.tree.map(lambda a: a[0], (sp_all, qst, on_all))
         B = batch["tokens"].shape[1]
         dt = jnp.dtype(cfg.residual_dtype)
-        # what a stage sends: the residual stream [B,T,D], or its n streams [B,T,n,D]
-        # with hyper-connections
-        x_shape = (B, T, *([cfg.hc_streams] if cfg.hc_streams > 1 else []), cfg.hidden_size)
+        # what a stage sends: the residual stream [B,T,D], its n streams [B,T,n,D] with
+        # hyper-connections, the folded running sum and summaries with attention residuals
+        streams = (cfg.hc_streams if cfg.hc_streams > 1 else
+                   attn_res.width(cfg) if cfg.attn_res_block_size else None)
+        x_shape = (B, T, *([streams] if streams else []), cfg.hidden_size)
         xbuf = jnp.zeros((prog.x_slots + 1, *x_shape), dt)
         gbuf = jnp.zeros((prog.g_slots + 1, *x_shape), dt)
         gst = jax.tree.map(lambda a: jnp.zeros(a.shape, accum_dtype), sp_all)
@@ -441,7 +448,7 @@ def accumulate(prog: Program, layout, cfg, *, stacks, shared, batch, weights_MBT
             micro = jax.tree.map(lambda a: a[mb], batch)
             rng = jax.random.fold_in(step_rng, mb)
             x_emb, embed_vjp = jax.vjp(
-                lambda e: context(micro, rng, e, fixed=fixed)[0].astype(dt), emb)
+                lambda e: wire(context(micro, rng, e, fixed=fixed)[0]).astype(dt), emb)
             x_in = jnp.where(row[6] == 1, x_emb, xbuf[row[3]])
             args = (row, x_in, micro, rng, sp_all, on_all, fixed, scale)
             (xbuf, gbuf, gst, moe, qst, hist, ind), out = run_op(

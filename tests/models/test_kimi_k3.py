@@ -337,6 +337,31 @@ def test_decoding_continues_the_full_forward(k3):
         assert max_diff(logits, full[:, t]) < 1e-4
 
 
+@pytest.mark.parametrize("cuts", [(1, 4), (3,), (2, 3, 5)])
+def test_pipeline_stages_pass_the_folded_state(k3, cuts):
+    """Layer ranges run one after another as pipeline stages do (the running sum and the
+    summaries folded into one [B,T,1+n,D] tensor between them; a stage opening a block at its
+    first layer, one starting mid-block) give the full forward's logits."""
+    from jaxtrain.models import attn_res
+    from jaxtrain.models.spec import layer_kinds
+    from jaxtrain.models.transformer import (_run_layers, final_hidden, layer_inputs,
+                                             layer_stacks, logits_head)
+
+    cfg, params = k3
+    ids = tokens(2, 8, vocab=VOCAB, seed=7)
+    x, ctx = layer_inputs(params, ids, cfg)
+    stacks, kinds = layer_stacks(params, cfg), layer_kinds(cfg)
+    x = attn_res.fold(x, None, cfg)
+    assert x.shape[2] == attn_res.width(cfg) == 3   # the sum and the summaries of layers 0, 4
+    edges = (0, *cuts, cfg.num_layers)
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        mine = {k: jax.tree.map(lambda a, k=k: a[kinds[:lo].count(k):kinds[:hi].count(k)],
+                                stack) for k, stack in stacks.items() if k in kinds[lo:hi]}
+        x, _ = _run_layers(mine, x, ctx, cfg, layers=(lo, hi))
+    got = logits_head(params, final_hidden(params, x, ctx, cfg), cfg)
+    assert max_diff(got, forward(params, ids, cfg)) < 1e-5
+
+
 def test_quantile_rule_knobs():
     """Kimi K3's quantile rule and its histogram settings reach the MoE config (their effects:
     tests/models/test_quantile_balancing.py, against Primus's own functions)."""
@@ -422,10 +447,9 @@ def test_cli_trains_a_tiny_kimi_k3(tmp_path, cli):
 
 
 @pytest.mark.parametrize("extra, match", [
-    (["pipeline_model_parallel_size=2"], "pipeline_model_parallel_size 2 with Kimi K3"),
     (["memory.seco=true"], "memory.seco with Kimi K3"),
-    (["moe_router_bias_update_rule=quantile", "quantile_balancing_update_interval=2"],
-     "not implemented yet: quantile_balancing_update_interval"),
+    (["moe_router_bias_update_rule=quantile", "quantile_balancing_update_interval=0"],
+     "quantile_balancing_update_interval 0 must be at least 1"),
     (["tensor_model_parallel_size=4", "linear_num_key_heads=2"], "linear_num_key_heads"),
 ])
 def test_dry_run_refuses_what_does_not_run_it_yet(cli, extra, match):

@@ -270,3 +270,36 @@ def test_k3_rule_sets_the_bias_from_the_steps_histograms():
         new = np.asarray(after.params["moe_layers"]["moe"]["router"]["expert_bias"])
         np.testing.assert_allclose(new.reshape(1, -1), np.asarray(want), rtol=1e-6)
         assert abs(float(new.mean())) < 1e-6 and np.abs(new).max() > 0
+
+
+def test_k3_update_interval_pools_the_histograms_between_updates():
+    """quantile_balancing_update_interval 2 (Primus's counter of global batches): batch 1
+    leaves the bias and pools its histogram in the routers' k3_hist leaf (untrained, not in
+    the optimizer); batch 2 sets the bias from the two batches' histograms pooled and empties
+    the pool; batch 3 pools again."""
+    from tests.models.test_moe_step import _forward, _run
+    from tests.train.test_step import model_cfg
+
+    from jaxtrain.models.moe.step import _k3_bias
+    mcfg = model_cfg(num_layers=1, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16,
+                     moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)
+    mcfg = mcfg.replace(moe=dataclasses.replace(mcfg.moe, bias_rule="quantile", k3_bins=64,
+                                                k3_interval=2))
+    router = lambda state: state.params["moe_layers"]["moe"]["router"]   # noqa: E731
+    seen = []
+    for n, (before, after, _) in enumerate(_run(mcfg, 3), start=1):
+        seen.append(sum(np.asarray(st["k3_hist"]) for st, _ in _forward(before, mcfg)))
+        old = np.asarray(router(before)["expert_bias"])
+        new, pool = (np.asarray(router(after)[k]) for k in ("expert_bias", "k3_hist"))
+        if n == 2:
+            pooled = jnp.asarray(seen[0] + seen[1])
+            want = _k3_bias(pooled, mcfg.moe)(jnp.asarray(old).reshape(1, -1), jnp.arange(1))
+            np.testing.assert_allclose(new.reshape(1, -1), np.asarray(want), rtol=1e-6)
+            alone = _k3_bias(jnp.asarray(seen[1]), mcfg.moe)(
+                jnp.asarray(old).reshape(1, -1), jnp.arange(1))
+            assert np.abs(np.asarray(alone) - np.asarray(want)).max() > 1e-4
+            assert not pool.any()
+        else:
+            np.testing.assert_array_equal(new, old)
+            np.testing.assert_array_equal(pool.reshape(seen[-1].shape), seen[-1])
+        assert "k3_hist" not in str(jax.tree_util.tree_structure(after.opt_state))

@@ -169,6 +169,41 @@ LAYOUTS |= {"v4": V4_KL, "v4_pp2": [*V4_KL, PP2],
             # Primus's launcher's kind of layout: the MTP layer on the last stage, uneven split
             "v4_mtp_pp2_layout": [*V4_MTP, PP2, "pipeline_model_parallel_layout=Et|tttmL"],
             "mhc": MHC, "mhc_pp2_vpp2": [*MHC, PP2, "virtual_pipeline_model_parallel_size=2"]}
+# Qwen3-Next's layers: Gated DeltaNet and gated full attention alternating, MoE with a gated
+# shared expert, packed sequences (the recurrent state resets at each document)
+GDN = ["experimental_attention_variant=gdn", "linear_attention_freq=2",
+       "linear_num_key_heads=2", "linear_num_value_heads=4", "linear_key_head_dim=8",
+       "linear_value_head_dim=8", "linear_conv_kernel_dim=3", "gdn_chunk_size=4",
+       "attention_output_gate=true", "rotary_percent=0.5", "position_embedding_type=rope",
+       *MOE[:3], "moe_layer_freq=1", "moe_shared_expert_intermediate_size=16",
+       "moe_shared_expert_gate=true", "moe_aux_loss_coeff=0.01",
+       "reset_attention_mask=true", "reset_position_ids=true", "eod_mask_loss=true"]
+LAYOUTS |= {"gdn": GDN,
+            "gdn_pp2_vpp2_tp2": [*GDN, PP2, "virtual_pipeline_model_parallel_size=2",
+                                 "tensor_model_parallel_size=2"]}
+# Kimi K3: KDA and gated NoPE MLA layers, attention residuals over blocks of 4 layers (the
+# stages send the running sum and the summaries folded), SiTU, the stable latent MoE
+K3 = ["model_type=kimi_k3", "num_layers=6", "group_query_attention=false",
+      "num_query_groups=null", "kv_channels=8",
+      "q_lora_rank=16", "kv_lora_rank=16", "qk_head_dim=8", "qk_pos_emb_head_dim=4",
+      "v_head_dim=8", "linear_attention_freq=([1]*2+[0])*2", "linear_num_key_heads=2",
+      "linear_num_value_heads=2", "linear_key_head_dim=8", "linear_value_head_dim=8",
+      "linear_conv_kernel_dim=3", "kda_chunk_size=4", "attn_res_block_size=4",
+      "use_te_activation_func=true", "activation_situ_beta=1.5",
+      "activation_situ_linear_beta=2.0", "normalization=RMSNorm", "swiglu=true", *MOE[:3],
+      "moe_layer_freq=[0]*1+[1]*5", "routed_expert_hidden_size=8", "latent_moe_use_norm=true",
+      "moe_router_score_function=sigmoid", "moe_router_enable_expert_bias=true",
+      "moe_aux_loss_coeff=0.01", "untie_embeddings_and_output_weights=true",
+      "init_method_std=0.3"]
+K3_QB = [*K3, "moe_router_bias_update_rule=quantile", "quantile_balancing_num_bins=32"]
+K3_MTP = [*K3, "num_nextn_predict_layers=1"]
+# stages [0,1) [1,4) [4,5) [5,6): one opens a block at its first layer
+K3_LAYOUT = "pipeline_model_parallel_layout=Et|ttt|t|tL"
+LAYOUTS |= {"k3": K3,
+            "k3_pp2_layout_tp2": [*K3, PP2, K3_LAYOUT, "tensor_model_parallel_size=2"],
+            "k3_qb": K3_QB, "k3_qb_pp2_zb": [*K3_QB, PP2, "patch_zero_bubble=true"],
+            "k3_mtp": K3_MTP, "k3_mtp_pp2_layout": [*K3_MTP, PP2,
+                                                    "pipeline_model_parallel_layout=Et|ttt|t|tmL"]}
 LAYOUTS["lfm_pp2_vpp2_tp2"] = [*LFM, PP2, "virtual_pipeline_model_parallel_size=2",
                                "tensor_model_parallel_size=2"]
 LAYOUTS |= {

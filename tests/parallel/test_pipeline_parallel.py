@@ -625,6 +625,28 @@ def test_lfm2_short_convolutions_pipeline_like_one_stage(tmp_path):
     assert runs["lfm_pp2_vpp2_tp2"]["mesh"]["pipeline"] == 2
 
 
+@pytest.mark.slow
+def test_linear_attention_and_attention_residuals_pipeline_like_one_stage(tmp_path):
+    """Qwen3-Next's layers (Gated DeltaNet and gated attention, MoE, packed documents) under
+    PP 2 x VPP 2 x TP 2; Kimi K3 (KDA, gated MLA, attention residuals whose running sum and
+    summaries the stages send folded) under an uneven PP 2 x TP 2 layout with a stage opening
+    a block, with K3's quantile rule under zero-bubble PP 2, and with an MTP depth on the last
+    stage: the losses, grad norms, balancing and MTP losses of one stage."""
+    runs = _worker(tmp_path, "train:gdn,gdn_pp2_vpp2_tp2,k3,k3_pp2_layout_tp2,k3_qb,"
+                   "k3_qb_pp2_zb,k3_mtp,k3_mtp_pp2_layout")[0]
+    for ref, name, rel in (("gdn", "gdn_pp2_vpp2_tp2", 2e-6), ("k3", "k3_pp2_layout_tp2", 2e-5),
+                           ("k3_qb", "k3_qb_pp2_zb", 2e-5), ("k3_mtp", "k3_mtp_pp2_layout", 2e-5)):
+        want, got = runs[ref], runs[name]
+        assert got["mesh"]["pipeline"] == 2, name
+        for key in ("losses", "grad_norms", "moe_aux_loss"):
+            assert got[key] == pytest.approx(want[key], rel=rel), (name, key)
+        first = lambda run: [row[0] for row in run["mtp_losses"]]   # noqa: E731
+        assert first(got) == pytest.approx(first(want), rel=rel), name
+    assert all(row[0] > 0 for row in runs["k3_mtp"]["mtp_losses"])
+    # the quantile rule moved the bias differently from the sign rule
+    assert runs["k3_qb"]["losses"][2] != pytest.approx(runs["k3"]["losses"][2], rel=1e-4)
+
+
 def test_deferred_output_layer_wgrad_keeps_megatrons_checks(write, cli):
     """defer_embedding_wgrad_compute changes nothing in this executor (the output layer's
     gradients already run beside the other ranks' ops); Megatron's checks on it hold."""

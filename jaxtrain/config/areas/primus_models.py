@@ -129,7 +129,8 @@ KNOBS = [
     K("attn_res_block_size", "int", None, "Kimi K3 attention residuals: every N layers a block "
       "summary is kept that later layers attend over; null turns them off.", _P, HONORED,
       _K3 + ": models/attn_res.py (softmax mixes over the block summaries and the running sum "
-      "before each sublayer and the final norm; the layer loops run block by block)"),
+      "before each sublayer and the final norm; the layer loops run block by block; pipeline "
+      "stages send the sum and the summaries folded, attn_res.fold)"),
     K("activation_situ_beta", "float", None, "Kimi K3 SiTU activation: soft clamp of the gate "
       "branch; null is plain SiLU.", _P, HONORED, _K3 + ": layers.glu: b tanh(g/b) sigmoid(g) "
       "* u in every gated MLP, the shared and the routed experts, where Primus builds SiTU "
@@ -159,7 +160,9 @@ KNOBS = [
     K("quantile_balancing_center_bias", "bool", True, "Remove the common offset of the expert "
       "biases after each update.", _P, HONORED, _K3_QB + ": false keeps the offset"),
     K("quantile_balancing_update_interval", "int", 1, "Steps whose scores one bias update of "
-      "quantile balancing pools.", _P),
+      "quantile balancing pools.", _P, HONORED, _K3_QB + ": the routers' k3_hist leaf (fp32 "
+      "counts, not trained, checkpointed) pools the histograms; at global batches n, 2n, ... "
+      "the bias is set from the pool and it empties, as Primus's update counter does"),
     K("quantile_balancing_ema_decay", "float", None, "Turn the quantile-balancing bias into an "
       "EMA with this decay; null replaces it each update.", _P, HONORED,
       _K3_QB + ": decay·old + (1 - decay)·new"),

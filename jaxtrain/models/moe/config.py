@@ -25,7 +25,7 @@ DROP_POLICIES = ("probs", "position")
 FORCE_BALANCING = ("even", "uniform")
 EXPERT_ACTIVATIONS = ("swiglu_oai",)   # beyond the model's own activation (GPT-OSS's clamped GLU)
 # parameter leaves the optimizer never updates (Gemma 4's layer scalar is a checkpoint constant)
-NON_TRAINABLE = ("expert_bias", "qb_beta", "layer_scalar", "hash_routes")
+NON_TRAINABLE = ("expert_bias", "qb_beta", "k3_hist", "layer_scalar", "hash_routes")
 
 # Metric name of each balancing loss (reported without its coefficient, as Megatron logs it).
 LOSS_METRICS = {"aux_loss": "moe_aux_loss", "seq_aux_loss": "moe_seq_aux_loss",
@@ -95,12 +95,14 @@ class MoEConfig:
     bias_update_rate: float = 1e-3
     # the expert bias's update: "sign" (Megatron's aux-loss-free rule) or Kimi K3's
     # "quantile" rule, the bias set from a histogram of routing margins (``k3_bins`` bins over
-    # ``k3_range``), centred with ``k3_center``, blended as an EMA with ``k3_ema`` (None: set)
+    # ``k3_range``), centred with ``k3_center``, blended as an EMA with ``k3_ema`` (None: set),
+    # every ``k3_interval`` global batches from their pooled histograms
     bias_rule: str = "sign"
     k3_bins: int = 1024
     k3_range: tuple[float, float] = (-1.0, 1.0)
     k3_center: bool = True
     k3_ema: float | None = None
+    k3_interval: int = 1
     load_balancing: tuple[str, ...] = ("aux_loss",)
     aux_loss_coeff: tuple[float, ...] = (0.0,)
     z_loss_coeff: float | None = None
@@ -203,6 +205,8 @@ class MoEConfig:
                  "margin_max above quantile_balancing_margin_min")
             need(self.k3_ema is None or 0.0 <= self.k3_ema < 1.0,
                  f"quantile_balancing_ema_decay {self.k3_ema} must be in [0, 1) or null")
+            need(self.k3_interval >= 1, f"quantile_balancing_update_interval "
+                 f"{self.k3_interval} must be at least 1")
         if "quantile_balancing" in self.load_balancing:
             need(tuple(self.load_balancing) == ("quantile_balancing",),
                  "quantile balancing balances through its own bias: it is the only "

@@ -48,13 +48,17 @@ def update_expert_bias(params: dict, counts, cfg) -> dict:
     return _update_routers(params, "expert_bias", lambda old, rows: old + delta_LE[rows], cfg)
 
 
-def update_router_state(params: dict, sums: dict, num_micro: int, cfg) -> dict:
+def update_router_state(params: dict, sums: dict, num_micro: int, cfg, step=None) -> dict:
     """Once per global batch (Megatron's finalize step): the expert bias from the loads
     counted (:func:`update_expert_bias`) and quantile balancing's bias from its quantiles
     averaged over the microbatches: ema·beta + (1 − ema)·mean, less its mean over experts.
-    ``sums``: the forward's statistics summed over the step's microbatches."""
+    ``sums``: the forward's statistics summed over the step's microbatches; ``step``: the
+    1-based number of this global batch (Kimi K3's update interval)."""
     m = cfg.moe
-    if m is not None and m.bias_rule == "quantile":
+    if m is not None and m.bias_rule == "quantile" and m.k3_interval > 1:
+        params = _update_routers(params, ("expert_bias", "k3_hist"),
+                                 _k3_pooled(sums["k3_hist"], step, m), cfg)
+    elif m is not None and m.bias_rule == "quantile":
         params = _update_routers(params, "expert_bias", _k3_bias(sums["k3_hist"], m), cfg)
     else:
         params = update_expert_bias(params, sums["counts"], cfg)
@@ -99,10 +103,31 @@ def _k3_bias(hist_LEB, m):
     return new
 
 
-def _update_routers(params: dict, leaf: str, new, cfg) -> dict:
+def _k3_pooled(hist_LEB, step, m):
+    """Kimi K3's rule with an update interval n (Primus's): the histograms pool in the routers'
+    ``k3_hist`` leaf over n global batches; at the batches numbered n, 2n, ... the bias is set
+    from the pooled one (:func:`_k3_bias`) and the pool emptied. Returns
+    new((old bias, old pool), rows)."""
+    due = jnp.asarray(step) % m.k3_interval == 0
+
+    def new(olds, rows):
+        bias_LE, pool_LEB = olds
+        pooled = pool_LEB + hist_LEB[rows].astype(jnp.float32)
+        bias = _k3_bias(pooled, m)(bias_LE, jnp.arange(len(rows)))
+        return jnp.where(due, bias, bias_LE), jnp.where(due, 0.0, pooled)
+
+    return new
+
+
+# Router leaves with more than the expert axis ([E] otherwise)
+_LEAF_NDIM = {"k3_hist": 2}
+
+
+def _update_routers(params: dict, leaf, new, cfg) -> dict:
     """``params`` with every MoE layer's router ``leaf`` [E] replaced by new(old [L, E],
     rows [L]): ``rows`` the layers' places in MoE-layer order (the decoder's stacks, then the
-    multi-token-prediction layers depth-major)."""
+    multi-token-prediction layers depth-major). ``leaf`` a tuple of names: ``new`` takes and
+    returns a tuple of their values."""
     moe_kinds = [k for k in layer_kinds(cfg) if k in MOE_STACKS]
     n_main = len(moe_kinds)
     out = dict(params)
@@ -124,18 +149,23 @@ def _update_routers(params: dict, leaf: str, new, cfg) -> dict:
     return out
 
 
-def _set_router_leaf(tree: dict, key: str, leaf: str, new, rows, cfg) -> dict:
-    """``tree`` with the stacked router ``leaf`` of ``tree[key]``'s MoE set to new(old, rows)."""
+def _set_router_leaf(tree: dict, key: str, leaf, new, rows, cfg) -> dict:
+    """``tree`` with the stacked router ``leaf`` (or leaves) of ``tree[key]``'s MoE set to
+    new(old, rows)."""
     layers = tree[key]
-    router = layers["moe"]["router"]
-    old = router[leaf]
-    axis = cfg.param_scan_axis if old.ndim == 2 else 0
-    if old.ndim == 1:   # an unstacked module (one MTP layer)
-        value = new(old[None].astype(jnp.float32), rows)[0]
-    else:
-        value = jnp.moveaxis(new(jnp.moveaxis(old, axis, 0).astype(jnp.float32), rows), 0, axis)
-    return {**tree, key: {**layers, "moe": {**layers["moe"], "router": {
-        **router, leaf: value.astype(old.dtype)}}}}
+    router = dict(layers["moe"]["router"])
+    names = (leaf,) if isinstance(leaf, str) else leaf
+    olds = [router[n] for n in names]
+    # the layer axis: none in an unstacked module (one MTP layer), else the scan axis
+    stacked = olds[0].ndim > _LEAF_NDIM.get(names[0], 1)
+    axis = cfg.param_scan_axis if stacked else None
+    rowed = [jnp.moveaxis(o, axis, 0) if stacked else o[None] for o in olds]
+    rowed = [o.astype(jnp.float32) for o in rowed]
+    values = new(rowed[0] if isinstance(leaf, str) else tuple(rowed), rows)
+    values = (values,) if isinstance(leaf, str) else values
+    for n, o, v in zip(names, olds, values):
+        router[n] = (jnp.moveaxis(v, 0, axis) if stacked else v[0]).astype(o.dtype)
+    return {**tree, key: {**layers, "moe": {**layers["moe"], "router": router}}}
 
 
 def metrics(stats: dict, cfg, moe_layer_ids) -> dict:
