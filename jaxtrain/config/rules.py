@@ -17,6 +17,7 @@ from jaxtrain.config.areas.checkpoint import TORCH_FORMATS, TORCH_FORMATS_REASON
 from jaxtrain.config.batch_schedule import parse_step_schedule
 from jaxtrain.config.dialects.maxtext_rules import MAXTEXT_RULES
 from jaxtrain.config.errors import ConfigError
+from jaxtrain.config.patterns import PRIMUS_SPECS, spec_name
 
 DERIVED = "derived"
 
@@ -207,13 +208,18 @@ def hybrid_models(c: Context):
               c.where("model_type") if c.get("model_type") in ("mamba", "hybrid") else None)
     if by is None:
         return
-    tp = c.get("tensor_model_parallel_size", 1)
-    heads = c.get("mamba_num_heads") or 2 * (c.get("hidden_size") or 0) // max(
-        c.get("mamba_head_dim") or 1, 1)
-    for key, n in (("mamba_num_heads", heads), ("mamba_num_groups", c.get("mamba_num_groups"))):
-        if n and n % tp:
-            c.error(f"{key} ({n}) must be divisible by tensor_model_parallel_size ({tp}): the "
-                    "Mamba heads and their groups split over the tensor axis")
+    if PRIMUS_SPECS.get(spec_name(c.get("spec"))) in ("G", "K"):   # linear layers, no Mamba
+        _heads_split(c, ("linear_num_key_heads", "linear_num_value_heads"),
+                     "the linear-attention layers'")
+    else:
+        tp = c.get("tensor_model_parallel_size", 1)
+        heads = c.get("mamba_num_heads") or 2 * (c.get("hidden_size") or 0) // max(
+            c.get("mamba_head_dim") or 1, 1)
+        for key, n in (("mamba_num_heads", heads),
+                       ("mamba_num_groups", c.get("mamba_num_groups"))):
+            if n and n % tp:
+                c.error(f"{key} ({n}) must be divisible by tensor_model_parallel_size ({tp}): "
+                        "the Mamba heads and their groups split over the tensor axis")
     _not_yet(c, f"a hybrid model ({by})", (
         ("memory.seco", "SeCO's chunk-wise step carries keys and values, not recurrent states"),
         *_ONE_STACK))

@@ -199,6 +199,10 @@ class ModelConfig:
     # low-rank pair
     kda_gate_lower_bound: float | None = None
     kda_full_rank_gate: bool = False
+    # KDA's decay bottleneck width (None: the key head width, Kimi Linear; Primus's hybrid KDA
+    # and FLA: the value head width) and a bias on the output gate's up projection (FLA's)
+    kda_decay_rank: int | None = None
+    kda_gate_bias: bool = False
     # LFM2's gated short convolutions (models/short_conv.py): the layers that mix tokens with
     # them instead of attention (one bool per layer; None: none), the convolution's width and
     # whether its projections and convolution have biases
@@ -470,9 +474,11 @@ class ModelConfig:
         check(not self.dsa_index_heads or self.multi_latent_attention,
               "experimental_attention_variant",
               "dsa (DeepSeek sparse attention) needs multi_latent_attention")
-        for name in ("kda_gate_lower_bound", "kda_full_rank_gate"):
+        for name in ("kda_gate_lower_bound", "kda_full_rank_gate", "kda_decay_rank",
+                     "kda_gate_bias"):
             check(getattr(self, name) in (None, False) or (
-                self.linear_attention_layers is not None and self.linear_attention_kind == "kda"),
+                (self.linear_attention_layers is not None or "G" in (self.hybrid_layers or ""))
+                and self.linear_attention_kind == "kda"),
                 name, "shapes Kimi Delta Attention layers, and the model has none")
         check(not self.mla_nope or self.multi_latent_attention, "mla_nope",
               "leaves multi-latent attention unrotated, and the model has none")
@@ -813,9 +819,10 @@ class ModelConfig:
               f"{self.linear_attention_impl!r} is not one of ('xla', 'pallas')")
         choice("linear_attention_kind", ("gdn", "kda"))
         if self.linear_attention_kind == "kda":
-            check(self.linear_num_key_heads == self.linear_num_value_heads,
-                  "linear_num_value_heads", "Kimi Delta Attention has as many value heads as key "
-                  "heads (linear_num_key_heads)")
+            check(self.kda_decay_rank is None or self.kda_decay_rank > 0, "kda_decay_rank",
+                  "must be positive")
+            check(not (self.kda_gate_bias and self.kda_full_rank_gate), "kda_gate_bias",
+                  "biases the low-rank gate's up projection; the full-rank gate has none")
             check(self.kda_gate_lower_bound is None or self.kda_gate_lower_bound < 0,
                   "kda_gate_lower_bound", "bounds a log-decay: give a negative bound")
             check(self.linear_attention_impl == "xla", "linear_attention_impl",

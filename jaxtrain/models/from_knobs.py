@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 from jaxtrain.config import complete
 from jaxtrain.config.activations import megatron_activation, mlp_from_activations
 from jaxtrain.config.errors import ConfigError
-from jaxtrain.config.patterns import dsa_shared_pattern
+from jaxtrain.config.patterns import PRIMUS_SPECS, dsa_shared_pattern, spec_name
 from jaxtrain.models.moe.config import MoEConfig, moe_pattern, parse_layer_freq
 from jaxtrain.models.spec import linear_pattern, window_pattern
 from jaxtrain.quant.config import from_config as quant_config
@@ -243,13 +243,6 @@ def _linear_fields(cfg) -> dict:
                 linear_attention_kind=cfg["linear_attention_kind"])
 
 
-# Primus's stack specs for model_type mamba: what their 'M' layers are (None: not built yet).
-_PRIMUS_SPECS = {"mamba_stack_spec": "M", "hybrid_stack_spec": "M",
-                 "mamba_hybrid_stack_spec_no_te": "M", "gdn_hybrid_stack_spec": "G",
-                 "gdn_hybrid_stack_spec_no_te": "G", "kda_hybrid_stack_spec": None,
-                 "kda_hybrid_stack_spec_no_te": None}
-
-
 def pattern_from_ratios(n: int, attention: float, mlp: float) -> str:
     """Megatron's hybrid layer allocation from ratios: round(n·attention) attention layers
     spread evenly between Mamba runs (the pattern starts and ends with Mamba), then
@@ -305,21 +298,17 @@ def _hybrid_fields(cfg) -> dict:
     Primus's ``spec`` says what its M layers are."""
     pattern, spec = cfg["hybrid_layer_pattern"], cfg["spec"]
     hybrid = cfg["model_type"] in ("mamba", "hybrid") or cfg["is_hybrid_model"] or pattern
-    name = spec[-1] if isinstance(spec, list | tuple) and spec else spec
+    name = spec_name(spec)
     if not hybrid:
         if spec is not None:
             raise ConfigError(f"spec = {spec!r} names a PyTorch module spec; jaxtrain models are "
                               "JAX functions chosen by the model knobs (only the hybrid stacks "
                               "of model_type mamba are read): remove it")
         return {}
-    if spec is not None and name not in _PRIMUS_SPECS:
+    if spec is not None and name not in PRIMUS_SPECS:
         raise ConfigError(f"spec = {spec!r}: jaxtrain reads the hybrid stack specs "
-                          f"{sorted(_PRIMUS_SPECS)} (what the M layers are); remove it for "
+                          f"{sorted(PRIMUS_SPECS)} (what the M layers are); remove it for "
                           "Megatron's Mamba-2 layers")
-    if spec is not None and _PRIMUS_SPECS[name] is None:
-        raise ConfigError(f"not implemented yet: spec = {name!r} (Primus's "
-                          f"{name.split('_')[0].upper()} layers in the M slots of a hybrid "
-                          "model); planned for issue #25 (model families)")
     n = cfg["num_layers"]
     primus_stack = spec is not None and "hybrid_mamba_mla_layer_specs" in str(spec)
     if pattern is None and primus_stack:
@@ -355,13 +344,14 @@ def _hybrid_fields(cfg) -> dict:
     if len(main) != n:
         raise ConfigError(f"hybrid_layer_pattern {pattern!r} names {len(main)} layers and "
                           f"num_layers is {n}; they must agree")
-    if spec is not None and _PRIMUS_SPECS[name] == "G":   # Primus's GDN stacks: M slots are GDN
+    linear = spec is not None and PRIMUS_SPECS[name] in "GK"   # M slots: GDN or KDA layers
+    if linear:
         main = main.replace("M", "G")
     if mtp is not None:
         mtp_pattern, depths = mtp
         if "+" in mtp_pattern and cfg["multi_latent_attention"]:
             mtp_pattern = mtp_pattern.replace("+", "*")
-        if spec is not None and _PRIMUS_SPECS[name] == "G":
+        if linear:
             mtp_pattern = mtp_pattern.replace("M", "G")
         bad = sorted(set(mtp_pattern) - set("M*G-E"))
         if bad:
@@ -383,9 +373,23 @@ def _hybrid_fields(cfg) -> dict:
                    linear_chunk_size=cfg["gdn_chunk_size"],
                    linear_qk_l2_norm=cfg["use_qk_norm_in_gdn"],
                    linear_attention_impl=cfg["linear_attention_impl"])
+    if spec is not None and PRIMUS_SPECS[name] == "K":
+        out.update(_primus_kda(cfg, name))
     if spec is not None and cfg["multi_latent_attention"]:
         out["qk_layernorm"] = True   # Primus's hybrid MLA spec norms both latents always
     return out
+
+
+def _primus_kda(cfg, name: str) -> dict:
+    """Primus's hybrid KDA layer (FLA's KDA): the decay's bottleneck as wide as a value head,
+    a bias on the output gate's up projection, the convolution and the q/k L2 norm always on
+    (Primus reads neither use_short_conv nor use_qk_norm_in_gdn there)."""
+    for key in ("use_short_conv", "use_qk_norm_in_gdn"):
+        if not cfg[key]:
+            raise ConfigError(f"{key} false: Primus's KDA layers ({name}) always convolve and "
+                              "L2-normalise q and k; remove it")
+    return dict(linear_attention_kind="kda", kda_decay_rank=cfg["linear_value_head_dim"],
+                kda_gate_bias=True)
 
 
 def _mtp_pattern(pattern: str, cfg) -> tuple[str, tuple[str, int] | None]:

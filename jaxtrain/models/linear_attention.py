@@ -15,15 +15,17 @@ Heads split over the tensor axis like attention heads (a value head's key head i
 shard, since H_v/H_k value heads follow each key head).
 
 Kimi Delta Attention (``linear_attention_kind`` kda; Kimi Linear, FLA's KDA): the same layer
-with as many key as value heads (H), a decay per key channel from a low-rank projection and
-an output gate from another, the gated norm taking sigmoid(gate):
+with a decay per key channel from a low-rank projection and an output gate from another, the
+gated norm taking sigmoid(gate) (H = H_v heads, key heads repeated to them):
 
     g = -exp(A_log) * softplus((x W_fa) W_fb + dt_bias)     [H, D_k] per token
-    out = (rmsnorm(o) * w_norm * sigmoid((x W_ga) W_gb)) W_o
+    out = (rmsnorm(o) * w_norm * sigmoid((x W_ga) W_gb + b_gb)) W_o
 
-Its parameters replace wz/wa with wf_a [D,D_k], wf_b [D_k,H,D_k], wg_a [D,D_v], wg_b
-[D_v,H,D_v], and dt_bias is [H,D_k]. Kimi K3's KDA bounds the decay and gates the output
-through one full-rank projection wg [D,H,D_v] (``kda_full_rank_gate``):
+Its parameters replace wz/wa with wf_a [D,R], wf_b [R,H,D_k] (R = ``kda_decay_rank``, by
+default D_k as in Kimi Linear; FLA and Primus's hybrid KDA use D_v), wg_a [D,D_v], wg_b
+[D_v,H,D_v] with bg_b [H,D_v] under ``kda_gate_bias`` (FLA's), and dt_bias is [H,D_k].
+Kimi K3's KDA bounds the decay and gates the output through one full-rank projection wg
+[D,H,D_v] (``kda_full_rank_gate``):
 
     g = lb * sigmoid(exp(A_log) * ((x W_fa) W_fb + dt_bias))     lb = kda_gate_lower_bound
 
@@ -84,14 +86,17 @@ def linear_attention_specs(cfg) -> dict:
     if cfg.linear_attention_kind != "kda":
         return tree
     del tree["wz"], tree["wa"]
-    low = lambda Dh: ParamSpec((D, Dh), dt, ("embed", None), _linear_init(cfg, 0, 1))  # noqa
-    up = lambda Dh: ParamSpec((Dh, Hv, Dh), dt, (None, "q_heads", "kv"),  # noqa: E731
-                              _linear_init(cfg, 0, (1, 2)))
+    low = lambda R: ParamSpec((D, R), dt, ("embed", None), _linear_init(cfg, 0, 1))  # noqa
+    up = lambda R, Dh: ParamSpec((R, Hv, Dh), dt, (None, "q_heads", "kv"),  # noqa: E731
+                                 _linear_init(cfg, 0, (1, 2)))
     gate = ({"wg": proj(Hv, Dv)} if cfg.kda_full_rank_gate
-            else {"wg_a": low(Dv), "wg_b": up(Dv)})
+            else {"wg_a": low(Dv), "wg_b": up(Dv, Dv)})
+    if cfg.kda_gate_bias:
+        gate["bg_b"] = ParamSpec((Hv, Dv), dt, ("q_heads", "kv"), _zeros)
     if cfg.kda_gate_lower_bound is not None:   # Kimi K3 starts every head's rate at 1
         tree["A_log"] = ParamSpec((Hv,), jnp.float32, ("q_heads",), _zeros)
-    return {**tree, "wf_a": low(Dk), "wf_b": up(Dk), **gate,
+    R = cfg.kda_decay_rank or Dk
+    return {**tree, "wf_a": low(R), "wf_b": up(R, Dk), **gate,
             "dt_bias": ParamSpec((Hv, Dk), jnp.float32, ("q_heads", "kv"), _dt_bias_init)}
 
 
@@ -162,6 +167,8 @@ def linear_attention_block(p: dict, x, ctx: dict, cfg, cache=None):
     if kda:   # low-rank projections of the output gate and of the per-channel decay
         z = (L.dense(x, p["wg"], None, "btd,dhk->bthk", "linear_gate_proj", cfg) if "wg" in p
              else _low_rank(x, p["wg_a"], p["wg_b"], "linear_gate_proj", cfg))
+        if "bg_b" in p:
+            z = z + p["bg_b"].astype(z.dtype)
         a = _low_rank(x, p["wf_a"], p["wf_b"], "linear_decay_proj", cfg).astype(jnp.float32)
     else:
         z = L.dense(x, p["wz"], None, "btd,dhk->bthk", "linear_gate_proj", cfg)
@@ -208,7 +215,7 @@ def log_decay(a, A_log, dt_bias, cfg):
 
 
 def _low_rank(x, w_a, w_b, name: str, cfg):
-    """(x W_a) W_b: [B,T,D] -> [B,T,H,D_h] through a D_h-wide bottleneck (KDA's gates)."""
+    """(x W_a) W_b: [B,T,D] -> [B,T,H,D_h] through a narrow bottleneck (KDA's gates)."""
     h = L.dense(x, w_a, None, "btd,dr->btr", name + "_a", cfg)
     return L.dense(h, w_b, None, "btr,rhk->bthk", name, cfg)
 

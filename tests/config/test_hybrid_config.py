@@ -104,9 +104,9 @@ def test_primus_mamba_preset_with_its_stack_spec(write):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["model_type=mamba", "num_layers=4",
+    (["model_type=mamba", "num_layers=4", "use_short_conv=false",
       "spec=[primus.backends.megatron.core.models.hybrid.hybrid_mamba_mla_layer_specs,"
-      "kda_hybrid_stack_spec]"], "not implemented yet: spec = 'kda_hybrid_stack_spec'"),
+      "kda_hybrid_stack_spec]"], "Primus's KDA layers (kda_hybrid_stack_spec) always convolve"),
     (["model_type=mamba", "num_layers=4", "spec=[my.module,my_spec]"],
      "jaxtrain reads the hybrid stack specs"),
     (["num_layers=2", "spec=[megatron.core.models.gpt.gpt_layer_specs,x]"],

@@ -36,6 +36,11 @@ GDN = ["experimental_attention_variant=gdn", "linear_attention_freq=2", "linear_
 HYBRID = ["model_type=mamba", "num_layers=4", "hybrid_layer_pattern=M*-M", "mamba_num_heads=4",
           "mamba_head_dim=8", "mamba_num_groups=2", "mamba_state_dim=8", "mamba_chunk_size=4",
           "position_embedding_type=none"]
+PRIMUS_KDA = ["model_type=mamba", "num_layers=4", "hybrid_layer_pattern=M*-M",
+              "spec=[primus.backends.megatron.core.models.hybrid.hybrid_mamba_mla_layer_specs,"
+              "kda_hybrid_stack_spec]", "linear_num_key_heads=2", "linear_num_value_heads=4",
+              "linear_key_head_dim=8", "linear_value_head_dim=16", "linear_conv_kernel_dim=3",
+              "gdn_chunk_size=4", "position_embedding_type=none"]
 # Gemma 4 small: sliding/global layers (the global ones 16 wide), per-layer inputs, the last two
 # layers sharing the first two's keys and values with MLPs twice as wide
 SMALL_GEMMA4 = ["normalization=RMSNorm", "position_embedding_type=rope", "num_layers=4",
@@ -93,6 +98,11 @@ LAYOUTS = {
     "kda_tp_sp_fsdp": (8, GDN + ["linear_attention_kind=kda", "linear_num_value_heads=2",
                                  "tensor_model_parallel_size=2", "sequence_parallel=true",
                                  "use_torch_fsdp2=true"]),
+    # Primus's hybrid KDA stack (FLA's KDA: twice the value heads, value-wide decay bottleneck,
+    # gate bias)
+    "kda_primus": (1, PRIMUS_KDA),
+    "kda_primus_tp_sp_fsdp": (8, PRIMUS_KDA + ["tensor_model_parallel_size=2",
+                                               "sequence_parallel=true", "use_torch_fsdp2=true"]),
     # Megatron's hybrid stack (Mamba, attention, MLP, Mamba): heads and groups split by TP
     "hybrid": (1, HYBRID),
     "hybrid_tp_sp_fsdp": (8, HYBRID + ["tensor_model_parallel_size=2", "sequence_parallel=true",

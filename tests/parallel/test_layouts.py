@@ -279,13 +279,17 @@ def test_gated_deltanet_hybrid_splits_its_heads_without_changing_the_losses(tmp_
 @pytest.mark.slow
 def test_kimi_delta_attention_splits_its_heads_without_changing_the_losses(tmp_path):
     """Kimi Delta Attention layers under TP 2 with SP and FSDP train with the one-device
-    losses; the per-channel decay bias and the gate projections split with the heads."""
-    got = _worker(tmp_path, "train:kda,kda_tp_sp_fsdp")
-    assert got["kda_tp_sp_fsdp"]["losses"] == pytest.approx(got["kda"]["losses"], rel=2e-6)
-    specs = got["kda_tp_sp_fsdp"]["params"]
-    for leaf in ("dt_bias", "wf_b", "wg_b"):
-        spec = next(v for k, v in specs.items() if "linear_attn" in k and k.endswith(f"['{leaf}']"))
-        assert "tensor" in json.dumps(spec), leaf
+    losses; the per-channel decay bias and the gate projections split with the heads. So does
+    Primus's hybrid KDA (two value heads per key head, the gate's bias)."""
+    got = _worker(tmp_path, "train:kda,kda_tp_sp_fsdp,kda_primus,kda_primus_tp_sp_fsdp")
+    for ref, leaves in (("kda", ("dt_bias", "wf_b", "wg_b")), ("kda_primus", ("wf_b", "bg_b"))):
+        name = ref + "_tp_sp_fsdp"
+        assert got[name]["losses"] == pytest.approx(got[ref]["losses"], rel=2e-6), name
+        specs = got[name]["params"]
+        for leaf in leaves:
+            spec = next(v for k, v in specs.items()
+                        if "linear_attn" in k and k.endswith(f"['{leaf}']"))
+            assert "tensor" in json.dumps(spec), (name, leaf)
 
 
 @pytest.mark.slow

@@ -38,8 +38,9 @@ KNOBS = [
       "jaxtrain models are JAX functions chosen by the model knobs; of the specs only the "
       "hybrid stacks Primus names for model_type mamba are read (what their M layers are: "
       "Mamba-2 for mamba_stack_spec, hybrid_stack_spec and mamba_hybrid_stack_spec_no_te, Gated "
-      "DeltaNet for gdn_hybrid_stack_spec(_no_te); the KDA stacks are planned), any other "
-      "value is refused"),
+      "DeltaNet for gdn_hybrid_stack_spec(_no_te), FLA's Kimi Delta Attention for "
+      "kda_hybrid_stack_spec(_no_te): decay bottleneck of the value head width, a gate "
+      "bias), any other value is refused"),
     K("framework", "str", "megatron", "Primus backend whose key names and defaults the file uses.",
       "primus", HONORED, choices=("megatron", "maxtext")),
     K("workspace", "str", "./output", "Primus output root; the run directory is "

@@ -136,6 +136,8 @@ def check_exportable(cfg: ModelConfig, family: str):
            "attn_res_block_size": bool(cfg.attn_res_block_size),
            "kda_gate_lower_bound": cfg.kda_gate_lower_bound is not None,
            "kda_full_rank_gate": cfg.kda_full_rank_gate,
+           "kda_decay_rank": cfg.kda_decay_rank not in (None, cfg.linear_key_head_dim),
+           "kda_gate_bias": cfg.kda_gate_bias,
            "situ_beta": cfg.situ_beta is not None,
            "attention_output_dim": cfg.attention_output_dim is not None,
            "parallel_shared_norm": cfg.parallel_shared_norm,

@@ -115,6 +115,7 @@ def problems(cfg: ModelConfig, family: str) -> dict:
     return {**out, "mla_nope": not cfg.mla_nope, "linear_qk_l2_norm": not cfg.linear_qk_l2_norm,
             "linear_attention_layers": cfg.linear_attention_layers is None,
             "linear_value_head_dim": cfg.linear_value_head_dim != cfg.linear_key_head_dim,
+            "linear_num_key_heads": cfg.linear_num_key_heads != cfg.linear_num_value_heads,
             "activation": cfg.activation != "silu",
             # transformers' Kimi Linear never ties its output layer to the embedding
             "untie_embeddings_and_output_weights": not cfg.untie_embeddings_and_output_weights}
