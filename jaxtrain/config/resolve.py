@@ -160,7 +160,7 @@ def resolve(sources: Sources, world_size: int | None = None, enforce_status: boo
             ) -> Config:
     """Merge, type and check ``sources``. ``enforce_status=False`` skips the planned/rejected
     gate (for tools that inspect how files resolve); training never does."""
-    problems, warnings = list(sources.problems), []
+    problems, warnings = list(sources.problems), list(sources.warnings)
     dialect = DIALECTS[sources.dialect]
     defaults, origins, unsupported = _default_set(sources, dialect.doc, problems, warnings)
     values, winners, by_layer, written = dict(defaults), {}, [], {}

@@ -53,12 +53,14 @@ class Layer:
 @dataclasses.dataclass
 class Sources:
     """All layers of one run, lowest precedence first, and the dialect they are written in;
-    ``problems`` found while reading them that resolving reports with its own (a model named
-    by ``model.name_or_path`` that is not on this machine)."""
+    ``problems`` and ``warnings`` found while reading them that resolving reports with its own
+    (a model named by ``model.name_or_path`` that is not on this machine; a Primus preset
+    chained with a key Primus no longer reads)."""
 
     layers: list[Layer]
     dialect: str
     problems: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
 
 def flatten(mapping: dict, layer: Layer, origin: str):

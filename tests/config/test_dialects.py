@@ -67,6 +67,10 @@ def test_primus_megatron_experiment(write, monkeypatch):
     assert cfg["lr"] == 3e-4 and cfg["global_batch_size"] == 64
     assert cfg["kv_channels"] == 32 and cfg.origin("kv_channels") == "derived"
     assert cfg.dialect == "primus"
+    # Primus's loader reads only 'extends' now; a preset chained with 'bases' is followed,
+    # and the run says where it parts from Primus's
+    said = [w for w in cfg.warnings if "my_model.yaml chains its presets with 'bases'" in w]
+    assert len(said) == 1 and "Megatron's defaults" in said[0]
 
 
 def test_primus_maxtext_framework_uses_maxtext_defaults(write):

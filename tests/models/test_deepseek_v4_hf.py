@@ -139,6 +139,7 @@ def test_indexer_loss_equals_primus_formula():
                                rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_indexer_trains_only_through_its_loss(tmp_path):
     """With v4_indexer_distill_loss_coeff 0 no gradient reaches the indexer (its selection is
     discrete); with a weight its loss reaches the indexer and nothing else."""
@@ -196,6 +197,7 @@ def test_cached_decoding_equals_the_full_forward(tmp_path, prompt):
     assert np.abs(np.asarray(last) - full[:, prompt + 4]).max() <= TOL
 
 
+@pytest.mark.slow
 def test_ragged_prompts_decode_as_each_would_alone(tmp_path):
     """Left-padded prompts of 3, 9 and 6 tokens (left_pad / pad=): each row's tokens and logits
     are those of its prompt alone (its tokens cached at their positions' slots, so its

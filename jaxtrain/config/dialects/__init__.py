@@ -101,12 +101,12 @@ def _sources(path, overrides, primus_path) -> Sources:
     main_path = chain[-1][0]
     if any(primus.is_experiment(data) for _, data in chain):
         data = primus.merge_experiments(chain)
-        layers, framework = primus.experiment_layers(main_path, data, primus_path)
+        layers, framework, warnings = primus.experiment_layers(main_path, data, primus_path)
         dialect = "maxtext" if framework == "maxtext" else "primus"
         # Primus hands all its settings to MaxText as overrides: the model file sits just
         # above the module presets.
         return Sources(_with_model(layers + [cli], main_path, chain, _defaults_count(layers)),
-                       dialect)
+                       dialect, warnings=warnings)
     layers = maxtext.chain_layers(chain, _file_name(main_path), "file")
     # A base_config chain is MaxText's, even when it holds a dpo block as pgs files do.
     dialect = pgs.dialect_of(chain[-1][1]) if len(chain) == 1 else None

@@ -15,7 +15,7 @@ import os
 import pathlib
 
 from jaxtrain.config.errors import ConfigError
-from jaxtrain.config.files import CONFIGS_DIR, find_file, read_chain
+from jaxtrain.config.files import CONFIGS_DIR, find_file, read_chain, read_yaml
 from jaxtrain.config.dialects.maxtext import chain_layers
 from jaxtrain.config.sources import Layer, flatten
 
@@ -91,6 +91,25 @@ def _preset(name: str, kind: str, framework: str, experiment: pathlib.Path,
                       f"checkout")
 
 
+# Chain keys Primus's loader stopped reading when it moved to ``extends`` (Nov 2025)
+_RETIRED = ("bases", "includes")
+
+
+def retired_chain_keys(chain) -> list[str]:
+    """Warnings for the preset files of ``chain`` that still chain with a retired key: jaxtrain
+    follows them, Primus now ignores them (its run takes Megatron's defaults instead)."""
+    out = []
+    for path, _ in chain:
+        raw = read_yaml(path) if path.is_file() else {}
+        for key in _RETIRED:
+            if isinstance(raw, dict) and key in raw:
+                out.append(f"{path.name} chains its presets with {key!r}, which Primus's loader "
+                           "no longer reads (it reads 'extends'): jaxtrain applies them, so "
+                           "their settings hold here where a Primus run takes Megatron's "
+                           "defaults for them")
+    return out
+
+
 def _framework(path: pathlib.Path, data: dict) -> str:
     framework = data.get("framework")
     for name, module in data["modules"].items():
@@ -115,13 +134,13 @@ def _framework(path: pathlib.Path, data: dict) -> str:
 
 def experiment_layers(path: pathlib.Path, data: dict,
                       primus_path: str | None = None) -> tuple[list[Layer], str]:
-    """(layers, framework) of one experiment (``data``: the experiment merged with the
-    experiments it extends)."""
+    """(layers, framework, warnings) of one experiment (``data``: the experiment merged with
+    the experiments it extends)."""
     if not isinstance(data["modules"], dict):
         raise ConfigError(f"{path}: 'modules' must map module names to their settings")
     framework = _framework(path, data)
     roots = checkouts(path, primus_path)
-    defaults, presets = [], []
+    defaults, presets, warnings = [], [], []
     overrides = Layer(str(path), "file")
     models = Layer(f"{path} (models overrides)", "file")
     for name, module in data["modules"].items():
@@ -142,6 +161,7 @@ def experiment_layers(path: pathlib.Path, data: dict,
         if module.get("model"):
             chain = _preset(module["model"], "models", framework, path, roots, "model preset")
             presets += chain_layers(chain, lambda p: f"model preset {p.name}", "preset")
+            warnings += retired_chain_keys(chain)
         section = module.get("overrides") or {}
         if not isinstance(section, dict):
             raise ConfigError(f"{where}.overrides must be a mapping of keys to values")
@@ -154,4 +174,4 @@ def experiment_layers(path: pathlib.Path, data: dict,
     rest = {k: v for k, v in data.items() if k not in ("modules", "models")}
     flatten(rest, overrides, str(path))
     overrides.add("framework", framework, str(path))
-    return defaults + presets + [models, overrides], framework
+    return defaults + presets + [models, overrides], framework, warnings
