@@ -687,8 +687,6 @@ def moe_router(c: Context):
             c.error(f"quantile balancing gives each expert a rank's tokens x topk / experts: "
                     f"micro_batch_size x seq_length ({tokens}) x moe_router_topk ({k}) must be "
                     f"divisible by num_experts ({E}), as Megatron asserts")
-        _not_yet(c, "quantile balancing", (
-            ("pipeline_model_parallel_size", "the stages do not return its quantiles"),))
 
 
 def _family(c: Context, key: str, choosers: dict[str, str], what: str):

@@ -155,7 +155,7 @@ def test_cli_trains_with_it(tmp_path, cli):
     (["seq_length=15"], "must be divisible by num_experts"),
     (["moe_router_load_balancing_type=[quantile_balancing,aux_loss]",
       "moe_aux_loss_coeff=[0,0.01]"], "the only"),
-    (["pipeline_model_parallel_size=2", "num_layers=2"], "with quantile balancing"),
+    (["moe_router_quantile_balancing_ema=1.0"], "moe_router_quantile_balancing_ema 1.0"),
 ])
 def test_dry_run_refuses(cli, extra, match):
     base = ["--dry-run", "mock_data=true", "micro_batch_size=1", "global_batch_size=8",

@@ -204,6 +204,12 @@ LAYOUTS |= {"k3": K3,
             "k3_qb": K3_QB, "k3_qb_pp2_zb": [*K3_QB, PP2, "patch_zero_bubble=true"],
             "k3_mtp": K3_MTP, "k3_mtp_pp2_layout": [*K3_MTP, PP2,
                                                     "pipeline_model_parallel_layout=Et|ttt|t|tmL"]}
+# Megatron's quantile balancing: experts by logits - qb_beta, qb_beta from the quantiles
+QB = [*MOE[:3], "moe_layer_freq=1", "moe_router_load_balancing_type=quantile_balancing",
+      "moe_aux_loss_coeff=0", "moe_router_quantile_balancing_ema=0.5"]
+LAYOUTS |= {"qb": QB, "qb_pp2_vpp2_tp2": [*QB, PP2, "virtual_pipeline_model_parallel_size=2",
+                                          "tensor_model_parallel_size=2"],
+            "qb_slow": [*QB, "moe_router_quantile_balancing_ema=0.9"]}   # the bias moves less
 LAYOUTS["lfm_pp2_vpp2_tp2"] = [*LFM, PP2, "virtual_pipeline_model_parallel_size=2",
                                "tensor_model_parallel_size=2"]
 LAYOUTS |= {

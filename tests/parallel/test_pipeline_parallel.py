@@ -627,15 +627,16 @@ def test_lfm2_short_convolutions_pipeline_like_one_stage(tmp_path):
 
 @pytest.mark.slow
 def test_linear_attention_and_attention_residuals_pipeline_like_one_stage(tmp_path):
-    """Qwen3-Next's layers (Gated DeltaNet and gated attention, MoE, packed documents) under
-    PP 2 x VPP 2 x TP 2; Kimi K3 (KDA, gated MLA, attention residuals whose running sum and
+    """Qwen3-Next's layers (Gated DeltaNet and gated attention, MoE, packed documents) and
+    Megatron's quantile balancing under PP 2 x VPP 2 x TP 2; Kimi K3 (KDA, gated MLA, attention residuals whose running sum and
     summaries the stages send folded) under an uneven PP 2 x TP 2 layout with a stage opening
     a block, with K3's quantile rule under zero-bubble PP 2, and with an MTP depth on the last
     stage: the losses, grad norms, balancing and MTP losses of one stage."""
     runs = _worker(tmp_path, "train:gdn,gdn_pp2_vpp2_tp2,k3,k3_pp2_layout_tp2,k3_qb,"
-                   "k3_qb_pp2_zb,k3_mtp,k3_mtp_pp2_layout")[0]
+                   "k3_qb_pp2_zb,k3_mtp,k3_mtp_pp2_layout,qb,qb_pp2_vpp2_tp2,qb_slow")[0]
     for ref, name, rel in (("gdn", "gdn_pp2_vpp2_tp2", 2e-6), ("k3", "k3_pp2_layout_tp2", 2e-5),
-                           ("k3_qb", "k3_qb_pp2_zb", 2e-5), ("k3_mtp", "k3_mtp_pp2_layout", 2e-5)):
+                           ("k3_qb", "k3_qb_pp2_zb", 2e-5), ("k3_mtp", "k3_mtp_pp2_layout", 2e-5),
+                           ("qb", "qb_pp2_vpp2_tp2", 2e-6)):
         want, got = runs[ref], runs[name]
         assert got["mesh"]["pipeline"] == 2, name
         for key in ("losses", "grad_norms", "moe_aux_loss"):
@@ -643,8 +644,10 @@ def test_linear_attention_and_attention_residuals_pipeline_like_one_stage(tmp_pa
         first = lambda run: [row[0] for row in run["mtp_losses"]]   # noqa: E731
         assert first(got) == pytest.approx(first(want), rel=rel), name
     assert all(row[0] > 0 for row in runs["k3_mtp"]["mtp_losses"])
-    # the quantile rule moved the bias differently from the sign rule
+    # the quantile rule moved the bias differently from the sign rule; Megatron's quantile
+    # balancing bias moves the losses (so the stages returned their quantiles)
     assert runs["k3_qb"]["losses"][2] != pytest.approx(runs["k3"]["losses"][2], rel=1e-4)
+    assert runs["qb_slow"]["losses"][2] != pytest.approx(runs["qb"]["losses"][2], rel=1e-6)
 
 
 def test_deferred_output_layer_wgrad_keeps_megatrons_checks(write, cli):
