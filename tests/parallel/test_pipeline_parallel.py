@@ -628,10 +628,11 @@ def test_lfm2_short_convolutions_pipeline_like_one_stage(tmp_path):
 @pytest.mark.slow
 def test_linear_attention_and_attention_residuals_pipeline_like_one_stage(tmp_path):
     """Qwen3-Next's layers (Gated DeltaNet and gated attention, MoE, packed documents) and
-    Megatron's quantile balancing under PP 2 x VPP 2 x TP 2; Kimi K3 (KDA, gated MLA, attention residuals whose running sum and
-    summaries the stages send folded) under an uneven PP 2 x TP 2 layout with a stage opening
-    a block, with K3's quantile rule under zero-bubble PP 2, and with an MTP depth on the last
-    stage: the losses, grad norms, balancing and MTP losses of one stage."""
+    Megatron's quantile balancing under PP 2 x VPP 2 x TP 2; Kimi K3 (KDA, gated MLA,
+    attention residuals whose running sum and summaries the stages send folded) under an
+    uneven PP 2 x TP 2 layout with a stage opening a block, with K3's quantile rule under
+    zero-bubble PP 2, and with an MTP depth on the last stage: the losses, grad norms,
+    balancing and MTP losses of one stage."""
     runs = _worker(tmp_path, "train:gdn,gdn_pp2_vpp2_tp2,k3,k3_pp2_layout_tp2,k3_qb,"
                    "k3_qb_pp2_zb,k3_mtp,k3_mtp_pp2_layout,qb,qb_pp2_vpp2_tp2,qb_slow")[0]
     for ref, name, rel in (("gdn", "gdn_pp2_vpp2_tp2", 2e-6), ("k3", "k3_pp2_layout_tp2", 2e-5),
