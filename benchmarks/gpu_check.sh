@@ -1,18 +1,44 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 26 as one prepared run (an H200 from the device tool):
-#   1. the kernel tests on real Triton/Mosaic lowering,
-#   2. the step breakdown of a ~1.2B Llama in bf16 with flash attention (llama_1b.yml),
-#   3. its throughput: tokens/s, TFLOP/s per device and MFU (6·N_matmul + attention FLOPs per
-#      token, see README's Benchmarks), against the chip's dense bf16 peak.
-# Logs and the breakdown's JSON go to $OUT (or /tmp/gpu_check). The device image lacks grain:
-# carry its wheel (device README: pip download ... grain) and install it before calling this.
+# The GPU checks as one prepared, time-boxed run (an H200 from the device tool), most wanted first:
+#   1. the gated delta rule's Pallas kernel on real Triton lowering: its tests, then its tokens/s
+#      against the lax chunked walk and the token-by-token recurrence (benchmarks/gated_delta.py),
+#   2. the other kernel tests (flash attention, grouped GEMM, SSD) on real Triton lowering,
+#   3. attention TFLOP/s: our flash kernel vs cuDNN vs XLA (benchmarks/attention.py),
+#   4. a ~1.2B Llama in bf16 through the real training loop (llama_1b.yml): tokens/s, TFLOP/s
+#      per device and MFU (6·N_matmul + attention FLOPs per token, see README's Benchmarks).
+# Each part has its own time limit so that one stall does not cost the others. Logs go to $OUT
+# (or /tmp/gpu_check). The device image lacks grain, qwix, array_record and portpicker: carry
+# their wheels in .whl (device README) and this installs them.
 set -uo pipefail
 out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda JAXTRAIN_COMPILATION_CACHE=off
-cfg=benchmarks/configs/llama_1b.yml
-python3 -m pytest -q tests/kernels -m "slow or not slow" 2>&1 | tee "$out/kernels.log" | tail -5
-python3 benchmarks/step_breakdown.py "$cfg" --warmup 3 --steps 5 --json "$out/breakdown.json" \
-    2>&1 | tee "$out/breakdown.txt" | tail -60
-python3 benchmarks/throughput.py "$cfg" --steps 10 --warmup 3 2>&1 | tee "$out/throughput.txt" \
-    | tail -12
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$out/env.txt"
+python3 -c "import jax, triton; print('jax', jax.__version__, 'triton', triton.__version__,
+jax.devices())" 2>&1 | tee -a "$out/env.txt"
+
+part() {  # part NAME SECONDS COMMAND...: run with a limit, log to $out/NAME.log, show the tail
+    local name=$1 limit=$2; shift 2
+    echo "=== $name (limit ${limit}s)"
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    tail -n "${TAIL:-8}" "$out/$name.log"
+    echo "=== $name: rc $rc in $((SECONDS - t0)) s"
+}
+
+part gdn_tests 100 python3 -m pytest -q -p no:cacheprovider -m "slow or not slow" \
+    tests/kernels/test_gated_delta_kernel.py tests/kernels/test_gated_delta.py
+TAIL=12 part gdn_bench 100 python3 benchmarks/gated_delta.py --lengths 1024,4096,16384 --batch 4
+part kernel_tests 170 python3 -m pytest -q -p no:cacheprovider -m "slow or not slow" -n 4 \
+    --dist loadfile tests/kernels --ignore tests/kernels/test_gated_delta_kernel.py \
+    --ignore tests/kernels/test_gated_delta.py
+TAIL=14 part attention 80 python3 benchmarks/attention.py --shape 8x4096x32x8x128 \
+    --shape 1x32768x32x8x128 --iters 10 --json "$out/attention.json"
+TAIL=14 part llama_1b 110 python3 benchmarks/throughput.py benchmarks/configs/llama_1b.yml \
+    --steps 6 --warmup 2
