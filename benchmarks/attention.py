@@ -171,11 +171,12 @@ def main(argv=None) -> int:
           f"{'non-causal' if args.non_causal else 'causal'}, median of {args.iters} after "
           f"{args.warmup} warm-up", flush=True)
     rows = []
+    print(format_table([]))
     for shape in shapes:
         for impl in impls:
             rows.append(measure(impl, shape, args.dtype, not args.non_causal, args.warmup,
                                 args.iters))
-    print(format_table(rows))
+            print(format_table(rows[-1:]).splitlines()[-1], flush=True)  # a row as it comes
     if args.json:
         args.json.write_text(json.dumps({"device": device, "backend": jax.default_backend(),
                                          "rows": rows}, indent=1))

@@ -2,13 +2,16 @@
 on a GPU by the Pallas kernel) against the token-by-token recurrence.
 
     python benchmarks/gated_delta.py [--lengths 256,1024,4096] [--chunk 64] [--batch 1]
+        [--recurrent-up-to 4096]
 
 Forward and forward+backward of one Gated DeltaNet head group (Qwen3-Next's per-head widths,
 4 value heads over 2 key heads by default) at each sequence length, jitted, best of 5 timed runs
 after a warm-up. On a CPU this compares the two plain-JAX forms (the Pallas kernel's
 interpret mode is not a speed figure, so it runs on GPUs only). Prints one row per length:
 tokens/s of each form, forward and forward+backward, and the chunked forms' ratios to the
-recurrence.
+recurrence (the recurrence runs up to --recurrent-up-to tokens: its backward keeps every
+step's [Dk, Dv] state, 65 GB at 4 x 16k tokens; longer rows show "-" there), and on a GPU the
+kernel's ratio to the lax walk.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--value-heads", type=int, default=4)
     ap.add_argument("--key-dim", type=int, default=128)
     ap.add_argument("--value-dim", type=int, default=128)
+    ap.add_argument("--recurrent-up-to", type=int, default=4096)
     args = ap.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -56,8 +60,10 @@ def main(argv=None) -> int:
                                                               scan=chunk_scan)[0]
     print(f"device {jax.devices()[0].device_kind}; B={B} Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv} "
           f"chunk={args.chunk}; tokens/s (higher is better), fwd | fwd+bwd")
+    ratios = [n for n in forms if n != "recurrent"]
     print(f"{'T':>6} " + " ".join(f"{n + ' fwd':>14} {n + ' fwd+bwd':>18}" for n in forms)
-          + " " + " ".join(f"{n + '/recurrent':>20}" for n in forms if n != "recurrent"))
+          + " " + " ".join(f"{n + '/recurrent':>20}" for n in ratios)
+          + (f" {'kernel/chunked':>20}" if "kernel" in forms else ""))
     for T in (int(t) for t in args.lengths.split(",")):
         rng = np.random.default_rng(0)
         q, k = (jnp.asarray(rng.normal(size=(B, T, Hk, Dk)), jnp.float32) for _ in range(2))
@@ -67,14 +73,17 @@ def main(argv=None) -> int:
         ins = (q, k, v, g, beta)
         row = {}
         for name, f in forms.items():
+            if name == "recurrent" and T > args.recurrent_up_to:
+                continue
             fwd = jax.jit(f)
             grad = jax.jit(jax.grad(lambda *a, f=f: jnp.sum(f(*a)), argnums=(0, 1, 2, 3, 4)))
             row[name] = (B * T / _best(fwd, ins), B * T / _best(grad, ins))
-        r = row["recurrent"]
-        ratios = [f"{row[n][0] / r[0]:>9.1f} {row[n][1] / r[1]:>10.1f}" for n in forms
-                  if n != "recurrent"]
-        print(f"{T:>6} " + " ".join(f"{a:>14.0f} {b:>18.0f}" for a, b in row.values()) + " "
-              + " ".join(ratios))
+        cells = [f"{row[n][0]:>14.0f} {row[n][1]:>18.0f}" if n in row else f"{'-':>14} {'-':>18}"
+                 for n in forms]
+        over = lambda a, b: (f"{row[a][0] / row[b][0]:>9.2f} {row[a][1] / row[b][1]:>10.2f}"  # noqa: E731
+                             if b in row else f"{'-':>9} {'-':>10}")
+        print(f"{T:>6} " + " ".join(cells) + " " + " ".join(over(n, "recurrent") for n in ratios)
+              + (" " + over("kernel", "chunked") if "kernel" in forms else ""), flush=True)
     return 0
 
 

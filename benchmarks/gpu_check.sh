@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks as one prepared, time-boxed run (an H200 from the device tool), most wanted first:
-#   1. the gated delta rule's Pallas kernel on real Triton lowering: its tests, then its tokens/s
-#      against the lax chunked walk and the token-by-token recurrence (benchmarks/gated_delta.py),
-#   2. the other kernel tests (flash attention, grouped GEMM, SSD) on real Triton lowering,
-#   3. attention TFLOP/s: our flash kernel vs cuDNN vs XLA (benchmarks/attention.py),
-#   4. a ~1.2B Llama in bf16 through the real training loop (llama_1b.yml): tokens/s, TFLOP/s
-#      per device and MFU (6·N_matmul + attention FLOPs per token, see README's Benchmarks).
+#   1. the kernel tests (flash attention, grouped GEMM, gated delta, SSD) on real Triton lowering,
+#   2. the gated delta rule's tokens/s: the Pallas kernel against the lax chunked walk and the
+#      token-by-token recurrence (benchmarks/gated_delta.py),
+#   3. attention TFLOP/s: our flash kernel vs cuDNN (and vs XLA with a window and sinks),
+#   4. a ~1.2B Llama in bf16 through the real training loop (llama_1b.yml) with each attention
+#      implementation: tokens/s, TFLOP/s per device and MFU (6·N_matmul + attention FLOPs per
+#      token, see README's Benchmarks).
 # Each part has its own time limit so that one stall does not cost the others. Logs go to $OUT
 # (or /tmp/gpu_check). The device image lacks grain, qwix, array_record and portpicker: carry
 # their wheels in .whl (device README) and this installs them.
@@ -32,13 +33,14 @@ part() {  # part NAME SECONDS COMMAND...: run with a limit, log to $out/NAME.log
     echo "=== $name: rc $rc in $((SECONDS - t0)) s"
 }
 
-part gdn_tests 100 python3 -m pytest -q -p no:cacheprovider -m "slow or not slow" \
-    tests/kernels/test_gated_delta_kernel.py tests/kernels/test_gated_delta.py
-TAIL=12 part gdn_bench 100 python3 benchmarks/gated_delta.py --lengths 1024,4096,16384 --batch 4
-part kernel_tests 170 python3 -m pytest -q -p no:cacheprovider -m "slow or not slow" -n 4 \
-    --dist loadfile tests/kernels --ignore tests/kernels/test_gated_delta_kernel.py \
-    --ignore tests/kernels/test_gated_delta.py
-TAIL=14 part attention 80 python3 benchmarks/attention.py --shape 8x4096x32x8x128 \
-    --shape 1x32768x32x8x128 --iters 10 --json "$out/attention.json"
-TAIL=14 part llama_1b 110 python3 benchmarks/throughput.py benchmarks/configs/llama_1b.yml \
-    --steps 6 --warmup 2
+TAIL=30 part kernel_tests 130 python3 -m pytest -q -p no:cacheprovider -m "slow or not slow" \
+    -n 4 --dist loadfile tests/kernels
+TAIL=6 part gdn_bench 80 python3 benchmarks/gated_delta.py --lengths 4096,16384,65536 --batch 4
+TAIL=6 part attention 80 python3 benchmarks/attention.py --shape 8x4096x32x8x128 \
+    --shape 1x32768x32x8x128 --impls flash,cudnn --iters 10
+TAIL=4 part attention_window 40 python3 benchmarks/attention.py --shape 4x8192x64x8x64 \
+    --window 128 --sinks --impls flash,xla --iters 10
+for impl in flash cudnn_flash_jax dot_product; do
+    TAIL=11 part "llama_1b_$impl" 40 python3 benchmarks/throughput.py \
+        benchmarks/configs/llama_1b.yml "attention=$impl" --steps 6 --warmup 2
+done
