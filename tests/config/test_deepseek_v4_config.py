@@ -116,7 +116,7 @@ def test_indexer_is_frozen_without_its_loss():
     """v4_indexer_distill_loss_coeff 0: the indexers get no update, weight decay included (as
     Primus's requires_grad False); with a weight they train."""
     cfg = _cfg(mtp_num_layers=0)
-    params = init_params(cfg, jax.random.key(0))
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
     params.pop("hash_routes")
     grads = jax.tree.map(jnp.ones_like, params)
     axes = logical_axes(cfg)
@@ -126,8 +126,8 @@ def test_indexer_is_frozen_without_its_loss():
         opt = OptimConfig.from_config({**V4, "v4_indexer_distill_loss_coeff": coeff,
                                        "optimizer": "adam", "weight_decay": 0.1})
         tx = build_optimizer(opt, optax.constant_schedule(1e-2), axes)
-        updates, _ = tx.update(grads, tx.init(params), params)
-        return updates["csa_moe_layers"]["attn"]
+        update = jax.jit(lambda g, p: tx.update(g, tx.init(p), p)[0])  # not op by op: faster
+        return update(grads, params)["csa_moe_layers"]["attn"]
 
     frozen, trained = step(0.0), step(0.5)
     assert all(float(jnp.abs(u).max()) == 0 for u in jax.tree.leaves(frozen["indexer"]))
@@ -135,6 +135,7 @@ def test_indexer_is_frozen_without_its_loss():
     assert float(jnp.abs(frozen["wq_a"]).max()) > 0
 
 
+@pytest.mark.slow
 def test_cli_trains_a_tiny_deepseek_v4_with_mtp(tmp_path, cli):
     run = ["mock_data=true", "seq_length=16", "micro_batch_size=2", "global_batch_size=2",
            "lr_warmup_iters=0", "bf16=false", "log_interval=1", "exp_name=run",

@@ -173,7 +173,7 @@ def test_greedy_decode_matches_transformers(tmp_path):
     check_greedy_decode(_model(tmp_path / "hf"), tmp_path / "hf", new_tokens=12)
 
 
-@pytest.mark.parametrize("prompt", [1, 6])
+@pytest.mark.parametrize("prompt", [pytest.param(1, marks=pytest.mark.slow), 6])
 def test_cached_decoding_equals_the_full_forward(tmp_path, prompt):
     """The cache (each layer's key=value head and what its compressors pool; the entries
     pooled from it as windows close, the indexer's top-k over them): generate's logits at every

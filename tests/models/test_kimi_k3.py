@@ -296,10 +296,15 @@ def test_multi_token_prediction(layer_type, stack):
     params = random_params(cfg, seed=3, scale=0.3)
     assert "attn_res" not in params["mtp"]["layer"] and "mlp_res" not in params["mtp"]["layer"]
     ids = tokens(2, 11, vocab=VOCAB, seed=4)
-    hidden, _, ctx = decoder(params, ids, cfg)
-    (h1,), _ = mtp_hidden_states(params, hidden, ids, ctx, cfg)
+
+    @jax.jit
+    def mtp_logits(params, ids):
+        hidden, _, ctx = decoder(params, ids, cfg)
+        (h1,), _ = mtp_hidden_states(params, hidden, ids, ctx, cfg)
+        return logits_head(params, h1, cfg)
+
     ref = K3Reference(params, cfg)
-    assert max_diff(logits_head(params, h1, cfg), ref.mtp_logits(ids)) < 1e-4
+    assert max_diff(mtp_logits(params, ids), ref.mtp_logits(ids)) < 1e-4
 
 
 def test_each_kimi_k3_change_is_read(k3):
@@ -307,7 +312,8 @@ def test_each_kimi_k3_change_is_read(k3):
     move every time."""
     cfg, params = k3
     ids = tokens(1, 9, vocab=VOCAB, seed=5)
-    base = forward(params, ids, cfg)
+    run = jax.jit(forward, static_argnums=2)  # one compile per change beats running op by op
+    base = run(params, ids, cfg)
     no_latent_norm = {k: ({**v, "moe": {n: t for n, t in v["moe"].items() if n != "latent_norm"}}
                           if isinstance(v, dict) and "moe" in v else v)
                       for k, v in params.items()}
@@ -318,7 +324,7 @@ def test_each_kimi_k3_change_is_read(k3):
             (dict(situ_beta=None, situ_linear_beta=None), params),
             (dict(attn_res_block_size=2), params),
             (dict(moe=dataclasses.replace(cfg.moe, latent_norm=False)), no_latent_norm)):
-        assert max_diff(base, forward(changed, ids, cfg.replace(**change))) > 1e-3, change
+        assert max_diff(base, run(changed, ids, cfg.replace(**change))) > 1e-3, change
 
 
 def test_decoding_continues_the_full_forward(k3):
@@ -328,7 +334,7 @@ def test_decoding_continues_the_full_forward(k3):
 
     cfg, params = k3
     ids = tokens(2, 10, vocab=VOCAB, seed=6)
-    full = np.asarray(forward(params, ids, cfg))
+    full = np.asarray(jax.jit(forward, static_argnums=2)(params, ids, cfg))
     cache = decode.init_cache(cfg, 2, 12)
     logits, cache = decode.prefill(params, cfg, ids[:, :6], cache)
     assert max_diff(logits, full[:, 5]) < 1e-4
@@ -387,7 +393,8 @@ def test_mla_switches(k3):
     rotated = k3_config("mla_use_nope=false")
     assert not rotated.mla_nope and rotated.position_embedding_type == "rope"
     ids = tokens(1, 9, vocab=VOCAB, seed=5)
-    assert max_diff(forward(params, ids, cfg), forward(params, ids, rotated)) > 1e-3
+    run = jax.jit(forward, static_argnums=2)
+    assert max_diff(run(params, ids, cfg), run(params, ids, rotated)) > 1e-3
 
 
 def test_flops_count_the_mixes(k3):
