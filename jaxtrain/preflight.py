@@ -50,9 +50,17 @@ def _validation(cfg, tcfg, devices: int) -> None:
 
 def _restore_inputs(ccfg) -> None:
     """The checkpoints the run's first restore reads (in Checkpointer.candidates' order), where
-    a path that is not there leaves nothing else to restore from: the run would stop at start."""
+    a path that is not there leaves nothing else to restore from: the run would stop at start.
+    A directory holding a PyTorch checkpoint stops it too."""
+    from jaxtrain.checkpoint.compat import check_not_torch
+
     def there(path):
         return path is not None and path.exists()
+
+    for path, what in ((ccfg.load, "load"), (ccfg.pretrained, "pretrained_checkpoint"),
+                       (ccfg.resume_from, "train.resume_from")):
+        if path is not None and path.is_dir():
+            check_not_torch(path, what)
 
     earlier = ccfg.auto_resume and there(ccfg.save_dir)   # save's newest checkpoint comes first
     if ccfg.resume_from is not None and not earlier and not ccfg.resume_from.exists():

@@ -718,8 +718,9 @@ def conventions(c: Context):
 
 
 def checkpoint_format(c: Context):
-    """A PyTorch checkpoint format matters only if the run saves or loads (Primus experiments
-    write ckpt_format: torch beside save: null, load: null)."""
+    """A PyTorch checkpoint format (Primus and Megatron scripts write ckpt_format: torch) means
+    jaxtrain's Orbax checkpoints, as torch_dist does; the run says so when it saves or loads (a
+    PyTorch checkpoint in a directory it loads from is refused, by the dry run too)."""
     fmt = c.get("ckpt_format")
     if c.get("verify_integrity") and fmt not in (None, "torch_dist"):
         c.error(f"{c.where('verify_integrity')} needs ckpt_format torch_dist (as in Megatron); "
@@ -728,13 +729,13 @@ def checkpoint_format(c: Context):
         return
     io = [k for k in ("save", "load", "pretrained_checkpoint", "train.resume_from") if c.get(k)]
     if io or c.get("enable_checkpointing"):
-        c.error(f"ckpt_format = {fmt!r} is not supported by jaxtrain: {TORCH_FORMATS_REASON} "
-                f"({c.where('ckpt_format')}, with {', '.join(io) or 'enable_checkpointing'} "
-                f"set). Use ckpt_format: torch_dist (jaxtrain's Orbax format).")
+        c.warnings.append(f"ckpt_format {fmt!r} is a PyTorch format: jaxtrain writes and reads "
+                          f"Orbax checkpoints ({', '.join(io) or 'enable_checkpointing'} set), "
+                          f"which PyTorch tools cannot open; {TORCH_FORMATS_REASON}")
     else:
         c.warnings.append(f"ckpt_format {fmt!r} has no effect: this run neither saves nor loads "
                           f"a checkpoint (save and load are unset)")
-        c.set("ckpt_format", "torch_dist")
+    c.set("ckpt_format", "torch_dist")
 
 
 def softmax_type(c: Context):

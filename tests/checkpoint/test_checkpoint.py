@@ -379,14 +379,31 @@ def test_corrupt_checkpoint_and_torch_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["torch", "torch_dcp", "fsdp_dtensor"])
-def test_torch_ckpt_formats_are_rejected(fmt):
-    with pytest.raises(ConfigError, match=f"ckpt_format = '{fmt}' is not supported.*convert"):
-        load_config(None, [*TINY, "train_iters=5", f"ckpt_format={fmt}", "save=/tmp/x"],
-                    world_size=1)
+def test_torch_ckpt_formats_mean_orbax_and_say_so(fmt):
+    """Primus/Megatron files that write ckpt_format: torch run: Orbax is written, with a warning
+    that names the format and the conversion path; without save or load it has no effect."""
+    saving = load_config(None, [*TINY, "train_iters=5", f"ckpt_format={fmt}", "save=/tmp/x"],
+                         world_size=1)
+    assert saving["ckpt_format"] == "torch_dist"
+    assert any(f"ckpt_format {fmt!r} is a PyTorch format" in w and "save set" in w
+               and "Hugging Face" in w for w in saving.warnings)
     quiet = load_config(None, [*TINY, "train_iters=5", f"ckpt_format={fmt}"], world_size=1)
     assert quiet["ckpt_format"] == "torch_dist" and any("no effect" in w for w in quiet.warnings)
     for ok in ("torch_dist", "zarr"):
-        load_config(None, [*TINY, "train_iters=5", f"ckpt_format={ok}"], world_size=1)
+        assert not load_config(None, [*TINY, "train_iters=5", f"ckpt_format={ok}",
+                                      "save=/tmp/x"], world_size=1).warnings
+
+
+def test_dry_run_refuses_a_pytorch_checkpoint_to_load(tmp_path, cli, write):
+    """load naming a Megatron checkpoint directory stops the dry run with the conversion path."""
+    torch_dir = tmp_path / "megatron"
+    (torch_dir / "iter_0000100").mkdir(parents=True)
+    (torch_dir / "latest_checkpointed_iteration.txt").write_text("100")
+    path = write("run.yml", "\n".join(a.replace("=", ": ", 1) for a in TINY) + "\n")
+    code, _, err = cli("--dry-run", path, "train_iters=2", "ckpt_format=torch", f"load={torch_dir}",
+                       f"workspace={tmp_path}")
+    assert code == 2 and "Traceback" not in err
+    assert "load" in err and "PyTorch/Megatron checkpoint" in err and "Hugging Face" in err
 
 
 def test_cli_exits_2_on_missing_load(tmp_path, cli, write):

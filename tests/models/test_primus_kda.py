@@ -222,8 +222,7 @@ def test_cli_trains_a_tiny_kda_hybrid(tmp_path, cli):
                                   "zebra_llama_1B_kda-pretrain"])
 def test_primus_zebra_kda_experiments_dry_run(cli, name):
     """Primus's KDA experiments dry-run, given the vocabulary size of their Hugging Face
-    tokenizer and Megatron's distributed checkpoint format (which jaxtrain's Orbax serves)
-    for their torch one."""
+    tokenizer (their ckpt_format torch means jaxtrain's Orbax, with a warning)."""
     exp = UPSTREAM / f"primus/examples/megatron/configs/MI300X/{name}.yaml"
-    code, _, err = cli("--dry-run", str(exp), "ckpt_format=torch_dist", "vocab_size=128256")
+    code, _, err = cli("--dry-run", str(exp), "vocab_size=128256")
     assert code == 0, err

@@ -12,10 +12,9 @@ _STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexp
                "raise_all", "return_unexpected", "return_all", "ignore_all")
 _WRITES_ORBAX = "jaxtrain writes only Orbax checkpoints"
 TORCH_FORMATS = ("torch", "torch_dcp", "fsdp_dtensor")
-TORCH_FORMATS_REASON = ("a PyTorch checkpoint format; jaxtrain reads and writes Orbax checkpoints "
-                        "only. To start from a Megatron checkpoint, convert it to Hugging Face "
-                        "format (Megatron-Bridge, or tools/checkpoint/convert.py with an HF saver) "
-                        "and import it with jaxtrain.models.from_hf")
+TORCH_FORMATS_REASON = ("to start from a Megatron checkpoint, convert it to Hugging Face format "
+                        "(Megatron-Bridge, or tools/checkpoint/convert.py with an HF saver) and "
+                        "import it with jaxtrain.models.from_hf")
 
 
 def _skip_if_off(value):
@@ -139,11 +138,12 @@ KNOBS = [
       aliases=(Alias("enable_single_replica_ckpt_restoring", "maxtext"),)),
 
     # Checkpoint format
-    K("ckpt_format", "str", "torch_dist", "Megatron checkpoint format; jaxtrain stores Orbax, and "
-      "torch formats cannot be read (convert them first).", "megatron", MAPPED,
-      reason="torch_dist and zarr both mean jaxtrain's Orbax checkpoint format (tensorstore "
-      "arrays, OCDBT), which jaxtrain writes and reads whichever is set; a torch format is an "
-      "error when the run saves or loads, and has no effect when it does neither",
+    K("ckpt_format", "str", "torch_dist", "Megatron checkpoint format; jaxtrain stores Orbax "
+      "whichever is set, and PyTorch checkpoints must be converted first.", "megatron", MAPPED,
+      reason="every value means jaxtrain's Orbax checkpoint format (tensorstore arrays, OCDBT), "
+      "which it writes and reads; a PyTorch format (torch, torch_dcp, fsdp_dtensor) warns that "
+      "the files are Orbax when the run saves or loads, and a PyTorch checkpoint in a directory "
+      "the run loads from stops it (the dry run too) with the way to convert it",
       choices=_CKPT_FORMATS),
     K("auto_detect_ckpt_format", "bool", False, "Megatron: detect legacy or distributed format "
       "from the files when loading.", "megatron", INERT,
