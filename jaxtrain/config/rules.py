@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 from jaxtrain.config.resolved import DEFAULT_ORIGIN, is_default
 from jaxtrain.config.areas.checkpoint import TORCH_FORMATS, TORCH_FORMATS_REASON
@@ -738,6 +739,19 @@ def checkpoint_format(c: Context):
     c.set("ckpt_format", "torch_dist")
 
 
+def fla_data(c: Context):
+    """Primus resolves use_fla_data and fla_cache_dir from its launcher's environment first
+    (PRIMUS_FLA_DATA, PRIMUS_FLA_CACHE_DIR); FLA's sample order needs both, and is not built."""
+    env = os.environ.get("PRIMUS_FLA_DATA")
+    wanted = (env not in ("0", "", "false", "False")) if env is not None else c.get(
+        "use_fla_data")
+    cache = os.environ.get("PRIMUS_FLA_CACHE_DIR")
+    if wanted and cache:
+        c.error(f"not implemented yet: FLA-ordered data (use_fla_data with "
+                f"PRIMUS_FLA_CACHE_DIR={cache!r} in the environment, as Primus's launcher sets "
+                f"it); unset PRIMUS_FLA_CACHE_DIR to read the data as Megatron's dataset does")
+
+
 def softmax_type(c: Context):
     """Megatron-LM's learnable softmax offset is the per-head sink logit (Primus's
     use_sink_attention)."""
@@ -1052,7 +1066,7 @@ def pipeline_parallel(c: Context):
 
 
 RULES = (hybrid_layer_count, megatron_lm_required, enable_gpt_oss, *MAXTEXT_RULES, conventions,
-         softmax_type, positions, checkpoint_format, precision, tensor_parallel,
+         fla_data, softmax_type, positions, checkpoint_format, precision, tensor_parallel,
          pgs_context_parallel, context_and_experts, model_shape, learning_rate, iterations,
          batch, moe_router, flex_dispatcher, upcycling, pgs, evaluate_only, context_parallel,
          pipeline_parallel, deferred_wgrad, gated_delta_net, sparse_attention, hybrid_models,

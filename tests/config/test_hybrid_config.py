@@ -257,3 +257,23 @@ def test_primus_hybrid_stack_allocation(n, ratio, want):
     cfg = model(["model_type=mamba", f"num_layers={n}", f"hybrid_attention_ratio={ratio}",
                  spec])
     assert cfg.hybrid_layers == want
+
+
+def test_fla_data_needs_its_cache_directory(monkeypatch):
+    """use_fla_data alone leaves Megatron's dataset, as in Primus (its Zebra-Llama files set it
+    with fla_cache_dir commented out); a cache directory, in the file or in the launcher's
+    PRIMUS_FLA_CACHE_DIR (which Primus reads first, like PRIMUS_FLA_DATA), stops the run."""
+    for name in ("PRIMUS_FLA_DATA", "PRIMUS_FLA_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    assert load_config(None, [*TINY, "use_fla_data=true"])["use_fla_data"] is True
+    with pytest.raises(ConfigError, match="not implemented yet: fla_cache_dir"):
+        load_config(None, [*TINY, "use_fla_data=true", "fla_cache_dir=/data/fla"])
+    monkeypatch.setenv("PRIMUS_FLA_CACHE_DIR", "/data/fla")
+    with pytest.raises(ConfigError, match="FLA-ordered data.*PRIMUS_FLA_CACHE_DIR='/data/fla'"):
+        load_config(None, [*TINY, "use_fla_data=true"])
+    load_config(None, [*TINY])
+    monkeypatch.setenv("PRIMUS_FLA_DATA", "0")
+    load_config(None, [*TINY, "use_fla_data=true"])
+    monkeypatch.setenv("PRIMUS_FLA_DATA", "1")
+    with pytest.raises(ConfigError, match="FLA-ordered data"):
+        load_config(None, [*TINY])

@@ -219,10 +219,14 @@ def test_cli_trains_a_tiny_kda_hybrid(tmp_path, cli):
 
 @pytest.mark.skipif(not KDA_FILE.is_file(), reason="JAXTRAIN_UPSTREAM has no Primus")
 @pytest.mark.parametrize("name", ["zebra_llama_300M_kda_pure-pretrain",
-                                  "zebra_llama_1B_kda-pretrain"])
-def test_primus_zebra_kda_experiments_dry_run(cli, name):
-    """Primus's KDA experiments dry-run, given the vocabulary size of their Hugging Face
-    tokenizer (their ckpt_format torch means jaxtrain's Orbax, with a warning)."""
+                                  "zebra_llama_1B_kda-pretrain",
+                                  "zebra_llama_1B_gdn_pure_100B-pretrain",
+                                  "zebra_llama_300M_gdn_hybrid-pretrain",
+                                  "zebra_llama_300M_mamba_hybrid-pretrain"])
+def test_primus_zebra_experiments_dry_run(cli, name):
+    """Primus's Zebra-Llama experiments dry-run, given the vocabulary size of their Hugging Face
+    tokenizer (their ckpt_format torch means jaxtrain's Orbax, with a warning; use_fla_data
+    without a cache directory reads Megatron's dataset, as in Primus)."""
     exp = UPSTREAM / f"primus/examples/megatron/configs/MI300X/{name}.yaml"
     code, _, err = cli("--dry-run", str(exp), "vocab_size=128256")
     assert code == 0, err

@@ -191,7 +191,11 @@ KNOBS = [
       "models/linear_attention.py: false drops conv_q/k/v (and their decoding state); q, k, v "
       "are silu of their projections"),
     K("use_fla_data", "bool", None, "Order training samples as flash-linear-attention's training "
-      "scripts do, for comparison runs.", _P),
+      "scripts do, for comparison runs.", _P, INERT,
+      "Primus serves FLA's sample order only when fla_cache_dir (or PRIMUS_FLA_CACHE_DIR) names "
+      "FLA's data cache too; alone it leaves Megatron's dataset, as jaxtrain reads it (the "
+      "Zebra-Llama files set it with the cache directory commented out). With a cache directory "
+      "the run stops: fla_cache_dir is planned"),
     K("fla_cache_dir", "str", None, "Cache directory of the FLA-ordered dataset.", _P),
     K("use_fla_fused_swiglu", "bool", None, "Use FLA's fused SwiGLU kernel in MLPs.", _P, INERT,
       _FLA),
