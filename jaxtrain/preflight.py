@@ -52,7 +52,7 @@ def _restore_inputs(ccfg) -> None:
     """The checkpoints the run's first restore reads (in Checkpointer.candidates' order), where
     a path that is not there leaves nothing else to restore from: the run would stop at start.
     A directory holding a PyTorch checkpoint stops it too."""
-    from jaxtrain.checkpoint.compat import check_not_torch
+    from jaxtrain.checkpoint import check_not_torch
 
     def there(path):
         return path is not None and path.exists()

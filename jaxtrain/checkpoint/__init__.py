@@ -48,7 +48,8 @@ The modules, one concern each:
 runs while the config resolves, before any model exists, and is loaded only by the CLI.
 """
 from jaxtrain.checkpoint.compat import (ARCH_FIELDS, SCHEDULE_KEYS, TORCH_CONVERSION,
-                                        find_torch_checkpoint, schedule_settings)
+                                        check_not_torch, find_torch_checkpoint,
+                                        schedule_settings)
 from jaxtrain.checkpoint.config import CheckpointConfig, schedule_policy
 from jaxtrain.checkpoint.layout import (FINAL_DIR, FLAT_ITEMS, FORMAT_VERSION, ITEMS,
                                         NON_PERSISTENT_DIR, STATE_ITEMS, STEP_PREFIX, LocalRoot)
@@ -56,5 +57,5 @@ from jaxtrain.checkpoint.manager import Checkpointer
 
 __all__ = ["ARCH_FIELDS", "FINAL_DIR", "FLAT_ITEMS", "FORMAT_VERSION", "ITEMS",
            "NON_PERSISTENT_DIR", "SCHEDULE_KEYS", "STATE_ITEMS", "STEP_PREFIX", "TORCH_CONVERSION",
-           "CheckpointConfig", "Checkpointer", "LocalRoot", "find_torch_checkpoint",
-           "schedule_policy", "schedule_settings"]
+           "CheckpointConfig", "Checkpointer", "LocalRoot", "check_not_torch",
+           "find_torch_checkpoint", "schedule_policy", "schedule_settings"]
