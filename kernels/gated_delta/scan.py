@@ -7,20 +7,26 @@ chunks in order with the state S [Dk, Dv]:
 
     v_new = u - w S,    o = q_read S + A v_new,    S <- f S + k_write^T v_new
 
-That walk is what a GPU cannot parallelise; here one program per (sequence, head) keeps S in
-registers for the whole walk instead of writing it to memory between chunks (``lax.scan``), and
-writes the state entering each chunk for the backward walk, which runs the chunks in reverse:
+That walk is what a GPU cannot parallelise across chunks; here one program per (sequence, head,
+block of S's columns) keeps its columns of S in registers for the whole walk instead of writing
+S to memory between chunks (``lax.scan``), and writes the state entering each chunk for the
+backward walk, which runs the chunks in reverse:
 
     dv_new = A^T do + k_write dS'          dA = do v_new^T       dq_read = do S^T
     dk_write = v_new dS'^T                 df = <S, dS'>         du = dv_new
     dw = -dv_new S^T                       dS = q_read^T do + f dS' - w^T dv_new
 
-Packed-sequence resets need nothing here: the preparation zeroes f and the decays across a
-sequence start. Triton (NVIDIA and AMD) loads power-of-two tiles of at least 16, so Dk and Dv
-are zero-padded up (zeros stay zeros through the walk) and the chunk length must be one; on a
-CPU the kernels run in the Pallas interpreter.
+S's columns (value channels) never mix in the forward walk, nor in dS, du and dv_new, so they
+split into blocks when there are few (sequence, head) rows to fill the GPU
+(:func:`value_blocks`); dw, dA, dq_read, dk_write and df sum over the columns, so each block
+writes its part and the parts are added after the kernel. Packed-sequence resets need nothing
+here: the preparation zeroes f and the decays across a sequence start. Triton (NVIDIA and AMD)
+loads power-of-two tiles of at least 16, so Dk and Dv are zero-padded up (zeros stay zeros
+through the walk) and the chunk length must be one; on a CPU the kernels run in the Pallas
+interpreter.
 
-Legend: R = B·H rows (sequence, head), N chunks, C chunk length, Dk key width, Dv value width.
+Legend: R = B·H rows (sequence, head), N chunks, C chunk length, Dk key width, Dv value width,
+V blocks of BV = Dv / V value columns.
 """
 from __future__ import annotations
 
@@ -54,6 +60,19 @@ def _pad_to(x, size: int):
 
 def _width(d: int) -> int:
     return max(16, pl.next_power_of_2(d))
+
+
+# Programs enough to occupy a current GPU's multiprocessors with one walk each (H100/H200: 132).
+_PROGRAMS = 128
+
+
+def value_blocks(rows: int, dv: int) -> int:
+    """How many blocks S's (padded, power-of-two) dv columns split into for ``rows`` (sequence,
+    head) rows: the fewest that give ``_PROGRAMS`` programs, each at least 16 columns wide."""
+    blocks = 1
+    while rows * blocks < _PROGRAMS and dv // (2 * blocks) >= 16:
+        blocks *= 2
+    return blocks
 
 
 def _forward_kernel(u_ref, w_ref, a_ref, qr_ref, kw_ref, f_ref, s0_ref,
@@ -93,7 +112,18 @@ def _backward_kernel(u_ref, w_ref, a_ref, qr_ref, kw_ref, f_ref, h_ref, do_ref, 
 
 
 def _row_spec(*shape):
-    return pl.BlockSpec((None, *shape), lambda r: (r,) + (0,) * len(shape))
+    """One row's whole block; the value-block index does not move it."""
+    return pl.BlockSpec((None, *shape), lambda r, v: (r,) + (0,) * len(shape))
+
+
+def _column_spec(n: int, bv: int):
+    """One row's [n, bv] block of value columns."""
+    return pl.BlockSpec((None, n, bv), lambda r, v: (r, 0, v))
+
+
+def _part_spec(*shape):
+    """One value block's part of a row's [*shape] gradient (summed over blocks afterwards)."""
+    return pl.BlockSpec((None, None, *shape), lambda r, v: (v, r) + (0,) * len(shape))
 
 
 def _forward(u, w, a, qr, kw, f_tok, s0, *, C: int, interpret: bool):
@@ -101,32 +131,39 @@ def _forward(u, w, a, qr, kw, f_tok, s0, *, C: int, interpret: bool):
     [R,N·Dk,Dv]); all float32."""
     R, NC, Dv = u.shape
     Dk, N = w.shape[-1], NC // C
+    V = value_blocks(R, Dv)
+    BV = Dv // V
     shape = lambda *s: jax.ShapeDtypeStruct((R, *s), _F32)  # noqa: E731
     return pl.pallas_call(
         functools.partial(_forward_kernel, N=N, C=C, Dk=Dk),
-        grid=(R,),
-        in_specs=[_row_spec(NC, Dv), _row_spec(NC, Dk), _row_spec(NC, C), _row_spec(NC, Dk),
-                  _row_spec(NC, Dk), _row_spec(NC), _row_spec(Dk, Dv)],
-        out_specs=[_row_spec(NC, Dv), _row_spec(Dk, Dv), _row_spec(N * Dk, Dv)],
+        grid=(R, V),
+        in_specs=[_column_spec(NC, BV), _row_spec(NC, Dk), _row_spec(NC, C), _row_spec(NC, Dk),
+                  _row_spec(NC, Dk), _row_spec(NC), _column_spec(Dk, BV)],
+        out_specs=[_column_spec(NC, BV), _column_spec(Dk, BV), _column_spec(N * Dk, BV)],
         out_shape=[shape(NC, Dv), shape(Dk, Dv), shape(N * Dk, Dv)],
         compiler_params=_params(interpret), interpret=interpret, name="gated_delta_scan_fwd",
     )(u, w, a, qr, kw, f_tok, s0)
 
 
 def _backward(u, w, a, qr, kw, f_tok, h, do, dst, *, C: int, interpret: bool):
+    """Gradients of :func:`_forward`'s walk; dw, da, dqr, dkw and df come back as [V, ...]
+    parts, one per value block, to be summed."""
     R, NC, Dv = u.shape
     Dk, N = w.shape[-1], NC // C
+    V = value_blocks(R, Dv)
+    BV = Dv // V
     shape = lambda *s: jax.ShapeDtypeStruct((R, *s), _F32)  # noqa: E731
+    parts = lambda *s: jax.ShapeDtypeStruct((V, R, *s), _F32)  # noqa: E731
     return pl.pallas_call(
         functools.partial(_backward_kernel, N=N, C=C, Dk=Dk),
-        grid=(R,),
-        in_specs=[_row_spec(NC, Dv), _row_spec(NC, Dk), _row_spec(NC, C), _row_spec(NC, Dk),
-                  _row_spec(NC, Dk), _row_spec(NC), _row_spec(N * Dk, Dv), _row_spec(NC, Dv),
-                  _row_spec(Dk, Dv)],
-        out_specs=[_row_spec(NC, Dv), _row_spec(NC, Dk), _row_spec(NC, C), _row_spec(NC, Dk),
-                   _row_spec(NC, Dk), _row_spec(NC), _row_spec(Dk, Dv)],
-        out_shape=[shape(NC, Dv), shape(NC, Dk), shape(NC, C), shape(NC, Dk), shape(NC, Dk),
-                   shape(NC), shape(Dk, Dv)],
+        grid=(R, V),
+        in_specs=[_column_spec(NC, BV), _row_spec(NC, Dk), _row_spec(NC, C), _row_spec(NC, Dk),
+                  _row_spec(NC, Dk), _row_spec(NC), _column_spec(N * Dk, BV),
+                  _column_spec(NC, BV), _column_spec(Dk, BV)],
+        out_specs=[_column_spec(NC, BV), _part_spec(NC, Dk), _part_spec(NC, C),
+                   _part_spec(NC, Dk), _part_spec(NC, Dk), _part_spec(NC), _column_spec(Dk, BV)],
+        out_shape=[shape(NC, Dv), parts(NC, Dk), parts(NC, C), parts(NC, Dk), parts(NC, Dk),
+                   parts(NC), shape(Dk, Dv)],
         compiler_params=_params(interpret), interpret=interpret, name="gated_delta_scan_bwd",
     )(u, w, a, qr, kw, f_tok, h, do, dst)
 
@@ -183,6 +220,7 @@ def _scan_bwd(interpret, res, grads):
     do = _pad_to(_rows(do.astype(_F32), C), Dv)
     dst = jnp.pad(dst.astype(_F32).reshape(B * H, dk, dv), ((0, 0), (0, Dk - dk), (0, Dv - dv)))
     du, dw, da, dqr, dkw, df, ds0 = _backward(*args[:6], h, do, dst, C=C, interpret=interpret)
+    dw, da, dqr, dkw, df = (x.sum(0) for x in (dw, da, dqr, dkw, df))  # the value blocks' parts
     un = lambda x, d: _unrows(x[..., :d], N, B, H)  # noqa: E731
     df = jnp.moveaxis(df.reshape(B, H, N, C)[..., 0], 2, 0)
     return (un(du, dv), un(dw, dk), un(da, C), un(dqr, dk), un(dkw, dk), df,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kernels.gated_delta import chunk_recurrence, chunk_scan, reference
+from kernels.gated_delta.scan import value_blocks
 from tests.kernels.test_gated_delta import SEGMENTS, _inputs, _rel
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
@@ -31,8 +32,16 @@ def _loss(walk):
     return loss
 
 
+def test_few_rows_split_the_state_columns_into_blocks():
+    """Few (sequence, head) rows split S's columns so that about 128 programs walk (blocks of at
+    least 16 columns); many rows keep whole states."""
+    assert [value_blocks(r, d) for r, d in ((4, 32), (16, 128), (64, 128), (128, 128), (1, 16),
+                                            (2, 256))] == [2, 8, 2, 1, 1, 16]
+
+
 def test_walk_forward_and_backward_equal_the_scan():
     args = _walk_inputs()
+    assert value_blocks(2 * 2, 32) == 2  # these widths walk in two blocks of value columns
     o, s = jax.jit(chunk_scan)(*args)
     o_ref, s_ref = chunk_recurrence(*args)
     assert _rel(o, o_ref) < 1e-5 and _rel(s, s_ref) < 1e-5
