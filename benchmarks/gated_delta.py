@@ -2,7 +2,7 @@
 on a GPU by the Pallas kernel) against the token-by-token recurrence.
 
     python benchmarks/gated_delta.py [--lengths 256,1024,4096] [--chunk 64] [--batch 1]
-        [--recurrent-up-to 4096]
+        [--recurrent-up-to 4096] [--per-channel]
 
 Forward and forward+backward of one Gated DeltaNet head group (Qwen3-Next's per-head widths,
 4 value heads over 2 key heads by default) at each sequence length, jitted, best of 5 timed runs
@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--key-dim", type=int, default=128)
     ap.add_argument("--value-dim", type=int, default=128)
     ap.add_argument("--recurrent-up-to", type=int, default=4096)
+    ap.add_argument("--per-channel", action="store_true",
+                    help="a decay per key channel (Kimi Delta Attention) instead of per head")
     args = ap.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -59,7 +61,8 @@ def main(argv=None) -> int:
         forms["kernel"] = lambda *a: chunked_gated_delta_rule(*a, chunk_size=args.chunk,
                                                               scan=chunk_scan)[0]
     print(f"device {jax.devices()[0].device_kind}; B={B} Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv} "
-          f"chunk={args.chunk}; tokens/s (higher is better), fwd | fwd+bwd")
+          f"chunk={args.chunk}, a decay per {'key channel' if args.per_channel else 'head'}; "
+          f"tokens/s (higher is better), fwd | fwd+bwd")
     ratios = [n for n in forms if n != "recurrent"]
     print(f"{'T':>6} " + " ".join(f"{n + ' fwd':>14} {n + ' fwd+bwd':>18}" for n in forms)
           + " " + " ".join(f"{n + '/recurrent':>20}" for n in ratios)
@@ -68,7 +71,8 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(0)
         q, k = (jnp.asarray(rng.normal(size=(B, T, Hk, Dk)), jnp.float32) for _ in range(2))
         v = jnp.asarray(rng.normal(size=(B, T, Hv, Dv)), jnp.float32)
-        g = -jnp.abs(jnp.asarray(rng.normal(size=(B, T, Hv)), jnp.float32))
+        g_shape = (B, T, Hv, Dk) if args.per_channel else (B, T, Hv)
+        g = -jnp.abs(jnp.asarray(rng.normal(size=g_shape), jnp.float32))
         beta = jax.nn.sigmoid(jnp.asarray(rng.normal(size=(B, T, Hv)), jnp.float32))
         ins = (q, k, v, g, beta)
         row = {}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks as one prepared, time-boxed run (an H200 from the device tool), most wanted first:
 #   1. the kernel tests (flash attention, grouped GEMM, gated delta, SSD) on real Triton lowering,
-#   2. the gated delta rule's tokens/s: the Pallas kernel against the lax chunked walk and the
+#   2. the gated delta rule's tokens/s, a decay per head (Gated DeltaNet) and per key channel
+#      (Kimi Delta Attention): the Pallas kernel against the lax chunked walk and the
 #      token-by-token recurrence (benchmarks/gated_delta.py),
 #   3. attention TFLOP/s: our flash kernel vs cuDNN (and vs XLA with a window and sinks),
 #   4. a ~1.2B Llama in bf16 through the real training loop (llama_1b.yml) with each attention
@@ -35,7 +36,9 @@ part() {  # part NAME SECONDS COMMAND...: run with a limit, log to $out/NAME.log
 
 TAIL=30 part kernel_tests 130 python3 -m pytest -q -p no:cacheprovider -m "slow or not slow" \
     -n 4 --dist loadfile tests/kernels
-TAIL=6 part gdn_bench 80 python3 benchmarks/gated_delta.py --lengths 4096,16384,65536 --batch 4
+TAIL=6 part gdn_bench 80 python3 benchmarks/gated_delta.py --lengths 1024,4096,16384 --batch 4
+TAIL=5 part kda_bench 60 python3 benchmarks/gated_delta.py --lengths 4096,16384 --batch 4 \
+    --per-channel
 TAIL=6 part attention 80 python3 benchmarks/attention.py --shape 8x4096x32x8x128 \
     --shape 1x32768x32x8x128 --impls flash,cudnn --iters 10
 TAIL=4 part attention_window 40 python3 benchmarks/attention.py --shape 4x8192x64x8x64 \

@@ -825,9 +825,6 @@ class ModelConfig:
                   "biases the low-rank gate's up projection; the full-rank gate has none")
             check(self.kda_gate_lower_bound is None or self.kda_gate_lower_bound < 0,
                   "kda_gate_lower_bound", "bounds a log-decay: give a negative bound")
-            check(self.linear_attention_impl == "xla", "linear_attention_impl",
-                  "the Pallas kernel walks a decay per head; Kimi Delta Attention decays each "
-                  "key channel: use xla")
         if self.linear_attention_impl == "pallas":
             C = self.linear_chunk_size
             check(C >= 16 and not C & (C - 1), "linear_chunk_size", f"{C}: the Pallas kernel "

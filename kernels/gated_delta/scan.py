@@ -5,7 +5,10 @@ The chunked rule (reference.py) prepares every chunk in parallel (the triangular
 the matmuls that give u, w, the intra-chunk scores and the decayed q and k) and then walks the
 chunks in order with the state S [Dk, Dv]:
 
-    v_new = u - w S,    o = q_read S + A v_new,    S <- f S + k_write^T v_new
+    v_new = u - w S,    o = q_read S + A v_new,    S <- diag(f) S + k_write^T v_new
+
+with f the chunk's decay, one per head (Gated DeltaNet) or one per key channel (Kimi Delta
+Attention); a decay per head walks as the same one on every channel.
 
 That walk is what a GPU cannot parallelise across chunks; here one program per (sequence, head,
 block of S's columns) keeps its columns of S in registers for the whole walk instead of writing
@@ -13,8 +16,8 @@ S to memory between chunks (``lax.scan``), and writes the state entering each ch
 backward walk, which runs the chunks in reverse:
 
     dv_new = A^T do + k_write dS'          dA = do v_new^T       dq_read = do S^T
-    dk_write = v_new dS'^T                 df = <S, dS'>         du = dv_new
-    dw = -dv_new S^T                       dS = q_read^T do + f dS' - w^T dv_new
+    dk_write = v_new dS'^T                 df = rowsum(S * dS')  du = dv_new
+    dw = -dv_new S^T                       dS = q_read^T do + diag(f) dS' - w^T dv_new
 
 S's columns (value channels) never mix in the forward walk, nor in dS, du and dv_new, so they
 split into blocks when there are few (sequence, head) rows to fill the GPU
@@ -82,8 +85,8 @@ def _forward_kernel(u_ref, w_ref, a_ref, qr_ref, kw_ref, f_ref, s0_ref,
         h_ref[pl.ds(n * Dk, Dk), :] = S
         v_new = u_ref[rows, :].astype(_F32) - _dot(w_ref[rows, :], S)
         o_ref[rows, :] = _dot(qr_ref[rows, :], S) + _dot(a_ref[rows, :], v_new)
-        f = jnp.max(f_ref[rows])
-        return f * S + _dot(kw_ref[rows, :], v_new, trans_a=True)
+        f = f_ref[pl.ds(n * Dk, Dk)]
+        return f[:, None] * S + _dot(kw_ref[rows, :], v_new, trans_a=True)
 
     st_ref[...] = lax.fori_loop(0, N, body, s0_ref[...].astype(_F32))
 
@@ -104,9 +107,9 @@ def _backward_kernel(u_ref, w_ref, a_ref, qr_ref, kw_ref, f_ref, h_ref, do_ref, 
         da_ref[rows, :] = _dot(do, v_new, trans_b=True)
         dqr_ref[rows, :] = _dot(do, S, trans_b=True)
         dkw_ref[rows, :] = _dot(v_new, dS, trans_b=True)
-        df_ref[rows] = jnp.full((C,), jnp.sum(S * dS), _F32)
-        f = jnp.max(f_ref[rows])
-        return _dot(qr, do, trans_a=True) + f * dS - _dot(w, dv_new, trans_a=True)
+        df_ref[pl.ds(n * Dk, Dk)] = jnp.sum(S * dS, axis=1)
+        f = f_ref[pl.ds(n * Dk, Dk)]
+        return _dot(qr, do, trans_a=True) + f[:, None] * dS - _dot(w, dv_new, trans_a=True)
 
     ds0_ref[...] = lax.fori_loop(0, N, body, dst_ref[...].astype(_F32))
 
@@ -126,7 +129,7 @@ def _part_spec(*shape):
     return pl.BlockSpec((None, None, *shape), lambda r, v: (v, r) + (0,) * len(shape))
 
 
-def _forward(u, w, a, qr, kw, f_tok, s0, *, C: int, interpret: bool):
+def _forward(u, w, a, qr, kw, f, s0, *, C: int, interpret: bool):
     """Padded row-major inputs -> (o [R,NC,Dv], final state [R,Dk,Dv], entering states
     [R,N·Dk,Dv]); all float32."""
     R, NC, Dv = u.shape
@@ -138,14 +141,14 @@ def _forward(u, w, a, qr, kw, f_tok, s0, *, C: int, interpret: bool):
         functools.partial(_forward_kernel, N=N, C=C, Dk=Dk),
         grid=(R, V),
         in_specs=[_column_spec(NC, BV), _row_spec(NC, Dk), _row_spec(NC, C), _row_spec(NC, Dk),
-                  _row_spec(NC, Dk), _row_spec(NC), _column_spec(Dk, BV)],
+                  _row_spec(NC, Dk), _row_spec(N * Dk), _column_spec(Dk, BV)],
         out_specs=[_column_spec(NC, BV), _column_spec(Dk, BV), _column_spec(N * Dk, BV)],
         out_shape=[shape(NC, Dv), shape(Dk, Dv), shape(N * Dk, Dv)],
         compiler_params=_params(interpret), interpret=interpret, name="gated_delta_scan_fwd",
-    )(u, w, a, qr, kw, f_tok, s0)
+    )(u, w, a, qr, kw, f, s0)
 
 
-def _backward(u, w, a, qr, kw, f_tok, h, do, dst, *, C: int, interpret: bool):
+def _backward(u, w, a, qr, kw, f, h, do, dst, *, C: int, interpret: bool):
     """Gradients of :func:`_forward`'s walk; dw, da, dqr, dkw and df come back as [V, ...]
     parts, one per value block, to be summed."""
     R, NC, Dv = u.shape
@@ -158,14 +161,15 @@ def _backward(u, w, a, qr, kw, f_tok, h, do, dst, *, C: int, interpret: bool):
         functools.partial(_backward_kernel, N=N, C=C, Dk=Dk),
         grid=(R, V),
         in_specs=[_column_spec(NC, BV), _row_spec(NC, Dk), _row_spec(NC, C), _row_spec(NC, Dk),
-                  _row_spec(NC, Dk), _row_spec(NC), _column_spec(N * Dk, BV),
+                  _row_spec(NC, Dk), _row_spec(N * Dk), _column_spec(N * Dk, BV),
                   _column_spec(NC, BV), _column_spec(Dk, BV)],
         out_specs=[_column_spec(NC, BV), _part_spec(NC, Dk), _part_spec(NC, C),
-                   _part_spec(NC, Dk), _part_spec(NC, Dk), _part_spec(NC), _column_spec(Dk, BV)],
+                   _part_spec(NC, Dk), _part_spec(NC, Dk), _part_spec(N * Dk),
+                   _column_spec(Dk, BV)],
         out_shape=[shape(NC, Dv), parts(NC, Dk), parts(NC, C), parts(NC, Dk), parts(NC, Dk),
-                   parts(NC), shape(Dk, Dv)],
+                   parts(N * Dk), shape(Dk, Dv)],
         compiler_params=_params(interpret), interpret=interpret, name="gated_delta_scan_bwd",
-    )(u, w, a, qr, kw, f_tok, h, do, dst)
+    )(u, w, a, qr, kw, f, h, do, dst)
 
 
 def _rows(x, C: int):
@@ -193,15 +197,17 @@ def _scan(u, w, a, qr, kw, f, s0, interpret):
 
 
 def _prepared(u, w, a, qr, kw, f, s0):
-    """Row-major, padded float32 kernel inputs from the chunk-major ones."""
+    """Row-major, padded float32 kernel inputs from the chunk-major ones; the decays as one per
+    key channel, [R, N·Dk] (a decay per head repeated)."""
     N, B, H, C = a.shape[:4]
     Dk, Dv = _width(w.shape[-1]), _width(u.shape[-1])
     rows = lambda x, d: _pad_to(_rows(x.astype(_F32), C), d)  # noqa: E731
-    f_tok = jnp.moveaxis(jnp.broadcast_to(f[..., None], (N, B, H, C)), 0, 2).reshape(
-        B * H, N * C).astype(_F32)
+    if f.ndim == 3:
+        f = jnp.broadcast_to(f[..., None], (N, B, H, w.shape[-1]))
+    f = _pad_to(jnp.moveaxis(f.astype(_F32), 0, 2), Dk).reshape(B * H, N * Dk)
     s0 = jnp.pad(s0.astype(_F32).reshape(B * H, *s0.shape[2:]),
                  ((0, 0), (0, Dk - s0.shape[-2]), (0, Dv - s0.shape[-1])))
-    return (rows(u, Dv), rows(w, Dk), rows(a, C), rows(qr, Dk), rows(kw, Dk), f_tok, s0)
+    return (rows(u, Dv), rows(w, Dk), rows(a, C), rows(qr, Dk), rows(kw, Dk), f, s0)
 
 
 def _scan_fwd(u, w, a, qr, kw, f, s0, interpret):
@@ -210,11 +216,11 @@ def _scan_fwd(u, w, a, qr, kw, f, s0, interpret):
     args = _prepared(u, w, a, qr, kw, f, s0)
     o, st, h = _forward(*args, C=C, interpret=interpret)
     out = (_unrows(o[..., :dv], N, B, H), st[:, :dk, :dv].reshape(B, H, dk, dv))
-    return out, (args, h, (N, B, H, C, dk, dv))
+    return out, (args, h, (N, B, H, C, dk, dv, f.ndim == 4))
 
 
 def _scan_bwd(interpret, res, grads):
-    args, h, (N, B, H, C, dk, dv) = res
+    args, h, (N, B, H, C, dk, dv, per_channel) = res
     do, dst = grads
     Dk, Dv = args[1].shape[-1], args[0].shape[-1]
     do = _pad_to(_rows(do.astype(_F32), C), Dv)
@@ -222,7 +228,9 @@ def _scan_bwd(interpret, res, grads):
     du, dw, da, dqr, dkw, df, ds0 = _backward(*args[:6], h, do, dst, C=C, interpret=interpret)
     dw, da, dqr, dkw, df = (x.sum(0) for x in (dw, da, dqr, dkw, df))  # the value blocks' parts
     un = lambda x, d: _unrows(x[..., :d], N, B, H)  # noqa: E731
-    df = jnp.moveaxis(df.reshape(B, H, N, C)[..., 0], 2, 0)
+    df = jnp.moveaxis(df.reshape(B, H, N, Dk)[..., :dk], 2, 0)
+    if not per_channel:
+        df = df.sum(-1)
     return (un(du, dv), un(dw, dk), un(da, C), un(dqr, dk), un(dkw, dk), df,
             ds0[:, :dk, :dv].reshape(B, H, dk, dv))
 
@@ -233,7 +241,8 @@ _scan.defvjp(_scan_fwd, _scan_bwd)
 def chunk_scan(u, w, a, q_read, k_write, f, s0, *, interpret: bool | None = None):
     """The walk across chunks: (o [N,B,H,C,Dv], final state [B,H,Dk,Dv]), float32, with
     gradients for every input. u [N,B,H,C,Dv]; w, q_read, k_write [N,B,H,C,Dk]; a [N,B,H,C,C];
-    f [N,B,H]; s0 [B,H,Dk,Dv]. ``interpret`` None: the interpreter on a CPU."""
+    f [N,B,H] (a decay per head, Gated DeltaNet) or [N,B,H,Dk] (per key channel, Kimi Delta
+    Attention); s0 [B,H,Dk,Dv]. ``interpret`` None: the interpreter on a CPU."""
     check_chunk(a.shape[3])
     if interpret is None:
         interpret = jax.default_backend() == "cpu"

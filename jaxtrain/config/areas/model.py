@@ -191,7 +191,7 @@ KNOBS = [
     K("mla_nope", "bool", False, "Multi-latent attention without rotary embeddings: the "
       "qk_pos_emb_head_dim part of the queries and the shared key stays as projected (Kimi "
       "Linear).", "jaxtrain", status=HONORED),
-    K("linear_attention_impl", "str", "xla", "Gated DeltaNet: how the state walks across "
+    K("linear_attention_impl", "str", "xla", "GDN/KDA layers: how the state walks across "
       "chunks; xla is a lax.scan, pallas the Pallas kernel (Triton on GPUs) that keeps the state "
       "on chip (needs gdn_chunk_size a power of two of at least 16).", "jaxtrain",
       status=HONORED, choices=("xla", "pallas")),
