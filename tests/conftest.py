@@ -16,6 +16,9 @@ if os.environ["JAX_PLATFORMS"] != "cpu":
     # On a GPU, JAX's fp32 matmuls (XLA's and Pallas' Triton dots) default to TF32, ~1e-3 apart:
     # the fp32 checks compare full fp32 there, as they do on the CPU.
     os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+    if "jax" in sys.modules:   # imported before this file (by a plugin): the variable came late
+        sys.modules["jax"].config.update("jax_default_matmul_precision",
+                                         os.environ["JAX_DEFAULT_MATMUL_PRECISION"])
 # The test programs are tiny: compile them quickly (the backend optimises less, numerics hold).
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 # Runs in tests leave JAX's persistent compilation cache alone (one test turns it on)
