@@ -84,8 +84,13 @@ def main(argv=None) -> int:
             row[name] = (B * T / _best(fwd, ins), B * T / _best(grad, ins))
         cells = [f"{row[n][0]:>14.0f} {row[n][1]:>18.0f}" if n in row else f"{'-':>14} {'-':>18}"
                  for n in forms]
-        over = lambda a, b: (f"{row[a][0] / row[b][0]:>9.2f} {row[a][1] / row[b][1]:>10.2f}"  # noqa: E731
-                             if b in row else f"{'-':>9} {'-':>10}")
+
+        def over(a, b, row=row):
+            """a's tokens/s over b's, fwd and fwd+bwd ("-" where b did not run)."""
+            if b not in row:
+                return f"{'-':>9} {'-':>10}"
+            return f"{row[a][0] / row[b][0]:>9.2f} {row[a][1] / row[b][1]:>10.2f}"
+
         print(f"{T:>6} " + " ".join(cells) + " " + " ".join(over(n, "recurrent") for n in ratios)
               + (" " + over("kernel", "chunked") if "kernel" in forms else ""), flush=True)
     return 0
